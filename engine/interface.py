@@ -1,0 +1,55 @@
+"""The contract between the pipeline and any parse backend (native engine or transformers baseline).
+
+Plain dataclasses and numpy only, so the engine imports on machines without pydantic or Ray.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+DEFAULT_PROMPT = "Convert this page to markdown."
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int = 1024
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    seed: int | None = None  # per-request seed; None = derived from the request id
+
+
+@dataclass
+class PageRequest:
+    request_id: str
+    image: np.ndarray  # H x W x 3, uint8, RGB
+    prompt: str = DEFAULT_PROMPT
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+
+
+@dataclass
+class PageResult:
+    request_id: str
+    text: str
+    prompt_tokens: int
+    output_tokens: int
+    finish_reason: str  # "stop" | "length" | "error"
+    error: str | None = None
+    ttft_s: float = 0.0  # request submitted -> first output token
+    decode_s: float = 0.0  # first token -> last token
+    total_s: float = 0.0
+
+
+class ParseBackend(Protocol):
+    """What a pipeline parse actor holds: loaded once, fed batches of pages."""
+
+    backend_id: str  # e.g. "native", "transformers"
+    model_id: str  # checkpoint name + short hash of its config/weights
+
+    def parse(self, requests: list[PageRequest]) -> list[PageResult]:
+        """Results in the order of `requests`. A request that fails alone gets finish_reason="error"."""
+        ...
+
+    def close(self) -> None: ...

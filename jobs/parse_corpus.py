@@ -1,0 +1,91 @@
+"""Parse a document archive into Parquet.
+
+    python jobs/parse_corpus.py --input s3://bucket/prefix --output s3://bucket/out [--config configs/x.yaml] [flags]
+    ray job submit --working-dir . -- python jobs/parse_corpus.py --input ... --output ...
+
+Run directly it starts a local Ray; inside `ray job submit` (RAY_ADDRESS set) it joins that cluster.
+Flags override the YAML config; every problem with the config, checkpoint, input or output is reported
+before Ray starts.
+"""
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import click
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+from pipeline.config import ConfigError, load_config  # noqa: E402
+from pipeline.job import prepare, run  # noqa: E402
+
+
+def _overrides(**flags) -> dict:
+    """CLI flags -> nested config overrides (only the flags given)."""
+    paths = {
+        "input": ("input", "uris"), "include": ("input", "include"), "exclude": ("input", "exclude"),
+        "limit": ("input", "limit"), "output": ("output",), "s3_endpoint": ("storage", "s3_endpoint"),
+        "s3_region": ("storage", "s3_region"), "backend": ("model", "backend"), "checkpoint": ("model", "checkpoint"),
+        "device": ("model", "device"), "dtype": ("model", "dtype"), "max_tokens": ("model", "max_tokens"),
+        "prompt": ("model", "prompt"), "max_pages": ("raster", "max_pages_per_doc"),
+        "target_longest_px": ("raster", "target_longest_px"), "doc_timeout": ("raster", "doc_timeout_s"),
+        "batch_size": ("parse", "batch_size"), "num_engines": ("parse", "num_actors"),
+        "retry_failed": ("run", "retry_failed"), "max_attempts": ("run", "max_attempts"),
+        "ray_address": ("run", "ray_address"), "num_cpus": ("run", "num_cpus"),
+        "commit_every": ("run", "commit_every_docs"), "usd_per_gpu_hour": ("cost", "usd_per_gpu_hour"),
+    }
+    out: dict = {}
+    for name, value in flags.items():
+        if value is None or value == () or value is False:
+            continue
+        node = out
+        *parents, leaf = paths[name]
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
+@click.command(context_settings={"show_default": True})
+@click.option("--config", "config_path", type=click.Path(), help="YAML config (see configs/)")
+@click.option("--input", multiple=True, help="input URI or path; repeatable")
+@click.option("--output", help="output URI or path")
+@click.option("--include", multiple=True, help="glob of files to take (default: pdf, png, jpg, jpeg, tif, tiff)")
+@click.option("--exclude", multiple=True, help="glob of files to skip")
+@click.option("--limit", type=int, help="process at most N new documents")
+@click.option("--s3-endpoint", help="S3-compatible endpoint URL")
+@click.option("--s3-region")
+@click.option("--backend", type=click.Choice(["native", "transformers"]))
+@click.option("--checkpoint", help="checkpoint folder or object-storage prefix")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]))
+@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]))
+@click.option("--max-tokens", type=int, help="output tokens per page")
+@click.option("--prompt")
+@click.option("--max-pages", type=int, help="pages per document")
+@click.option("--target-longest-px", type=int, help="longest page side when rendering")
+@click.option("--doc-timeout", type=float, help="seconds per document before the renderer is killed")
+@click.option("--batch-size", type=int, help="pages per engine batch")
+@click.option("--num-engines", type=int, help="engine actors (default: one per GPU)")
+@click.option("--retry-failed", is_flag=True, help="process only documents that failed before")
+@click.option("--max-attempts", type=int, help="retry a failing document on reruns up to this many attempts")
+@click.option("--ray-address", help="Ray cluster address (default: RAY_ADDRESS, else a local Ray)")
+@click.option("--num-cpus", type=float, help="CPUs of the local Ray")
+@click.option("--commit-every", type=int, help="documents per committed output part")
+@click.option("--usd-per-gpu-hour", type=float)
+@click.option("-v", "--verbose", is_flag=True)
+def main(config_path, verbose, **flags):
+    """Parse every PDF and image under the inputs into Parquet (pages, documents, stats)."""
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        cfg = load_config(config_path, _overrides(**flags))
+        prepared = prepare(cfg)
+    except ConfigError as e:
+        raise click.ClickException(str(e)) from None
+    summary = run(prepared)
+    click.echo(f"output: {cfg.output}  (pages/, documents/, stats/, runs/{summary['run_id']}.json)")
+    sys.exit(1 if summary["documents"] == 0 and prepared.plan.todo else 0)
+
+
+if __name__ == "__main__":
+    main()

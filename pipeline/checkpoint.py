@@ -1,0 +1,81 @@
+"""Model checkpoints for the job: copy from object storage into a local cache, check them before Ray starts,
+and read the page resolution they expect."""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+import pyarrow.fs as pafs
+
+from pipeline.config import JobConfig, StorageConfig
+from pipeline.rasterize import RasterOptions
+from pipeline.storage import resolve
+
+
+class CheckpointError(Exception):
+    pass
+
+
+def localize(uri: str, storage: StorageConfig, cache_dir: str) -> str:
+    """A local folder holding the checkpoint. Remote prefixes are copied once into `cache_dir` (atomically:
+    a half-copied folder is never used)."""
+    loc = resolve(uri, storage)
+    if loc.scheme == "file":
+        if not Path(loc.path).is_dir():
+            raise CheckpointError(f"checkpoint folder not found: {loc.path} (set model.checkpoint or --checkpoint)")
+        return loc.path
+    target = Path(cache_dir).expanduser() / hashlib.sha1(uri.encode()).hexdigest()[:16]
+    if (target / ".complete").exists():
+        return str(target)
+    files = [f for f in loc.fs.get_file_info(pafs.FileSelector(loc.path, recursive=True, allow_not_found=True))
+             if f.type == pafs.FileType.File]
+    if not files:
+        raise CheckpointError(f"no checkpoint files under {uri}")
+    tmp = target.with_name(f".{target.name}-{uuid.uuid4().hex[:8]}")
+    for f in files:
+        dest = tmp / f.path[len(loc.path):].lstrip("/")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        pafs.copy_files(f.path, str(dest), source_filesystem=loc.fs, destination_filesystem=pafs.LocalFileSystem())
+    (tmp / ".complete").write_text(uri)
+    try:
+        os.rename(tmp, target)
+    except OSError:  # another process finished the same copy first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return str(target)
+
+
+def inspect(path: str) -> dict:
+    """Validate config and weight headers without loading tensors; CheckpointError says what to fix."""
+    try:
+        from engine.checkpoint import inspect_checkpoint
+    except ImportError as e:
+        raise CheckpointError(f"the engine cannot be imported to check the checkpoint: {e}") from e
+    try:
+        info = inspect_checkpoint(path)
+    except Exception as e:  # the engine's own message names the file or tensor
+        raise CheckpointError(f"checkpoint {path} is not usable: {e}") from e
+    return info if isinstance(info, dict) else vars(info)
+
+
+def processor_max_pixels(path: str) -> int | None:
+    cfg_path = Path(path) / "preprocessor_config.json"
+    if not cfg_path.is_file():
+        return None
+    cfg = json.loads(cfg_path.read_text())
+    size = cfg.get("size") or {}
+    return cfg.get("max_pixels") or size.get("longest_edge")
+
+
+def raster_options(cfg: JobConfig, checkpoint_dir: str) -> RasterOptions:
+    """The page size follows the model: at most its processor's max_pixels (no point rendering pixels it would
+    discard), and a longest side of 1288 px unless configured."""
+    model_max = processor_max_pixels(checkpoint_dir)
+    target = cfg.raster.target_longest_px or (min(1288, int(math.sqrt(model_max) * 1.3)) if model_max else 1288)
+    max_pixels = cfg.raster.max_pixels or min(model_max or target * target, target * target)
+    return RasterOptions(target_longest_px=target, max_pixels=max_pixels, max_pages=cfg.raster.max_pages_per_doc,
+                         extract_text=cfg.raster.extract_text)

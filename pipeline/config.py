@@ -1,0 +1,138 @@
+"""Job configuration: pydantic models loaded from YAML in configs/, overridden by CLI flags.
+
+Every model forbids unknown keys, so a typo in a YAML file fails before Ray starts and names the key.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class StorageConfig(Strict):
+    """How to reach object storage. Credentials never live here: they come from the environment or the AWS chain."""
+
+    s3_endpoint: str | None = Field(None, description="S3-compatible endpoint URL, e.g. http://127.0.0.1:9000")
+    s3_region: str = "us-east-1"
+    anonymous: bool = False
+
+
+class InputConfig(Strict):
+    uris: list[str] = Field(default_factory=list, description="s3://, gs://, file:// URIs or local paths (files or prefixes)")
+    include: list[str] = Field(default_factory=lambda: ["*.pdf", "*.png", "*.jpg", "*.jpeg", "*.tif", "*.tiff"])
+    exclude: list[str] = Field(default_factory=list)
+    limit: int | None = Field(None, ge=1, description="process at most this many new documents (smoke runs)")
+
+
+class RasterConfig(Strict):
+    target_longest_px: int | None = Field(
+        None, ge=64, le=10000, description="longest page side in pixels; null = derived from the checkpoint's max_pixels"
+    )
+    max_pixels: int | None = Field(None, ge=64 * 64, description="pixel cap per page; null = the checkpoint's max_pixels")
+    max_pages_per_doc: int = Field(500, ge=1)
+    doc_timeout_s: float = Field(300.0, gt=0, description="wall-clock limit per document; the renderer is killed past it")
+    memory_limit_mb: int = Field(4096, ge=0, description="address-space cap of the render process; 0 = none")
+    extract_text: bool = True
+    num_actors_min: int = Field(1, ge=1)
+    num_actors_max: int | None = Field(None, ge=1, description="null = sized from the cluster's free CPUs")
+    cpus_per_actor: float = Field(0.5, gt=0)
+
+
+class ModelConfig(Strict):
+    backend: Literal["native", "transformers"] = "native"
+    checkpoint: str = Field("models/ocria-tiny", description="local folder or s3:// / gs:// prefix of an HF-format checkpoint")
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    prompt: str = "Convert this page to markdown."
+    max_tokens: int = Field(1024, ge=1)
+    temperature: float = Field(0.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(0, ge=0)
+    seed: int = 0
+    options: dict = Field(default_factory=dict, description="extra keyword arguments for the backend")
+
+
+class ParseConfig(Strict):
+    num_actors: int | None = Field(None, ge=1, description="null = one per GPU, or 1 on a CPU-only cluster")
+    batch_size: int = Field(32, ge=1, description="pages per batch handed to one engine actor")
+    cpus_per_actor: float = Field(1.0, gt=0)
+    fallback_to_text_layer: bool = True
+
+
+class CostConfig(Strict):
+    usd_per_gpu_hour: float = Field(2.69, ge=0, description="H100 on-demand price used by olmOCR's figures")
+
+
+class RunConfig(Strict):
+    ray_address: str | None = Field(None, description="null = RAY_ADDRESS if set (ray job submit), else a local Ray")
+    num_cpus: float | None = Field(None, gt=0, description="CPUs of the local Ray; null = all cores")
+    retry_failed: bool = Field(False, description="process only documents whose last attempt failed")
+    max_attempts: int = Field(3, ge=1, description="a failing document is retried on reruns up to this many attempts")
+    commit_every_docs: int = Field(64, ge=1, description="documents per committed output part")
+    cache_dir: str = "~/.cache/ocria/checkpoints"
+
+
+class JobConfig(Strict):
+    input: InputConfig = Field(default_factory=InputConfig)
+    output: str = "out"
+    storage: StorageConfig = Field(default_factory=StorageConfig)
+    raster: RasterConfig = Field(default_factory=RasterConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    parse: ParseConfig = Field(default_factory=ParseConfig)
+    cost: CostConfig = Field(default_factory=CostConfig)
+    run: RunConfig = Field(default_factory=RunConfig)
+
+    @field_validator("output")
+    @classmethod
+    def _output_not_empty(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("output must be a URI or path")
+        return v
+
+    @model_validator(mode="after")
+    def _inputs_given(self) -> "JobConfig":
+        if not self.input.uris:
+            raise ValueError("input.uris is empty: pass --input URI (repeatable) or set input.uris in the YAML")
+        return self
+
+
+class ConfigError(Exception):
+    """A configuration problem, worded for the person running the job."""
+
+
+def _merge(base: dict, override: dict) -> dict:
+    out = dict(base)
+    for key, value in override.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def load_config(path: str | Path | None, overrides: dict | None = None) -> JobConfig:
+    """YAML file (optional) + nested overrides from CLI flags -> validated JobConfig, or ConfigError."""
+    data: dict = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file not found: {p}")
+        try:
+            data = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{p}: not valid YAML: {e}") from e
+        if not isinstance(data, dict):
+            raise ConfigError(f"{p}: expected a mapping at the top level, got {type(data).__name__}")
+    data = _merge(data, overrides or {})
+    try:
+        return JobConfig.model_validate(data)
+    except ValidationError as e:
+        where = f" in {path}" if path else ""
+        lines = [f"invalid job configuration{where}:"]
+        for err in e.errors():
+            loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
+            lines.append(f"  {loc}: {err['msg']}")
+        raise ConfigError("\n".join(lines)) from None

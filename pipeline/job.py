@@ -1,0 +1,213 @@
+"""The parse job: check everything that can be checked before Ray starts, then stream
+documents -> rasterizer actors -> engine actors -> committed Parquet parts, and report stats."""
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from pipeline.checkpoint import CheckpointError, inspect, localize, raster_options
+from pipeline.config import ConfigError, JobConfig
+from pipeline.output import DocumentAssembler, OutputStore, document_row
+from pipeline.plan import Plan, plan_run
+from pipeline.schema import DOC_TASK_SCHEMA, PAGE_SCHEMA, empty_row
+from pipeline.stats import RunStats, format_table
+from pipeline.storage import list_documents, resolve, write_parquet_atomic, write_text
+
+log = logging.getLogger("ocria.job")
+
+
+def new_run_id() -> str:
+    # Sorts by start time, so the newest commit of a document is the last part name that holds it.
+    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ") + "-" + secrets.token_hex(3)
+
+
+@dataclass
+class Prepared:
+    """Everything decided before Ray starts."""
+
+    cfg: JobConfig
+    run_id: str
+    store: OutputStore
+    plan: Plan
+    checkpoint_dir: str
+    checkpoint_info: dict
+
+
+def prepare(cfg: JobConfig) -> Prepared:
+    """Fails fast, with a message saying what to fix, on a bad checkpoint, input or output."""
+    try:
+        checkpoint_dir = localize(cfg.model.checkpoint, cfg.storage, cfg.run.cache_dir)
+        info = inspect(checkpoint_dir)
+    except CheckpointError as e:
+        raise ConfigError(str(e)) from None
+    try:
+        store = OutputStore(resolve(cfg.output, cfg.storage))
+        report = store.reconcile()
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"output {cfg.output!r} is not usable: {e}") from None
+    if report.orphan_parts_removed or report.superseded_documents:
+        log.info("output repaired: %s", report)
+    listed = {}
+    for uri in cfg.input.uris:
+        try:
+            for f in list_documents(uri, cfg.storage, cfg.input.include, cfg.input.exclude):
+                listed[f.uri] = f
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"cannot list input {uri!r}: {e}") from None
+    plan = plan_run(list(listed.values()), store.documents(), cfg.run.retry_failed, cfg.run.max_attempts,
+                    cfg.input.limit)
+    return Prepared(cfg, new_run_id(), store, plan, checkpoint_dir, info)
+
+
+def connect_ray(cfg: JobConfig):
+    import ray
+
+    address = cfg.run.ray_address or os.environ.get("RAY_ADDRESS")
+    if address:  # an existing cluster, e.g. inside `ray job submit`
+        ray.init(address=address, log_to_driver=False)
+    else:
+        ray.init(address="local", num_cpus=cfg.run.num_cpus or os.cpu_count(), include_dashboard=False,
+                 log_to_driver=False)
+    return ray
+
+
+@dataclass(frozen=True)
+class PoolSizes:
+    engines: int
+    gpus_per_engine: int
+    engine_cpus: float
+    raster_max: int
+    raster_cpus: float
+
+
+INPUT_CPU_RESERVE = 0.25  # Ray Data's own tasks; leaving nothing for them deadlocks a small cluster silently
+
+
+def size_pools(cfg: JobConfig, cluster_cpus: float, cluster_gpus: int) -> PoolSizes:
+    """One engine per GPU (or `parse.num_actors`), rasterizers in what CPU remains. The sum of CPU requests
+    never exceeds the cluster's, which on a small cluster would hang the job without an error."""
+    use_gpu = cfg.model.device == "cuda" or (cfg.model.device == "auto" and cluster_gpus > 0)
+    if use_gpu and cluster_gpus == 0:
+        raise ConfigError("model.device is 'cuda' but the Ray cluster has no GPUs: use --device cpu or add GPU nodes")
+    engines = cfg.parse.num_actors or (cluster_gpus if use_gpu else 1)
+    if use_gpu and engines > cluster_gpus:
+        raise ConfigError(f"parse.num_actors={engines} but the cluster has {cluster_gpus} GPUs (one engine per GPU)")
+    budget = cluster_cpus - engines * cfg.parse.cpus_per_actor - INPUT_CPU_RESERVE
+    if budget <= 0:
+        raise ConfigError(
+            f"the cluster has {cluster_cpus:g} CPUs but {engines} engine actor(s) x parse.cpus_per_actor="
+            f"{cfg.parse.cpus_per_actor:g} leave none for rasterizing: lower parse.cpus_per_actor")
+    raster_max = cfg.raster.num_actors_max or max(1, int(budget // cfg.raster.cpus_per_actor))
+    raster_max = max(raster_max, cfg.raster.num_actors_min)
+    raster_cpus = min(cfg.raster.cpus_per_actor, budget / raster_max)
+    return PoolSizes(engines, 1 if use_gpu else 0, cfg.parse.cpus_per_actor, raster_max, raster_cpus)
+
+
+def build_dataset(ray, prep: Prepared, pools: PoolSizes):
+    import pyarrow as pa
+    from ray.data import ActorPoolStrategy, DataContext
+
+    from pipeline.stages import ParseStage, RasterizeStage
+
+    cfg = prep.cfg
+    ctx = DataContext.get_current()
+    ctx.wait_for_min_actors_s = 600  # start every engine actor before streaming, not one at a time
+    tasks = pa.Table.from_pylist(
+        [empty_row(DOC_TASK_SCHEMA, uri=u, size_bytes=m.size_bytes, mtime_ns=m.mtime_ns, attempt=m.attempt)
+         for u, m in prep.plan.todo.items()], schema=DOC_TASK_SCHEMA)
+    ds = ray.data.from_arrow(tasks).repartition(min(len(prep.plan.todo), 64 * pools.raster_max))
+    ds = ds.map_batches(
+        RasterizeStage, batch_size=1, batch_format="pyarrow",
+        fn_constructor_kwargs=dict(storage=cfg.storage, opts=raster_options(cfg, prep.checkpoint_dir),
+                                   doc_timeout_s=cfg.raster.doc_timeout_s, memory_limit_mb=cfg.raster.memory_limit_mb),
+        compute=ActorPoolStrategy(min_size=min(cfg.raster.num_actors_min, pools.raster_max), max_size=pools.raster_max),
+        num_cpus=pools.raster_cpus,
+    )
+    m = cfg.model
+    return ds.map_batches(
+        ParseStage, batch_size=cfg.parse.batch_size, batch_format="pyarrow",
+        fn_constructor_kwargs=dict(
+            run_id=prep.run_id, backend_name=m.backend, checkpoint_dir=prep.checkpoint_dir,
+            device="cuda" if pools.gpus_per_engine else "cpu", dtype=m.dtype, prompt=m.prompt,
+            sampling=dict(max_tokens=m.max_tokens, temperature=m.temperature, top_p=m.top_p, top_k=m.top_k, seed=m.seed),
+            fallback_to_text_layer=cfg.parse.fallback_to_text_layer, options=m.options),
+        compute=ActorPoolStrategy(size=pools.engines),
+        num_gpus=pools.gpus_per_engine, num_cpus=pools.engine_cpus,
+    )
+
+
+def run(prep: Prepared, echo=print) -> dict:
+    cfg = prep.cfg
+    echo(f"run {prep.run_id}: {prep.plan.summary()}")
+    engines, gpus = cfg.parse.num_actors or 1, 0
+    stats = RunStats(prep.run_id, engines, gpus, cfg.cost.usd_per_gpu_hour)
+    t0 = time.perf_counter()
+    if prep.plan.todo:
+        ray = connect_ray(cfg)
+        try:
+            res = ray.cluster_resources()
+            pools = size_pools(cfg, res.get("CPU", 1.0), int(res.get("GPU", 0)))
+            stats.engine_actors, stats.gpus = pools.engines, pools.engines * pools.gpus_per_engine
+            echo(f"engines: {pools.engines} x {'GPU' if pools.gpus_per_engine else 'CPU'}; "
+                 f"rasterizers: up to {pools.raster_max} x {pools.raster_cpus:.2f} CPU")
+            t0 = time.perf_counter()
+            _stream_and_commit(build_dataset(ray, prep, pools), prep, stats)
+        finally:
+            ray.shutdown()
+    stats.wall_s = time.perf_counter() - t0
+    report = prep.store.reconcile()
+    stats.extra.update(skipped=dict(prep.plan.skipped), superseded_documents=report.superseded_documents,
+                       backend=cfg.model.backend, checkpoint=cfg.model.checkpoint,
+                       checkpoint_note=prep.checkpoint_info.get("note", ""))
+    _write_stats(prep, stats)
+    summary = stats.summary()
+    echo(format_table(summary))
+    return summary
+
+
+def _stream_and_commit(ds, prep: Prepared, stats: RunStats) -> None:
+    from tqdm import tqdm
+
+    cfg, plan = prep.cfg, prep.plan
+    assembler = DocumentAssembler()
+    pending_pages, pending_docs = [], []
+
+    def flush():
+        if pending_docs:
+            prep.store.commit(prep.run_id, pending_pages, pending_docs)
+            pending_pages.clear()
+            pending_docs.clear()
+
+    def add_document(rows):
+        doc = document_row(prep.run_id, rows, plan.todo[rows[0]["uri"]], cfg.raster.max_pages_per_doc)
+        stats.add_document(doc, rows)
+        pending_pages.extend(rows)
+        pending_docs.append(doc)
+        progress.update(1)
+        if len(pending_docs) >= cfg.run.commit_every_docs:
+            flush()
+
+    with tqdm(total=len(plan.todo), desc="documents", unit="doc") as progress:
+        for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
+            for row in batch.to_pylist():
+                done = assembler.add(row)
+                if done:
+                    add_document(done)
+        for uri, got, expected in assembler.incomplete():  # never drop a document silently
+            add_document([_incomplete_row(prep, uri, got, expected)])
+        flush()
+
+
+def _incomplete_row(prep: Prepared, uri: str, got: int, expected: int) -> dict:
+    return empty_row(PAGE_SCHEMA, run_id=prep.run_id, uri=uri, page_index=-1, page_count=0, total_pages=0,
+                     status="error", error_kind="incomplete", error=f"only {got} of {expected} pages came back")
+
+
+def _write_stats(prep: Prepared, stats: RunStats) -> None:
+    loc = prep.store.loc
+    write_parquet_atomic(loc.fs, loc.join("stats", f"{prep.run_id}.parquet"), stats.table())
+    write_text(loc.fs, loc.join("runs", f"{prep.run_id}.json"), stats.to_json())

@@ -1,0 +1,164 @@
+"""The output layout and its commit protocol: each input document appears exactly once, whatever was interrupted.
+
+    <output>/pages/part-<run_id>-<seq>.parquet       page rows (or one error row) of whole documents
+    <output>/documents/part-<run_id>-<seq>.parquet   one row per document: the commit record of its pages part
+    <output>/stats/<run_id>.parquet, runs/<run_id>.json   run statistics
+
+A part is committed when its documents file exists; the pages file is written first. `reconcile` (run at the
+start and end of every job) deletes pages parts whose documents part never landed (a crash between the two
+writes) and, when a document (by URI) was committed more than once (a retry, or a changed file), keeps the
+newest commit and rewrites the older parts without it. Each rewrite is atomic and idempotent, so a crash
+during reconcile is repaired by the next one.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from pipeline.schema import DOCUMENT_SCHEMA, PAGE_SCHEMA, empty_row
+from pipeline.storage import Location, list_parquet, write_parquet_atomic
+
+
+@dataclass(frozen=True)
+class DocMeta:
+    size_bytes: int
+    mtime_ns: int
+    attempt: int
+
+
+@dataclass
+class ReconcileReport:
+    orphan_parts_removed: int = 0
+    superseded_documents: int = 0
+    parts_rewritten: int = 0
+
+
+class DocumentAssembler:
+    """Gathers page rows, which arrive in any order and possibly twice (a retried task), into whole documents."""
+
+    def __init__(self):
+        self._pending: dict[str, dict[int, dict]] = defaultdict(dict)
+        self._closed: set[str] = set()
+
+    def add(self, row: dict) -> list[dict] | None:
+        """Returns the document's rows once it is complete, else None."""
+        uri = row["uri"]
+        if uri in self._closed:
+            return None  # a late page of a document that already failed, or a duplicate from a retried task
+        if row["page_index"] < 0:  # a document-level failure replaces whatever pages arrived
+            self._pending.pop(uri, None)
+            self._closed.add(uri)
+            return [row]
+        pages = self._pending[uri]
+        pages[row["page_index"]] = row
+        if len(pages) < row["page_count"]:
+            return None
+        self._closed.add(uri)
+        return [pages[i] for i in sorted(self._pending.pop(uri))]
+
+    def incomplete(self) -> list[tuple[str, int, int]]:
+        """(uri, pages received, pages expected) of documents the stream never finished."""
+        return [(u, len(p), next(iter(p.values()))["page_count"]) for u, p in self._pending.items() if p]
+
+
+def document_row(run_id: str, rows: list[dict], meta: DocMeta, max_pages: int) -> dict:
+    first = rows[0]
+    failed = first["page_index"] < 0
+    statuses = [r["status"] for r in rows] if not failed else []
+    page_errors = [r for r in rows if r["status"] == "error"] if not failed else []
+    status = "error" if failed or page_errors else "ok"
+    err = first if failed else (page_errors[0] if page_errors else None)
+    return empty_row(
+        DOCUMENT_SCHEMA, run_id=run_id, uri=first["uri"], sha256=first["sha256"], size_bytes=meta.size_bytes,
+        mtime_ns=meta.mtime_ns, status=status, error_kind=err["error_kind"] if err else None,
+        error=(err["error"] if failed else f"{len(page_errors)} page(s) failed; first: {err['error']}") if err else None,
+        total_pages=first["total_pages"] or 0, pages=0 if failed else len(rows),
+        pages_ok=statuses.count("ok"), pages_fallback=statuses.count("fallback"), pages_error=len(page_errors),
+        truncated=bool((first["total_pages"] or 0) > max_pages),
+        prompt_tokens=sum(r["prompt_tokens"] or 0 for r in rows), output_tokens=sum(r["output_tokens"] or 0 for r in rows),
+        attempt=meta.attempt, raster_s=sum(r["raster_s"] or 0.0 for r in rows),
+        parse_s=sum(r["parse_s"] or 0.0 for r in rows), committed_at=datetime.now(timezone.utc),
+    )
+
+
+@dataclass
+class OutputStore:
+    loc: Location
+    _seq: int = field(default=0, init=False)
+
+    @property
+    def pages_dir(self) -> str:
+        return self.loc.join("pages")
+
+    @property
+    def documents_dir(self) -> str:
+        return self.loc.join("documents")
+
+    def _part(self, directory: str, name: str) -> str:
+        return f"{directory}/{name}"
+
+    def commit(self, run_id: str, page_rows: list[dict], doc_rows: list[dict]) -> str:
+        """Writes one part: pages first, then the documents file that makes it visible. Returns the part name."""
+        self._seq += 1
+        name = f"part-{run_id}-{self._seq:06d}.parquet"
+        write_parquet_atomic(self.loc.fs, self._part(self.pages_dir, name), pa.Table.from_pylist(page_rows, schema=PAGE_SCHEMA))
+        write_parquet_atomic(self.loc.fs, self._part(self.documents_dir, name), pa.Table.from_pylist(doc_rows, schema=DOCUMENT_SCHEMA))
+        return name
+
+    def _read(self, path: str, schema: pa.Schema) -> pa.Table:
+        return pq.read_table(path, filesystem=self.loc.fs, schema=schema)
+
+    def documents(self) -> pa.Table:
+        """All committed document rows (after reconcile: one per URI)."""
+        parts = list_parquet(self.loc.fs, self.documents_dir)
+        tables = [self._read(p, DOCUMENT_SCHEMA) for p in parts]
+        return pa.concat_tables(tables) if tables else DOCUMENT_SCHEMA.empty_table()
+
+    def pages(self) -> pa.Table:
+        """Committed page rows: only parts whose documents file exists."""
+        committed = {p.rsplit("/", 1)[1] for p in list_parquet(self.loc.fs, self.documents_dir)}
+        tables = [self._read(p, PAGE_SCHEMA) for p in list_parquet(self.loc.fs, self.pages_dir)
+                  if p.rsplit("/", 1)[1] in committed]
+        return pa.concat_tables(tables) if tables else PAGE_SCHEMA.empty_table()
+
+    def reconcile(self) -> ReconcileReport:
+        report = ReconcileReport()
+        fs = self.loc.fs
+        doc_parts = {p.rsplit("/", 1)[1]: p for p in list_parquet(fs, self.documents_dir)}
+        for path in list_parquet(fs, self.pages_dir):
+            if path.rsplit("/", 1)[1] not in doc_parts:
+                fs.delete_file(path)
+                report.orphan_parts_removed += 1
+        # Part names sort by run start time, then sequence: the last part holding a URI is its newest commit.
+        newest: dict[str, str] = {}
+        uris_by_part: dict[str, list[str]] = {}
+        for name in sorted(doc_parts):
+            uris = self._read(doc_parts[name], DOCUMENT_SCHEMA).column("uri").to_pylist()
+            uris_by_part[name] = uris
+            for uri in uris:
+                newest[uri] = name
+        for name, uris in uris_by_part.items():
+            stale = sorted({u for u in uris if newest[u] != name})
+            if not stale:
+                continue
+            report.superseded_documents += len(stale)
+            report.parts_rewritten += 1
+            keep = lambda t: t.filter(pc.invert(pc.is_in(t.column("uri"), value_set=pa.array(stale, pa.string()))))
+            pages_path, docs_path = self._part(self.pages_dir, name), doc_parts[name]
+            pages_exist = fs.get_file_info(pages_path).type != pafs.FileType.NotFound  # gone if a delete was cut short
+            pages = keep(self._read(pages_path, PAGE_SCHEMA)) if pages_exist else PAGE_SCHEMA.empty_table()
+            docs = keep(self._read(docs_path, DOCUMENT_SCHEMA))
+            if docs.num_rows == 0:
+                if pages_exist:
+                    fs.delete_file(pages_path)  # pages first: a documents file never points at a missing pages file
+                fs.delete_file(docs_path)
+            else:
+                write_parquet_atomic(fs, pages_path, pages)
+                write_parquet_atomic(fs, docs_path, docs)
+        return report

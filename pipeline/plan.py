@@ -1,0 +1,49 @@
+"""Which listed documents this run processes, given what the output already holds (resume and backfill)."""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+from pipeline.output import DocMeta
+from pipeline.storage import ListedFile
+
+
+@dataclass
+class Plan:
+    todo: dict[str, DocMeta] = field(default_factory=dict)  # uri -> what the document row will record
+    skipped: Counter = field(default_factory=Counter)  # reason -> count
+
+    def summary(self) -> str:
+        parts = [f"{len(self.todo)} to process"] + [f"{n} {reason}" for reason, n in sorted(self.skipped.items())]
+        return ", ".join(parts)
+
+
+def plan_run(listed: list[ListedFile], committed: pa.Table, retry_failed: bool, max_attempts: int,
+             limit: int | None = None) -> Plan:
+    """A committed, unchanged (same size and mtime) document is skipped; a failed one is retried until it has
+    failed `max_attempts` times; `retry_failed` processes failed documents only, whatever their attempts."""
+    last = {r["uri"]: r for r in committed.select(["uri", "status", "size_bytes", "mtime_ns", "attempt"]).to_pylist()}
+    plan = Plan()
+    for f in listed:
+        prev = last.get(f.uri)
+        changed = prev is not None and (prev["size_bytes"], prev["mtime_ns"]) != (f.size, f.mtime_ns)
+        if prev is None or changed:
+            if retry_failed:
+                plan.skipped["not failed before (--retry-failed)"] += 1
+                continue
+            attempt = 1
+        elif prev["status"] == "ok":
+            plan.skipped["already done"] += 1
+            continue
+        elif retry_failed or prev["attempt"] < max_attempts:
+            attempt = prev["attempt"] + 1
+        else:
+            plan.skipped[f"failed {prev['attempt']} times (use --retry-failed)"] += 1
+            continue
+        if limit is not None and len(plan.todo) >= limit:
+            plan.skipped["over --limit"] += 1
+            continue
+        plan.todo[f.uri] = DocMeta(f.size, f.mtime_ns, attempt)
+    return plan

@@ -1,0 +1,93 @@
+"""Explicit Arrow schemas for every stage, so no block ever infers a type from its own rows (schema drift)."""
+from __future__ import annotations
+
+import pyarrow as pa
+
+# Listing -> rasterizer: one row per document to process.
+DOC_TASK_SCHEMA = pa.schema([
+    ("uri", pa.string()),
+    ("size_bytes", pa.int64()),
+    ("mtime_ns", pa.int64()),
+    ("attempt", pa.int32()),
+])
+
+# Rasterizer -> parser: one row per rendered page, or one row (page_index -1) for a document that failed.
+RASTER_SCHEMA = pa.schema([
+    ("uri", pa.string()),
+    ("sha256", pa.string()),
+    ("page_index", pa.int32()),
+    ("page_count", pa.int32()),  # pages this document emits (after max_pages_per_doc)
+    ("total_pages", pa.int32()),  # pages in the file
+    ("status", pa.string()),  # ok | error
+    ("error_kind", pa.string()),
+    ("error", pa.string()),
+    ("image", pa.large_binary()),  # raw H x W x 3 uint8
+    ("image_height", pa.int32()),
+    ("image_width", pa.int32()),
+    ("text_layer", pa.string()),
+    ("raster_s", pa.float64()),
+])
+
+# Parser -> output: the pages table (no image bytes).
+PAGE_SCHEMA = pa.schema([
+    ("run_id", pa.string()),
+    ("uri", pa.string()),
+    ("sha256", pa.string()),
+    ("page_index", pa.int32()),  # -1 on a document's error row
+    ("page_count", pa.int32()),  # pages of this document in this table
+    ("total_pages", pa.int32()),  # pages in the file (more than page_count when max_pages_per_doc cut it)
+    ("image_height", pa.int32()),
+    ("image_width", pa.int32()),
+    ("status", pa.string()),  # ok | fallback (text layer used after an engine failure) | error
+    ("error_kind", pa.string()),
+    ("error", pa.string()),
+    ("text", pa.string()),
+    ("text_layer", pa.string()),
+    ("prompt_tokens", pa.int32()),
+    ("output_tokens", pa.int32()),
+    ("finish_reason", pa.string()),
+    ("backend", pa.string()),
+    ("model_id", pa.string()),
+    ("raster_s", pa.float64()),
+    ("ttft_s", pa.float64()),
+    ("decode_s", pa.float64()),
+    ("parse_s", pa.float64()),
+])
+
+DOCUMENT_SCHEMA = pa.schema([
+    ("run_id", pa.string()),
+    ("uri", pa.string()),
+    ("sha256", pa.string()),
+    ("size_bytes", pa.int64()),
+    ("mtime_ns", pa.int64()),
+    ("status", pa.string()),  # ok | error
+    ("error_kind", pa.string()),
+    ("error", pa.string()),
+    ("total_pages", pa.int32()),
+    ("pages", pa.int32()),  # rows in the pages table (0 for a failed document, which has one error row)
+    ("pages_ok", pa.int32()),
+    ("pages_fallback", pa.int32()),
+    ("pages_error", pa.int32()),
+    ("truncated", pa.bool_()),  # total_pages > max_pages_per_doc
+    ("prompt_tokens", pa.int64()),
+    ("output_tokens", pa.int64()),
+    ("attempt", pa.int32()),
+    ("raster_s", pa.float64()),
+    ("parse_s", pa.float64()),
+    ("committed_at", pa.timestamp("us", tz="UTC")),
+])
+
+STATS_SCHEMA = pa.schema([
+    ("run_id", pa.string()),
+    ("metric", pa.string()),
+    ("value", pa.float64()),
+])
+
+
+def empty_row(schema: pa.Schema, **values) -> dict:
+    row = {name: None for name in schema.names}
+    unknown = set(values) - set(row)
+    if unknown:
+        raise KeyError(f"not in schema: {sorted(unknown)}")
+    row.update(values)
+    return row

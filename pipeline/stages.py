@@ -1,0 +1,126 @@
+"""The Ray Data stage callables: documents -> page rows (CPU actors) -> parsed page rows (one engine per actor).
+
+Each returns Arrow tables with an explicit schema (pipeline/schema.py) and never raises for a bad document:
+failures become rows, so `max_errored_blocks` is never needed and nothing is dropped silently.
+"""
+from __future__ import annotations
+
+import hashlib
+import time
+from typing import Iterator
+
+import numpy as np
+import pyarrow as pa
+
+from pipeline.isolation import IsolatedRasterizer
+from pipeline.rasterize import DocumentError, RasterOptions, filetype_for
+from pipeline.schema import PAGE_SCHEMA, RASTER_SCHEMA, empty_row
+from pipeline.config import StorageConfig
+from pipeline.storage import read_bytes, resolve
+
+
+def _error_row(uri: str, sha256: str | None, kind: str, message: str) -> dict:
+    return empty_row(RASTER_SCHEMA, uri=uri, sha256=sha256, page_index=-1, page_count=0, total_pages=0,
+                     status="error", error_kind=kind, error=message, raster_s=0.0)
+
+
+class RasterizeStage:
+    """One document per call (batch_size=1); yields page rows in small tables so big documents stream."""
+
+    def __init__(self, storage: StorageConfig, opts: RasterOptions, doc_timeout_s: float, memory_limit_mb: int,
+                 rows_per_table: int = 8):
+        self.storage = storage
+        self._filesystems: dict[str, object] = {}  # scheme -> filesystem, built once per actor
+        self.renderer = IsolatedRasterizer(opts, doc_timeout_s, memory_limit_mb)
+        self.rows_per_table = rows_per_table
+
+    def __call__(self, batch: pa.Table) -> Iterator[pa.Table]:
+        for uri in batch.column("uri").to_pylist():
+            rows: list[dict] = []
+            for row in self._document_rows(uri):
+                rows.append(row)
+                if len(rows) >= self.rows_per_table:
+                    yield pa.Table.from_pylist(rows, schema=RASTER_SCHEMA)
+                    rows = []
+            if rows:
+                yield pa.Table.from_pylist(rows, schema=RASTER_SCHEMA)
+
+    def _document_rows(self, uri: str) -> Iterator[dict]:
+        sha256 = None
+        try:
+            filetype_for(uri)
+            try:
+                data = read_bytes(self._filesystem(uri), uri)
+            except (OSError, FileNotFoundError) as e:
+                raise DocumentError("unreadable", f"cannot read the file: {type(e).__name__}: {e}") from e
+            sha256 = hashlib.sha256(data).hexdigest()
+            for count, total, page in self.renderer.rasterize(data, uri):
+                h, w, _ = page.image.shape
+                yield empty_row(
+                    RASTER_SCHEMA, uri=uri, sha256=sha256, page_index=page.index, page_count=count, total_pages=total,
+                    status="ok", image=page.image.tobytes(), image_height=h, image_width=w,
+                    text_layer=page.text_layer, raster_s=page.render_s,
+                )
+        except DocumentError as e:
+            # Pages already yielded for this document are discarded downstream when this row arrives.
+            yield _error_row(uri, sha256, e.kind, str(e))
+
+    def _filesystem(self, uri: str):
+        scheme = uri.split("://", 1)[0] if "://" in uri else "file"
+        if scheme not in self._filesystems:
+            self._filesystems[scheme] = resolve(uri, self.storage).fs
+        return self._filesystems[scheme]
+
+    def __del__(self):
+        self.renderer.close()
+
+
+class ParseStage:
+    """Holds one engine (loaded once per actor) and parses batches of page rows."""
+
+    def __init__(self, run_id: str, backend_name: str, checkpoint_dir: str, device: str, dtype: str,
+                 sampling: dict, prompt: str, fallback_to_text_layer: bool, options: dict | None = None):
+        from engine.backends import load_backend
+        from engine.interface import SamplingParams
+
+        self.run_id, self.prompt, self.fallback = run_id, prompt, fallback_to_text_layer
+        self.sampling = SamplingParams(**sampling)
+        self.backend = load_backend(backend_name, checkpoint_dir, device=device, dtype=dtype, **(options or {}))
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        from engine.interface import PageRequest
+
+        rows = batch.to_pylist()
+        todo = [i for i, r in enumerate(rows) if r["status"] == "ok"]
+        requests = [
+            PageRequest(
+                request_id=f"{rows[i]['sha256']}:{rows[i]['page_index']}",
+                image=np.frombuffer(rows[i]["image"], np.uint8).reshape(rows[i]["image_height"], rows[i]["image_width"], 3),
+                prompt=self.prompt,
+                sampling=self.sampling,
+            )
+            for i in todo
+        ]
+        t0 = time.perf_counter()
+        results = self.backend.parse(requests) if requests else []
+        batch_s = time.perf_counter() - t0
+        out = [self._page_row(r) for r in rows]
+        for i, res in zip(todo, results):
+            row = out[i]
+            row.update(prompt_tokens=res.prompt_tokens, output_tokens=res.output_tokens, finish_reason=res.finish_reason,
+                       ttft_s=res.ttft_s, decode_s=res.decode_s, parse_s=res.total_s or batch_s / len(requests))
+            if res.finish_reason != "error":
+                row.update(status="ok", text=res.text)
+            elif self.fallback and (row["text_layer"] or "").strip():
+                row.update(status="fallback", text=row["text_layer"], error_kind="engine", error=res.error)
+            else:
+                row.update(status="error", error_kind="engine", error=res.error or "engine failed")
+        return pa.Table.from_pylist(out, schema=PAGE_SCHEMA)
+
+    def _page_row(self, r: dict) -> dict:
+        return empty_row(
+            PAGE_SCHEMA, run_id=self.run_id, uri=r["uri"], sha256=r["sha256"], page_index=r["page_index"],
+            page_count=r["page_count"], total_pages=r["total_pages"], image_height=r["image_height"], image_width=r["image_width"],
+            status=r["status"], error_kind=r["error_kind"], error=r["error"], text_layer=r["text_layer"],
+            backend=self.backend.backend_id, model_id=self.backend.model_id, raster_s=r["raster_s"],
+        )

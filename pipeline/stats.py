@@ -1,0 +1,128 @@
+"""Run statistics: throughput overall and per engine actor, stage latency percentiles, errors by kind, cost."""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+
+from pipeline.schema import STATS_SCHEMA
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"p50": float("nan"), "p90": float("nan"), "p99": float("nan")}
+    p50, p90, p99 = np.percentile(np.asarray(values, dtype=np.float64), [50, 90, 99])
+    return {"p50": float(p50), "p90": float(p90), "p99": float(p99)}
+
+
+@dataclass
+class RunStats:
+    run_id: str
+    engine_actors: int
+    gpus: int
+    usd_per_gpu_hour: float
+    docs: Counter = field(default_factory=Counter)  # status -> count
+    pages: Counter = field(default_factory=Counter)
+    errors: Counter = field(default_factory=Counter)  # error kind -> documents
+    output_tokens: int = 0
+    prompt_tokens: int = 0
+    raster_s: list[float] = field(default_factory=list)
+    parse_s: list[float] = field(default_factory=list)
+    ttft_s: list[float] = field(default_factory=list)
+    wall_s: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+    def add_document(self, doc_row: dict, page_rows: list[dict]) -> None:
+        self.docs[doc_row["status"]] += 1
+        if doc_row["error_kind"]:
+            self.errors[doc_row["error_kind"]] += 1
+        for r in page_rows:
+            if r["page_index"] < 0:
+                continue
+            self.pages[r["status"]] += 1
+            self.output_tokens += r["output_tokens"] or 0
+            self.prompt_tokens += r["prompt_tokens"] or 0
+            self.raster_s.append(r["raster_s"] or 0.0)
+            if r["parse_s"] is not None:
+                self.parse_s.append(r["parse_s"])
+            if r["ttft_s"] is not None:
+                self.ttft_s.append(r["ttft_s"])
+
+    def summary(self) -> dict:
+        wall = max(self.wall_s, 1e-9)
+        n_docs, n_pages = sum(self.docs.values()), sum(self.pages.values())
+        per = max(self.engine_actors, 1)
+        # On a CPU-only cluster the engine actors stand in for GPUs, so cost is per engine-actor hour.
+        billed_units = self.gpus if self.gpus else self.engine_actors
+        usd = wall / 3600 * billed_units * self.usd_per_gpu_hour
+        return {
+            "run_id": self.run_id,
+            "wall_s": self.wall_s,
+            "documents": n_docs,
+            "documents_ok": self.docs["ok"],
+            "documents_error": self.docs["error"],
+            "pages": n_pages,
+            "pages_ok": self.pages["ok"],
+            "pages_fallback": self.pages["fallback"],
+            "pages_error": self.pages["error"],
+            "docs_per_s": n_docs / wall,
+            "pages_per_s": n_pages / wall,
+            "output_tokens_per_s": self.output_tokens / wall,
+            "engine_actors": self.engine_actors,
+            "gpus": self.gpus,
+            "pages_per_s_per_engine": n_pages / wall / per,
+            "output_tokens_per_s_per_engine": self.output_tokens / wall / per,
+            "prompt_tokens": self.prompt_tokens,
+            "output_tokens": self.output_tokens,
+            "raster_s_per_page": percentiles(self.raster_s),
+            "parse_s_per_page": percentiles(self.parse_s),
+            "ttft_s": percentiles(self.ttft_s),
+            "errors_by_kind": dict(self.errors),
+            "usd_per_gpu_hour": self.usd_per_gpu_hour,
+            "cost_basis": "gpu-hours" if self.gpus else "engine-actor-hours (CPU run)",
+            "usd": usd,
+            "usd_per_million_pages": usd / n_pages * 1e6 if n_pages else float("nan"),
+            **self.extra,
+        }
+
+    def table(self) -> pa.Table:
+        """The stats table: one (metric, value) row per number, nested dicts flattened with dots."""
+        rows = []
+
+        def walk(prefix: str, value) -> None:
+            if isinstance(value, dict):
+                for k, v in value.items():
+                    walk(f"{prefix}.{k}" if prefix else k, v)
+            elif isinstance(value, (int, float)) and not isinstance(value, bool):
+                rows.append({"run_id": self.run_id, "metric": prefix, "value": float(value)})
+
+        walk("", self.summary())
+        return pa.Table.from_pylist(rows, schema=STATS_SCHEMA)
+
+    def to_json(self) -> str:
+        return json.dumps(self.summary(), indent=2, sort_keys=True, default=str)
+
+
+def format_table(s: dict) -> str:
+    def pct(d: dict, scale: float = 1000.0) -> str:
+        return "  ".join(f"{k} {v * scale:8.1f}" for k, v in d.items())
+
+    lines = [
+        f"run {s['run_id']}   wall {s['wall_s']:.1f} s   engines {s['engine_actors']} ({s['gpus']} GPU)",
+        f"{'documents':<24}{s['documents']:>10}   ok {s['documents_ok']}  error {s['documents_error']}",
+        f"{'pages':<24}{s['pages']:>10}   ok {s['pages_ok']}  fallback {s['pages_fallback']}  error {s['pages_error']}",
+        f"{'docs/s':<24}{s['docs_per_s']:>10.3f}",
+        f"{'pages/s':<24}{s['pages_per_s']:>10.3f}   per engine {s['pages_per_s_per_engine']:.3f}",
+        f"{'output tokens/s':<24}{s['output_tokens_per_s']:>10.1f}   per engine {s['output_tokens_per_s_per_engine']:.1f}",
+        f"{'raster ms/page':<24}{pct(s['raster_s_per_page'])}",
+        f"{'parse ms/page':<24}{pct(s['parse_s_per_page'])}",
+        f"{'time to first token ms':<24}{pct(s['ttft_s'])}",
+        f"{'errors by kind':<24}{', '.join(f'{k} {v}' for k, v in sorted(s['errors_by_kind'].items())) or 'none'}",
+        f"{'cost':<24}${s['usd']:.4f} at ${s['usd_per_gpu_hour']}/h ({s['cost_basis']})   "
+        f"${s['usd_per_million_pages']:,.0f} per million pages",
+    ]
+    width = max(len(line) for line in lines)
+    return "\n".join(["=" * width, *lines, "=" * width])

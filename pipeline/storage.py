@@ -1,0 +1,131 @@
+"""Object storage through pyarrow filesystems: one code path for s3:// (and S3-compatible endpoints), gs:// and local.
+
+Credentials are never passed here: pyarrow's S3/GCS clients take them from the environment or the standard chains.
+"""
+from __future__ import annotations
+
+import fnmatch
+import os
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from pipeline.config import StorageConfig
+
+
+@dataclass(frozen=True)
+class Location:
+    """A resolved URI: the filesystem, the path inside it, and the canonical URI prefix for that filesystem."""
+
+    fs: pafs.FileSystem
+    path: str  # bucket/key for object stores, absolute path for local
+    scheme: str  # "s3", "gs" or "file"
+
+    def uri(self, path: str | None = None) -> str:
+        p = self.path if path is None else path
+        return f"file://{p}" if self.scheme == "file" else f"{self.scheme}://{p}"
+
+    def join(self, *parts: str) -> str:
+        return "/".join([self.path.rstrip("/"), *parts])
+
+
+def make_filesystem(scheme: str, storage: StorageConfig) -> pafs.FileSystem:
+    if scheme == "s3":
+        kwargs: dict = {"region": storage.s3_region, "anonymous": storage.anonymous}
+        if storage.s3_endpoint:
+            endpoint = storage.s3_endpoint
+            kwargs["scheme"] = "https" if endpoint.startswith("https://") else "http"
+            kwargs["endpoint_override"] = endpoint.split("://", 1)[-1]
+        return pafs.S3FileSystem(**kwargs)
+    if scheme == "gs":
+        return pafs.GcsFileSystem(anonymous=storage.anonymous)
+    return pafs.LocalFileSystem()
+
+
+def resolve(uri: str, storage: StorageConfig) -> Location:
+    if uri.startswith("s3://"):
+        return Location(make_filesystem("s3", storage), uri[5:].rstrip("/"), "s3")
+    if uri.startswith(("gs://", "gcs://")):
+        return Location(make_filesystem("gs", storage), uri.split("://", 1)[1].rstrip("/"), "gs")
+    if "://" in uri and not uri.startswith("file://"):
+        raise ValueError(f"unsupported URI scheme in {uri!r}: use s3://, gs://, file:// or a local path")
+    local = uri[7:] if uri.startswith("file://") else uri
+    return Location(pafs.LocalFileSystem(), str(Path(local).expanduser().resolve()), "file")
+
+
+@dataclass(frozen=True)
+class ListedFile:
+    uri: str
+    size: int
+    mtime_ns: int
+
+
+def list_documents(uri: str, storage: StorageConfig, include: list[str], exclude: list[str]) -> list[ListedFile]:
+    """Every file under `uri` (or `uri` itself) whose name matches an include glob and no exclude glob.
+
+    Globs match the path relative to `uri` and the bare file name, so `*.pdf` and `2026/*/*.pdf` both work.
+    Raises FileNotFoundError when `uri` does not exist, so a typo is not mistaken for an empty archive."""
+    loc = resolve(uri, storage)
+    info = loc.fs.get_file_info(loc.path)
+    if info.type == pafs.FileType.NotFound:
+        raise FileNotFoundError(f"input not found: {uri}")
+    if info.type == pafs.FileType.File:
+        infos, base = [info], loc.path.rsplit("/", 1)[0]
+    else:
+        infos, base = loc.fs.get_file_info(pafs.FileSelector(loc.path, recursive=True)), loc.path
+
+    def matches(rel: str, patterns: list[str]) -> bool:
+        name = rel.rsplit("/", 1)[-1]
+        return any(fnmatch.fnmatch(rel.lower(), p.lower()) or fnmatch.fnmatch(name.lower(), p.lower()) for p in patterns)
+
+    out = []
+    for f in infos:
+        if f.type != pafs.FileType.File:
+            continue
+        rel = f.path[len(base) :].lstrip("/")
+        if matches(rel, include) and not matches(rel, exclude):
+            mtime_ns = f.mtime_ns if f.mtime_ns is not None else 0
+            out.append(ListedFile(loc.uri(f.path), f.size or 0, mtime_ns))
+    return sorted(out, key=lambda f: f.uri)
+
+
+def read_bytes(fs: pafs.FileSystem, uri: str) -> bytes:
+    path = uri.split("://", 1)[1] if "://" in uri else uri
+    with fs.open_input_stream(path) as f:
+        return f.read()
+
+
+def write_parquet_atomic(fs: pafs.FileSystem, path: str, table: pa.Table) -> None:
+    """Readers see the whole file or nothing: a local file is renamed into place; an S3/GCS object appears
+    only when its upload completes."""
+    parent = path.rsplit("/", 1)[0]
+    fs.create_dir(parent, recursive=True)
+    if isinstance(fs, pafs.LocalFileSystem):
+        tmp = f"{parent}/.tmp-{uuid.uuid4().hex}"
+        pq.write_table(table, tmp, filesystem=fs)
+        fs.move(tmp, path)
+    else:
+        pq.write_table(table, path, filesystem=fs)
+
+
+def list_parquet(fs: pafs.FileSystem, prefix: str) -> list[str]:
+    info = fs.get_file_info(prefix)
+    if info.type == pafs.FileType.NotFound:
+        return []
+    files = fs.get_file_info(pafs.FileSelector(prefix, recursive=False))
+    return sorted(f.path for f in files if f.type == pafs.FileType.File and f.path.endswith(".parquet")
+                  and not f.base_name.startswith("."))
+
+
+def write_text(fs: pafs.FileSystem, path: str, text: str) -> None:
+    fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+    with fs.open_output_stream(path) as f:
+        f.write(text.encode())
+
+
+def env_flag(name: str) -> bool:
+    return os.environ.get(name, "").lower() in ("1", "true", "yes")

@@ -1,0 +1,377 @@
+"""Synthetic document pages for training and evaluating ocria-tiny: text blocks -> (markdown, HTML) -> PyMuPDF Story
+layout -> one-page PDF -> the pipeline's rasterizer. The markdown that produced a page is its ground truth.
+
+Everything is a pure function of (seed, text pool, page settings), so a page can be regenerated from its seed.
+Imports only the standard library, numpy, pymupdf and pipeline.rasterize: it runs on the GPU machine too.
+"""
+from __future__ import annotations
+
+import ast
+import gzip
+import html
+import io
+import json
+import random
+import re
+import unicodedata
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pymupdf
+
+from pipeline.rasterize import render_page
+
+# ---------------------------------------------------------------- text pools
+
+
+@dataclass(frozen=True)
+class TextPool:
+    prose: list[str]  # paragraphs, ASCII, single-spaced
+    code: list[list[str]]  # runs of consecutive code lines (one source file each)
+
+    def to_json_gz(self, path: str | Path) -> None:
+        Path(path).write_bytes(gzip.compress(json.dumps({"prose": self.prose, "code": self.code}).encode(), mtime=0))
+
+    @classmethod
+    def from_json_gz(cls, path: str | Path) -> TextPool:
+        d = json.loads(gzip.decompress(Path(path).read_bytes()))
+        return cls(prose=d["prose"], code=d["code"])
+
+
+def to_ascii(text: str) -> str:
+    """Fold to printable ASCII (the model's training alphabet): accents dropped, other symbols removed."""
+    text = unicodedata.normalize("NFKD", text)
+    return "".join(c for c in text if 32 <= ord(c) < 127 or c == "\n")
+
+
+def _read_text(path: Path) -> str:
+    data = path.read_bytes()
+    if path.suffix == ".gz":
+        data = gzip.decompress(data)
+    return data.decode("utf-8", errors="replace")
+
+
+def split_paragraphs(text: str, min_words: int = 6) -> list[str]:
+    """Blank-line separated paragraphs, whitespace collapsed, ASCII-folded; keeps those that read like prose."""
+    out = []
+    for chunk in re.split(r"\n\s*\n", to_ascii(text)):
+        para = " ".join(chunk.split())
+        words = para.split()
+        if len(words) < min_words:
+            continue
+        letters = sum(c.isalpha() for c in para)
+        if letters < 0.6 * len(para):  # tables of dashes, hex dumps, ascii art
+            continue
+        out.append(para)
+    return out
+
+
+def python_docstrings(path: Path) -> list[str]:
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
+    except (SyntaxError, ValueError):
+        return []
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            doc = ast.get_docstring(node)
+            if doc:
+                out += split_paragraphs(doc)
+    return out
+
+
+def python_code_runs(path: Path, max_len: int = 72) -> list[list[str]]:
+    """Runs of non-blank, non-comment code lines of moderate length."""
+    runs, cur = [], []
+    for line in to_ascii(path.read_text(encoding="utf-8", errors="replace")).splitlines():
+        line = line.rstrip()
+        ok = line.strip() and not line.strip().startswith("#") and len(line) <= max_len and '"""' not in line
+        if ok:
+            cur.append(line.replace("\t", "    "))
+        elif cur:
+            if len(cur) >= 2:
+                runs.append(cur)
+            cur = []
+    if len(cur) >= 2:
+        runs.append(cur)
+    return runs
+
+
+def collect_pool(split: str, python_lib: Path, code_root: Path | None = None) -> TextPool:
+    """Text found on this machine. `train`: Python stdlib docstrings + code, /usr/share/doc READMEs, changelogs and
+    markdown. `heldout`: licences (/usr/share/common-licenses, /usr/share/doc/*/copyright) + code of another package
+    (`code_root`, e.g. numpy). The two splits share no source file."""
+    doc = Path("/usr/share/doc")
+    prose, code = [], []
+    if split == "train":
+        for p in sorted(python_lib.glob("*.py")):
+            prose += python_docstrings(p)
+            code += python_code_runs(p)
+        for pat in ("*/README*", "*/*.md*", "*/changelog*", "*/NEWS*"):
+            for p in sorted(doc.glob(pat)):
+                if p.is_file():
+                    prose += split_paragraphs(_read_text(p))
+    elif split == "heldout":
+        for p in sorted(Path("/usr/share/common-licenses").iterdir()):
+            if p.is_file():
+                prose += split_paragraphs(_read_text(p))
+        for p in sorted(doc.glob("*/copyright")):
+            prose += split_paragraphs(_read_text(p))
+        if code_root is not None:
+            for p in sorted(code_root.rglob("*.py")):
+                code += python_code_runs(p)
+    else:
+        raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
+    prose = list(dict.fromkeys(prose))  # dedupe (licences repeat across packages), keep order
+    if not prose:
+        raise ValueError(f"no prose found for split {split!r}: are /usr/share/doc and {python_lib} present?")
+    if not code:
+        code = [["x = 1", "y = x + 1"]]
+    return TextPool(prose=prose, code=code)
+
+
+# ---------------------------------------------------------------- blocks
+
+MONTHS = "January February March April May June July August September October November December".split()
+
+
+def _words(rng: random.Random, pool: TextPool, lo: int, hi: int) -> str:
+    para = pool.prose[rng.randrange(len(pool.prose))].split()
+    n = min(len(para), rng.randint(lo, hi))
+    start = rng.randint(0, len(para) - n)
+    return " ".join(para[start : start + n])
+
+
+def _number(rng: random.Random) -> str:
+    kind = rng.randrange(7)
+    if kind == 0:
+        return str(rng.randint(0, 999))
+    if kind == 1:
+        return f"{rng.randint(0, 99999):,}"
+    if kind == 2:
+        return f"{rng.uniform(0, 1000):.{rng.randint(1, 3)}f}"
+    if kind == 3:
+        return f"${rng.uniform(0, 50000):,.2f}"
+    if kind == 4:
+        return f"{rng.uniform(0, 100):.1f}%"
+    if kind == 5:
+        return f"{rng.randint(1990, 2030)}-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}"
+    return f"{rng.randint(1, 28)} {rng.choice(MONTHS)} {rng.randint(1900, 2030)}"
+
+
+def _cell(rng: random.Random, pool: TextPool, max_chars: int) -> str:
+    text = _number(rng) if rng.random() < 0.5 else _words(rng, pool, 1, 2)
+    return text.replace("|", "/")[:max_chars].strip() or "0"
+
+
+def _sprinkle_numbers(rng: random.Random, text: str) -> str:
+    words = text.split()
+    for _ in range(rng.randint(1, 3)):
+        words.insert(rng.randint(0, len(words)), _number(rng))
+    return " ".join(words)
+
+
+@dataclass(frozen=True)
+class Block:
+    kind: str  # heading | paragraph | bullets | numbered | code | table
+    lines: tuple[str, ...]  # heading/paragraph: 1; lists/code: items; table: rows joined by '\t'
+    level: int = 0  # heading level
+
+
+def sample_block(rng: random.Random, pool: TextPool, line_chars: int) -> Block:
+    """One block whose lines fit `line_chars` characters where they cannot wrap (code, table rows)."""
+    r = rng.random()
+    if r < 0.14:
+        text = _words(rng, pool, 2, 8).rstrip(".,;:")
+        return Block("heading", (text[:1].upper() + text[1:],), level=rng.choice((1, 2, 2, 3, 3)))
+    if r < 0.55:
+        text = _words(rng, pool, 8, 70)
+        if rng.random() < 0.3:
+            text = _sprinkle_numbers(rng, text)
+        return Block("paragraph", (text,))
+    if r < 0.70:
+        kind = "bullets" if rng.random() < 0.6 else "numbered"
+        items = [_words(rng, pool, 2, 14) for _ in range(rng.randint(2, 5))]
+        items = [_sprinkle_numbers(rng, t) if rng.random() < 0.2 else t for t in items]
+        return Block(kind, tuple(items))
+    if r < 0.82:
+        run = pool.code[rng.randrange(len(pool.code))]
+        n = min(len(run), rng.randint(2, 7))
+        start = rng.randint(0, len(run) - n)
+        lines = [ln[: max(8, line_chars)].rstrip() for ln in run[start : start + n]]
+        base = min(len(ln) - len(ln.lstrip()) for ln in lines)
+        return Block("code", tuple(ln[base:] or "pass" for ln in lines))
+    if r < 0.92:
+        cols = rng.randint(2, 4)
+        max_cell = max(3, line_chars // cols - 3)
+        header = [_words(rng, pool, 1, 2).replace("|", "/")[:max_cell].strip() or "Name" for _ in range(cols)]
+        rows = [header] + [[_cell(rng, pool, max_cell) for _ in range(cols)] for _ in range(rng.randint(1, 5))]
+        return Block("table", tuple("\t".join(row) for row in rows))
+    text = " ".join(f"{_words(rng, pool, 1, 3).rstrip('.,;:')}: {_number(rng)}" for _ in range(rng.randint(1, 4)))
+    return Block("paragraph", (text,))
+
+
+def block_markdown(b: Block) -> str:
+    if b.kind == "heading":
+        return "#" * b.level + " " + b.lines[0]
+    if b.kind == "paragraph":
+        return b.lines[0]
+    if b.kind == "bullets":
+        return "\n".join(f"- {t}" for t in b.lines)
+    if b.kind == "numbered":
+        return "\n".join(f"{i}. {t}" for i, t in enumerate(b.lines, 1))
+    if b.kind == "code":
+        return "```\n" + "\n".join(b.lines) + "\n```"
+    if b.kind == "table":
+        rows = [r.split("\t") for r in b.lines]
+        out = ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
+        out += ["| " + " | ".join(r) + " |" for r in rows[1:]]
+        return "\n".join(out)
+    raise ValueError(f"unknown block kind {b.kind!r}")
+
+
+def block_html(b: Block) -> str:
+    e = html.escape
+    if b.kind == "heading":
+        return f"<h{b.level}>{e(b.lines[0])}</h{b.level}>"
+    if b.kind == "paragraph":
+        return f"<p>{e(b.lines[0])}</p>"
+    if b.kind in ("bullets", "numbered"):
+        tag = "ul" if b.kind == "bullets" else "ol"
+        return f"<{tag}>" + "".join(f"<li>{e(t)}</li>" for t in b.lines) + f"</{tag}>"
+    if b.kind == "code":
+        return "<pre>" + e("\n".join(b.lines)) + "</pre>"
+    if b.kind == "table":
+        rows = [r.split("\t") for r in b.lines]
+        head = "<tr>" + "".join(f"<th>{e(c)}</th>" for c in rows[0]) + "</tr>"
+        body = "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in rows[1:])
+        return f"<table>{head}{body}</table>"
+    raise ValueError(f"unknown block kind {b.kind!r}")
+
+
+def page_markdown(blocks: list[Block]) -> str:
+    return "\n\n".join(block_markdown(b) for b in blocks)
+
+
+# ---------------------------------------------------------------- layout
+
+# CSS families: MuPDF's built-ins (Charis SIL, Nimbus Sans/Roman/Mono) plus any TTF in the font folder.
+BUILTIN_FAMILIES = ("serif", "sans-serif", "Times", "Helvetica")
+TTF_FAMILIES = {"DejaVuSans.ttf": "dejavusans", "DejaVuSerif.ttf": "dejavuserif"}
+
+
+@dataclass(frozen=True)
+class PageStyle:
+    width_pt: float
+    height_pt: float
+    margin_pt: float
+    columns: int
+    family: str
+    font_pt: float
+    table_borders: bool
+    gap_pt: float = 18.0
+
+
+def font_families(font_dir: Path | None) -> list[str]:
+    fams = list(BUILTIN_FAMILIES)
+    if font_dir is not None:
+        fams += [fam for name, fam in TTF_FAMILIES.items() if (font_dir / name).is_file()]
+    return fams
+
+
+def sample_style(rng: random.Random, families: list[str], target_longest_px: int, font_px: tuple[float, float]) -> PageStyle:
+    """Page size, margins, columns and font. The font size is drawn in *rendered pixels* so text stays legible at the
+    model's resolution whatever the page size: pt = px * longest_pt / target_longest_px."""
+    width = rng.uniform(280, 620)
+    height = width * rng.uniform(1.2, 1.45)
+    px = rng.uniform(*font_px)
+    font_pt = px * height / target_longest_px
+    margin = rng.uniform(0.04, 0.12) * width
+    col_chars = (width - 2 * margin) / (0.5 * font_pt)
+    columns = 2 if col_chars > 70 and rng.random() < 0.35 else 1
+    return PageStyle(width, height, margin, columns, rng.choice(families), font_pt, rng.random() < 0.6)
+
+
+def column_rects(s: PageStyle) -> list[pymupdf.Rect]:
+    inner = pymupdf.Rect(s.margin_pt, s.margin_pt, s.width_pt - s.margin_pt, s.height_pt - s.margin_pt)
+    if s.columns == 1:
+        return [inner]
+    w = (inner.width - s.gap_pt) / 2
+    return [pymupdf.Rect(inner.x0, inner.y0, inner.x0 + w, inner.y1), pymupdf.Rect(inner.x1 - w, inner.y0, inner.x1, inner.y1)]
+
+
+def page_css(s: PageStyle) -> str:
+    faces = "".join(f"@font-face {{font-family: {fam}; src: url({name});}}" for name, fam in TTF_FAMILIES.items())
+    border = "border: 1px solid black; border-collapse: collapse;" if s.table_borders else ""
+    return (
+        faces + f"* {{font-family: {s.family}; font-size: {s.font_pt:.2f}pt;}}"
+        f"h1 {{font-size: {1.6 * s.font_pt:.2f}pt;}} h2 {{font-size: {1.35 * s.font_pt:.2f}pt;}}"
+        f"h3 {{font-size: {1.15 * s.font_pt:.2f}pt;}} pre {{font-family: monospace;}}"
+        f"table, th, td {{{border}}} td, th {{padding: 1px 4px;}}"
+    )
+
+
+def layout_pdf(blocks: list[Block], s: PageStyle, archive: pymupdf.Archive | None) -> tuple[bytes, bool]:
+    """One-page PDF of `blocks`; the bool says whether all of them fitted."""
+    story = pymupdf.Story("".join(block_html(b) for b in blocks), user_css=page_css(s), archive=archive)
+    buf = io.BytesIO()
+    writer = pymupdf.DocumentWriter(buf)
+    dev = writer.begin_page(pymupdf.Rect(0, 0, s.width_pt, s.height_pt))
+    more = 1
+    for rect in column_rects(s):
+        more, _ = story.place(rect)
+        story.draw(dev)
+        if not more:
+            break
+    writer.end_page()
+    writer.close()
+    return buf.getvalue(), not more
+
+
+@dataclass(frozen=True)
+class SynthConfig:
+    target_longest_px: int = 768
+    max_pixels: int = 768 * 768
+    font_px: tuple[float, float] = (10.0, 18.0)
+    max_chars: tuple[int, int] = (150, 1300)  # markdown length budget per page, drawn uniformly
+
+
+@dataclass
+class SyntheticPage:
+    seed: int
+    image: np.ndarray  # H x W x 3 uint8, from pipeline.rasterize.render_page
+    markdown: str
+    style: PageStyle
+
+
+def make_page(seed: int, pool: TextPool, cfg: SynthConfig, font_dir: Path | None = None) -> SyntheticPage:
+    rng = random.Random(seed)
+    style = sample_style(rng, font_families(font_dir), cfg.target_longest_px, cfg.font_px)
+    col_w = (column_rects(style)[0].width) / (0.62 * style.font_pt)  # monospace chars per column line
+    budget = rng.randint(*cfg.max_chars)
+    blocks, used = [], 0
+    while used < budget:
+        b = sample_block(rng, pool, int(col_w))
+        blocks.append(b)
+        used += len(block_markdown(b)) + 2
+    archive = pymupdf.Archive(str(font_dir)) if font_dir is not None else None
+    while True:  # drop trailing blocks until the rest fits on the page
+        pdf, fits = layout_pdf(blocks, style, archive)
+        if fits or len(blocks) == 1:
+            break
+        blocks.pop()
+    if not fits:  # a single block larger than the page: keep its first words only
+        b = blocks[0]
+        while not fits and len(" ".join(b.lines).split()) > 2:
+            words = b.lines[0].split()
+            b = Block("paragraph", (" ".join(words[: len(words) * 2 // 3]),))
+            blocks = [b]
+            pdf, fits = layout_pdf(blocks, style, archive)
+    doc = pymupdf.open("pdf", pdf)
+    try:
+        # copy at once: render_page's array may view pixmap memory that is freed when it returns
+        image = np.array(render_page(doc[0], cfg.target_longest_px, cfg.max_pixels), copy=True)
+    finally:
+        doc.close()
+    return SyntheticPage(seed, image, page_markdown(blocks), style)
