@@ -1,0 +1,39 @@
+"""Pick a parse backend by name. Backends are imported only when asked for, so neither is needed to import this."""
+from __future__ import annotations
+
+import importlib.util
+
+from engine.interface import ParseBackend
+
+# name -> (module, class)
+_BACKENDS = {
+    "native": ("engine.native_backend", "NativeBackend"),
+    "transformers": ("engine.backend_transformers", "TransformersBackend"),
+}
+
+
+def available_backends() -> list[str]:
+    """Names whose module is present (the transformers backend also needs transformers installed)."""
+    names = []
+    for name, (module, _) in sorted(_BACKENDS.items()):
+        if importlib.util.find_spec(module) is None:
+            continue
+        if name == "transformers" and importlib.util.find_spec("transformers") is None:
+            continue
+        names.append(name)
+    return names
+
+
+def load_backend(
+    name: str, checkpoint_dir: str, device: str = "cpu", dtype: str = "auto", **options
+) -> ParseBackend:
+    """Construct backend `name` on `checkpoint_dir`; `options` go to its constructor (e.g. max_batch_size)."""
+    if name not in _BACKENDS:
+        raise ValueError(f"unknown backend {name!r}: choose one of {sorted(_BACKENDS)}")
+    module_name, class_name = _BACKENDS[name]
+    if importlib.util.find_spec(module_name) is None:
+        raise ValueError(f"backend {name!r} is not available: module {module_name} is missing from this install")
+    if name == "transformers" and importlib.util.find_spec("transformers") is None:
+        raise ValueError("backend 'transformers' needs the transformers package: pip install transformers==5.17.0")
+    cls = getattr(importlib.import_module(module_name), class_name)
+    return cls(checkpoint_dir, device=device, dtype=dtype, **options)
