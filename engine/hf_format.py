@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 # Qwen3.5's pre-tokenizer split (single digits, letters with marks, punctuation runs, newline runs).
 PRETOKENIZE_REGEX = (
@@ -125,14 +125,11 @@ def train_tokenizer(texts: list[str], vocab_size: int) -> Tokenizer:
             f"the texts yield only {learned} BPE tokens, {n_learned} asked (vocab_size={vocab_size}): "
             "give more text or a smaller vocab_size"
         )
-    tok.add_tokens([_added_token(t, special) for t, special in SPECIAL_TOKENS])
+    tok.add_tokens(
+        [AddedToken(t, special=special, normalized=False, single_word=False, lstrip=False, rstrip=False)
+         for t, special in SPECIAL_TOKENS]
+    )
     return tok
-
-
-def _added_token(content: str, special: bool):
-    from tokenizers import AddedToken
-
-    return AddedToken(content, special=special, normalized=False, single_word=False, lstrip=False, rstrip=False)
 
 
 def special_token_ids(tok: Tokenizer) -> SpecialTokenIds:
