@@ -1,0 +1,49 @@
+"""Helpers shared by the op modules: dispatch rule and launch-size arithmetic."""
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+
+def use_triton(x: torch.Tensor) -> bool:
+    """Triton on CUDA tensors; elsewhere the torch reference, unless OCRIA_FORCE_TRITON=1 (tests under TRITON_INTERPRET)."""
+    return x.is_cuda or os.environ.get("OCRIA_FORCE_TRITON") == "1"
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def check(cond: bool, msg: str) -> None:
+    """Shape/dtype validation on host-known metadata only (never on tensor values)."""
+    if not cond:
+        raise ValueError(msg)
+
+
+def require_last_dim_contiguous(name: str, t: torch.Tensor) -> None:
+    check(t.stride(-1) == 1, f"{name}: last dimension must be contiguous (stride 1), got strides {tuple(t.stride())}")
+
+
+def output(out, shape, dtype, device, name="out"):
+    """A caller-provided output buffer (checked) or a fresh one; lets CUDA-graph callers keep static buffers."""
+    if out is None:
+        return torch.empty(shape, dtype=dtype, device=device)
+    check(tuple(out.shape) == tuple(shape) and out.dtype == dtype,
+          f"{name} must be {dtype} {tuple(shape)}, got {out.dtype} {tuple(out.shape)}")
+    return out
+
+
+@triton.jit
+def cast_rtne(x, dtype: tl.constexpr):
+    """fp32 -> dtype with round-to-nearest-even. For bf16 the rounding is done on the bits: GPUs round this way
+    anyway, but the CPU interpreter truncates, which would make its results drift from the GPU's and the reference."""
+    if dtype == tl.bfloat16:
+        bits = x.to(tl.float32).to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        x = bits.to(tl.float32, bitcast=True)
+    return x.to(dtype)

@@ -1,0 +1,156 @@
+"""Gated delta rule, recurrent form, for T >= 1 new tokens per sequence (decode, speculative verification).
+
+Per value head, with the key head shared by Hv // Hk consecutive value heads:
+    q, k <- l2norm(q), l2norm(k) in fp32;  q <- q * scale
+    S <- exp(g) * S;  delta = beta * (v - S^T k);  S <- S + k delta^T;  o = S^T q
+The state S [dk, dv] lives in a fp32 pool `state[num_slots, Hv, dk, dv]`; row `state_idx[b]` is read and written
+back in place. A negative state_idx marks a padding row: its state (and intermediate states) are left untouched and
+its output is zero.
+"""
+import torch
+import triton
+import triton.language as tl
+
+from kernels._common import cast_rtne, cdiv, check, next_pow2, output, require_last_dim_contiguous, use_triton
+
+L2NORM_EPS = 1e-6
+
+
+def _validate(q, k, v, g, beta, state, state_idx, intermediate_states):
+    check(q.dim() == 4 and k.shape == q.shape, f"q, k must be [B, T, Hk, dk] and equal, got {tuple(q.shape)}, {tuple(k.shape)}")
+    B, T, Hk, dk = q.shape
+    check(v.dim() == 4 and v.shape[:2] == (B, T), f"v must be [B={B}, T={T}, Hv, dv], got {tuple(v.shape)}")
+    Hv, dv = v.shape[2], v.shape[3]
+    check(Hv % Hk == 0, f"value heads ({Hv}) must be a multiple of key heads ({Hk})")
+    check(g.shape == (B, T, Hv), f"g must be [B, T, Hv] = {(B, T, Hv)}, got {tuple(g.shape)}")
+    check(beta.shape == (B, T, Hv), f"beta must be [B, T, Hv] = {(B, T, Hv)}, got {tuple(beta.shape)}")
+    check(state.dim() == 4 and state.shape[1:] == (Hv, dk, dv),
+          f"state must be [num_slots, Hv={Hv}, dk={dk}, dv={dv}], got {tuple(state.shape)}")
+    check(state.dtype == torch.float32, f"state must be float32, got {state.dtype}")
+    check(state_idx.shape == (B,) and not state_idx.is_floating_point(),
+          f"state_idx must be an integer tensor of shape [B={B}], got {state_idx.dtype} {tuple(state_idx.shape)}")
+    if intermediate_states is not None:
+        check(intermediate_states.shape == (B, T, Hv, dk, dv) and intermediate_states.dtype == torch.float32,
+              f"intermediate_states must be float32 [B, T, Hv, dk, dv] = {(B, T, Hv, dk, dv)}, "
+              f"got {intermediate_states.dtype} {tuple(intermediate_states.shape)}")
+
+
+def _l2norm(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + L2NORM_EPS)
+
+
+def gdn_recurrent_ref(q, k, v, g, beta, state, state_idx, scale=None, intermediate_states=None, out=None):
+    _validate(q, k, v, g, beta, state, state_idx, intermediate_states)
+    B, T, Hk, dk = q.shape
+    Hv = v.shape[2]
+    group = Hv // Hk
+    scale = dk ** -0.5 if scale is None else scale
+    qf = _l2norm(q.float()).repeat_interleave(group, dim=2) * scale
+    kf = _l2norm(k.float()).repeat_interleave(group, dim=2)
+    vf, gf, bf = v.float(), g.float(), beta.float()
+
+    live = state_idx >= 0
+    S = state[state_idx.long().clamp(min=0)].clone()  # [B, Hv, dk, dv]
+    o = torch.empty(v.shape, dtype=torch.float32, device=v.device)
+    for t in range(T):
+        S = S * gf[:, t].exp()[..., None, None]
+        kv = torch.einsum("bhkv,bhk->bhv", S, kf[:, t])
+        delta = bf[:, t, :, None] * (vf[:, t] - kv)
+        S = S + kf[:, t, :, :, None] * delta[:, :, None, :]
+        o[:, t] = torch.einsum("bhkv,bhk->bhv", S, qf[:, t])
+        if intermediate_states is not None:
+            intermediate_states[live, t] = S[live]
+    state[state_idx[live].long()] = S[live]
+    o[~live] = 0.0
+    out = output(out, v.shape, v.dtype, v.device)
+    out.copy_(o)
+    return out
+
+
+@triton.jit
+def _gdn_recurrent_kernel(
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, state_ptr, idx_ptr, inter_ptr,
+    T, scale,
+    sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h,
+    sg_b, sg_t, sg_h, sbeta_b, sbeta_t, sbeta_h, so_b, so_t, so_h,
+    ss_n, ss_h, ss_k, si_b, si_t, si_h, si_k,
+    GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    STORE_INTERMEDIATE: tl.constexpr,
+):
+    # One program = (sequence, value head, dv tile); the [dk, BV] state tile stays in registers across the T steps.
+    b = tl.program_id(0)
+    hv = tl.program_id(1)
+    vt = tl.program_id(2)
+    hk = hv // GROUP
+    slot = tl.load(idx_ptr + b).to(tl.int64)
+    live = slot >= 0
+    slot = tl.maximum(slot, 0)
+
+    offs_k = tl.arange(0, BK)
+    offs_v = vt * BV + tl.arange(0, BV)
+    mask_k = offs_k < DK
+    mask_v = offs_v < DV
+    mask_s = mask_k[:, None] & mask_v[None, :] & live
+    s_ptrs = state_ptr + slot * ss_n + hv * ss_h + offs_k[:, None] * ss_k + offs_v[None, :]
+    S = tl.load(s_ptrs, mask=mask_s, other=0.0)
+
+    b64 = b.to(tl.int64)
+    for t in range(T):
+        q = tl.load(q_ptr + b64 * sq_b + t * sq_t + hk * sq_h + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+        k = tl.load(k_ptr + b64 * sk_b + t * sk_t + hk * sk_h + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+        v = tl.load(v_ptr + b64 * sv_b + t * sv_t + hv * sv_h + offs_v, mask=mask_v, other=0.0).to(tl.float32)
+        g = tl.load(g_ptr + b64 * sg_b + t * sg_t + hv * sg_h).to(tl.float32)
+        beta = tl.load(beta_ptr + b64 * sbeta_b + t * sbeta_t + hv * sbeta_h).to(tl.float32)
+        q = q * (tl.rsqrt(tl.sum(q * q, axis=0) + 1e-6) * scale)
+        k = k * tl.rsqrt(tl.sum(k * k, axis=0) + 1e-6)
+
+        S = S * tl.exp(g)
+        kv = tl.sum(S * k[:, None], axis=0)
+        delta = beta * (v - kv)
+        S = S + k[:, None] * delta[None, :]
+        o = tl.sum(S * q[:, None], axis=0)
+        o = tl.where(live, o, 0.0)
+        tl.store(o_ptr + b64 * so_b + t * so_t + hv * so_h + offs_v, cast_rtne(o, o_ptr.dtype.element_ty), mask=mask_v)
+        if STORE_INTERMEDIATE:
+            i_ptrs = inter_ptr + b64 * si_b + t * si_t + hv * si_h + offs_k[:, None] * si_k + offs_v[None, :]
+            tl.store(i_ptrs, S, mask=mask_s)
+    tl.store(s_ptrs, S, mask=mask_s)
+
+
+def gdn_recurrent_triton(q, k, v, g, beta, state, state_idx, scale=None, intermediate_states=None, out=None,
+                         block_v=None, num_warps=None):
+    _validate(q, k, v, g, beta, state, state_idx, intermediate_states)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        require_last_dim_contiguous(name, t)
+    check(state.stride(-1) == 1, "state: last dimension (dv) must be contiguous")
+    B, T, Hk, dk = q.shape
+    Hv, dv = v.shape[2], v.shape[3]
+    scale = dk ** -0.5 if scale is None else float(scale)
+    o = output(out, v.shape, v.dtype, v.device)
+    require_last_dim_contiguous("out", o)
+    BK = next_pow2(dk)
+    BV = block_v or min(next_pow2(dv), 32)
+    store_inter = intermediate_states is not None
+    if store_inter:
+        check(intermediate_states.stride(-1) == 1, "intermediate_states: last dimension must be contiguous")
+    inter = intermediate_states if store_inter else state
+    si = inter.stride()[:4] if store_inter else (0, 0, 0, 0)
+    grid = (B, Hv, cdiv(dv, BV))
+    _gdn_recurrent_kernel[grid](
+        q, k, v, g, beta, o, state, state_idx, inter,
+        T, scale,
+        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
+        *g.stride(), *beta.stride(), *o.stride()[:3],
+        *state.stride()[:3], *si,
+        GROUP=Hv // Hk, DK=dk, DV=dv, BK=BK, BV=BV, STORE_INTERMEDIATE=store_inter,
+        num_warps=num_warps or 4,
+    )
+    return o
+
+
+def gdn_recurrent(q, k, v, g, beta, state, state_idx, scale=None, intermediate_states=None, out=None, **launch):
+    """o [B, T, Hv, dv] (v.dtype, written to `out` if given); updates `state` rows `state_idx` in place.
+    `launch`: block_v, num_warps (Triton only)."""
+    if use_triton(q):
+        return gdn_recurrent_triton(q, k, v, g, beta, state, state_idx, scale, intermediate_states, out, **launch)
+    return gdn_recurrent_ref(q, k, v, g, beta, state, state_idx, scale, intermediate_states, out)

@@ -1,0 +1,298 @@
+"""Decode attention over a paged KV cache (GQA), flash-decoding style, plus the cache writer.
+
+Cache layout: k_cache, v_cache [num_blocks, block_size, Hkv, D]; token j of sequence b lives in block
+block_tables[b, j // block_size] at offset j % block_size. Query head h reads kv head h // (Hq // Hkv).
+context_lens[b] counts valid tokens including the current one (already stored); 0 marks a padding row (output 0).
+
+The Triton path splits each sequence's context into partitions so that a single long sequence still spreads over
+many SMs: pass 1 (one program per sequence x kv head x partition, all the group's query heads at once so K/V are read
+once) writes a partial softmax state (max, sum, normalised output); pass 2 merges the partitions. When one partition
+covers the whole context, pass 1 writes the output directly and pass 2 is skipped.
+"""
+import torch
+import triton
+import triton.language as tl
+
+from kernels._common import cast_rtne, cdiv, check, next_pow2, output, require_last_dim_contiguous, use_triton
+
+LOG2E = 1.4426950408889634
+
+
+def _validate(q, k_cache, v_cache, block_tables, context_lens):
+    check(q.dim() == 3, f"q must be [B, Hq, D], got {tuple(q.shape)}")
+    B, Hq, D = q.shape
+    check(k_cache.dim() == 4 and k_cache.shape == v_cache.shape,
+          f"k_cache, v_cache must be equal [num_blocks, block_size, Hkv, D], got {tuple(k_cache.shape)}, {tuple(v_cache.shape)}")
+    Hkv = k_cache.shape[2]
+    check(k_cache.shape[3] == D, f"cache head dim {k_cache.shape[3]} != q head dim {D}")
+    check(Hq % Hkv == 0, f"query heads ({Hq}) must be a multiple of kv heads ({Hkv})")
+    check(q.dtype == k_cache.dtype == v_cache.dtype, f"q/k_cache/v_cache dtypes differ: {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
+    check(block_tables.dim() == 2 and block_tables.shape[0] == B and not block_tables.is_floating_point(),
+          f"block_tables must be an integer [B={B}, max_blocks_per_seq] tensor, got {block_tables.dtype} {tuple(block_tables.shape)}")
+    check(context_lens.shape == (B,) and not context_lens.is_floating_point(),
+          f"context_lens must be an integer tensor of shape [B={B}], got {context_lens.dtype} {tuple(context_lens.shape)}")
+
+
+def gather_kv_ref(cache, block_table_row, n):
+    """The first n tokens of one sequence from a paged cache -> [n, Hkv, D]."""
+    j = torch.arange(n, device=cache.device)
+    return cache[block_table_row[j // cache.shape[1]].long(), j % cache.shape[1]]
+
+
+def paged_decode_attention_ref(q, k_cache, v_cache, block_tables, context_lens, scale, out=None):
+    _validate(q, k_cache, v_cache, block_tables, context_lens)
+    B, Hq, D = q.shape
+    Hkv = k_cache.shape[2]
+    block_size = k_cache.shape[1]
+    n_max = block_tables.shape[1] * block_size
+    # Gather every sequence to the table's full capacity and mask past context_len (no host sync on lengths).
+    j = torch.arange(n_max, device=q.device)
+    # Table entries past a sequence's length may hold anything (e.g. -1): clamp so the gather stays in bounds.
+    blocks = block_tables.long()[:, j // block_size].clamp(0, k_cache.shape[0] - 1)  # [B, n_max]
+    k = k_cache[blocks, j % block_size].float()  # [B, n_max, Hkv, D]
+    v = v_cache[blocks, j % block_size].float()
+    k = k.repeat_interleave(Hq // Hkv, dim=2)
+    v = v.repeat_interleave(Hq // Hkv, dim=2)
+    scores = torch.einsum("bhd,bnhd->bhn", q.float(), k) * scale
+    valid = j[None, :] < context_lens[:, None].long()  # [B, n_max]
+    scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
+    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # all-masked (padding) rows -> 0
+    out = output(out, q.shape, q.dtype, q.device)
+    out.copy_(torch.einsum("bhn,bnhd->bhd", probs, v))
+    return out
+
+
+@triton.jit
+def _paged_decode_partition_kernel(
+    q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr,
+    qk_scale,
+    sq_b, sq_h, sk_blk, sk_off, sk_h, sv_blk, sv_off, sv_h, sbt_b,
+    so_b, so_h, so_p, sml_b, sml_h,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, PARTITION: tl.constexpr,
+    SINGLE: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr,
+):
+    b = tl.program_id(0)
+    hk = tl.program_id(1)
+    p = tl.program_id(2)
+    ctx = tl.load(lens_ptr + b)
+    start = p * PARTITION
+    end = tl.minimum(start + PARTITION, ctx)
+
+    offs_g = tl.arange(0, BLOCK_G)
+    heads = hk * GROUP + offs_g
+    mask_g = offs_g < GROUP
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < D
+    q = tl.load(q_ptr + b * sq_b + heads[:, None] * sq_h + offs_d[None, :], mask=mask_g[:, None] & mask_d[None, :], other=0.0)
+    if UPCAST_DOT:  # the CPU interpreter multiplies bf16 tiles as raw integers: feed it fp32
+        q = q.to(tl.float32)
+
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < end
+        blk = tl.load(bt_ptr + b * sbt_b + offs_n // BLOCK_SIZE, mask=mask_n, other=0).to(tl.int64)
+        off = offs_n % BLOCK_SIZE
+        mask_kv = mask_n[:, None] & mask_d[None, :]
+        k = tl.load(k_ptr + blk[:, None] * sk_blk + off[:, None] * sk_off + hk * sk_h + offs_d[None, :], mask=mask_kv, other=0.0)
+        if UPCAST_DOT:
+            k = k.to(tl.float32)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_G, BLOCK_N], log2 units
+        s = tl.where(mask_n[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        prob = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(prob, axis=1)
+        v = tl.load(v_ptr + blk[:, None] * sv_blk + off[:, None] * sv_off + hk * sv_h + offs_d[None, :], mask=mask_kv, other=0.0)
+        prob = cast_rtne(prob, v.dtype)  # P @ V runs in the cache dtype, as on tensor cores
+        if UPCAST_DOT:
+            prob = prob.to(tl.float32)
+            v = v.to(tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(prob, v, input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    # Empty partition (or padding row): l_i == 0 -> output 0, and pass 2 gives it zero weight.
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    mask_out = mask_g[:, None] & mask_d[None, :]
+    if SINGLE:
+        tl.store(out_ptr + b * so_b + heads[:, None] * so_h + offs_d[None, :], cast_rtne(out, out_ptr.dtype.element_ty), mask=mask_out)
+    else:
+        tl.store(out_ptr + b * so_b + heads[:, None] * so_h + p * so_p + offs_d[None, :], out, mask=mask_out)
+        tl.store(m_ptr + b * sml_b + heads * sml_h + p, m_i, mask=mask_g)
+        tl.store(l_ptr + b * sml_b + heads * sml_h + p, l_i, mask=mask_g)
+
+
+@triton.jit
+def _paged_decode_reduce_kernel(
+    part_ptr, m_ptr, l_ptr, out_ptr,
+    num_parts,
+    sp_b, sp_h, sp_p, sml_b, sml_h, so_b, so_h,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr,
+):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < D
+    ml_base = b * sml_b + h * sml_h
+
+    m_run = tl.full([BLOCK_P], float("-inf"), tl.float32)
+    for p0 in range(0, num_parts, BLOCK_P):
+        offs_p = p0 + tl.arange(0, BLOCK_P)
+        m_run = tl.maximum(m_run, tl.load(m_ptr + ml_base + offs_p, mask=offs_p < num_parts, other=float("-inf")))
+    m_all = tl.maximum(tl.max(m_run, axis=0), -1e30)  # finite even for padding rows, so exp2(m - m_all) is never NaN
+
+    num = tl.zeros([BLOCK_P, BLOCK_D], tl.float32)
+    den = tl.zeros([BLOCK_P], tl.float32)
+    for p0 in range(0, num_parts, BLOCK_P):
+        offs_p = p0 + tl.arange(0, BLOCK_P)
+        mask_p = offs_p < num_parts
+        m = tl.load(m_ptr + ml_base + offs_p, mask=mask_p, other=float("-inf"))
+        l = tl.load(l_ptr + ml_base + offs_p, mask=mask_p, other=0.0)
+        w = tl.where(l > 0, l * tl.exp2(m - m_all), 0.0)
+        part = tl.load(part_ptr + b * sp_b + h * sp_h + offs_p[:, None] * sp_p + offs_d[None, :],
+                       mask=mask_p[:, None] & mask_d[None, :], other=0.0)
+        num += w[:, None] * part
+        den += w
+    total = tl.sum(den, axis=0)
+    out = tl.sum(num, axis=0) / tl.where(total > 0, total, 1.0)
+    tl.store(out_ptr + b * so_b + h * so_h + offs_d, cast_rtne(out, out_ptr.dtype.element_ty), mask=mask_d)
+
+
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
+
+
+def pick_partition_size(batch: int, kv_heads: int, max_len: int, block_n: int, sm_count: int) -> int:
+    """One partition (no reduce pass) once batch x kv heads alone fills the SMs; otherwise a power-of-two partition
+    (>= 2*block_n) giving about two programs per SM."""
+    if batch * kv_heads >= sm_count:
+        return max(next_pow2(max_len), 2 * block_n)
+    parts_wanted = cdiv(2 * sm_count, batch * kv_heads)
+    part = next_pow2(cdiv(max_len, parts_wanted))
+    return max(part, 2 * block_n)
+
+
+def paged_decode_attention_triton(q, k_cache, v_cache, block_tables, context_lens, scale, out=None,
+                                  max_context_len=None, partition_size=None, block_n=None, num_warps=None,
+                                  num_stages=None):
+    """max_context_len: host-known bound on context_lens (default: the block table's capacity); it only sizes the
+    launch grid. partition_size must be a multiple of block_n."""
+    _validate(q, k_cache, v_cache, block_tables, context_lens)
+    require_last_dim_contiguous("q", q)
+    require_last_dim_contiguous("k_cache", k_cache)
+    require_last_dim_contiguous("v_cache", v_cache)
+    B, Hq, D = q.shape
+    block_size, Hkv = k_cache.shape[1], k_cache.shape[2]
+    group = Hq // Hkv
+    BLOCK_D = max(16, next_pow2(D))
+    BLOCK_G = max(16, next_pow2(group))  # tl.dot needs M >= 16
+    max_len = max_context_len or block_tables.shape[1] * block_size
+    BLOCK_N = block_n or (32 if BLOCK_D >= 256 else 64)
+    part = partition_size or pick_partition_size(B, Hkv, max_len, BLOCK_N, _sm_count(q.device))
+    check(part % BLOCK_N == 0 and BLOCK_N >= 16, f"partition_size ({part}) must be a multiple of block_n ({BLOCK_N}) >= 16")
+    num_parts = max(1, cdiv(max_len, part))
+    single = num_parts == 1
+    out = output(out, q.shape, q.dtype, q.device)
+    require_last_dim_contiguous("out", out)
+    precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    if single:
+        part_out, m, l = out, out, out
+        so = (out.stride(0), out.stride(1), 0)
+        sml = (0, 0)
+    else:
+        part_out = torch.empty(B, Hq, num_parts, D, dtype=torch.float32, device=q.device)
+        m = torch.empty(B, Hq, num_parts, dtype=torch.float32, device=q.device)
+        l = torch.empty_like(m)
+        so = part_out.stride()[:3]
+        sml = m.stride()[:2]
+    _paged_decode_partition_kernel[(B, Hkv, num_parts)](
+        q, k_cache, v_cache, block_tables, context_lens, part_out, m, l,
+        scale * LOG2E,
+        q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], block_tables.stride(0),
+        *so, *sml,
+        D=D, BLOCK_D=BLOCK_D, GROUP=group, BLOCK_G=BLOCK_G, BLOCK_SIZE=block_size, BLOCK_N=BLOCK_N,
+        PARTITION=part, SINGLE=single, DOT_PRECISION=precision, UPCAST_DOT=not q.is_cuda,
+        num_warps=num_warps or (8 if BLOCK_D >= 256 else 4), num_stages=num_stages or 2,
+    )
+    if not single:
+        _paged_decode_reduce_kernel[(B, Hq)](
+            part_out, m, l, out, num_parts,
+            *part_out.stride()[:3], *m.stride()[:2], out.stride(0), out.stride(1),
+            D=D, BLOCK_D=BLOCK_D, BLOCK_P=min(16, next_pow2(num_parts)), num_warps=4,
+        )
+    return out
+
+
+def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, out=None, **launch):
+    """o [B, Hq, D] (q.dtype, written to `out` if given).
+    `launch` (Triton only): max_context_len, partition_size, block_n, num_warps, num_stages."""
+    if use_triton(q):
+        return paged_decode_attention_triton(q, k_cache, v_cache, block_tables, context_lens, scale, out, **launch)
+    return paged_decode_attention_ref(q, k_cache, v_cache, block_tables, context_lens, scale, out)
+
+
+# ----------------------------------------------------------------------------------------------- cache writer
+
+def _validate_store(k, v, k_cache, v_cache, slot_mapping):
+    check(k.dim() == 3 and k.shape == v.shape, f"k, v must be equal [N, Hkv, D], got {tuple(k.shape)}, {tuple(v.shape)}")
+    check(k_cache.dim() == 4 and k_cache.shape == v_cache.shape and k_cache.shape[2:] == k.shape[1:],
+          f"caches must be [num_blocks, block_size, {k.shape[1]}, {k.shape[2]}], got {tuple(k_cache.shape)}, {tuple(v_cache.shape)}")
+    check(slot_mapping.shape == (k.shape[0],) and not slot_mapping.is_floating_point(),
+          f"slot_mapping must be an integer tensor of shape [N={k.shape[0]}], got {slot_mapping.dtype} {tuple(slot_mapping.shape)}")
+
+
+def store_kvcache_ref(k, v, k_cache, v_cache, slot_mapping):
+    _validate_store(k, v, k_cache, v_cache, slot_mapping)
+    live = slot_mapping >= 0
+    slots = slot_mapping[live].long()
+    bs = k_cache.shape[1]
+    k_cache[slots // bs, slots % bs] = k[live].to(k_cache.dtype)
+    v_cache[slots // bs, slots % bs] = v[live].to(v_cache.dtype)
+
+
+@triton.jit
+def _store_kvcache_kernel(
+    k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr,
+    H, block_size,
+    sk_n, sk_h, sv_n, sv_h, skc_blk, skc_off, skc_h, svc_blk, svc_off, svc_h,
+    D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    n = tl.program_id(0)
+    slot = tl.load(slot_ptr + n).to(tl.int64)
+    blk = tl.maximum(slot, 0) // block_size
+    off = tl.maximum(slot, 0) % block_size
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask = (offs_h[:, None] < H) & (offs_d[None, :] < D)
+    store_mask = mask & (slot >= 0)
+    k = tl.load(k_ptr + n * sk_n + offs_h[:, None] * sk_h + offs_d[None, :], mask=mask)
+    tl.store(kc_ptr + blk * skc_blk + off * skc_off + offs_h[:, None] * skc_h + offs_d[None, :],
+             cast_rtne(k.to(tl.float32), kc_ptr.dtype.element_ty), mask=store_mask)
+    v = tl.load(v_ptr + n * sv_n + offs_h[:, None] * sv_h + offs_d[None, :], mask=mask)
+    tl.store(vc_ptr + blk * svc_blk + off * svc_off + offs_h[:, None] * svc_h + offs_d[None, :],
+             cast_rtne(v.to(tl.float32), vc_ptr.dtype.element_ty), mask=store_mask)
+
+
+def store_kvcache_triton(k, v, k_cache, v_cache, slot_mapping):
+    _validate_store(k, v, k_cache, v_cache, slot_mapping)
+    for name, t in (("k", k), ("v", v), ("k_cache", k_cache), ("v_cache", v_cache)):
+        require_last_dim_contiguous(name, t)
+    N, H, D = k.shape
+    if N == 0:
+        return
+    _store_kvcache_kernel[(N,)](
+        k, v, k_cache, v_cache, slot_mapping, H, k_cache.shape[1],
+        k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        *k_cache.stride()[:3], *v_cache.stride()[:3],
+        D=D, BLOCK_H=next_pow2(H), BLOCK_D=next_pow2(D), num_warps=4,
+    )
+
+
+def store_kvcache(k, v, k_cache, v_cache, slot_mapping):
+    """Write k, v [N, Hkv, D] into the caches at flat slots (block * block_size + offset); slot < 0 is skipped."""
+    if use_triton(k):
+        return store_kvcache_triton(k, v, k_cache, v_cache, slot_mapping)
+    return store_kvcache_ref(k, v, k_cache, v_cache, slot_mapping)

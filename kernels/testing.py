@@ -1,0 +1,31 @@
+"""Helpers for the kernel tests (CPU, Triton interpreter). Import this module before any kernels op module:
+TRITON_INTERPRET is read when @triton.jit decorates a kernel, i.e. when the op module is first imported."""
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import torch  # noqa: E402
+
+TOLERANCES = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.bfloat16: dict(rtol=1e-2, atol=1e-2)}
+
+
+def require_interpreted(kernel) -> None:
+    """Fail clearly when a kernel module was imported before TRITON_INTERPRET=1 was set (it then needs a GPU)."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    if not isinstance(kernel, InterpretedFunction):
+        raise RuntimeError(
+            f"{getattr(kernel, '__name__', kernel)} was compiled for a GPU: a kernels module was imported before "
+            "TRITON_INTERPRET=1 was set. Set it at the top of tests/conftest.py (before any engine/kernels import).")
+
+
+def poisoned(shape, dtype, fill=float("nan")) -> torch.Tensor:
+    """An output buffer full of NaN so that any element the kernel fails to write shows up."""
+    return torch.full(shape, fill, dtype=dtype)
+
+
+def assert_close(actual, expected, dtype=None, **overrides) -> None:
+    assert not actual.isnan().any(), f"{int(actual.isnan().sum())} NaN elements (unwritten or invalid) in output"
+    tol = dict(TOLERANCES[dtype or expected.dtype])
+    tol.update(overrides)
+    torch.testing.assert_close(actual.float(), expected.float(), **tol)

@@ -1,0 +1,144 @@
+"""Paged decode attention and the KV-cache writer: Triton (interpreter) vs reference, reference vs dense SDPA."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels.testing import assert_close, poisoned, require_interpreted  # sets TRITON_INTERPRET first
+from kernels.paged_attention import (_paged_decode_partition_kernel, gather_kv_ref, paged_decode_attention,
+                                     paged_decode_attention_ref, paged_decode_attention_triton, pick_partition_size,
+                                     store_kvcache, store_kvcache_ref, store_kvcache_triton)
+
+CONTEXT_LENS = [1, 7, 33, 0]  # the last row is CUDA-graph padding
+
+
+def make_cache(block_size, D, Hq=6, Hkv=2, lens=CONTEXT_LENS, dtype=torch.float32, seed=0, extra_blocks=1):
+    """Random q and caches; each sequence gets shuffled physical blocks (+extra table columns filled with -1)."""
+    gen = torch.Generator().manual_seed(seed)
+    B = len(lens)
+    per_seq = -(-max(lens) // block_size) + extra_blocks
+    num_blocks = B * per_seq + 3
+    block_tables = torch.randperm(num_blocks, generator=gen)[: B * per_seq].view(B, per_seq).int()
+    for b, n in enumerate(lens):
+        block_tables[b, -(-n // block_size) + 1:] = -1  # unused entries may hold anything
+    k_cache = torch.randn(num_blocks, block_size, Hkv, D, generator=gen).to(dtype)
+    v_cache = torch.randn(num_blocks, block_size, Hkv, D, generator=gen).to(dtype)
+    q = torch.randn(B, Hq, D, generator=gen).to(dtype)
+    return q, k_cache, v_cache, block_tables, torch.tensor(lens, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("D,block_size", [(48, 4), (80, 16)])
+@pytest.mark.parametrize("partition_size", [None, 16])
+def test_triton_matches_ref(D, block_size, partition_size, dtype):
+    require_interpreted(_paged_decode_partition_kernel)
+    q, k_cache, v_cache, block_tables, lens = make_cache(block_size, D, dtype=dtype, seed=D + block_size)
+    scale = D ** -0.5
+    ref = paged_decode_attention_ref(q, k_cache, v_cache, block_tables, lens, scale)
+    out = paged_decode_attention_triton(q, k_cache, v_cache, block_tables, lens, scale, out=poisoned(q.shape, dtype),
+                                        partition_size=partition_size, block_n=16)
+    assert_close(out, ref, dtype)
+    assert torch.equal(out[3], torch.zeros_like(out[3])), "padding row (context_len 0) must output zeros"
+
+
+def test_many_partitions_and_group_of_one():
+    """More partitions than the reduce kernel's tile (16), MHA (Hq == Hkv), max_context_len bound below capacity."""
+    lens = [300, 17, 129]
+    q, k_cache, v_cache, block_tables, lens_t = make_cache(8, 32, Hq=2, Hkv=2, lens=lens, seed=3, extra_blocks=4)
+    ref = paged_decode_attention_ref(q, k_cache, v_cache, block_tables, lens_t, 0.2)
+    out = paged_decode_attention_triton(q, k_cache, v_cache, block_tables, lens_t, 0.2, out=poisoned(q.shape, q.dtype),
+                                        max_context_len=300, partition_size=16, block_n=16)
+    assert_close(out, ref)
+
+
+def test_real_head_dim_and_group():
+    """D = 256, 4 query heads per kv head (4B model layout), bf16, default launch heuristics."""
+    q, k_cache, v_cache, block_tables, lens = make_cache(16, 256, Hq=4, Hkv=1, lens=[70, 5], dtype=torch.bfloat16, seed=9)
+    ref = paged_decode_attention_ref(q, k_cache, v_cache, block_tables, lens, 256 ** -0.5)
+    out = paged_decode_attention_triton(q, k_cache, v_cache, block_tables, lens, 256 ** -0.5)
+    assert_close(out, ref, torch.bfloat16)
+
+
+@pytest.mark.parametrize("block_size", [4, 16])
+def test_ref_matches_dense_sdpa(block_size):
+    Hq, Hkv, D = 6, 2, 24
+    q, k_cache, v_cache, block_tables, lens = make_cache(block_size, D, Hq=Hq, Hkv=Hkv, seed=block_size)
+    ref = paged_decode_attention_ref(q, k_cache, v_cache, block_tables, lens, D ** -0.5)
+    for b, n in enumerate(CONTEXT_LENS):
+        if n == 0:
+            assert torch.equal(ref[b], torch.zeros_like(ref[b]))
+            continue
+        k = gather_kv_ref(k_cache, block_tables[b], n).transpose(0, 1)  # [Hkv, n, D]
+        v = gather_kv_ref(v_cache, block_tables[b], n).transpose(0, 1)
+        dense = F.scaled_dot_product_attention(q[b][:, None], k.repeat_interleave(Hq // Hkv, 0),
+                                               v.repeat_interleave(Hq // Hkv, 0))[:, 0]
+        torch.testing.assert_close(ref[b], dense, rtol=1e-5, atol=1e-5)
+
+
+def test_gather_matches_explicit_block_walk():
+    _, k_cache, _, block_tables, _ = make_cache(4, 8, seed=2)
+    n = 7
+    walk = torch.cat([k_cache[block_tables[1, i]] for i in range(2)])[:n]  # blocks 0,1 hold tokens 0..7
+    assert torch.equal(gather_kv_ref(k_cache, block_tables[1], n), walk)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_store_kvcache_triton_matches_ref(dtype):
+    gen = torch.Generator().manual_seed(4)
+    num_blocks, block_size, Hkv, D, N = 5, 4, 3, 40, 6
+    k_cache = torch.randn(num_blocks, block_size, Hkv, D, generator=gen).to(dtype)
+    v_cache = torch.randn_like(k_cache)
+    kv = torch.randn(N, 2, Hkv, D, generator=gen).to(dtype)  # k, v as strided views of one tensor
+    k, v = kv[:, 0], kv[:, 1]
+    slots = torch.tensor([3, -1, 17, 0, -1, 19], dtype=torch.int64)
+    kc_ref, vc_ref, kc_tri, vc_tri = k_cache.clone(), v_cache.clone(), k_cache.clone(), v_cache.clone()
+    store_kvcache_ref(k, v, kc_ref, vc_ref, slots)
+    store_kvcache_triton(k, v, kc_tri, vc_tri, slots)
+    assert torch.equal(kc_tri, kc_ref) and torch.equal(vc_tri, vc_ref)
+    assert torch.equal(kc_tri[4, 1], k[2]) and torch.equal(vc_tri[4, 3], v[5])
+    flat_new, flat_old = kc_tri.view(-1, Hkv, D), k_cache.view(-1, Hkv, D)
+    others = [s for s in range(num_blocks * block_size) if s not in (3, 17, 0, 19)]
+    assert torch.equal(flat_new[others], flat_old[others]), "slots not in slot_mapping were modified"
+
+
+def test_store_then_attend_roundtrip():
+    """Writing a sequence token by token through store_kvcache, then attending, equals dense attention."""
+    gen = torch.Generator().manual_seed(8)
+    Hq, Hkv, D, block_size, n = 4, 2, 16, 4, 10
+    k_cache = torch.zeros(6, block_size, Hkv, D)
+    v_cache = torch.zeros_like(k_cache)
+    table = torch.tensor([[5, 2, 0]], dtype=torch.int32)
+    k, v = torch.randn(n, Hkv, D, generator=gen), torch.randn(n, Hkv, D, generator=gen)
+    slots = torch.tensor([int(table[0, t // block_size]) * block_size + t % block_size for t in range(n)])
+    store_kvcache_triton(k, v, k_cache, v_cache, slots)
+    q = torch.randn(1, Hq, D, generator=gen)
+    out = paged_decode_attention_triton(q, k_cache, v_cache, table, torch.tensor([n], dtype=torch.int32), 0.25)
+    dense = F.scaled_dot_product_attention(q[0][:, None], k.transpose(0, 1).repeat_interleave(2, 0),
+                                           v.transpose(0, 1).repeat_interleave(2, 0), scale=0.25)[:, 0]
+    assert_close(out[0], dense)
+
+
+def test_partition_heuristic():
+    assert pick_partition_size(1, 4, 4096, 32, 132) == 64  # B=1: ~2 programs per SM -> 64 partitions x 4 heads
+    assert pick_partition_size(64, 4, 4096, 32, 132) == 4096  # big batch: one partition, no reduce pass
+    assert pick_partition_size(1, 4, 100, 64, 132) == 128  # never below 2 * block_n
+
+
+def test_dispatch(monkeypatch):
+    q, k_cache, v_cache, block_tables, lens = make_cache(4, 16)
+    monkeypatch.setenv("OCRIA_FORCE_TRITON", "1")
+    calls = []
+    monkeypatch.setattr("kernels.paged_attention.paged_decode_attention_triton", lambda *a, **kw: calls.append("attn"))
+    monkeypatch.setattr("kernels.paged_attention.store_kvcache_triton", lambda *a, **kw: calls.append("store"))
+    paged_decode_attention(q, k_cache, v_cache, block_tables, lens, 0.25)
+    store_kvcache(k_cache[0], v_cache[0], k_cache, v_cache, torch.zeros(4, dtype=torch.int64))
+    assert calls == ["attn", "store"]
+
+
+def test_bad_inputs_raise_clear_errors():
+    q, k_cache, v_cache, block_tables, lens = make_cache(4, 16)
+    with pytest.raises(ValueError, match="dtypes differ"):
+        paged_decode_attention_triton(q.to(torch.bfloat16), k_cache, v_cache, block_tables, lens, 0.25)
+    with pytest.raises(ValueError, match="multiple of block_n"):
+        paged_decode_attention_triton(q, k_cache, v_cache, block_tables, lens, 0.25, partition_size=24, block_n=16)
+    with pytest.raises(ValueError, match="slot_mapping"):
+        store_kvcache_triton(k_cache[0], v_cache[0], k_cache, v_cache, torch.zeros(3, dtype=torch.int64))
