@@ -1,0 +1,298 @@
+"""Checkpoint inspection (headers only) and weight loading with projection fusion.
+
+inspect_checkpoint() reads config.json and the safetensors headers -- never tensor data -- and checks every
+tensor name and shape against what the config implies, so a malformed checkpoint fails before any GPU work.
+load_weights() streams tensors into an engine model, fusing q/k/v, gate/up, GDN qkv+z and b+a.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import torch
+
+from engine.config import ModelConfig, load_config
+
+
+class CheckpointError(ValueError):
+    pass
+
+
+# HF tensor name fragment -> (our fused parameter fragment, shard index). Order of shards = order in the fused weight.
+FUSED_SHARDS = {
+    "self_attn.q_proj.": ("self_attn.qkv_proj.", 0),
+    "self_attn.k_proj.": ("self_attn.qkv_proj.", 1),
+    "self_attn.v_proj.": ("self_attn.qkv_proj.", 2),
+    "mlp.gate_proj.": ("mlp.gate_up_proj.", 0),
+    "mlp.up_proj.": ("mlp.gate_up_proj.", 1),
+    "linear_attn.in_proj_qkv.": ("linear_attn.in_proj_qkvz.", 0),
+    "linear_attn.in_proj_z.": ("linear_attn.in_proj_qkvz.", 1),
+    "linear_attn.in_proj_b.": ("linear_attn.in_proj_ba.", 0),
+    "linear_attn.in_proj_a.": ("linear_attn.in_proj_ba.", 1),
+}
+# Tensors present in official checkpoints that no forward pass of ours reads.
+IGNORED_PREFIXES = ("mtp.",)
+
+_ST_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64}
+
+
+def text_prefix(cfg: ModelConfig) -> str:
+    return "model.language_model." if cfg.model_type == "qwen3_5" else "model."
+
+
+def expected_tensors(cfg: ModelConfig, text_only: bool = False) -> dict[str, tuple[int, ...]]:
+    """Every HF tensor name the config implies, with its shape (lm_head only when untied)."""
+    t = cfg.text
+    p = text_prefix(cfg)
+    H = t.hidden_size
+    out: dict[str, tuple[int, ...]] = {p + "embed_tokens.weight": (t.vocab_size, H), p + "norm.weight": (H,)}
+    if not t.tie_word_embeddings:
+        out["lm_head.weight"] = (t.vocab_size, H)
+    for i, kind in enumerate(t.layer_types):
+        lp = f"{p}layers.{i}."
+        out[lp + "input_layernorm.weight"] = (H,)
+        out[lp + "post_attention_layernorm.weight"] = (H,)
+        out[lp + "mlp.gate_proj.weight"] = (t.intermediate_size, H)
+        out[lp + "mlp.up_proj.weight"] = (t.intermediate_size, H)
+        out[lp + "mlp.down_proj.weight"] = (H, t.intermediate_size)
+        if kind == "full_attention":
+            a = lp + "self_attn."
+            out[a + "q_proj.weight"] = (t.num_attention_heads * t.head_dim * 2, H)
+            out[a + "k_proj.weight"] = (t.num_key_value_heads * t.head_dim, H)
+            out[a + "v_proj.weight"] = (t.num_key_value_heads * t.head_dim, H)
+            out[a + "o_proj.weight"] = (H, t.num_attention_heads * t.head_dim)
+            out[a + "q_norm.weight"] = (t.head_dim,)
+            out[a + "k_norm.weight"] = (t.head_dim,)
+        else:
+            g = lp + "linear_attn."
+            hv = t.linear_num_value_heads
+            out[g + "in_proj_qkv.weight"] = (t.gdn_conv_dim, H)
+            out[g + "in_proj_z.weight"] = (t.gdn_value_dim, H)
+            out[g + "in_proj_b.weight"] = (hv, H)
+            out[g + "in_proj_a.weight"] = (hv, H)
+            out[g + "conv1d.weight"] = (t.gdn_conv_dim, 1, t.linear_conv_kernel_dim)
+            out[g + "dt_bias"] = (hv,)
+            out[g + "A_log"] = (hv,)
+            out[g + "norm.weight"] = (t.linear_value_head_dim,)
+            out[g + "out_proj.weight"] = (H, t.gdn_value_dim)
+    if cfg.vision is not None and not text_only:
+        v = cfg.vision
+        D = v.hidden_size
+        vp = "model.visual."
+        out[vp + "patch_embed.proj.weight"] = (D, v.in_channels, v.temporal_patch_size, v.patch_size, v.patch_size)
+        out[vp + "patch_embed.proj.bias"] = (D,)
+        out[vp + "pos_embed.weight"] = (v.num_position_embeddings, D)
+        for i in range(v.depth):
+            b = f"{vp}blocks.{i}."
+            for n in ("norm1", "norm2"):
+                out[b + n + ".weight"] = (D,)
+                out[b + n + ".bias"] = (D,)
+            out[b + "attn.qkv.weight"] = (3 * D, D)
+            out[b + "attn.qkv.bias"] = (3 * D,)
+            out[b + "attn.proj.weight"] = (D, D)
+            out[b + "attn.proj.bias"] = (D,)
+            out[b + "mlp.linear_fc1.weight"] = (v.intermediate_size, D)
+            out[b + "mlp.linear_fc1.bias"] = (v.intermediate_size,)
+            out[b + "mlp.linear_fc2.weight"] = (D, v.intermediate_size)
+            out[b + "mlp.linear_fc2.bias"] = (D,)
+        M = D * v.spatial_merge_size**2
+        out[vp + "merger.norm.weight"] = (D,)
+        out[vp + "merger.norm.bias"] = (D,)
+        out[vp + "merger.linear_fc1.weight"] = (M, M)
+        out[vp + "merger.linear_fc1.bias"] = (M,)
+        out[vp + "merger.linear_fc2.weight"] = (v.out_hidden_size, M)
+        out[vp + "merger.linear_fc2.bias"] = (v.out_hidden_size,)
+    return out
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    file: Path
+    shape: tuple[int, ...]
+    dtype: str
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    path: Path
+    config: ModelConfig
+    tensors: dict[str, TensorEntry]  # only the tensors we load (ignored ones dropped)
+    model_id: str
+    text_only: bool
+
+    @property
+    def files(self) -> list[Path]:
+        return sorted({e.file for e in self.tensors.values()})
+
+
+def read_safetensors_header(path: Path) -> tuple[dict, bytes]:
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        raw_len = f.read(8)
+        if len(raw_len) != 8:
+            raise CheckpointError(f"{path.name}: too short to be a safetensors file")
+        (n,) = struct.unpack("<Q", raw_len)
+        if n > size - 8 or n > 100_000_000:
+            raise CheckpointError(f"{path.name}: corrupt safetensors header length {n}")
+        blob = f.read(n)
+    try:
+        header = json.loads(blob)
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{path.name}: safetensors header is not valid JSON ({e})") from e
+    data_len = size - 8 - n
+    for name, meta in header.items():
+        if name == "__metadata__":
+            continue
+        start, end = meta["data_offsets"]
+        if end > data_len:
+            raise CheckpointError(f"{path.name}: tensor {name} extends past the end of the file (truncated download?)")
+    return header, blob
+
+
+def _safetensors_files(root: Path) -> list[Path]:
+    index = root / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text()).get("weight_map", {})
+        names = sorted(set(weight_map.values()))
+        missing = [n for n in names if not (root / n).is_file()]
+        if missing:
+            raise CheckpointError(f"{root}: shard(s) listed in model.safetensors.index.json are missing: {missing}")
+        return [root / n for n in names]
+    files = sorted(root.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{root}: no *.safetensors files")
+    return files
+
+
+def inspect_checkpoint(path: str | Path, text_only: bool = False, require_tokenizer: bool = True) -> CheckpointInfo:
+    """Validate a checkpoint folder from config.json and safetensors headers only (no tensor data is read)."""
+    root = Path(path)
+    if not root.is_dir():
+        raise CheckpointError(f"{root}: checkpoint folder not found")
+    cfg = load_config(root)
+    text_only = text_only or cfg.vision is None
+    if require_tokenizer and not (root / "tokenizer.json").is_file():
+        raise CheckpointError(f"{root}: tokenizer.json missing (the engine tokenizes with the checkpoint's own files)")
+
+    digest = hashlib.sha256((root / "config.json").read_bytes())
+    found: dict[str, TensorEntry] = {}
+    for f in _safetensors_files(root):
+        header, blob = read_safetensors_header(f)
+        digest.update(blob)
+        digest.update(str(f.stat().st_size).encode())
+        for name, meta in header.items():
+            if name == "__metadata__":
+                continue
+            if name in found:
+                raise CheckpointError(f"tensor {name} appears in both {found[name].file.name} and {f.name}")
+            found[name] = TensorEntry(f, tuple(meta["shape"]), meta["dtype"])
+
+    expected = expected_tensors(cfg, text_only)
+    ignored = IGNORED_PREFIXES + (("model.visual.",) if text_only else ())
+    tie = cfg.text.tie_word_embeddings
+    kept: dict[str, TensorEntry] = {}
+    extra = []
+    for name, e in found.items():
+        if name.startswith(ignored) or (tie and name == "lm_head.weight"):
+            continue  # a tied checkpoint may still store the head; the embedding is the source of truth
+        if name not in expected:
+            extra.append(name)
+            continue
+        if e.shape != expected[name]:
+            raise CheckpointError(f"tensor {name}: shape {list(e.shape)} in {e.file.name}, "
+                                  f"config implies {list(expected[name])}")
+        if e.dtype not in _ST_DTYPES:
+            raise CheckpointError(f"tensor {name}: unsupported dtype {e.dtype} in {e.file.name}")
+        kept[name] = e
+    if extra:
+        raise CheckpointError(f"unexpected tensor(s) not implied by config.json: {', '.join(sorted(extra)[:5])}"
+                              + (f" (+{len(extra) - 5} more)" if len(extra) > 5 else ""))
+    missing = sorted(set(expected) - set(kept))
+    if missing:
+        raise CheckpointError(f"missing tensor(s): {', '.join(missing[:5])}"
+                              + (f" (+{len(missing) - 5} more)" if len(missing) > 5 else ""))
+    model_id = f"{root.name}-{digest.hexdigest()[:10]}"
+    return CheckpointInfo(root, cfg, kept, model_id, text_only)
+
+
+def iter_checkpoint_tensors(info: CheckpointInfo) -> Iterator[tuple[str, torch.Tensor]]:
+    from safetensors import safe_open
+
+    by_file: dict[Path, list[str]] = {}
+    for name, e in info.tensors.items():
+        by_file.setdefault(e.file, []).append(name)
+    for f, names in sorted(by_file.items()):
+        with safe_open(str(f), framework="pt", device="cpu") as h:
+            for name in names:
+                yield name, h.get_tensor(name)
+
+
+def hf_name_to_param(name: str, cfg: ModelConfig) -> tuple[str, int | None]:
+    """HF tensor name -> (our parameter name, shard index in a fused weight or None)."""
+    p = text_prefix(cfg)
+    if name == "lm_head.weight":
+        return "lm_head.weight", None
+    if name.startswith("model.visual."):
+        local = "visual." + name[len("model.visual."):]
+        if local == "visual.patch_embed.proj.weight":
+            return "visual.patch_embed.weight", None
+        if local == "visual.patch_embed.proj.bias":
+            return "visual.patch_embed.bias", None
+        return local, None
+    if not name.startswith(p):
+        raise CheckpointError(f"tensor {name}: not under {p!r}")
+    local = "language_model." + name[len(p):]
+    for frag, (fused, idx) in FUSED_SHARDS.items():
+        if frag in local:
+            return local.replace(frag, fused), idx
+    return local, None
+
+
+def load_weights(model: torch.nn.Module, cfg: ModelConfig, tensors: Iterable[tuple[str, torch.Tensor]],
+                 expected: dict[str, tuple[int, ...]] | None = None) -> None:
+    """Copy HF-named tensors into `model` (see engine.models.qwen3_5.Qwen3_5Model), fusing shards.
+
+    Every parameter of the model must be written exactly once per shard; anything else raises naming the tensor.
+    """
+    params = dict(model.named_parameters())
+    written: dict[str, set] = {}
+    for name, tensor in tensors:
+        if name.startswith(IGNORED_PREFIXES):
+            continue
+        if expected is not None and name not in expected:
+            raise CheckpointError(f"unexpected tensor {name}")
+        if expected is not None and tuple(tensor.shape) != expected[name]:
+            raise CheckpointError(f"tensor {name}: shape {list(tensor.shape)}, config implies {list(expected[name])}")
+        pname, shard = hf_name_to_param(name, cfg)
+        if pname not in params:
+            raise CheckpointError(f"tensor {name}: no parameter {pname} in the engine model")
+        param = params[pname]
+        with torch.no_grad():
+            if shard is None:
+                src = tensor.reshape(param.shape) if tensor.numel() == param.numel() else tensor
+                if src.shape != param.shape:
+                    raise CheckpointError(f"tensor {name}: shape {list(tensor.shape)} does not fit {pname} "
+                                          f"{list(param.shape)}")
+                param.copy_(src)
+            else:
+                sizes = param.shard_sizes
+                start = sum(sizes[:shard])
+                if tensor.shape[0] != sizes[shard] or tuple(tensor.shape[1:]) != tuple(param.shape[1:]):
+                    raise CheckpointError(f"tensor {name}: shape {list(tensor.shape)} does not fit shard {shard} of "
+                                          f"{pname} (rows {sizes[shard]}, width {list(param.shape[1:])})")
+                param[start:start + sizes[shard]].copy_(tensor)
+        written.setdefault(pname, set()).add(shard)
+    if cfg.text.tie_word_embeddings and "lm_head.weight" in params:
+        raise CheckpointError("internal: tied model must not own an lm_head parameter")
+    missing = []
+    for pname, param in params.items():
+        n_shards = len(getattr(param, "shard_sizes", [None]))
+        got = written.get(pname, set())
+        if len(got) != n_shards:
+            missing.append(pname)
+    if missing:
+        raise CheckpointError(f"parameters not written by the checkpoint: {', '.join(missing[:5])}")

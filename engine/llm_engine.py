@@ -1,0 +1,309 @@
+"""Engine: requests in, tokens and text out. add_request / step / generate over the scheduler and model runner."""
+from __future__ import annotations
+
+import hashlib
+import itertools
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+import torch
+
+from engine.block_manager import BlockManager, blocks_for
+from engine.checkpoint import expected_tensors, inspect_checkpoint, iter_checkpoint_tensors, load_weights
+from engine.config import ModelConfig
+from engine.interface import SamplingParams
+from engine.model_runner import ModelRunner, resolve_dtype
+from engine.models.qwen3_5 import Qwen3_5Model
+from engine.processor import Processor
+from engine.rope import mrope_positions
+from engine.sampler import Sampler
+from engine.scheduler import Scheduler
+from engine.sequence import ImageInputs, Sequence, SeqStatus
+from engine.state_pool import StatePool
+from engine.step_metadata import PrefillChunk
+
+
+class RequestRejected(ValueError):
+    """The request can never run on this engine (too long, malformed); nothing was queued."""
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    text: str
+    finish_reason: str  # "stop" | "length" | "error"
+    error: str | None = None
+    ttft_s: float = 0.0
+    decode_s: float = 0.0
+    total_s: float = 0.0
+    num_preemptions: int = 0
+    logits: torch.Tensor | None = field(default=None, repr=False)  # [output_tokens, V] when requested
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        return (self.output_tokens - 1) / self.decode_s if self.decode_s > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    max_num_seqs: int = 64
+    max_model_len: int | None = None  # default min(max_position_embeddings, 8192)
+    max_num_batched_tokens: int | None = None  # default 8192 on CUDA, 2048 on CPU
+    block_size: int = 32
+    num_blocks: int | None = None  # default: sized from the memory budget
+    kv_cache_memory_gb: float | None = None
+    gpu_memory_utilization: float = 0.9
+    enforce_eager: bool = False  # no CUDA graphs
+    text_only: bool = False
+
+
+def _seed_for(request_id: str) -> int:
+    return int.from_bytes(hashlib.sha256(request_id.encode()).digest()[:8], "little") & (2**63 - 1)
+
+
+class Engine:
+    def __init__(self, cfg: ModelConfig, weights: Iterable[tuple[str, torch.Tensor]], device="cpu", dtype="auto",
+                 processor: Processor | None = None, stop_token_ids: Iterable[int] = (), model_id: str = "",
+                 options: EngineOptions | None = None, expected: dict | None = None):
+        opts = options or EngineOptions()
+        self.cfg, self.options, self.model_id, self.processor = cfg, opts, model_id, processor
+        self.device = torch.device(device)
+        self.dtype = resolve_dtype(dtype, self.device)
+        self.text_only = opts.text_only or cfg.vision is None
+        self.max_model_len = opts.max_model_len or min(cfg.text.max_position_embeddings, 8192)
+        mnbt = opts.max_num_batched_tokens or (8192 if self.device.type == "cuda" else 2048)
+
+        self.model = Qwen3_5Model(cfg, self.dtype, self.device, text_only=self.text_only)
+        load_weights(self.model, cfg, weights, expected=expected)
+        self.runner = ModelRunner(self.model, cfg, self.device, self.dtype, max_num_seqs=opts.max_num_seqs,
+                                  max_model_len=self.max_model_len, max_num_batched_tokens=mnbt,
+                                  block_size=opts.block_size, num_blocks=opts.num_blocks,
+                                  kv_cache_memory_gb=opts.kv_cache_memory_gb,
+                                  gpu_memory_utilization=opts.gpu_memory_utilization,
+                                  use_cuda_graphs=not opts.enforce_eager)
+        self.block_manager = BlockManager(self.runner.cache.num_blocks, opts.block_size)
+        self.scheduler = Scheduler(self.block_manager, StatePool(opts.max_num_seqs), opts.max_num_seqs, mnbt)
+        self.sampler = Sampler()
+        stops = set(stop_token_ids) | set(cfg.text.eos_token_ids)
+        if processor is not None:
+            stops |= set(processor.eos_token_ids)
+        self.stop_token_ids = frozenset(stops)
+        self._ids = itertools.count()
+        self._seqs: dict[str, Sequence] = {}
+
+    @classmethod
+    def from_checkpoint(cls, checkpoint_dir: str | Path, device="cpu", dtype="auto", chat_template_kwargs=None,
+                        **options) -> "Engine":
+        opts = EngineOptions(**options)
+        info = inspect_checkpoint(checkpoint_dir, text_only=opts.text_only)
+        processor = Processor(checkpoint_dir, info.config, chat_template_kwargs)
+        return cls(info.config, iter_checkpoint_tensors(info), device, dtype, processor=processor,
+                   model_id=info.model_id, options=opts, expected=expected_tensors(info.config, info.text_only))
+
+    # ------------------------------------------------------------------ requests
+    def add_request(self, request_id: str, *, prompt: str | None = None, image=None,
+                    prompt_token_ids: list[int] | None = None, pixel_values=None, image_grids=None,
+                    sampling: SamplingParams | None = None, ignore_eos: bool = False,
+                    keep_logits: bool = False) -> None:
+        """Queue a request: either `prompt` (+ optional page `image`, rendered through the chat template) or
+        pre-tokenized `prompt_token_ids` (+ `pixel_values` [P, patch_dim] and `image_grids`)."""
+        sampling = sampling or SamplingParams()
+        if request_id in self._seqs:
+            raise RequestRejected(f"request {request_id!r}: id already in use")
+        if sampling.max_tokens < 1:
+            raise RequestRejected(f"request {request_id!r}: max_tokens must be >= 1, got {sampling.max_tokens}")
+        if sampling.temperature < 0 or not 0 < sampling.top_p <= 1 or sampling.top_k < 0:
+            raise RequestRejected(f"request {request_id!r}: bad sampling params {sampling}")
+        if prompt_token_ids is None:
+            if self.processor is None:
+                raise RequestRejected(f"request {request_id!r}: engine has no tokenizer; pass prompt_token_ids")
+            if prompt is None:
+                raise RequestRejected(f"request {request_id!r}: give prompt or prompt_token_ids")
+            if image is not None and self.text_only:
+                raise RequestRejected(f"request {request_id!r}: image given but the engine is text-only")
+            prompt_token_ids, pixel_values, image_grids = self.processor.page_inputs(image, prompt)
+        ids = [int(t) for t in prompt_token_ids]
+        if not ids:
+            raise RequestRejected(f"request {request_id!r}: empty prompt")
+        if any(t < 0 or t >= self.cfg.text.vocab_size for t in ids):
+            raise RequestRejected(f"request {request_id!r}: token id outside [0, {self.cfg.text.vocab_size})")
+        budget = len(ids) + sampling.max_tokens
+        if budget > self.max_model_len:
+            raise RequestRejected(
+                f"request {request_id!r}: prompt ({len(ids)} tokens) + max_tokens ({sampling.max_tokens}) = {budget} "
+                f"exceeds the context budget max_model_len={self.max_model_len}; shrink the image (max_pixels), "
+                f"lower max_tokens or raise max_model_len")
+        if blocks_for(budget, self.block_manager.block_size) > self.block_manager.num_blocks:
+            raise RequestRejected(f"request {request_id!r}: needs {budget} tokens of KV cache, the whole cache holds "
+                                  f"{self.block_manager.num_blocks * self.block_manager.block_size}")
+        images = None
+        grids = [tuple(int(v) for v in g) for g in (image_grids or [])]
+        if pixel_values is not None or grids:
+            if self.text_only:
+                raise RequestRejected(f"request {request_id!r}: image inputs given but the engine is text-only")
+            images = self._image_inputs(request_id, ids, pixel_values, grids)
+        merge = self.cfg.vision.spatial_merge_size if self.cfg.vision is not None else 2
+        try:
+            pos, delta = mrope_positions(ids, self.cfg.image_token_id, grids, merge)
+        except ValueError as e:
+            raise RequestRejected(f"request {request_id!r}: {e}") from e
+        seed = sampling.seed if sampling.seed is not None else _seed_for(request_id)
+        gen = torch.Generator(device=self.device).manual_seed(seed) if sampling.temperature > 0 else None
+        stops = frozenset() if ignore_eos else self.stop_token_ids
+        seq = Sequence(next(self._ids), request_id, ids, sampling, stops, pos, delta, images, gen, keep_logits)
+        self._seqs[request_id] = seq
+        self.scheduler.add(seq)
+
+    def _image_inputs(self, request_id, ids, pixel_values, grids) -> ImageInputs:
+        v = self.cfg.vision
+        pv = torch.as_tensor(np.asarray(pixel_values) if not torch.is_tensor(pixel_values) else pixel_values)
+        n_patches = sum(t * h * w for t, h, w in grids)
+        if pv.dim() != 2 or pv.shape != (n_patches, v.patch_dim):
+            raise RequestRejected(f"request {request_id!r}: pixel_values shape {tuple(pv.shape)}, grids imply "
+                                  f"[{n_patches}, {v.patch_dim}]")
+        m2 = v.spatial_merge_size**2
+        spans, i, arr = [], 0, np.asarray(ids)
+        is_img = arr == self.cfg.image_token_id
+        for t, h, w in grids:
+            n = t * h * w // m2
+            starts = np.flatnonzero(is_img[i:])
+            if not len(starts):
+                raise RequestRejected(f"request {request_id!r}: fewer image-token runs than images")
+            a = i + int(starts[0])
+            if not is_img[a:a + n].all() or (a + n < len(arr) and is_img[a + n]):
+                raise RequestRejected(f"request {request_id!r}: image of grid {(t, h, w)} needs exactly {n} "
+                                      f"consecutive image tokens at {a}")
+            spans.append((a, n))
+            i = a + n
+        if is_img[i:].any():
+            raise RequestRejected(f"request {request_id!r}: more image tokens than the images provide")
+        return ImageInputs(pv.float(), grids, spans)
+
+    def abort(self, request_id: str) -> None:
+        seq = self._seqs.pop(request_id, None)
+        if seq is None:
+            return
+        if seq.status == SeqStatus.WAITING:
+            self.scheduler.abort_waiting(seq)
+        elif seq.status != SeqStatus.FINISHED:
+            self.scheduler.finish(seq, "abort")
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_work()
+
+    # ------------------------------------------------------------------ stepping
+    def step(self) -> list[RequestOutput]:
+        """Run one scheduled step; returns the requests that finished in it."""
+        sched = self.scheduler.schedule()
+        if sched is None:
+            if self.scheduler.waiting:
+                raise RuntimeError("scheduler cannot admit any waiting request (KV cache or state slots too small)")
+            return []
+        if sched.is_prefill:
+            sampled_seqs, logits = self._prefill(sched.seqs, sched.chunk_lens)
+        else:
+            sampled_seqs, logits = sched.seqs, self._decode(sched.seqs)
+        tokens = self.sampler(logits, sampled_seqs) if sampled_seqs else []
+        now = time.perf_counter()
+        finished = []
+        for seq, tok, row in zip(sampled_seqs, tokens, range(len(tokens))):
+            seq.token_ids.append(tok)
+            if seq.logits is not None:
+                seq.logits.append(logits[row].cpu())
+            seq.first_token_time = seq.first_token_time or now
+            seq.last_token_time = now
+            seq.status = SeqStatus.DECODING
+            reason = "stop" if tok in seq.stop_ids else ("length" if seq.num_output >= seq.sampling.max_tokens
+                                                        else None)
+            if reason:
+                self.scheduler.finish(seq, reason)
+                finished.append(self._output(seq))
+        return finished
+
+    def _prefill(self, seqs: list[Sequence], lens: list[int]):
+        self._encode_images([s for s in seqs if s.images is not None and s.image_embeds is None])
+        chunks, rows, sampled, row = [], [], [], 0
+        for seq, n in zip(seqs, lens):
+            s, e = seq.num_computed, seq.num_computed + n
+            chunks.append(PrefillChunk(token_ids=seq.token_ids[s:e], positions=seq.positions(s, e), start=s,
+                                       block_table=seq.block_table, state_slot=seq.state_slot,
+                                       embed_overrides=seq.image_rows(s, e)))
+            seq.num_computed = e
+            row += n
+            if e == len(seq):  # prompt fully in the caches: its last row yields the next token
+                rows.append(row - 1)
+                sampled.append(seq)
+                seq.image_embeds = None
+        logits = self.runner.run_prefill(chunks, rows) if chunks else None
+        return sampled, logits
+
+    def _encode_images(self, seqs: list[Sequence]) -> None:
+        if not seqs:
+            return
+        pv = torch.cat([s.images.pixel_values for s in seqs]).to(self.device, non_blocking=True)
+        grids = [g for s in seqs for g in s.images.grids]
+        emb = self.model.encode_images(pv, grids)
+        m2 = self.cfg.vision.spatial_merge_size**2
+        start = 0
+        for s in seqs:
+            n = sum(t * h * w for t, h, w in s.images.grids) // m2
+            s.image_embeds = emb[start:start + n]
+            start += n
+
+    def _decode(self, seqs: list[Sequence]) -> torch.Tensor:
+        bs = self.block_manager.block_size
+        input_ids, positions, slots, state_idx, ctx, tables = [], [], [], [], [], []
+        for seq in seqs:
+            i = len(seq) - 1  # the newest token, not yet in the caches
+            input_ids.append(seq.token_ids[i])
+            positions.append(i + seq.rope_delta if i >= seq.prompt_len else int(seq.mrope_positions[0, i]))
+            slots.append(seq.block_table[i // bs] * bs + i % bs)
+            state_idx.append(seq.state_slot)
+            ctx.append(i + 1)
+            tables.append(seq.block_table)
+            seq.num_computed = i + 1
+        return self.runner.run_decode(input_ids, positions, slots, state_idx, ctx, tables)
+
+    def _output(self, seq: Sequence) -> RequestOutput:
+        self._seqs.pop(seq.request_id, None)
+        out_ids = seq.output_ids
+        text_ids = out_ids[:-1] if out_ids and out_ids[-1] in seq.stop_ids else out_ids
+        text = self.processor.decode(text_ids) if self.processor is not None else ""
+        first = seq.first_token_time or seq.arrival_time
+        last = seq.last_token_time or first
+        return RequestOutput(
+            request_id=seq.request_id, prompt_token_ids=seq.token_ids[:seq.prompt_len], output_token_ids=out_ids,
+            text=text, finish_reason=seq.finish_reason, ttft_s=first - seq.arrival_time, decode_s=last - first,
+            total_s=last - seq.arrival_time, num_preemptions=seq.num_preemptions,
+            logits=torch.stack(seq.logits) if seq.logits else None)
+
+    # ------------------------------------------------------------------ convenience
+    def generate(self, requests: list[dict]) -> list[RequestOutput]:
+        """Run requests (dicts of add_request arguments; request_id optional) to completion, in input order.
+        Requests the engine rejects come back with finish_reason "error" and the reason."""
+        ids, results = [], {}
+        for i, r in enumerate(requests):
+            r = dict(r)
+            rid = r.pop("request_id", None) or f"req-{i}"
+            ids.append(rid)
+            try:
+                self.add_request(rid, **r)
+            except RequestRejected as e:
+                results[rid] = RequestOutput(rid, [], [], "", "error", error=str(e))
+        while self.has_unfinished():
+            for out in self.step():
+                results[out.request_id] = out
+        return [results[i] for i in ids]

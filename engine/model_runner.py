@@ -1,0 +1,191 @@
+"""ModelRunner: owns the model weights, the caches and the forward passes.
+
+Prefill steps run eagerly on a packed batch of chunks. Decode steps run from static input buffers and, on CUDA,
+replay a CUDA graph captured for the next padded batch size.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from engine.config import ModelConfig
+from engine.models.qwen3_5 import Qwen3_5Model
+from engine.step_metadata import DecodeInputs, PrefillChunk, build_prefill_metadata
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+
+
+def resolve_dtype(dtype, device: torch.device) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype in (None, "auto"):
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype={dtype!r} unsupported; use one of auto, {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def graph_batch_sizes(max_batch: int) -> list[int]:
+    sizes = [1, 2, 4, 8] + list(range(16, 65, 16)) + list(range(96, 513, 32))
+    return [s for s in sizes if s < max_batch] + [max_batch]
+
+
+@dataclass
+class CacheConfig:
+    block_size: int
+    num_blocks: int
+    max_num_seqs: int  # GDN state slots
+    max_model_len: int
+
+    @property
+    def max_blocks_per_seq(self) -> int:
+        return math.ceil(self.max_model_len / self.block_size)
+
+
+class ModelRunner:
+    def __init__(self, model: Qwen3_5Model, cfg: ModelConfig, device: torch.device, dtype: torch.dtype,
+                 max_num_seqs: int, max_model_len: int, max_num_batched_tokens: int, block_size: int = 16,
+                 num_blocks: int | None = None, kv_cache_memory_gb: float | None = None,
+                 gpu_memory_utilization: float = 0.9, use_cuda_graphs: bool = True):
+        self.model, self.cfg, self.device, self.dtype = model, cfg, device, dtype
+        t = cfg.text
+        self.attn_layers = [model.language_model.layers[i].self_attn for i in t.full_attention_layers]
+        self.gdn_layers = [model.language_model.layers[i].linear_attn for i in t.linear_attention_layers]
+        self.block_size = block_size
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self._alloc_states(max_num_seqs)
+        if num_blocks is None:
+            num_blocks = self._blocks_from_budget(max_num_seqs, max_model_len, kv_cache_memory_gb,
+                                                  gpu_memory_utilization)
+        self.cache = CacheConfig(block_size, num_blocks, max_num_seqs, max_model_len)
+        self._alloc_kv(num_blocks)
+        self.decode_inputs = DecodeInputs(max_num_seqs, self.cache.max_blocks_per_seq, device)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.graph_logits: dict[int, torch.Tensor] = {}
+        if use_cuda_graphs and device.type == "cuda":
+            self.capture_decode_graphs()
+
+    # ------------------------------------------------------------------ caches
+    def kv_bytes_per_block(self) -> int:
+        t = self.cfg.text
+        elt = torch.finfo(self.dtype).bits // 8
+        return 2 * len(self.attn_layers) * self.block_size * t.num_key_value_heads * t.head_dim * elt
+
+    def _alloc_states(self, slots: int) -> None:
+        t = self.cfg.text
+        n = len(self.gdn_layers)
+        self.conv_state = torch.zeros(n, slots, t.gdn_conv_dim, t.linear_conv_kernel_dim - 1, dtype=self.dtype,
+                                      device=self.device)
+        self.ssm_state = torch.zeros(n, slots, t.linear_num_value_heads, t.linear_key_head_dim,
+                                     t.linear_value_head_dim, dtype=torch.float32, device=self.device)
+        for i, layer in enumerate(self.gdn_layers):
+            layer.conv_state, layer.ssm_state = self.conv_state[i], self.ssm_state[i]
+
+    def _alloc_kv(self, num_blocks: int) -> None:
+        t = self.cfg.text
+        shape = (len(self.attn_layers), num_blocks, self.block_size, t.num_key_value_heads, t.head_dim)
+        self.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        for i, layer in enumerate(self.attn_layers):
+            layer.k_cache, layer.v_cache = self.k_cache[i], self.v_cache[i]
+
+    def _blocks_from_budget(self, max_num_seqs, max_model_len, kv_gb, utilization) -> int:
+        """KV blocks that fit the budget, capped at what max_num_seqs full-length sequences could ever use."""
+        useful = max_num_seqs * math.ceil(max_model_len / self.block_size) + 1
+        per_block = self.kv_bytes_per_block()
+        if kv_gb is not None:
+            budget = int(kv_gb * 2**30)
+        elif self.device.type == "cuda":
+            budget = self._profile_free_cuda_memory(utilization)
+        else:
+            budget = 1 * 2**30
+        n = min(useful, budget // per_block)
+        if n < 2:
+            raise RuntimeError(f"KV cache budget {budget / 2**20:.1f} MiB holds fewer than 2 blocks of "
+                               f"{per_block / 2**20:.2f} MiB; lower max_num_seqs or raise the memory budget")
+        return n
+
+    def _profile_free_cuda_memory(self, utilization: float) -> int:
+        """Run the largest prefill once with a throwaway cache; what is left under `utilization` goes to KV."""
+        T = self.max_num_batched_tokens
+        self._alloc_kv(math.ceil(T / self.block_size) + 1)
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        chunk = PrefillChunk(token_ids=[0] * T, positions=_text_positions(0, T), start=0,
+                             block_table=list(range(math.ceil(T / self.block_size))), state_slot=0)
+        self.run_prefill([chunk], logits_rows=[T - 1])
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device)
+        kv_tmp = self.k_cache.numel() * self.k_cache.element_size() * 2
+        del self.k_cache, self.v_cache
+        for layer in self.attn_layers:
+            layer.k_cache = layer.v_cache = torch.empty(0)
+        self.conv_state.zero_()
+        self.ssm_state.zero_()
+        torch.cuda.empty_cache()
+        total = torch.cuda.get_device_properties(self.device).total_memory
+        return max(0, int(total * utilization) - (peak - kv_tmp))
+
+    # ------------------------------------------------------------------ forward passes
+    @torch.no_grad()
+    def run_prefill(self, chunks: list[PrefillChunk], logits_rows: list[int]) -> torch.Tensor:
+        """Packed prefill of `chunks`; returns logits [len(logits_rows), V] (fp32) for those flat token rows."""
+        meta = build_prefill_metadata(chunks, self.block_size, self.device)
+        if meta.fresh_state_idx is not None:  # sequences starting now begin from zero GDN state
+            self.conv_state[:, meta.fresh_state_idx] = 0
+            self.ssm_state[:, meta.fresh_state_idx] = 0
+        ids = torch.tensor([t for c in chunks for t in c.token_ids], dtype=torch.int64).to(self.device,
+                                                                                          non_blocking=True)
+        x = self.model.embed(ids)
+        row = 0
+        for c in chunks:
+            for off, rows in (c.embed_overrides or ()):
+                x[row + off: row + off + rows.shape[0]] = rows.to(x.dtype)
+            row += len(c.token_ids)
+        hidden = self.model(x, meta)
+        idx = torch.tensor(logits_rows, dtype=torch.int64).to(self.device, non_blocking=True)
+        return self.model.compute_logits(hidden[idx]).float()
+
+    def _decode_forward(self, padded: int) -> torch.Tensor:
+        meta = self.decode_inputs.metadata(padded)
+        x = self.model.embed(self.decode_inputs.dev["input_ids"][:padded])
+        return self.model.compute_logits(self.model(x, meta))
+
+    @torch.no_grad()
+    def run_decode(self, input_ids, positions, slot_mapping, state_idx, context_lens, block_tables) -> torch.Tensor:
+        """One token for each of B sequences -> logits [B, V] (fp32)."""
+        B = len(input_ids)
+        padded = next((s for s in sorted(self.graphs) if s >= B), B)
+        self.decode_inputs.fill(input_ids, positions, slot_mapping, state_idx, context_lens, block_tables, padded)
+        if padded in self.graphs:
+            self.graphs[padded].replay()
+            logits = self.graph_logits[padded]
+        else:
+            logits = self._decode_forward(padded)
+        return logits[:B].float()
+
+    @torch.no_grad()
+    def capture_decode_graphs(self) -> None:
+        sizes = graph_batch_sizes(self.cache.max_num_seqs)
+        empty = [[] for _ in range(max(sizes))]
+        pool = None
+        for bs in reversed(sizes):
+            # padding rows everywhere: kernels skip them, so capture touches no cache or state
+            self.decode_inputs.fill([], [], [], [], [], empty[:0], bs)
+            self._decode_forward(bs)  # warm up / compile Triton kernels outside capture
+            torch.cuda.synchronize(self.device)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=pool):
+                self.graph_logits[bs] = self._decode_forward(bs)
+            pool = g.pool() if pool is None else pool
+            self.graphs[bs] = g
+        torch.cuda.synchronize(self.device)
+
+
+def _text_positions(start: int, n: int):
+    import numpy as np
+
+    return np.broadcast_to(np.arange(start, start + n), (3, n)).copy()

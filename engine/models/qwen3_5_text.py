@@ -1,0 +1,190 @@
+"""Qwen3.5 text decoder on a flat packed batch: Gated DeltaNet layers, gated full-attention layers, SwiGLU MLPs.
+
+Every layer reads the step's StepMetadata; caches (paged KV for attention, per-sequence conv + recurrent state
+slots for GDN) are tensors attached by the model runner (`attach_caches`). Projections are fused at load time.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine import ops
+from engine.config import TextConfig
+from engine.models.gdn_prefill import conv1d_prefill_varlen, delta_rule_prefill
+from engine.models.layers import fused_weight, param
+from engine.rope import apply_rotary
+from engine.step_metadata import StepMetadata
+
+
+class RMSNorm(nn.Module):
+    """Zero-centred RMSNorm: x * rsqrt(mean(x^2) + eps) * (1 + w)."""
+
+    def __init__(self, dim: int, eps: float, **factory):
+        super().__init__()
+        self.eps = eps
+        self.weight = param(dim, **factory)
+
+    def forward(self, x, residual=None):
+        return ops.rmsnorm(x, self.weight, self.eps, residual)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: TextConfig, **factory):
+        super().__init__()
+        self.gate_up_proj = nn.Module()
+        self.gate_up_proj.weight = fused_weight([cfg.intermediate_size] * 2, cfg.hidden_size, **factory)
+        self.down_proj = nn.Module()
+        self.down_proj.weight = param(cfg.hidden_size, cfg.intermediate_size, **factory)
+
+    def forward(self, x):
+        return F.linear(ops.silu_mul(F.linear(x, self.gate_up_proj.weight)), self.down_proj.weight)
+
+
+class GatedAttention(nn.Module):
+    """Full attention with a per-head output gate: q_proj rows are [q_h | gate_h] per head; q/k RMSNorm; partial
+    rotary; GQA; paged KV cache."""
+
+    def __init__(self, cfg: TextConfig, **factory):
+        super().__init__()
+        self.nh, self.nkv, self.hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.scale = self.hd**-0.5
+        H = cfg.hidden_size
+        self.qkv_proj = nn.Module()
+        self.qkv_proj.weight = fused_weight([self.nh * self.hd * 2, self.nkv * self.hd, self.nkv * self.hd], H, **factory)
+        self.o_proj = nn.Module()
+        self.o_proj.weight = param(H, self.nh * self.hd, **factory)
+        self.q_norm = RMSNorm(self.hd, cfg.rms_norm_eps, **factory)
+        self.k_norm = RMSNorm(self.hd, cfg.rms_norm_eps, **factory)
+        self.k_cache = self.v_cache = torch.empty(0)
+
+    def forward(self, x, meta: StepMetadata, cos, sin):
+        N = x.shape[0]
+        qg, k, v = F.linear(x, self.qkv_proj.weight).split(
+            [self.nh * self.hd * 2, self.nkv * self.hd, self.nkv * self.hd], dim=-1)
+        qg = qg.view(N, self.nh, 2 * self.hd)
+        q, gate = qg[..., :self.hd], qg[..., self.hd:].reshape(N, self.nh * self.hd)
+        q = apply_rotary(self.q_norm(q.contiguous()), cos, sin)
+        k = apply_rotary(self.k_norm(k.view(N, self.nkv, self.hd)), cos, sin)
+        v = v.reshape(N, self.nkv, self.hd)
+        ops.store_kvcache(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
+        if meta.is_prefill:
+            o = self._prefill_attention(q, meta)
+        else:
+            o = ops.paged_decode_attention(q.contiguous(), self.k_cache, self.v_cache, meta.block_tables,
+                                           meta.context_lens, self.scale)
+        o = o.reshape(N, self.nh * self.hd) * torch.sigmoid(gate)
+        return F.linear(o, self.o_proj.weight)
+
+    def _prefill_attention(self, q, meta: StepMetadata):
+        """Each sequence's chunk attends causally to its whole cached context (earlier chunks + itself)."""
+        k_all = self.k_cache.view(-1, self.nkv, self.hd)[meta.kv_gather_slots]
+        v_all = self.v_cache.view(-1, self.nkv, self.hd)[meta.kv_gather_slots]
+        outs, qs, ks = [], 0, 0
+        for n, kv in zip(meta.query_lens, meta.kv_lens):
+            qi = q[qs:qs + n].transpose(0, 1)
+            ki, vi = k_all[ks:ks + kv].transpose(0, 1), v_all[ks:ks + kv].transpose(0, 1)
+            if kv == n:
+                o = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=self.scale, enable_gqa=True)
+            else:  # query i sits at absolute position kv - n + i
+                mask = torch.ones(n, kv, dtype=torch.bool, device=q.device).tril(kv - n)
+                o = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, scale=self.scale, enable_gqa=True)
+            outs.append(o.transpose(0, 1))
+            qs += n
+            ks += kv
+        return torch.cat(outs, 0)
+
+
+class GatedDeltaNet(nn.Module):
+    """Linear-attention mixer: fused in_proj (qkv | z) and (b | a), causal depthwise conv + SiLU over qkv, gated delta
+    rule with per-value-head decay exp(g) and write strength beta, gated RMSNorm, out_proj."""
+
+    def __init__(self, cfg: TextConfig, **factory):
+        super().__init__()
+        self.hk, self.hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
+        self.dk, self.dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
+        self.key_dim, self.value_dim, self.conv_dim = cfg.gdn_key_dim, cfg.gdn_value_dim, cfg.gdn_conv_dim
+        self.eps = cfg.rms_norm_eps
+        H = cfg.hidden_size
+        self.in_proj_qkvz = nn.Module()
+        self.in_proj_qkvz.weight = fused_weight([self.conv_dim, self.value_dim], H, **factory)
+        self.in_proj_ba = nn.Module()
+        self.in_proj_ba.weight = fused_weight([self.hv, self.hv], H, **factory)
+        self.conv1d = nn.Module()
+        self.conv1d.weight = param(self.conv_dim, cfg.linear_conv_kernel_dim, **factory)
+        fp32 = dict(factory, dtype=torch.float32)  # decay parameters stay fp32
+        self.dt_bias = param(self.hv, **fp32)
+        self.A_log = param(self.hv, **fp32)
+        self.norm = nn.Module()
+        self.norm.weight = param(self.dv, **factory)
+        self.out_proj = nn.Module()
+        self.out_proj.weight = param(H, self.value_dim, **factory)
+        self.conv_state = self.ssm_state = torch.empty(0)
+
+    def forward(self, x, meta: StepMetadata, cos=None, sin=None):
+        N = x.shape[0]
+        qkv, z = F.linear(x, self.in_proj_qkvz.weight).split([self.conv_dim, self.value_dim], dim=-1)
+        b, a = F.linear(x, self.in_proj_ba.weight).chunk(2, dim=-1)
+        beta = torch.sigmoid(b)
+        g = -self.A_log.exp() * F.softplus(a.float() + self.dt_bias)
+        if meta.is_prefill:
+            y = conv1d_prefill_varlen(qkv, self.conv1d.weight, self.conv_state, meta.state_slots, meta.query_lens)
+        else:
+            y = ops.causal_conv1d_update(qkv.contiguous(), self.conv_state, self.conv1d.weight, meta.state_idx, "silu")
+        q, k, v = y.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        q = q.reshape(N, self.hk, self.dk)
+        k = k.reshape(N, self.hk, self.dk)
+        v = v.reshape(N, self.hv, self.dv)
+        if meta.is_prefill:
+            o = delta_rule_prefill(q, k, v, g, beta, self.ssm_state, meta.state_slots, meta.state_idx,
+                                   meta.query_lens, meta.cu_seqlens, meta.cu_seqlens_cpu)
+        else:
+            o = ops.gdn_recurrent(q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None],
+                                  self.ssm_state, meta.state_idx)[:, 0]
+        o = ops.gated_rmsnorm(o, z.reshape(N, self.hv, self.dv), self.norm.weight, self.eps)
+        return F.linear(o.reshape(N, self.value_dim), self.out_proj.weight)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: TextConfig, kind: str, **factory):
+        super().__init__()
+        self.kind = kind
+        if kind == "full_attention":
+            self.self_attn = GatedAttention(cfg, **factory)
+        else:
+            self.linear_attn = GatedDeltaNet(cfg, **factory)
+        self.mlp = MLP(cfg, **factory)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **factory)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **factory)
+
+    def forward(self, x, residual, meta, cos, sin):
+        if residual is None:
+            residual = x
+            h = self.input_layernorm(x)
+        else:
+            h, residual = self.input_layernorm(x, residual)
+        mixer = self.self_attn if self.kind == "full_attention" else self.linear_attn
+        h = mixer(h, meta, cos, sin)
+        h, residual = self.post_attention_layernorm(h, residual)
+        return self.mlp(h), residual
+
+
+class TextModel(nn.Module):
+    def __init__(self, cfg: TextConfig, dtype: torch.dtype, device):
+        super().__init__()
+        factory = dict(dtype=dtype, device=device)
+        self.cfg = cfg
+        self.embed_tokens = nn.Module()
+        self.embed_tokens.weight = param(cfg.vocab_size, cfg.hidden_size, **factory)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, kind, **factory) for kind in cfg.layer_types)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **factory)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(input_ids, self.embed_tokens.weight)
+
+    def forward(self, x: torch.Tensor, meta: StepMetadata, cos, sin) -> torch.Tensor:
+        residual = None
+        for layer in self.layers:
+            x, residual = layer(x, residual, meta, cos, sin)
+        x, _ = self.norm(x, residual)
+        return x

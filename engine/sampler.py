@@ -1,0 +1,40 @@
+"""Token selection: greedy argmax, or temperature / top-k / top-p sampling with one torch.Generator per request,
+so a request's samples depend only on its own seed and logits, never on what else is in the batch."""
+from __future__ import annotations
+
+import torch
+
+from engine.sequence import Sequence
+
+
+def filter_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """logits [B, V] (already temperature-scaled); top_k [B] (0 = off), top_p [B] (1 = off) -> masked logits."""
+    V = logits.shape[-1]
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    ranks = torch.arange(V, device=logits.device)[None, :]
+    k = torch.where(top_k > 0, top_k, V).clamp(max=V)
+    drop = ranks >= k[:, None]
+    probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(-1)
+    mass_before = probs.cumsum(-1) - probs  # probability of strictly better tokens
+    drop |= mass_before > top_p[:, None]  # keep the smallest prefix reaching top_p (the best token always stays)
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
+
+
+class Sampler:
+    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
+        """logits [B, V] fp32 on device -> one token id per sequence (a single device->host copy)."""
+        tokens = logits.argmax(dim=-1)
+        rows = [i for i, s in enumerate(seqs) if s.sampling.temperature > 0]
+        if rows:
+            dev = logits.device
+            idx = torch.tensor(rows, device=dev)
+            temp = torch.tensor([seqs[i].sampling.temperature for i in rows], device=dev, dtype=torch.float32)
+            top_k = torch.tensor([seqs[i].sampling.top_k for i in rows], device=dev)
+            top_p = torch.tensor([seqs[i].sampling.top_p for i in rows], device=dev, dtype=torch.float32)
+            probs = filter_logits(logits[idx] / temp[:, None], top_k, top_p).softmax(-1)
+            # Exponential-race sampling: argmax(p / E), E ~ Exp(1), draws from p with no host sync.
+            noise = torch.stack([torch.empty_like(probs[j]).exponential_(generator=seqs[i].generator)
+                                 for j, i in enumerate(rows)])
+            tokens[idx] = (probs / noise).argmax(dim=-1)
+        return tokens.tolist()

@@ -1,0 +1,115 @@
+"""Continuous-batching scheduler, prefill first.
+
+Each step is either a prefill step (chunks of admitted-but-unfinished prompts, then newly admitted prompts, up to
+`max_num_batched_tokens` tokens) or, when no prompt work is pending, a decode step over every decoding sequence.
+A sequence is admitted only when a GDN state slot and KV blocks for its whole prompt are free, so prefill never
+runs out of memory; decode growth that does not fit preempts the most recently admitted sequences (recompute).
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from engine.block_manager import BlockManager
+from engine.sequence import Sequence, SeqStatus
+from engine.state_pool import StatePool
+
+
+@dataclass
+class ScheduledStep:
+    is_prefill: bool
+    seqs: list[Sequence]
+    chunk_lens: list[int]  # prefill: tokens of each sequence computed this step; decode: all 1
+
+
+class Scheduler:
+    def __init__(self, block_manager: BlockManager, state_pool: StatePool, max_num_seqs: int,
+                 max_num_batched_tokens: int):
+        self.blocks = block_manager
+        self.states = state_pool
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # admission order
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> ScheduledStep | None:
+        step = self._schedule_prefill()
+        if step is not None:
+            return step
+        return self._schedule_decode()
+
+    def _schedule_prefill(self) -> ScheduledStep | None:
+        budget = self.max_num_batched_tokens
+        seqs, lens = [], []
+        for seq in self.running:
+            if seq.status == SeqStatus.PREFILLING and budget > 0:
+                n = min(len(seq) - seq.num_computed, budget)
+                seqs.append(seq)
+                lens.append(n)
+                budget -= n
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and self.states.num_free:
+            seq = self.waiting[0]
+            if not self.blocks.can_grow(seq, len(seq)):
+                break
+            self.waiting.popleft()
+            self.blocks.grow(seq, len(seq))
+            seq.state_slot = self.states.allocate()
+            seq.status = SeqStatus.PREFILLING
+            self.running.append(seq)
+            n = min(len(seq), budget)
+            seqs.append(seq)
+            lens.append(n)
+            budget -= n
+        return ScheduledStep(True, seqs, lens) if seqs else None
+
+    def _schedule_decode(self) -> ScheduledStep | None:
+        batch = []
+        for seq in list(self.running):
+            if seq.status != SeqStatus.DECODING:
+                continue
+            while not self.blocks.can_grow(seq, len(seq)):
+                victim = next((s for s in reversed(self.running) if s is not seq), None)
+                if victim is None:
+                    break
+                self.preempt(victim)
+                if victim in batch:
+                    batch.remove(victim)
+            if seq.status != SeqStatus.DECODING:
+                continue
+            if not self.blocks.can_grow(seq, len(seq)):
+                self.preempt(seq)  # alone and still does not fit: wait for memory
+                continue
+            self.blocks.grow(seq, len(seq))
+            batch.append(seq)
+        return ScheduledStep(False, batch, [1] * len(batch)) if batch else None
+
+    def preempt(self, seq: Sequence) -> None:
+        """Drop seq's caches; it re-enters the queue front and recomputes prompt + outputs on readmission."""
+        self._release(seq)
+        seq.status = SeqStatus.WAITING
+        seq.num_computed = 0
+        seq.image_embeds = None
+        seq.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        self._release(seq)
+        seq.status = SeqStatus.FINISHED
+        seq.finish_reason = reason
+
+    def abort_waiting(self, seq: Sequence) -> None:
+        self.waiting.remove(seq)
+
+    def _release(self, seq: Sequence) -> None:
+        if seq in self.running:
+            self.running.remove(seq)
+        self.blocks.free(seq)
+        if seq.state_slot is not None:
+            self.states.free(seq.state_slot)
+            seq.state_slot = None

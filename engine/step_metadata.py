@@ -1,0 +1,114 @@
+"""Per-step metadata: everything the layers need to find their caches, built once per step on the host and copied
+to the device in one go. Layers only read it; nothing in a forward pass synchronises with the host.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass
+class PrefillChunk:
+    """One sequence's slice of a prefill step: tokens [start, start + len(token_ids)) of the sequence."""
+    token_ids: list[int]
+    positions: np.ndarray  # [3, n] mRoPE positions of these tokens
+    start: int  # tokens already in the caches
+    block_table: list[int]
+    state_slot: int
+    # (row offset within this chunk, rows [n, hidden]) that replace token embeddings, e.g. image features
+    embed_overrides: list = None  # type: ignore[assignment]
+
+
+@dataclass
+class StepMetadata:
+    is_prefill: bool
+    num_tokens: int
+    positions: torch.Tensor  # prefill: [3, N] (T, H, W); decode: [B] (text position, same on all axes)
+    slot_mapping: torch.Tensor  # [N] int64 flat KV slot per token (-1 = padding, not stored)
+    state_idx: torch.Tensor  # [S] int32 GDN state slot per sequence (-1 = padding)
+    # decode
+    block_tables: torch.Tensor | None = None  # [B, max_blocks] int32
+    context_lens: torch.Tensor | None = None  # [B] int32, tokens in cache including this one
+    # prefill (host lists drive per-sequence loops; device tensors feed kernels)
+    query_lens: list[int] | None = None
+    kv_lens: list[int] | None = None  # tokens in cache after this chunk, per sequence
+    state_slots: list[int] | None = None
+    cu_seqlens: torch.Tensor | None = None  # [S+1] int64 on device
+    cu_seqlens_cpu: torch.Tensor | None = None
+    kv_gather_slots: torch.Tensor | None = None  # [sum kv_lens] flat KV slots of every sequence's full context
+    fresh_state_idx: torch.Tensor | None = None  # slots of sequences starting now: zeroed before the step
+
+
+def _flat_slots(block_table: list[int], start: int, end: int, block_size: int) -> np.ndarray:
+    j = np.arange(start, end)
+    return np.asarray(block_table, dtype=np.int64)[j // block_size] * block_size + j % block_size
+
+
+def build_prefill_metadata(chunks: list[PrefillChunk], block_size: int, device) -> StepMetadata:
+    query_lens = [len(c.token_ids) for c in chunks]
+    kv_lens = [c.start + n for c, n in zip(chunks, query_lens)]
+    positions = np.concatenate([c.positions for c in chunks], axis=1)
+    slot_mapping = np.concatenate([_flat_slots(c.block_table, c.start, c.start + n, block_size)
+                                   for c, n in zip(chunks, query_lens)])
+    gather = np.concatenate([_flat_slots(c.block_table, 0, kv, block_size) for c, kv in zip(chunks, kv_lens)])
+    cu = np.zeros(len(chunks) + 1, dtype=np.int64)
+    cu[1:] = np.cumsum(query_lens)
+    slots = [c.state_slot for c in chunks]
+    fresh = [c.state_slot for c in chunks if c.start == 0]
+
+    def dev(a, dtype):
+        return torch.from_numpy(np.ascontiguousarray(a)).to(dtype).to(device, non_blocking=True)
+
+    cu_cpu = torch.from_numpy(cu)
+    return StepMetadata(
+        is_prefill=True, num_tokens=int(cu[-1]),
+        positions=dev(positions, torch.int64), slot_mapping=dev(slot_mapping, torch.int64),
+        state_idx=dev(np.asarray(slots), torch.int32),
+        query_lens=query_lens, kv_lens=kv_lens, state_slots=slots,
+        cu_seqlens=cu_cpu.to(device, non_blocking=True), cu_seqlens_cpu=cu_cpu,
+        kv_gather_slots=dev(gather, torch.int64),
+        fresh_state_idx=dev(np.asarray(fresh, dtype=np.int64), torch.int64) if fresh else None,
+    )
+
+
+class DecodeInputs:
+    """Static device buffers for decode steps (CUDA graphs replay against these) plus pinned host staging."""
+
+    def __init__(self, max_batch: int, max_blocks: int, device):
+        self.max_batch, self.max_blocks = max_batch, max_blocks
+        pin = torch.device(device).type == "cuda"
+        shapes = {"input_ids": ((max_batch,), torch.int64), "positions": ((max_batch,), torch.int64),
+                  "slot_mapping": ((max_batch,), torch.int64), "state_idx": ((max_batch,), torch.int32),
+                  "context_lens": ((max_batch,), torch.int32), "block_tables": ((max_batch, max_blocks), torch.int32)}
+        self.host = {k: torch.zeros(s, dtype=d, pin_memory=pin) for k, (s, d) in shapes.items()}
+        self.dev = {k: torch.zeros(s, dtype=d, device=device) for k, (s, d) in shapes.items()}
+
+    def fill(self, input_ids, positions, slot_mapping, state_idx, context_lens, block_tables, padded: int):
+        """Write a decode batch (B rows) padded to `padded` rows, then one async copy per buffer."""
+        B = len(input_ids)
+        h = {k: v.numpy() for k, v in self.host.items()}
+        h["input_ids"][:B] = input_ids
+        h["positions"][:B] = positions
+        h["slot_mapping"][:B] = slot_mapping
+        h["state_idx"][:B] = state_idx
+        h["context_lens"][:B] = context_lens
+        bt = h["block_tables"]
+        for i, row in enumerate(block_tables):
+            bt[i, :len(row)] = row
+        # padding rows: stored nowhere, no state, empty context
+        h["input_ids"][B:padded] = 0
+        h["positions"][B:padded] = 0
+        h["slot_mapping"][B:padded] = -1
+        h["state_idx"][B:padded] = -1
+        h["context_lens"][B:padded] = 0
+        for k in self.dev:
+            self.dev[k][:padded].copy_(self.host[k][:padded], non_blocking=True)
+
+    def metadata(self, padded: int) -> StepMetadata:
+        d = self.dev
+        return StepMetadata(
+            is_prefill=False, num_tokens=padded, positions=d["positions"][:padded],
+            slot_mapping=d["slot_mapping"][:padded], state_idx=d["state_idx"][:padded],
+            block_tables=d["block_tables"][:padded], context_lens=d["context_lens"][:padded])
