@@ -1,0 +1,180 @@
+"""Compile every Triton kernel for sm_90 (H200) on a machine without a GPU, using the ptxas that ships with Triton.
+
+The interpreter runs kernels as numpy and so cannot catch errors that only the GPU compiler raises (layouts, dot
+shapes, type rules) nor show register pressure. This records the launches the real launchers make at the 4B model's
+decode shapes (on small CPU tensors: only dtypes, head sizes and launch heuristics matter for code generation),
+compiles each one to a cubin and reports registers, spills and shared memory from `ptxas -v`.
+
+    python -m kernels.compile_check            # must run WITHOUT TRITON_INTERPRET=1
+"""
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+
+import torch
+
+TYPE_CODES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.int32: "i32",
+              torch.int64: "i64", torch.uint8: "u8"}
+
+
+class LaunchRecorder:
+    """Stands in for a @triton.jit kernel: `kernel[grid](*args, **kwargs)` records the call instead of running it."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+        self.launches = []
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.launches.append((grid, args, kwargs))
+
+
+@contextmanager
+def recording(module):
+    """Replace every @triton.jit kernel of `module` by a LaunchRecorder for the duration of the block."""
+    from triton.runtime.jit import JITFunction
+
+    kernels = {name: obj for name, obj in vars(module).items() if isinstance(obj, JITFunction) and name.endswith("_kernel")}
+    recorders = {name: LaunchRecorder(k) for name, k in kernels.items()}
+    for name, rec in recorders.items():
+        setattr(module, name, rec)
+    try:
+        yield list(recorders.values())
+    finally:
+        for name, k in kernels.items():
+            setattr(module, name, k)
+
+
+def _signature(kernel, args, kwargs):
+    names = kernel.arg_names
+    bound = dict(zip(names, args))
+    bound.update({k: v for k, v in kwargs.items() if k in names})
+    signature, constexprs, attrs = {}, {}, {}
+    for i, param in enumerate(kernel.params):
+        value = bound[param.name]
+        if param.is_constexpr:
+            signature[param.name] = "constexpr"
+            constexprs[param.name] = value
+        elif isinstance(value, torch.Tensor):
+            signature[param.name] = "*" + TYPE_CODES[value.dtype]
+            attrs[(i,)] = [["tt.divisibility", 16]]  # real allocations are 16-byte aligned; lets loads vectorise
+        elif isinstance(value, bool):
+            signature[param.name] = "i1"
+        elif isinstance(value, int):
+            signature[param.name] = "i32" if -2 ** 31 <= value < 2 ** 31 else "i64"
+        elif isinstance(value, float):
+            signature[param.name] = "fp32"
+        else:
+            raise TypeError(f"{kernel.__name__}: cannot type argument {param.name}={value!r}")
+    options = {k: kwargs[k] for k in ("num_warps", "num_stages") if k in kwargs}
+    return signature, constexprs, attrs, options
+
+
+def _ptxas_report(ptx: str) -> dict:
+    import triton
+
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.ptx")
+        with open(path, "w") as f:
+            f.write(ptx)
+        res = subprocess.run([ptxas, "-arch=sm_90a", "-v", "-o", os.path.join(tmp, "k.cubin"), path],
+                             capture_output=True, text=True)
+    text = res.stdout + res.stderr
+    num = lambda pattern: int(m.group(1)) if (m := re.search(pattern, text)) else None  # noqa: E731
+    return {"regs": num(r"Used (\d+) registers"), "spill_stores": num(r"(\d+) bytes spill stores"),
+            "spill_loads": num(r"(\d+) bytes spill loads")}
+
+
+def compile_recorded(name, recorder):
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    rows = []
+    for grid, args, kwargs in recorder.launches:
+        signature, constexprs, attrs, options = _signature(recorder.kernel, args, kwargs)
+        t0 = time.time()
+        compiled = triton.compile(ASTSource(recorder.kernel, signature, constexprs, attrs),
+                                  target=GPUTarget("cuda", 90, 32), options=options)
+        row = {"case": name, "kernel": recorder.kernel.__name__, "grid": tuple(grid), **options,
+               "compile_s": round(time.time() - t0, 2), **_ptxas_report(compiled.asm["ptx"]),
+               "smem": compiled.metadata.shared}  # dynamic shared memory (ptxas only sees static)
+        rows.append(row)
+    return rows
+
+
+def decode_cases(batch_sizes=(1, 64)):
+    """(name, module, thunk calling the launcher) at the 4B model's decode shapes."""
+    from kernels import conv1d_update, gated_rmsnorm, gdn_recurrent, paged_attention, rmsnorm, silu_mul
+
+    bf16, f32, i32 = torch.bfloat16, torch.float32, torch.int32
+    Hk, Hv, dk, dv, C, K, Hq, Hkv, D, hidden, inter = 16, 32, 128, 128, 8192, 4, 16, 4, 256, 2560, 9216
+    cases = []
+    for B in batch_sizes:
+        idx = torch.zeros(B, dtype=i32)
+        for T in (1, 4):
+            cases.append((f"gdn_recurrent B={B} T={T}", gdn_recurrent,
+                          lambda B=B, T=T, idx=idx: gdn_recurrent.gdn_recurrent_triton(
+                              torch.empty(B, T, Hk, dk, dtype=bf16), torch.empty(B, T, Hk, dk, dtype=bf16),
+                              torch.empty(B, T, Hv, dv, dtype=bf16), torch.empty(B, T, Hv, dtype=f32),
+                              torch.empty(B, T, Hv, dtype=bf16), torch.empty(1, Hv, dk, dv, dtype=f32), idx,
+                              intermediate_states=torch.empty(B, T, Hv, dk, dv, dtype=f32) if T > 1 else None)))
+        cases.append((f"conv1d_update B={B}", conv1d_update,
+                      lambda B=B, idx=idx: conv1d_update.causal_conv1d_update_triton(
+                          torch.empty(B, C, dtype=bf16), torch.empty(1, C, K - 1, dtype=bf16),
+                          torch.empty(C, K, dtype=bf16), idx)))
+        cases.append((f"paged_decode_attention B={B} ctx<=4096", paged_attention,
+                      lambda B=B: paged_attention.paged_decode_attention_triton(
+                          torch.empty(B, Hq, D, dtype=bf16), torch.empty(2, 16, Hkv, D, dtype=bf16),
+                          torch.empty(2, 16, Hkv, D, dtype=bf16), torch.zeros(B, 256, dtype=i32),
+                          torch.empty(B, dtype=i32), D ** -0.5)))
+        cases.append((f"store_kvcache N={B}", paged_attention,
+                      lambda B=B: paged_attention.store_kvcache_triton(
+                          torch.empty(B, Hkv, D, dtype=bf16), torch.empty(B, Hkv, D, dtype=bf16),
+                          torch.empty(2, 16, Hkv, D, dtype=bf16), torch.empty(2, 16, Hkv, D, dtype=bf16),
+                          torch.zeros(B, dtype=torch.int64))))
+        cases.append((f"gated_rmsnorm N={B}", gated_rmsnorm,
+                      lambda B=B: gated_rmsnorm.gated_rmsnorm_triton(
+                          torch.empty(B, Hv, dv, dtype=bf16), torch.empty(B, Hv, dv, dtype=bf16),
+                          torch.empty(dv, dtype=bf16), 1e-6)))
+        cases.append((f"rmsnorm+residual N={B}", rmsnorm,
+                      lambda B=B: rmsnorm.rmsnorm_triton(torch.empty(B, hidden, dtype=bf16), torch.empty(hidden, dtype=bf16),
+                                                         1e-6, residual=torch.empty(B, hidden, dtype=bf16))))
+        cases.append((f"silu_mul N={B}", silu_mul,
+                      lambda B=B: silu_mul.silu_mul_triton(torch.empty(B, 2 * inter, dtype=bf16))))
+    return cases
+
+
+def run(batch_sizes=(1, 64)):
+    from triton import knobs
+
+    if knobs.runtime.interpret:
+        raise RuntimeError("compile_check needs TRITON_INTERPRET unset: it compiles for the GPU, not the interpreter")
+    rows = []
+    for name, module, thunk in decode_cases(batch_sizes):
+        with recording(module) as recorders:
+            thunk()
+        for recorder in recorders:
+            rows.extend(compile_recorded(name, recorder))
+    return rows
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 64])
+    args = parser.parse_args(argv)
+    rows = run(tuple(args.batch_sizes))
+    print(f"{'case':40s} {'kernel':32s} {'warps':>5s} {'regs':>5s} {'spill':>6s} {'smem':>6s} {'sec':>5s}")
+    for r in rows:
+        print(f"{r['case']:40s} {r['kernel']:32s} {r.get('num_warps', 4):5d} {r['regs'] or 0:5d} "
+              f"{(r['spill_stores'] or 0) + (r['spill_loads'] or 0):6d} {r['smem'] or 0:6d} {r['compile_s']:5.1f}")
+    return rows
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main() else 1)
