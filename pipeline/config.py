@@ -41,7 +41,7 @@ class RasterConfig(Strict):
     extract_text: bool = True
     num_actors_min: int = Field(1, ge=1)
     num_actors_max: int | None = Field(None, ge=1, description="null = sized from the cluster's free CPUs")
-    cpus_per_actor: float = Field(0.5, gt=0)
+    cpus_per_actor: float = Field(1.0, gt=0, description="lowered automatically when the cluster has less to spare")
 
 
 class ModelConfig(Strict):

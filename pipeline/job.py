@@ -119,7 +119,10 @@ def build_dataset(ray, prep: Prepared, pools: PoolSizes):
     tasks = pa.Table.from_pylist(
         [empty_row(DOC_TASK_SCHEMA, uri=u, size_bytes=m.size_bytes, mtime_ns=m.mtime_ns, attempt=m.attempt)
          for u, m in prep.plan.todo.items()], schema=DOC_TASK_SCHEMA)
-    ds = ray.data.from_arrow(tasks).repartition(min(len(prep.plan.todo), 64 * pools.raster_max))
+    # Small blocks, cut here in the driver: no repartition task (it would ask for a whole CPU that a small
+    # cluster may not have free), and one slow document holds up few others.
+    per_block = max(1, min(16, tasks.num_rows // (8 * pools.raster_max)))
+    ds = ray.data.from_arrow([tasks.slice(i, per_block) for i in range(0, tasks.num_rows, per_block)])
     ds = ds.map_batches(
         RasterizeStage, batch_size=1, batch_format="pyarrow",
         fn_constructor_kwargs=dict(storage=cfg.storage, opts=raster_options(cfg, prep.checkpoint_dir),

@@ -74,6 +74,8 @@ def open_document(data: bytes, uri: str) -> pymupdf.Document:
     except Exception as e:  # MuPDF raises FileDataError / RuntimeError subclasses
         kind = "truncated" if "truncated" in str(e).lower() else "damaged"
         raise DocumentError(kind, f"cannot open as {filetype}: {type(e).__name__}: {e}") from e
+    if filetype == "pdf" and not doc.is_pdf:  # MuPDF sniffs content: an HTML error page named .pdf opens as HTML
+        raise DocumentError("not_pdf", "file is named .pdf but its content is not a PDF (a failed download or upload?)")
     if doc.needs_pass:
         raise DocumentError("encrypted", "document is encrypted and needs a password; decrypt it before ingesting")
     try:
