@@ -70,7 +70,8 @@ class EngineOptions:
     text_only: bool = False
 
 
-def _seed_for(request_id: str) -> int:
+def seed_for_request(request_id: str) -> int:
+    """A stable per-request seed (unlike hash(), the same in every process)."""
     return int.from_bytes(hashlib.sha256(request_id.encode()).digest()[:8], "little") & (2**63 - 1)
 
 
@@ -160,7 +161,7 @@ class Engine:
             pos, delta = mrope_positions(ids, self.cfg.image_token_id, grids, merge)
         except ValueError as e:
             raise RequestRejected(f"request {request_id!r}: {e}") from e
-        seed = sampling.seed if sampling.seed is not None else _seed_for(request_id)
+        seed = sampling.seed if sampling.seed is not None else seed_for_request(request_id)
         gen = torch.Generator(device=self.device).manual_seed(seed) if sampling.temperature > 0 else None
         stops = frozenset() if ignore_eos else self.stop_token_ids
         seq = Sequence(next(self._ids), request_id, ids, sampling, stops, pos, delta, images, gen, keep_logits)

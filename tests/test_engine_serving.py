@@ -1,0 +1,113 @@
+"""Serving behaviour: sampling with per-request seeds, stop tokens, max tokens, context budget, abort, backend."""
+import numpy as np
+import pytest
+import torch
+
+from engine.interface import PageRequest, SamplingParams
+from engine.llm_engine import Engine, RequestRejected
+from engine.sampler import filter_logits
+from engine.testing import build_checkpoint, tokenizer_texts
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    from engine import hf_format
+
+    tok = hf_format.train_tokenizer(tokenizer_texts(), 600)
+    return build_checkpoint(tmp_path_factory.mktemp("vl"), tokenizer=tok, seed=6)
+
+
+@pytest.fixture(scope="module")
+def eng(ckpt):
+    return Engine.from_checkpoint(ckpt, max_num_seqs=6, num_blocks=128, block_size=16, max_model_len=200)
+
+
+def ids(n, seed):
+    return np.random.default_rng(seed).integers(0, 500, n).tolist()
+
+
+def test_filter_logits_top_k_top_p():
+    logits = torch.log(torch.tensor([[0.5, 0.25, 0.15, 0.1], [0.1, 0.2, 0.3, 0.4]]))
+    kept = filter_logits(logits, torch.tensor([2, 0]), torch.tensor([1.0, 0.6])).isfinite()
+    assert kept.tolist() == [[True, True, False, False], [False, False, True, True]]
+    kept = filter_logits(logits, torch.tensor([0, 0]), torch.tensor([0.01, 1.0])).isfinite()
+    assert kept.tolist() == [[True, False, False, False], [True, True, True, True]]
+
+
+def test_seeded_sampling_is_per_request(eng):
+    sp = SamplingParams(max_tokens=12, temperature=1.0, seed=123)
+    alone = eng.generate([dict(prompt_token_ids=ids(20, 0), sampling=sp, ignore_eos=True)])[0]
+    crowd = eng.generate([dict(prompt_token_ids=ids(9, 1), sampling=SamplingParams(max_tokens=5, temperature=0.7)),
+                          dict(prompt_token_ids=ids(20, 0), sampling=sp, ignore_eos=True),
+                          dict(prompt_token_ids=ids(30, 2), sampling=SamplingParams(max_tokens=15, temperature=1.3))])
+    assert crowd[1].output_token_ids == alone.output_token_ids
+    other = eng.generate([dict(prompt_token_ids=ids(20, 0), sampling=SamplingParams(max_tokens=12, temperature=1.0,
+                                                                                    seed=124), ignore_eos=True)])[0]
+    assert other.output_token_ids != alone.output_token_ids
+    greedy = eng.generate([dict(prompt_token_ids=ids(20, 0), sampling=SamplingParams(max_tokens=12), ignore_eos=True)])
+    top1 = eng.generate([dict(prompt_token_ids=ids(20, 0), ignore_eos=True,
+                              sampling=SamplingParams(max_tokens=12, temperature=1.0, top_k=1, seed=5))])
+    assert top1[0].output_token_ids == greedy[0].output_token_ids
+    assert alone.output_token_ids != greedy[0].output_token_ids
+
+
+def test_stop_tokens_and_max_tokens(ckpt, eng):
+    free = eng.generate([dict(prompt_token_ids=ids(15, 3), sampling=SamplingParams(max_tokens=10), ignore_eos=True)])[0]
+    assert free.finish_reason == "length" and free.output_tokens == 10
+    stop = free.output_token_ids[4]
+    first = free.output_token_ids.index(stop)
+    e2 = Engine.from_checkpoint(ckpt, num_blocks=32)
+    e2.stop_token_ids = frozenset({stop})
+    out = e2.generate([dict(prompt_token_ids=ids(15, 3), sampling=SamplingParams(max_tokens=10))])[0]
+    assert out.finish_reason == "stop"
+    assert out.output_token_ids == free.output_token_ids[:first + 1]
+    assert out.text == e2.processor.decode(free.output_token_ids[:first])
+
+
+def test_context_budget_rejection(eng):
+    with pytest.raises(RequestRejected, match="exceeds the context budget max_model_len=200"):
+        eng.add_request("too-long", prompt_token_ids=ids(150, 4), sampling=SamplingParams(max_tokens=60))
+    outs = eng.generate([dict(prompt_token_ids=ids(150, 4), sampling=SamplingParams(max_tokens=60)),
+                         dict(prompt_token_ids=ids(10, 5), sampling=SamplingParams(max_tokens=3))])
+    assert outs[0].finish_reason == "error" and "max_model_len" in outs[0].error
+    assert outs[1].finish_reason in ("stop", "length") and outs[1].output_tokens >= 1
+    with pytest.raises(RequestRejected, match="token id outside"):
+        eng.add_request("bad-token", prompt_token_ids=[10**6])
+
+
+def test_abort_and_stats(eng):
+    eng.add_request("keep", prompt_token_ids=ids(12, 6), sampling=SamplingParams(max_tokens=6), ignore_eos=True)
+    eng.add_request("drop", prompt_token_ids=ids(12, 7), sampling=SamplingParams(max_tokens=50), ignore_eos=True)
+    eng.step()
+    eng.abort("drop")
+    outs = []
+    while eng.has_unfinished():
+        outs += eng.step()
+    assert [o.request_id for o in outs] == ["keep"]
+    o = outs[0]
+    assert o.prompt_tokens == 12 and o.output_tokens == 6
+    assert o.ttft_s > 0 and o.decode_s > 0 and o.total_s >= o.ttft_s and o.decode_tokens_per_s > 0
+    assert eng.block_manager.num_free == eng.block_manager.num_blocks  # everything released
+
+
+def test_native_backend_parse(ckpt):
+    from engine.backends import load_backend
+
+    backend = load_backend("native", str(ckpt), device="cpu", dtype="float32", max_batch_size=3, num_blocks=64)
+    assert backend.backend_id == "native" and backend.model_id.startswith(ckpt.name)
+    rng = np.random.default_rng(0)
+    reqs = [PageRequest("p0", rng.integers(0, 256, (90, 70, 3), dtype=np.uint8), sampling=SamplingParams(max_tokens=5)),
+            PageRequest("bad", np.zeros((5, 5), dtype=np.uint8)),
+            PageRequest("p1", rng.integers(0, 256, (300, 200, 3), dtype=np.uint8),
+                        sampling=SamplingParams(max_tokens=4)),
+            PageRequest("p2", rng.integers(0, 256, (50, 50, 3), dtype=np.uint8),
+                        sampling=SamplingParams(max_tokens=7, temperature=0.8))]
+    res = backend.parse(reqs)
+    assert [r.request_id for r in res] == ["p0", "bad", "p1", "p2"]
+    assert res[1].finish_reason == "error" and "uint8" in res[1].error
+    for r, n in zip([res[0], res[2], res[3]], [5, 4, 7]):
+        assert r.finish_reason in ("stop", "length") and 1 <= r.output_tokens <= n and r.prompt_tokens > 20
+        assert isinstance(r.text, str)
+    again = backend.parse([reqs[3]])[0]
+    assert again.text == res[3].text  # seed derived from the request id
+    backend.close()

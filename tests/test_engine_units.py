@@ -1,0 +1,83 @@
+"""Engine building blocks vs references: chunked GDN prefill, varlen conv prefill, mRoPE ids, vision positions."""
+import numpy as np
+import pytest
+import torch
+
+from engine.models.gdn_prefill import chunked_delta_rule_torch, conv1d_prefill_varlen
+from engine.rope import mrope_positions
+from kernels.conv1d_update import causal_conv1d_prefill_ref
+from kernels.gdn_recurrent import gdn_recurrent_ref
+
+
+@pytest.mark.parametrize("L", [1, 37, 64, 150])
+def test_chunked_delta_rule_matches_recurrence(L):
+    g = torch.Generator().manual_seed(L)
+    Hk, Hv, dk, dv = 2, 6, 16, 24
+    q = torch.randn(L, Hk, dk, generator=g)
+    k = torch.randn(L, Hk, dk, generator=g)
+    v = torch.randn(L, Hv, dv, generator=g)
+    gate = -torch.rand(L, Hv, generator=g) * 0.3
+    beta = torch.rand(L, Hv, generator=g)
+    s0 = torch.randn(Hv, dk, dv, generator=g) * 0.1
+    o, s = chunked_delta_rule_torch(q, k, v, gate, beta, s0)
+    state = s0[None].clone()
+    o_ref = gdn_recurrent_ref(q[None], k[None], v[None], gate[None], beta[None], state, torch.tensor([0]))
+    torch.testing.assert_close(o, o_ref[0], atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(s, state[0], atol=2e-5, rtol=1e-4)
+
+
+def test_conv_prefill_varlen_matches_per_sequence_reference():
+    g = torch.Generator().manual_seed(0)
+    C, K = 10, 4
+    lens, slots = [5, 1, 9, 2], [3, 0, 2, 1]
+    x = torch.randn(sum(lens), C, generator=g)
+    w = torch.randn(C, K, generator=g)
+    state = torch.randn(4, C, K - 1, generator=g)
+    ref_state = state.clone()
+    y = conv1d_prefill_varlen(x, w, state, slots, lens)
+    start = 0
+    for slot, n in zip(slots, lens):
+        y_ref, final = causal_conv1d_prefill_ref(x[start:start + n], w, ref_state[slot], "silu")
+        torch.testing.assert_close(y[start:start + n], y_ref)
+        torch.testing.assert_close(state[slot], final)
+        start += n
+
+
+def test_mrope_positions_match_transformers():
+    from transformers import Qwen3_5Config
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5Model
+
+    img = 7
+    grids = [(1, 4, 6), (1, 8, 2)]
+    ids = [1, 2, 3] + [img] * 6 + [4, 5] + [img] * 4 + [6, 8, 9]
+    pos, delta = mrope_positions(ids, img, grids, 2)
+    cfg = Qwen3_5Config(vision_config={"spatial_merge_size": 2})
+    ref, ref_delta = Qwen3_5Model.get_rope_index(
+        type("M", (), {"config": cfg, "get_vision_position_ids": Qwen3_5Model.get_vision_position_ids})(),
+        torch.tensor([ids]), mm_token_type_ids=(torch.tensor([ids]) == img).int(), image_grid_thw=torch.tensor(grids))
+    np.testing.assert_array_equal(pos, ref[:, 0].numpy())
+    assert delta == int(ref_delta[0, 0])
+
+
+def test_mrope_positions_reject_mismatched_images():
+    with pytest.raises(ValueError, match="expected 4 consecutive image tokens"):
+        mrope_positions([1, 9, 9, 2], 9, [(1, 4, 4)], 2)
+    with pytest.raises(ValueError, match="2 images given"):
+        mrope_positions([1, 9, 9, 9, 9, 2], 9, [(1, 4, 4), (1, 4, 4)], 2)
+
+
+def test_vision_position_interpolation_matches_transformers():
+    from transformers.vision_utils import get_vision_interpolation_indices_and_weights
+
+    from engine.config import VisionConfig
+    from engine.models.qwen3_5_vision import VisionModel
+
+    cfg = VisionConfig(depth=0, hidden_size=8, intermediate_size=8, num_heads=2, in_channels=3, patch_size=16,
+                       spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=8, num_position_embeddings=36)
+    vm = VisionModel(cfg, torch.float32, "cpu")
+    vm.pos_embed.weight.data = torch.randn(36, 8, generator=torch.Generator().manual_seed(0))
+    grids = [(1, 4, 6), (1, 10, 2), (1, 2, 2)]
+    idx, wts = get_vision_interpolation_indices_and_weights(torch.tensor(grids), 6, mode="bilinear",
+                                                            align_corners=True, spatial_merge_size=2)
+    ref = (vm.pos_embed.weight[idx] * wts[:, :, None]).sum(1)
+    torch.testing.assert_close(vm.interpolated_positions(grids), ref, atol=0, rtol=0)
