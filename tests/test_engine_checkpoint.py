@@ -1,4 +1,5 @@
 """Checkpoint inspection (headers only) and loading: fused projections, shards, tied heads, clear errors."""
+import kernels.testing  # noqa: F401  (sets TRITON_INTERPRET before any kernel module is compiled)
 import json
 import shutil
 

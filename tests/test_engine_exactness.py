@@ -4,6 +4,7 @@ Covers text-only (qwen3_5_text, tied head) and VL (qwen3_5, untied) checkpoints,
 the 64-token GDN chunk, batches of mixed lengths, chunked prefill (chunks splitting image spans), requests arriving
 mid-decode, and preemption with recompute.
 """
+import kernels.testing  # noqa: F401  (sets TRITON_INTERPRET before any kernel module is compiled)
 import numpy as np
 import pytest
 import torch

@@ -1,4 +1,5 @@
 """Processor vs transformers: identical pixel patches, grids, rendered prompt and token ids."""
+import kernels.testing  # noqa: F401  (sets TRITON_INTERPRET before any kernel module is compiled)
 import numpy as np
 import pytest
 

@@ -1,4 +1,5 @@
 """Serving behaviour: sampling with per-request seeds, stop tokens, max tokens, context budget, abort, backend."""
+import kernels.testing  # noqa: F401  (sets TRITON_INTERPRET before any kernel module is compiled)
 import numpy as np
 import pytest
 import torch

@@ -1,4 +1,5 @@
 """Engine building blocks vs references: chunked GDN prefill, varlen conv prefill, mRoPE ids, vision positions."""
+import kernels.testing  # noqa: F401  (sets TRITON_INTERPRET before any kernel module is compiled)
 import numpy as np
 import pytest
 import torch

@@ -65,7 +65,7 @@ class GatedAttention(nn.Module):
         qg = qg.view(N, self.nh, 2 * self.hd)
         q, gate = qg[..., :self.hd], qg[..., self.hd:].reshape(N, self.nh * self.hd)
         q = apply_rotary(self.q_norm(q.contiguous()), cos, sin)
-        k = apply_rotary(self.k_norm(k.view(N, self.nkv, self.hd)), cos, sin)
+        k = apply_rotary(self.k_norm(k.reshape(N, self.nkv, self.hd).contiguous()), cos, sin)
         v = v.reshape(N, self.nkv, self.hd)
         ops.store_kvcache(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
         if meta.is_prefill:

@@ -1,0 +1,44 @@
+"""The engine's GPU code path on CPU: every kernel forced to its Triton version (run by the Triton interpreter),
+greedy tokens and logits still match transformers."""
+import kernels.testing  # noqa: F401  (sets TRITON_INTERPRET before any kernel module is compiled)
+import numpy as np
+import pytest
+import torch
+
+from engine.interface import SamplingParams
+from engine.llm_engine import Engine
+from engine.testing import build_checkpoint, tokenizer_texts
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    from engine import hf_format
+
+    tok = hf_format.train_tokenizer(tokenizer_texts(), 600)
+    return build_checkpoint(tmp_path_factory.mktemp("vl"), tokenizer=tok, seed=8)
+
+
+def test_triton_kernels_in_engine_match_transformers(ckpt, monkeypatch):
+    from transformers import Qwen3_5ForConditionalGeneration
+
+    from kernels.rmsnorm import _rmsnorm_kernel
+
+    kernels.testing.require_interpreted(_rmsnorm_kernel)
+    monkeypatch.setenv("OCRIA_FORCE_TRITON", "1")
+    eng = Engine.from_checkpoint(ckpt, dtype="float32", max_num_seqs=2, num_blocks=32, block_size=16)
+    img = np.random.default_rng(0).integers(0, 256, (70, 90, 3), dtype=np.uint8)
+    sp = SamplingParams(max_tokens=5)
+    outs = eng.generate([dict(prompt="Read.", image=img, sampling=sp, keep_logits=True, ignore_eos=True),
+                         dict(prompt_token_ids=list(range(5, 75)), sampling=sp, keep_logits=True, ignore_eos=True)])
+    hf = Qwen3_5ForConditionalGeneration.from_pretrained(ckpt, dtype=torch.float32).eval()
+    for o, image in zip(outs, [img, None]):
+        kw = {}
+        if image is not None:
+            _, pv, grids = eng.processor.page_inputs(image, "Read.")
+            kw = dict(pixel_values=torch.as_tensor(pv), image_grid_thw=torch.tensor(grids),
+                      mm_token_type_ids=(torch.tensor([o.prompt_token_ids]) == eng.cfg.image_token_id).int())
+        ref = hf.generate(input_ids=torch.tensor([o.prompt_token_ids]), max_new_tokens=5, do_sample=False,
+                          eos_token_id=[], output_logits=True, return_dict_in_generate=True,
+                          attention_mask=torch.ones(1, o.prompt_tokens, dtype=torch.long), **kw)
+        assert o.output_token_ids == ref.sequences[0, o.prompt_tokens:].tolist()
+        torch.testing.assert_close(o.logits, torch.stack([x[0] for x in ref.logits]), atol=2e-4, rtol=0)
