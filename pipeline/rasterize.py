@@ -60,6 +60,10 @@ def render_page(page: pymupdf.Page, target_longest_px: int, max_pixels: int) -> 
     rect = page.rect
     scale = render_scale(rect.width, rect.height, RasterOptions(target_longest_px, max_pixels))
     pix = page.get_pixmap(matrix=pymupdf.Matrix(scale, scale), colorspace=pymupdf.csRGB, alpha=False)
+    over = max(pix.width * pix.height / max_pixels, max(pix.width, pix.height) / target_longest_px)
+    if over > 1:  # MuPDF rounds the pixel box outwards; at the cap that can add a row or column
+        scale *= 0.998 / math.sqrt(over) if pix.width * pix.height > max_pixels else 0.998 / over
+        pix = page.get_pixmap(matrix=pymupdf.Matrix(scale, scale), colorspace=pymupdf.csRGB, alpha=False)
     rows = np.frombuffer(pix.samples_mv, dtype=np.uint8).reshape(pix.height, pix.stride)
     return np.ascontiguousarray(rows[:, : pix.width * 3]).reshape(pix.height, pix.width, 3)
 

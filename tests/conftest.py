@@ -1,0 +1,51 @@
+"""Shared fixtures: environment for offline runs, a tiny real-format checkpoint, a real S3-compatible server."""
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton: kernels run on CPU here
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")  # no IMDS probing for credentials
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+CORPUS = ROOT.parent / "shared" / "corpus"
+sys.path.insert(0, str(ROOT))
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory) -> Path:
+    """The tiny random-weight Qwen3.5 VL checkpoint, built once per session in the real HF format."""
+    from jobs.make_tiny_checkpoint import build_tiny_checkpoint
+
+    return build_tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny-random", seed=0)
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """moto in server mode on 127.0.0.1: the job reaches it over HTTP through the same code path as real S3.
+    Credentials go through the environment, as in production, so Ray workers started afterwards inherit them."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")}
+    os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1")
+    yield f"http://{host}:{port}"
+    server.stop()
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+@pytest.fixture
+def s3_client(s3_server):
+    import boto3
+
+    return boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1")

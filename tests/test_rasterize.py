@@ -1,0 +1,156 @@
+"""Rasterizer on real files: every PDF of the shared corpus behaves as its manifest says, plus sizing,
+image formats, page limits, and a renderer that dies or hangs costing only its document."""
+import csv
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pymupdf
+import pytest
+
+from conftest import CORPUS, ROOT
+from pipeline.isolation import IsolatedRasterizer
+from pipeline.rasterize import DocumentError, RasterOptions, rasterize, render_scale
+
+SAMPLES = ROOT / "samples"
+
+
+def _render_all(renderer, path):
+    return [(count, total, page) for count, total, page in renderer.rasterize(path.read_bytes(), path.name)]
+
+
+@pytest.fixture(scope="module")
+def renderer():
+    r = IsolatedRasterizer(RasterOptions(target_longest_px=256, max_pixels=256 * 256, max_pages=400),
+                           timeout_s=30, memory_limit_mb=4096)  # one corpus page legitimately takes ~10 s
+    yield r
+    r.close()
+
+
+MANIFEST = list(csv.DictReader(open(CORPUS / "manifest.csv"))) if (CORPUS / "manifest.csv").exists() else []
+
+
+@pytest.mark.skipif(not MANIFEST, reason="../shared/corpus is not next to this checkout")
+def test_every_corpus_file_behaves_as_the_manifest_says(renderer):
+    mismatches = []
+    for row in MANIFEST:
+        if "timed out" in row["error"]:
+            continue  # hangs by design: test_error_kinds checks it under a short limit
+        path = CORPUS / row["filename"]
+        try:
+            pages = _render_all(renderer, path)
+            got, detail = "ok", f"{len(pages)} pages"
+            expected_pages = min(int(row["pages"]), 400)
+            assert len(pages) == expected_pages, f"{row['filename']}: {len(pages)} pages, manifest {row['pages']}"
+            assert all(p.image.dtype == np.uint8 and p.image.ndim == 3 and p.image.shape[2] == 3 for _, _, p in pages)
+        except DocumentError as e:
+            got, detail = "error", f"{e.kind}: {e}"
+            assert str(e) and e.kind, "an error row needs a reason a person can act on"
+        if got != row["expected_behaviour"]:
+            mismatches.append((row["filename"], row["expected_behaviour"], got, detail))
+    assert not mismatches, mismatches
+
+
+@pytest.mark.skipif(not MANIFEST, reason="../shared/corpus is not next to this checkout")
+@pytest.mark.parametrize("name,kind", [
+    ("pdfminer__aes-128.pdf", "encrypted"),
+    ("pike__cyclic-toc.pdf", "empty"),
+    ("qpdf__bad1.pdf", "damaged"),
+    ("pymupdf__test_2548.pdf", "timeout"),  # get_pixmap spins forever on this file
+])
+def test_error_kinds(name, kind):
+    renderer = IsolatedRasterizer(RasterOptions(target_longest_px=256, max_pixels=256 * 256), timeout_s=3,
+                                  memory_limit_mb=4096)
+    with pytest.raises(DocumentError) as e:
+        _render_all(renderer, CORPUS / name)
+    renderer.close()
+    assert e.value.kind == kind
+
+
+def test_renderer_killed_mid_document_costs_only_that_document(renderer):
+    """A crash (here: the render process killed from outside, as a segfault would end it) is one error;
+    the next document renders in a fresh process."""
+    big = CORPUS / "pymupdf__mupdf_explored.pdf"
+    if not big.exists():
+        pytest.skip("corpus missing")
+    stream = renderer.rasterize(big.read_bytes(), big.name)
+    next(stream)  # the child is mid-document now
+    os.kill(renderer._proc.pid, signal.SIGKILL)
+    with pytest.raises(DocumentError) as e:
+        for _ in stream:
+            pass
+    assert e.value.kind == "crash" and "SIGKILL" in str(e.value)
+    pages = _render_all(renderer, SAMPLES / "report.pdf")
+    assert len(pages) == 2
+
+
+def test_abandoned_document_does_not_leak_pages_into_the_next(renderer):
+    big = CORPUS / "pymupdf__mupdf_explored.pdf"
+    if not big.exists():
+        pytest.skip("corpus missing")
+    stream = renderer.rasterize(big.read_bytes(), big.name)
+    next(stream)
+    stream.close()  # consumer stops early
+    pages = _render_all(renderer, SAMPLES / "letter.pdf")
+    assert [p.index for _, _, p in pages] == [0]
+
+
+def test_size_follows_target_and_pixel_cap():
+    opts = RasterOptions(target_longest_px=1288, max_pixels=1288 * 1288)
+    assert round(792 * render_scale(612, 792, opts)) == 1288  # US letter: longest side at the target
+    skinny = render_scale(612, 14295, opts)  # olmocr's skinny page: longest side still capped
+    assert 14295 * skinny <= 1288.5
+    capped = RasterOptions(target_longest_px=10000, max_pixels=1_000_000)
+    s = render_scale(14400, 14400, capped)  # the largest PDF page: pixel cap wins over the target
+    assert (14400 * s) ** 2 <= 1_000_000 * 1.0001
+    with pytest.raises(DocumentError):
+        render_scale(0, 100, opts)
+
+
+def test_huge_page_is_rendered_within_the_pixel_cap(tmp_path):
+    doc = pymupdf.open()
+    page = doc.new_page(width=14400, height=14400)  # PDF's maximum page size: 200 x 200 inches
+    page.insert_text((100, 7200), "corner to corner", fontsize=400)
+    data = doc.tobytes()
+    opts = RasterOptions(target_longest_px=10000, max_pixels=2_000_000)
+    [(count, total, p)] = list(rasterize(data, "huge.pdf", opts))
+    h, w, _ = p.image.shape
+    assert h * w <= 2_000_000 and h == w
+    assert p.image.min() < 128  # the text is there
+
+
+def test_images_and_multipage_tiff():
+    opts = RasterOptions(target_longest_px=512, max_pixels=512 * 512)
+    tiff = list(rasterize((SAMPLES / "scans/report.tiff").read_bytes(), "x.tiff", opts))
+    assert [p.index for _, _, p in tiff] == [0, 1] and tiff[0][1] == 2
+    for name in ("scans/letter-scan.png", "scans/report-page2.jpg"):
+        [(count, total, p)] = list(rasterize((SAMPLES / name).read_bytes(), name, opts))
+        assert max(p.image.shape[:2]) == 512
+
+
+def test_text_layer_and_page_limit():
+    opts = RasterOptions(target_longest_px=300, max_pixels=300 * 300, max_pages=1)
+    pages = list(rasterize((SAMPLES / "report.pdf").read_bytes(), "report.pdf", opts))
+    assert len(pages) == 1 and pages[0][0] == 1 and pages[0][1] == 2  # 1 of 2 pages rendered
+    assert "Quarterly Operations Report" in pages[0][2].text_layer
+
+
+@pytest.mark.parametrize("name,data,kind", [
+    ("empty.pdf", b"", "empty"),
+    ("noise.pdf", bytes(range(256)) * 16, "damaged"),
+    ("page.html.pdf", b"<html><body>403 Forbidden</body></html>", "not_pdf"),
+    ("notes.txt", b"hello", "unsupported"),
+])
+def test_bad_inputs_raise_actionable_errors(name, data, kind):
+    with pytest.raises(DocumentError) as e:
+        list(rasterize(data, name, RasterOptions()))
+    assert e.value.kind == kind
+
+
+def test_pages_per_core_speed_is_recorded(renderer):
+    """Not a benchmark (no timing assertion): rasterization stays cheap enough to never starve an engine."""
+    t = time.perf_counter()
+    pages = _render_all(renderer, SAMPLES / "report.pdf")
+    assert pages and time.perf_counter() - t < 30
