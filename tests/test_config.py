@@ -1,0 +1,74 @@
+"""Bad configs and checkpoints fail before Ray starts, with a message that says what to fix."""
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ROOT
+from pipeline.config import ConfigError, load_config
+
+
+def test_unknown_key_is_named(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("input: {uris: [x]}\nmodel: {max_token: 5}\n")
+    with pytest.raises(ConfigError, match="model.max_token"):
+        load_config(p)
+
+
+def test_bad_value_and_missing_input(tmp_path):
+    with pytest.raises(ConfigError, match="model.max_tokens"):
+        load_config(None, {"input": {"uris": ["x"]}, "model": {"max_tokens": 0}})
+    with pytest.raises(ConfigError, match="--input"):
+        load_config(None, {})
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "missing.yaml")
+
+
+def test_flags_override_yaml(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("input: {uris: [a]}\nmodel: {backend: transformers, max_tokens: 5}\nparse: {batch_size: 4}\n")
+    cfg = load_config(p, {"model": {"max_tokens": 9}, "input": {"uris": ["b"]}})
+    assert (cfg.model.backend, cfg.model.max_tokens, cfg.parse.batch_size, cfg.input.uris) == ("transformers", 9, 4, ["b"])
+
+
+def run_cli(*args, timeout=60):
+    t = time.perf_counter()
+    proc = subprocess.run([sys.executable, str(ROOT / "jobs/parse_corpus.py"), *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT)
+    return proc, time.perf_counter() - t
+
+
+@pytest.mark.parametrize("mutate,message", [
+    (None, "checkpoint folder not found"),
+    ("model_type", "model_type"),
+    ("drop_tensor", "model.language_model"),
+])
+def test_bad_checkpoint_fails_before_ray(tmp_path, tiny_checkpoint, mutate, message):
+    import shutil
+
+    ckpt = tmp_path / "ckpt"
+    if mutate:
+        shutil.copytree(tiny_checkpoint, ckpt)
+        if mutate == "model_type":
+            cfg = json.loads((ckpt / "config.json").read_text())
+            cfg["model_type"] = "llama"
+            (ckpt / "config.json").write_text(json.dumps(cfg))
+        else:  # a checkpoint missing one tensor
+            from safetensors.torch import load_file, save_file
+            weights = load_file(ckpt / "model.safetensors")
+            weights.pop(next(k for k in weights if "layers.0.mlp.up_proj" in k))
+            save_file(weights, ckpt / "model.safetensors", metadata={"format": "pt"})
+    proc, seconds = run_cli("--input", str(ROOT / "samples"), "--output", str(tmp_path / "out"),
+                            "--checkpoint", str(ckpt))
+    assert proc.returncode != 0
+    assert message in proc.stderr, proc.stderr
+    assert "Started a local Ray" not in proc.stderr + proc.stdout
+    assert not (tmp_path / "out" / "documents").exists()
+
+
+def test_missing_input_fails_before_ray(tmp_path, tiny_checkpoint):
+    proc, _ = run_cli("--input", str(tmp_path / "nope"), "--output", str(tmp_path / "out"),
+                      "--checkpoint", str(tiny_checkpoint))
+    assert proc.returncode != 0 and "input not found" in proc.stderr
