@@ -1,0 +1,305 @@
+"""Character / word error rate of ocria-tiny and Tesseract on (a) held-out synthetic pages and (b) born-digital pages of
+the shared corpus (reference: the PDF's text layer), all rendered by the pipeline's rasterizer at the model's resolution.
+
+  python -m jobs.eval_ocr --model models/ocria-tiny --synth .synth --heldout 40 \
+      --corpus ../shared/corpus --corpus-pages 12 --out bench/results/ocria_tiny_eval.json
+
+Metrics: CER = Levenshtein(hyp, ref) / len(ref) over characters, WER the same over whitespace-separated words; the
+aggregate is micro (total edits / total reference length). `md` compares the model's markdown with the generating
+markdown exactly (whitespace runs collapsed); `text` compares plain text (markdown syntax stripped, whitespace
+collapsed) and is the metric shared with Tesseract and with the corpus text layers.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import unicodedata
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+# ---------------------------------------------------------------- metrics
+
+
+def levenshtein(a: Sequence, b: Sequence) -> int:
+    """Edit distance (unit insert / delete / substitute). One numpy row per element of `a`: the insertion chain
+    d[j] = min(d[j], d[j-1] + 1) is a running minimum of d[k] - k, plus j."""
+    if len(a) < len(b):
+        a, b = b, a
+    if not b:
+        return len(a)
+    codes = {}
+    ai = np.array([codes.setdefault(x, len(codes)) for x in a], dtype=np.int64)
+    bi = np.array([codes.setdefault(x, len(codes)) for x in b], dtype=np.int64)
+    j = np.arange(len(b) + 1, dtype=np.int64)
+    prev = j.copy()
+    for i, x in enumerate(ai, 1):
+        cur = np.empty_like(prev)
+        cur[0] = i
+        cur[1:] = np.minimum(prev[1:] + 1, prev[:-1] + (bi != x))  # deletion, substitution / match
+        cur = np.minimum.accumulate(cur - j) + j  # insertion chains
+        prev = cur
+    return int(prev[-1])
+
+
+def collapse_ws(text: str) -> str:
+    return " ".join(text.split())
+
+
+_FENCE = re.compile(r"^\s*```.*$", re.M)
+_HEADING = re.compile(r"^\s{0,3}#{1,6}\s+", re.M)
+_LIST = re.compile(r"^\s*(?:[-*+]|\d+[.)])\s+", re.M)
+_TABLE_SEP = re.compile(r"^\s*\|?\s*:?-{3,}:?\s*(?:\|\s*:?-{3,}:?\s*)*\|?\s*$", re.M)
+
+
+def markdown_to_text(md: str) -> str:
+    """Plain text of our markdown subset: fences, heading marks, list markers, table pipes and rules removed."""
+    text = _FENCE.sub("", md)
+    text = _TABLE_SEP.sub("", text)
+    text = _HEADING.sub("", text)
+    text = _LIST.sub("", text)
+    text = re.sub(r"^\s*\|", "", text, flags=re.M)
+    text = re.sub(r"\|\s*$", "", text, flags=re.M)
+    text = text.replace(" | ", " ")
+    return collapse_ws(text)
+
+
+def normalize_reference(text: str) -> str:
+    """Corpus text layers: compatibility forms folded (ligatures -> letters), whitespace collapsed."""
+    return collapse_ws(unicodedata.normalize("NFKC", text))
+
+
+@dataclass
+class Score:
+    char_edits: int = 0
+    chars: int = 0
+    word_edits: int = 0
+    words: int = 0
+    pages: int = 0
+
+    def add(self, hyp: str, ref: str) -> dict:
+        ce, we = levenshtein(hyp, ref), levenshtein(hyp.split(), ref.split())
+        self.char_edits += ce
+        self.chars += len(ref)
+        self.word_edits += we
+        self.words += len(ref.split())
+        self.pages += 1
+        return {"cer": ce / max(1, len(ref)), "wer": we / max(1, len(ref.split())), "ref_chars": len(ref)}
+
+    def summary(self) -> dict:
+        return {"cer": self.char_edits / max(1, self.chars), "wer": self.word_edits / max(1, self.words),
+                "pages": self.pages, "ref_chars": self.chars, "ref_words": self.words}
+
+
+# ---------------------------------------------------------------- readers
+
+
+class HFPageReader:
+    """ocria-tiny through transformers' Qwen3_5ForConditionalGeneration, greedy, batched with left padding."""
+
+    def __init__(self, model_dir: Path, device: str = "cpu", model=None, prompt: str | None = None):
+        import torch
+        from transformers import Qwen3_5ForConditionalGeneration
+
+        from engine.interface import DEFAULT_PROMPT
+        from jobs.train_tiny import PromptBuilder, load_image_processor
+
+        self.torch = torch
+        self.device = device
+        self.model = model if model is not None else Qwen3_5ForConditionalGeneration.from_pretrained(
+            model_dir, dtype=torch.float32).to(device)
+        self.processor = load_image_processor(model_dir)
+        self.builder = PromptBuilder(model_dir, prompt or DEFAULT_PROMPT)
+        self.merge = self.model.config.vision_config.spatial_merge_size
+
+    def read(self, images: list[np.ndarray], max_new_tokens: int = 512) -> list[str]:
+        from jobs.train_tiny import encode_page
+
+        torch = self.torch
+        items = [encode_page(im, None, self.processor, self.builder, self.merge, 0) for im in images]
+        n = max(len(x["input_ids"]) for x in items)
+        pad = self.builder.ids.endoftext
+        ids = torch.full((len(items), n), pad, dtype=torch.long)
+        mask = torch.zeros((len(items), n), dtype=torch.long)
+        for i, x in enumerate(items):
+            L = len(x["input_ids"])
+            ids[i, n - L :], mask[i, n - L :] = x["input_ids"], 1
+        was_training = self.model.training
+        self.model.eval()
+        with torch.no_grad():
+            out = self.model.generate(
+                input_ids=ids.to(self.device),
+                attention_mask=mask.to(self.device),
+                mm_token_type_ids=(ids == self.builder.ids.image_pad).to(torch.int32).to(self.device),
+                pixel_values=torch.cat([x["pixel_values"] for x in items]).to(self.device),
+                image_grid_thw=torch.stack([x["grid"] for x in items]).to(self.device),
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                eos_token_id=self.builder.ids.eos_ids,
+                pad_token_id=pad,
+            )
+        self.model.train(was_training)
+        return [self.builder.tok.decode(row[n:].tolist(), skip_special_tokens=True).strip() for row in out.cpu()]
+
+
+def tesseract_available() -> bool:
+    return shutil.which("tesseract") is not None
+
+
+def tesseract_read(image: np.ndarray) -> str:
+    from PIL import Image
+
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "page.png"
+        Image.fromarray(image).save(path)
+        env = dict(os.environ, OMP_THREAD_LIMIT="1")
+        res = subprocess.run(["tesseract", str(path), "-", "--psm", "3", "-l", "eng"], capture_output=True, text=True,
+                             env=env, timeout=120)
+        if res.returncode != 0:
+            raise RuntimeError(f"tesseract failed: {res.stderr.strip()[:300]}")
+        return res.stdout
+
+
+# ---------------------------------------------------------------- page sets
+
+
+@dataclass
+class EvalPage:
+    name: str
+    image: np.ndarray
+    reference_md: str | None  # synthetic pages only
+    reference_text: str
+
+
+def heldout_pages(n: int, cfg: dict, synth: Path) -> list[EvalPage]:
+    """Pages from the held-out text pool (licences, another package's code) and held-out seeds."""
+    from jobs.train_tiny import synth_config
+    from pipeline.synthetic import TextPool, make_page
+
+    pool = TextPool.from_json_gz(synth / "pool_heldout.json.gz")
+    scfg = synth_config(cfg)
+    pages = []
+    for i in range(n):
+        p = make_page(cfg["data"]["heldout_seed"] + i, pool, scfg, synth / "fonts")
+        pages.append(EvalPage(f"heldout_{i:04d}", p.image, p.markdown, markdown_to_text(p.markdown)))
+    return pages
+
+
+def corpus_pages(corpus: Path, n: int, cfg: dict, min_chars: int = 200) -> list[EvalPage]:
+    """First pages of born-digital corpus PDFs (manifest: expected ok, category text/table/multicol, a text layer,
+    not rendered blank), rendered by the pipeline's rasterizer; the reference is the page's text layer."""
+    import csv
+
+    import pymupdf
+
+    from pipeline.synthetic import rasterize_page
+
+    rows = list(csv.DictReader((corpus / "manifest.csv").open()))
+    rows = [r for r in rows if r["expected_behaviour"] == "ok" and r["category"] in ("text", "table", "multicol")
+            and r["blank_render_p0"] == "False" and int(r["text_chars_p0"] or 0) >= min_chars]
+    rows.sort(key=lambda r: r["filename"])
+    pages = []
+    for r in rows:
+        if len(pages) >= n:
+            break
+        doc = pymupdf.open(corpus / r["filename"])
+        try:
+            page = doc[0]
+            ref = normalize_reference(page.get_text("text"))
+            if len(ref) < min_chars:
+                continue
+            image = rasterize_page(page, cfg["image"]["target_longest_px"], cfg["image"]["max_pixels"])
+        finally:
+            doc.close()
+        pages.append(EvalPage(r["filename"], image, None, ref))
+    return pages
+
+
+# ---------------------------------------------------------------- run
+
+
+def evaluate(pages: list[EvalPage], reader: HFPageReader | None, use_tesseract: bool, batch: int,
+             max_new_tokens: int) -> dict:
+    model_md, model_text, tess = Score(), Score(), Score()
+    per_page = []
+    model_s = tess_s = 0.0
+    for k in range(0, len(pages), batch):
+        chunk = pages[k : k + batch]
+        hyps = [None] * len(chunk)
+        if reader is not None:
+            t0 = time.time()
+            hyps = reader.read([p.image for p in chunk], max_new_tokens)
+            model_s += time.time() - t0
+        for p, hyp in zip(chunk, hyps):
+            rec = {"page": p.name, "size": list(p.image.shape[:2])}
+            if hyp is not None:
+                rec["model_text"] = model_text.add(markdown_to_text(hyp), p.reference_text)
+                if p.reference_md is not None:
+                    rec["model_md"] = model_md.add(collapse_ws(hyp), collapse_ws(p.reference_md))
+                rec["model_output_head"] = hyp[:200]
+            if use_tesseract:
+                t0 = time.time()
+                rec["tesseract_text"] = tess.add(collapse_ws(tesseract_read(p.image)), p.reference_text)
+                tess_s += time.time() - t0
+            per_page.append(rec)
+            print(json.dumps({k: v for k, v in rec.items() if k != "model_output_head"}), flush=True)
+    out = {"per_page": per_page}
+    if reader is not None:
+        out["model_text"] = model_text.summary() | {"seconds": round(model_s, 1)}
+        if model_md.pages:
+            out["model_md"] = model_md.summary()
+    if use_tesseract:
+        out["tesseract_text"] = tess.summary() | {"seconds": round(tess_s, 1)}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    from jobs.train_tiny import load_config
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", type=Path, default=Path("models/ocria-tiny"))
+    ap.add_argument("--config", type=Path, default=Path("configs/train_tiny.yaml"))
+    ap.add_argument("--synth", type=Path, default=Path(".synth"))
+    ap.add_argument("--heldout", type=int, default=40, help="held-out synthetic pages (0: none)")
+    ap.add_argument("--corpus", type=Path, default=Path("../shared/corpus"))
+    ap.add_argument("--corpus-pages", type=int, default=12, help="born-digital corpus pages (0: none)")
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--max-new-tokens", type=int, default=512)
+    ap.add_argument("--no-model", action="store_true")
+    ap.add_argument("--no-tesseract", action="store_true")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+    cfg = load_config(args.config, [])
+    use_tess = not args.no_tesseract and tesseract_available()
+    if not args.no_tesseract and not use_tess:
+        print("tesseract not found: skipping the Tesseract baseline "
+              "(apt-get install -y --no-install-recommends tesseract-ocr tesseract-ocr-eng)", file=sys.stderr)
+    reader = None if args.no_model else HFPageReader(args.model, args.device)
+    result = {"command": " ".join([Path(sys.executable).name, "-m", "jobs.eval_ocr", *(argv or sys.argv[1:])]),
+              "model": str(args.model), "tesseract": use_tess}
+    if args.heldout:
+        result["heldout_synthetic"] = evaluate(heldout_pages(args.heldout, cfg, args.synth), reader, use_tess,
+                                               args.batch, args.max_new_tokens)
+    if args.corpus_pages:
+        result["corpus"] = evaluate(corpus_pages(args.corpus, args.corpus_pages, cfg), reader, use_tess, args.batch,
+                                    args.max_new_tokens)
+    summary = {s: {k: v for k, v in result[s].items() if k != "per_page"} for s in ("heldout_synthetic", "corpus") if s in result}
+    print(json.dumps(summary, indent=1))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

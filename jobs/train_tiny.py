@@ -1,0 +1,378 @@
+"""Train ocria-tiny, a small Qwen3.5-architecture VLM (HF `qwen3_5`), on synthetic pages -> markdown.
+
+Two steps:
+  # 1. on the CPU machine: tokenizer (BPE on synthetic markdown), processor files and config.json
+  python -m jobs.train_tiny prepare --config configs/train_tiny.yaml --synth .synth --model-dir models/ocria-tiny
+  # 2. on one GPU, in runs of <= 10 min; --resume continues from the last run's checkpoint (weights + step + clock)
+  python -m jobs.train_tiny train --config configs/train_tiny.yaml --synth .synth --model-dir models/ocria-tiny \
+      --out $OUT [--resume DIR] [--set train.batch_size=4 ...]
+
+Pages are generated on the fly by data-loader workers (pipeline.synthetic, seeded per page index), rendered by the
+pipeline's rasterizer and preprocessed by the checkpoint's own image processor, so training sees exactly what
+inference sees. The learning-rate schedule follows wall-clock time (train.total_train_s), so a run that is cut
+short still ends its schedule, and resumed runs continue it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+
+def load_config(path: Path, overrides: list[str]) -> dict:
+    cfg = yaml.safe_load(path.read_text())
+    for item in overrides:
+        key, _, value = item.partition("=")
+        node = cfg
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node[p]
+        if leaf not in node:
+            raise KeyError(f"--set {key}: no such config key")
+        node[leaf] = yaml.safe_load(value)
+    return cfg
+
+
+def synth_config(cfg: dict):
+    from pipeline.synthetic import SynthConfig
+
+    return SynthConfig(
+        target_longest_px=cfg["image"]["target_longest_px"],
+        max_pixels=cfg["image"]["max_pixels"],
+        font_px=tuple(cfg["data"]["font_px"]),
+        max_chars=tuple(cfg["data"]["max_chars"]),
+    )
+
+
+# ---------------------------------------------------------------- prepare (CPU)
+
+
+def tokenizer_texts(pool, n_pages: int, seed: int) -> list[str]:
+    """Markdown of synthetic pages without layout (the layout only drops trailing blocks): the tokenizer's corpus."""
+    import random
+
+    from pipeline.synthetic import block_markdown, sample_block
+
+    texts = []
+    for i in range(n_pages):
+        rng = random.Random(seed + i)
+        texts.append("\n\n".join(block_markdown(sample_block(rng, pool, rng.randint(20, 80))) for _ in range(6)))
+    return texts
+
+
+def hf_config(cfg: dict, ids):
+    from transformers import Qwen3_5Config
+
+    m = cfg["model"]
+    t, v = dict(m["text"]), dict(m["vision"])
+    rope = {
+        "rope_type": "default",
+        "rope_theta": t.pop("rope_theta"),
+        "partial_rotary_factor": t.pop("partial_rotary_factor"),
+        "mrope_section": t.pop("mrope_section"),
+        "mrope_interleaved": True,
+    }
+    rotary_half = int(t["head_dim"] * rope["partial_rotary_factor"]) // 2
+    if sum(rope["mrope_section"]) != rotary_half:
+        raise ValueError(f"mrope_section must sum to head_dim*partial_rotary_factor/2 = {rotary_half}")
+    if t["num_hidden_layers"] % 4:
+        raise ValueError("num_hidden_layers must be a multiple of 4 (3 Gated DeltaNet layers per full-attention layer)")
+    text = dict(
+        t,
+        vocab_size=m["vocab_size"],
+        hidden_act="silu",
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        rope_parameters=rope,
+        full_attention_interval=4,
+        bos_token_id=None,
+        eos_token_id=ids.endoftext,
+        pad_token_id=ids.endoftext,
+    )
+    vision = dict(v, in_channels=3, out_hidden_size=t["hidden_size"], hidden_act="gelu_pytorch_tanh")
+    return Qwen3_5Config(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=ids.image_pad,
+        video_token_id=ids.video_pad,
+        vision_start_token_id=ids.vision_start,
+        vision_end_token_id=ids.vision_end,
+        tie_word_embeddings=True,
+    )
+
+
+def prepare(cfg: dict, synth: Path, model_dir: Path) -> None:
+    from engine.hf_format import train_tokenizer, write_processor_files
+    from pipeline.synthetic import TextPool
+
+    pool = TextPool.from_json_gz(synth / "pool_train.json.gz")
+    t0 = time.time()
+    tok = train_tokenizer(tokenizer_texts(pool, cfg["data"]["tokenizer_pages"], cfg["data"]["seed"]), cfg["model"]["vocab_size"])
+    print(f"tokenizer: {tok.get_vocab_size()} tokens in {time.time() - t0:.1f}s")
+    ids = write_processor_files(model_dir, tok, cfg["image"]["min_pixels"], cfg["image"]["max_pixels"],
+                                cfg["model"]["vision"]["patch_size"], cfg["model"]["vision"]["spatial_merge_size"],
+                                cfg["model"]["vision"]["temporal_patch_size"])
+    conf = hf_config(cfg, ids)
+    conf.save_pretrained(model_dir)
+    print("wrote", sorted(p.name for p in model_dir.iterdir()))
+
+
+# ---------------------------------------------------------------- data
+
+
+class PromptBuilder:
+    """Token ids of one training example: chat-templated prompt with the page's image tokens, then the answer."""
+
+    def __init__(self, model_dir: Path, prompt: str):
+        import jinja2
+        from tokenizers import Tokenizer
+
+        from engine.hf_format import special_token_ids
+
+        self.tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        self.ids = special_token_ids(self.tok)
+        template = jinja2.Environment().from_string((model_dir / "chat_template.jinja").read_text())
+        messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]}]
+        text = template.render(messages=messages, add_generation_prompt=True)
+        head, tail = text.split("<|image_pad|>")
+        self.head = self.tok.encode(head, add_special_tokens=False).ids
+        self.tail = self.tok.encode(tail, add_special_tokens=False).ids
+
+    def prompt_ids(self, n_image_tokens: int) -> list[int]:
+        return self.head + [self.ids.image_pad] * n_image_tokens + self.tail
+
+    def answer_ids(self, markdown: str, max_tokens: int) -> list[int]:
+        return self.tok.encode(markdown, add_special_tokens=False).ids[: max_tokens - 1] + [self.ids.im_end]
+
+
+def load_image_processor(model_dir: Path):
+    # The PIL (bicubic) processor: same numbers on the CPU machine (no torchvision) and the GPU machine.
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    return Qwen2VLImageProcessorPil.from_pretrained(str(model_dir))
+
+
+def encode_page(image, markdown: str | None, processor, builder: PromptBuilder, merge: int, max_answer: int) -> dict:
+    import torch
+
+    px = processor(images=[image], return_tensors="pt")
+    grid = px["image_grid_thw"][0]
+    n_img = int(grid.prod()) // (merge * merge)
+    prompt = builder.prompt_ids(n_img)
+    answer = builder.answer_ids(markdown, max_answer) if markdown is not None else []
+    return {
+        "pixel_values": px["pixel_values"],
+        "grid": grid,
+        "input_ids": torch.tensor(prompt + answer),
+        "labels": torch.tensor([-100] * len(prompt) + answer),
+    }
+
+
+def collate(items: list[dict], pad_id: int, image_id: int) -> dict:
+    import torch
+
+    n = max(len(x["input_ids"]) for x in items)
+    ids = torch.full((len(items), n), pad_id, dtype=torch.long)
+    labels = torch.full((len(items), n), -100, dtype=torch.long)
+    mask = torch.zeros((len(items), n), dtype=torch.long)
+    for i, x in enumerate(items):  # right padding: causal positions of real tokens are unaffected
+        L = len(x["input_ids"])
+        ids[i, :L], labels[i, :L], mask[i, :L] = x["input_ids"], x["labels"], 1
+    return {
+        "input_ids": ids,
+        "labels": labels,
+        "attention_mask": mask,
+        "mm_token_type_ids": (ids == image_id).to(torch.int32),
+        "pixel_values": torch.cat([x["pixel_values"] for x in items]),
+        "image_grid_thw": torch.stack([x["grid"] for x in items]),
+    }
+
+
+def page_stream(cfg: dict, synth: Path, model_dir: Path, start_index: int):
+    """IterableDataset of encoded training pages; worker w of W makes pages start_index + w, + w + W, ..."""
+    import torch
+
+    class Pages(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            from pipeline.synthetic import TextPool, make_page
+
+            info = torch.utils.data.get_worker_info()
+            wid, nw = (info.id, info.num_workers) if info else (0, 1)
+            pool = TextPool.from_json_gz(synth / "pool_train.json.gz")
+            scfg = synth_config(cfg)
+            processor = load_image_processor(model_dir)
+            builder = PromptBuilder(model_dir, cfg["prompt"])
+            merge = cfg["model"]["vision"]["spatial_merge_size"]
+            i = start_index + wid
+            while True:
+                page = make_page(cfg["data"]["seed"] + i, pool, scfg, synth / "fonts")
+                yield encode_page(page.image, page.markdown, processor, builder, merge, cfg["data"]["max_answer_tokens"])
+                i += nw
+
+    return Pages()
+
+
+# ---------------------------------------------------------------- train (GPU)
+
+
+def lr_at(step: int, elapsed: float, tc: dict) -> float:
+    warm = min(1.0, (step + 1) / tc["warmup_steps"])
+    frac = min(1.0, elapsed / tc["total_train_s"])
+    cos = tc["min_lr_ratio"] + (1 - tc["min_lr_ratio"]) * 0.5 * (1 + math.cos(math.pi * frac))
+    return tc["lr"] * warm * cos
+
+
+def save_checkpoint(model, out: Path, state: dict) -> None:
+    import torch
+
+    out.mkdir(parents=True, exist_ok=True)
+    model.to(torch.bfloat16).save_pretrained(out, max_shard_size="15MB")  # device transfers return files <= 16 MiB
+    model.to(torch.float32)
+    (out / "generation_config.json").unlink(missing_ok=True)  # the model-dir one (stop on <|im_end|>) is authoritative
+    (out / "train_state.json").write_text(json.dumps(state, indent=1))
+
+
+def plot_loss(log: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot([r["step"] for r in log], [r["loss"] for r in log], lw=1)
+    ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.set_ylabel("train loss (token cross-entropy)")
+    ax.set_title("ocria-tiny training loss")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def train(cfg: dict, synth: Path, model_dir: Path, out: Path, resume: Path | None, device: str) -> None:
+    import torch
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+
+    tc = cfg["train"]
+    torch.manual_seed(cfg["data"]["seed"])
+    out.mkdir(parents=True, exist_ok=True)
+    if resume is not None:
+        model = Qwen3_5ForConditionalGeneration.from_pretrained(resume, dtype=torch.float32)
+        state = json.loads((resume / "train_state.json").read_text())
+        log = [json.loads(x) for x in (resume / "train_log.jsonl").read_text().splitlines()] if (resume / "train_log.jsonl").exists() else []
+    else:
+        model = Qwen3_5ForConditionalGeneration(Qwen3_5Config.from_pretrained(model_dir))
+        state = {"step": 0, "pages": 0, "elapsed_s": 0.0, "runs": 0}
+        log = []
+    model.to(device).train()
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"params {n_params / 1e6:.2f} M (vision {sum(p.numel() for p in model.model.visual.parameters()) / 1e6:.2f} M)", flush=True)
+
+    builder = PromptBuilder(model_dir, cfg["prompt"])
+    loader = torch.utils.data.DataLoader(
+        page_stream(cfg, synth, model_dir, state["pages"]),
+        batch_size=tc["batch_size"],
+        num_workers=tc["num_workers"],
+        collate_fn=lambda items: collate(items, builder.ids.endoftext, builder.ids.image_pad),
+        prefetch_factor=4 if tc["num_workers"] else None,
+        persistent_workers=False,
+    )
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "embed" not in n]
+    no_decay = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "embed" not in n)]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": tc["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=tc["lr"], betas=(0.9, 0.95), fused=device.startswith("cuda"),
+    )
+    budget = min(tc["run_train_s"], tc["total_train_s"] - state["elapsed_s"])
+    autocast = torch.autocast(device_type="cuda" if device.startswith("cuda") else "cpu", dtype=torch.bfloat16)
+    t_start = time.time()
+    t_first = None  # the clock starts at the first batch: worker start-up is not training time
+    run_steps = 0
+    for batch in loader:
+        if t_first is None:
+            t_first = time.time()
+            print(f"first batch after {t_first - t_start:.1f}s", flush=True)
+        run_elapsed = time.time() - t_first
+        if run_elapsed >= budget:
+            break
+        elapsed = state["elapsed_s"] + run_elapsed
+        lr = lr_at(state["step"], elapsed, tc)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+        with autocast:
+            loss = model(**batch).loss
+        loss.backward()
+        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), tc["grad_clip"])
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        state["step"] += 1
+        state["pages"] += len(batch["input_ids"])
+        run_steps += 1
+        if state["step"] % tc["log_every"] == 0 or run_steps == 1:
+            rec = {"step": state["step"], "loss": round(loss.item(), 4), "lr": lr, "gnorm": round(gnorm.item(), 3),
+                   "elapsed_s": round(elapsed, 1), "pages": state["pages"], "tokens": int(batch["attention_mask"].sum())}
+            log.append(rec)
+            print(json.dumps(rec), flush=True)
+    state["elapsed_s"] += time.time() - (t_first or time.time())
+    state["runs"] += 1
+    print(f"run done: {run_steps} steps, {state['pages']} pages total, {state['elapsed_s']:.0f}s trained in total", flush=True)
+    del loader
+    ckpt = out / "ckpt"
+    save_checkpoint(model, ckpt, state)
+    (ckpt / "train_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
+    try:
+        plot_loss(log, out / "loss.png")
+    except ImportError as e:
+        print(f"no loss plot: {e}")
+    if tc["eval_pages"]:
+        state["heldout_eval"] = quick_eval(model, cfg, synth, model_dir, device)
+        (ckpt / "train_state.json").write_text(json.dumps(state, indent=1))
+    print(json.dumps(state), flush=True)
+
+
+def quick_eval(model, cfg: dict, synth: Path, model_dir: Path, device: str) -> dict:
+    """Greedy-decode held-out synthetic pages with the weights just saved (bf16, as shipped)."""
+    import torch
+
+    from jobs.eval_ocr import HFPageReader, evaluate, heldout_pages
+
+    t0 = time.time()
+    model.to(torch.bfloat16)
+    reader = HFPageReader(model_dir, device, model=model, prompt=cfg["prompt"])
+    res = evaluate(heldout_pages(cfg["train"]["eval_pages"], cfg, synth), reader, False, 16, cfg["train"]["eval_max_new_tokens"])
+    res.pop("per_page")
+    res["seconds"] = round(time.time() - t0, 1)
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("step", choices=["prepare", "train"])
+    ap.add_argument("--config", type=Path, default=Path("configs/train_tiny.yaml"))
+    ap.add_argument("--synth", type=Path, default=Path(".synth"))
+    ap.add_argument("--model-dir", type=Path, default=Path("models/ocria-tiny"))
+    ap.add_argument("--out", type=Path, default=Path("build/train_tiny"))
+    ap.add_argument("--resume", type=Path, default=None)
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--set", action="append", default=[], help="override a config key, e.g. train.batch_size=4")
+    args = ap.parse_args(argv)
+    cfg = load_config(args.config, args.set)
+    if args.step == "prepare":
+        prepare(cfg, args.synth, args.model_dir)
+    else:
+        import torch
+
+        device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        train(cfg, args.synth, args.model_dir, args.out, args.resume, device)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
