@@ -261,8 +261,8 @@ def load_weights(model: torch.nn.Module, cfg: ModelConfig, tensors: Iterable[tup
     params = dict(model.named_parameters())
     written: dict[str, set] = {}
     for name, tensor in tensors:
-        if name.startswith(IGNORED_PREFIXES):
-            continue
+        if name.startswith(IGNORED_PREFIXES) or (cfg.text.tie_word_embeddings and name == "lm_head.weight"):
+            continue  # a tied head is the embedding (an in-memory HF model also lists it)
         if expected is not None and name not in expected:
             raise CheckpointError(f"unexpected tensor {name}")
         if expected is not None and tuple(tensor.shape) != expected[name]:

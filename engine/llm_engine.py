@@ -20,10 +20,35 @@ from engine.models.qwen3_5 import Qwen3_5Model
 from engine.processor import Processor
 from engine.rope import mrope_positions
 from engine.sampler import Sampler
-from engine.scheduler import Scheduler
+from engine.scheduler import NEED_DRAIN, ScheduledStep, Scheduler
 from engine.sequence import ImageInputs, Sequence, SeqStatus
 from engine.state_pool import StatePool
 from engine.step_metadata import PrefillChunk
+
+
+PLACEHOLDER = -1  # a sampled token the host has not seen yet
+
+
+@dataclass
+class StepRecord:
+    """Timing of one engine step (when Engine.record_steps is set)."""
+    is_prefill: bool
+    num_seqs: int
+    num_tokens: int
+    t_start: float
+    t_launched: float  # host done launching (device work queued)
+    wait_s: float = 0.0  # host blocked waiting for the device's tokens
+    device_s: float = 0.0  # device time of the step (CUDA events; 0 on CPU)
+
+
+@dataclass
+class InFlight:
+    seqs: list  # sequences that receive one token each from this step
+    tokens: torch.Tensor  # [len(seqs)] (pinned host copy on CUDA, filled asynchronously)
+    logits: torch.Tensor | None = None  # kept only when some sequence records its logits
+    event: "torch.cuda.Event | None" = None
+    ev_start: "torch.cuda.Event | None" = None
+    record: StepRecord | None = None
 
 
 class RequestRejected(ValueError):
@@ -104,6 +129,9 @@ class Engine:
         self.stop_token_ids = frozenset(stops)
         self._ids = itertools.count()
         self._seqs: dict[str, Sequence] = {}
+        self._inflight: InFlight | None = None
+        self.record_steps = False  # set to fill step_log with StepRecords (benchmarks)
+        self.step_log: list[StepRecord] = []
 
     @classmethod
     def from_checkpoint(cls, checkpoint_dir: str | Path, device="cpu", dtype="auto", chat_template_kwargs=None,
@@ -203,38 +231,94 @@ class Engine:
             self.scheduler.finish(seq, "abort")
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_work()
+        return self.scheduler.has_work() or self._inflight is not None
 
     # ------------------------------------------------------------------ stepping
     def step(self) -> list[RequestOutput]:
-        """Run one scheduled step; returns the requests that finished in it."""
-        sched = self.scheduler.schedule()
-        if sched is None:
-            if self.scheduler.waiting:
-                raise RuntimeError("scheduler cannot admit any waiting request (KV cache or state slots too small)")
-            return []
-        if sched.is_prefill:
-            sampled_seqs, logits = self._prefill(sched.seqs, sched.chunk_lens)
-        else:
-            sampled_seqs, logits = sched.seqs, self._decode(sched.seqs)
-        tokens = self.sampler(logits, sampled_seqs) if sampled_seqs else []
-        now = time.perf_counter()
+        """Launch one scheduled step, then collect the previous one; returns the requests that finished.
+
+        The host runs one step ahead of the device: step t + 1 is launched (its input tokens are read from the
+        device) before step t's tokens come back, so host work overlaps device work. A sequence's newest token is
+        a placeholder until collected; one that stopped at step t may still be computed at t + 1 (result dropped).
+        """
         finished = []
-        for seq, tok, row in zip(sampled_seqs, tokens, range(len(tokens))):
-            seq.token_ids.append(tok)
+        had_flight = self._inflight is not None
+        sched = self.scheduler.schedule(can_preempt=not had_flight)
+        if sched == NEED_DRAIN:
+            finished += self._collect()
+            sched = self.scheduler.schedule(can_preempt=True)
+        launched = self._launch(sched) if sched is not None else None
+        finished += self._collect()
+        self._inflight = launched
+        if sched is None and not had_flight and self.scheduler.waiting and not self.scheduler.running:
+            raise RuntimeError("scheduler cannot admit any waiting request (KV cache or state slots too small)")
+        return finished
+
+    def _launch(self, sched: ScheduledStep) -> InFlight | None:
+        t0 = time.perf_counter()
+        timing = self.record_steps and self.device.type == "cuda"
+        ev_start = torch.cuda.Event(enable_timing=True) if timing else None
+        if sched.is_prefill:
+            seqs, logits = self._prefill(sched.seqs, sched.chunk_lens, ev_start)
+        else:
+            seqs, logits = sched.seqs, self._decode(sched.seqs, ev_start)
+        if not seqs:
+            if self.record_steps:
+                self.step_log.append(StepRecord(sched.is_prefill, len(sched.seqs), sum(sched.chunk_lens), t0,
+                                                time.perf_counter()))
+            return None
+        tokens = self.sampler(logits, seqs)
+        slots = torch.tensor([s.state_slot for s in seqs], dtype=torch.int64).to(self.device, non_blocking=True)
+        self.runner.next_tokens[slots] = tokens  # decode inputs of the next step, without a host round trip
+        flight = InFlight(seqs, tokens.to("cpu", non_blocking=True) if self.device.type == "cuda" else tokens,
+                          logits=logits if any(s.logits is not None for s in seqs) else None)
+        if self.device.type == "cuda":
+            flight.event = torch.cuda.Event(enable_timing=timing)
+            flight.event.record()
+        flight.ev_start = ev_start
+        for s in seqs:  # placeholder until collected
+            s.token_ids.append(PLACEHOLDER)
+            s.status = SeqStatus.DECODING
+        if self.record_steps:
+            flight.record = StepRecord(sched.is_prefill, len(sched.seqs), sum(sched.chunk_lens), t0,
+                                       time.perf_counter())
+        return flight
+
+    def _collect(self) -> list[RequestOutput]:
+        """Wait for the step in flight (if any) and apply its tokens."""
+        flight, self._inflight = self._inflight, None
+        if flight is None:
+            return []
+        t_wait = time.perf_counter()
+        if flight.event is not None:
+            flight.event.synchronize()
+        tokens = flight.tokens.tolist()
+        now = time.perf_counter()
+        if flight.record is not None:
+            flight.record.wait_s = now - t_wait
+            if flight.ev_start is not None:
+                flight.record.device_s = flight.ev_start.elapsed_time(flight.event) / 1e3
+            self.step_log.append(flight.record)
+        finished = []
+        for row, (seq, tok) in enumerate(zip(flight.seqs, tokens)):
+            if seq.status == SeqStatus.FINISHED:
+                continue  # stopped at an earlier step (or aborted): this extra token is dropped
+            i = seq.num_known
+            seq.token_ids[i] = tok
+            seq.num_known += 1
             if seq.logits is not None:
-                seq.logits.append(logits[row].cpu())
+                seq.logits.append(flight.logits[row].cpu())
             seq.first_token_time = seq.first_token_time or now
             seq.last_token_time = now
-            seq.status = SeqStatus.DECODING
-            reason = "stop" if tok in seq.stop_ids else ("length" if seq.num_output >= seq.sampling.max_tokens
+            reason = "stop" if tok in seq.stop_ids else ("length" if i + 1 - seq.prompt_len >= seq.sampling.max_tokens
                                                         else None)
             if reason:
+                del seq.token_ids[i + 1:]  # tokens launched after the stop are dropped
                 self.scheduler.finish(seq, reason)
                 finished.append(self._output(seq))
         return finished
 
-    def _prefill(self, seqs: list[Sequence], lens: list[int]):
+    def _prefill(self, seqs: list[Sequence], lens: list[int], start_event=None):
         self._encode_images([s for s in seqs if s.images is not None and s.image_embeds is None])
         chunks, rows, sampled, row = [], [], [], 0
         for seq, n in zip(seqs, lens):
@@ -248,7 +332,7 @@ class Engine:
                 rows.append(row - 1)
                 sampled.append(seq)
                 seq.image_embeds = None
-        logits = self.runner.run_prefill(chunks, rows) if chunks else None
+        logits = self.runner.run_prefill(chunks, rows, start_event) if chunks else None
         return sampled, logits
 
     def _encode_images(self, seqs: list[Sequence]) -> None:
@@ -264,19 +348,19 @@ class Engine:
             s.image_embeds = emb[start:start + n]
             start += n
 
-    def _decode(self, seqs: list[Sequence]) -> torch.Tensor:
+    def _decode(self, seqs: list[Sequence], start_event=None) -> torch.Tensor:
         bs = self.block_manager.block_size
-        input_ids, positions, slots, state_idx, ctx, tables = [], [], [], [], [], []
+        positions, slots, state_idx, ctx, tables = [], [], [], [], []
         for seq in seqs:
-            i = len(seq) - 1  # the newest token, not yet in the caches
-            input_ids.append(seq.token_ids[i])
-            positions.append(i + seq.rope_delta if i >= seq.prompt_len else int(seq.mrope_positions[0, i]))
+            i = len(seq) - 1  # the newest token (maybe still a placeholder on the host), not yet in the caches
+            positions.append(i + seq.rope_delta)
             slots.append(seq.block_table[i // bs] * bs + i % bs)
             state_idx.append(seq.state_slot)
             ctx.append(i + 1)
             tables.append(seq.block_table)
             seq.num_computed = i + 1
-        return self.runner.run_decode(input_ids, positions, slots, state_idx, ctx, tables)
+        return self.runner.run_decode(positions, slots, state_idx, ctx, tables, start_event,
+                                      row_owners=[(s.seq_id, s.num_preemptions) for s in seqs])
 
     def _output(self, seq: Sequence) -> RequestOutput:
         self._seqs.pop(seq.request_id, None)

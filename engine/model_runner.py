@@ -63,6 +63,9 @@ class ModelRunner:
         self.cache = CacheConfig(block_size, num_blocks, max_num_seqs, max_model_len)
         self._alloc_kv(num_blocks)
         self.decode_inputs = DecodeInputs(max_num_seqs, self.cache.max_blocks_per_seq, device)
+        # The last sampled token of every state slot: decode steps read their input ids from here on the device,
+        # so the host can launch step t + 1 before it has seen step t's tokens.
+        self.next_tokens = torch.zeros(max_num_seqs, dtype=torch.int64, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.graph_logits: dict[int, torch.Tensor] = {}
         if use_cuda_graphs and device.type == "cuda":
@@ -131,9 +134,12 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ forward passes
     @torch.no_grad()
-    def run_prefill(self, chunks: list[PrefillChunk], logits_rows: list[int]) -> torch.Tensor:
-        """Packed prefill of `chunks`; returns logits [len(logits_rows), V] (fp32) for those flat token rows."""
+    def run_prefill(self, chunks: list[PrefillChunk], logits_rows: list[int], start_event=None) -> torch.Tensor:
+        """Packed prefill of `chunks`; returns logits [len(logits_rows), V] (fp32) for those flat token rows.
+        start_event (CUDA) is recorded once the inputs are queued, just before the forward pass."""
         meta = build_prefill_metadata(chunks, self.block_size, self.device)
+        if start_event is not None:
+            start_event.record()
         if meta.fresh_state_idx is not None:  # sequences starting now begin from zero GDN state
             self.conv_state[:, meta.fresh_state_idx] = 0
             self.ssm_state[:, meta.fresh_state_idx] = 0
@@ -151,15 +157,19 @@ class ModelRunner:
 
     def _decode_forward(self, padded: int) -> torch.Tensor:
         meta = self.decode_inputs.metadata(padded)
-        x = self.model.embed(self.decode_inputs.dev["input_ids"][:padded])
+        x = self.model.embed(self.next_tokens[meta.state_idx.clamp(min=0)])
         return self.model.compute_logits(self.model(x, meta))
 
     @torch.no_grad()
-    def run_decode(self, input_ids, positions, slot_mapping, state_idx, context_lens, block_tables) -> torch.Tensor:
-        """One token for each of B sequences -> logits [B, V] (fp32)."""
-        B = len(input_ids)
+    def run_decode(self, positions, slot_mapping, state_idx, context_lens, block_tables,
+                   start_event=None, row_owners=None) -> torch.Tensor:
+        """One token (the slot's last sampled one, from self.next_tokens) for each of B sequences -> logits [B, V]
+        (fp32). Nothing here waits for the device. start_event (CUDA) is recorded just before the forward pass."""
+        B = len(positions)
         padded = next((s for s in sorted(self.graphs) if s >= B), B)
-        self.decode_inputs.fill(input_ids, positions, slot_mapping, state_idx, context_lens, block_tables, padded)
+        self.decode_inputs.fill(positions, slot_mapping, state_idx, context_lens, block_tables, padded, row_owners)
+        if start_event is not None:
+            start_event.record()
         if padded in self.graphs:
             self.graphs[padded].replay()
             logits = self.graph_logits[padded]
@@ -170,11 +180,10 @@ class ModelRunner:
     @torch.no_grad()
     def capture_decode_graphs(self) -> None:
         sizes = graph_batch_sizes(self.cache.max_num_seqs)
-        empty = [[] for _ in range(max(sizes))]
         pool = None
         for bs in reversed(sizes):
             # padding rows everywhere: kernels skip them, so capture touches no cache or state
-            self.decode_inputs.fill([], [], [], [], [], empty[:0], bs)
+            self.decode_inputs.fill([], [], [], [], [], bs)
             self._decode_forward(bs)  # warm up / compile Triton kernels outside capture
             torch.cuda.synchronize(self.device)
             g = torch.cuda.CUDAGraph()

@@ -22,8 +22,8 @@ def filter_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
 
 
 class Sampler:
-    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
-        """logits [B, V] fp32 on device -> one token id per sequence (a single device->host copy)."""
+    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        """logits [B, V] fp32 -> one token id per sequence, [B] int64 on the logits' device (no host sync)."""
         tokens = logits.argmax(dim=-1)
         rows = [i for i, s in enumerate(seqs) if s.sampling.temperature > 0]
         if rows:
@@ -37,4 +37,4 @@ class Sampler:
             noise = torch.stack([torch.empty_like(probs[j]).exponential_(generator=seqs[i].generator)
                                  for j, i in enumerate(rows)])
             tokens[idx] = (probs / noise).argmax(dim=-1)
-        return tokens.tolist()
+        return tokens

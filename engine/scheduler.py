@@ -4,6 +4,10 @@ Each step is either a prefill step (chunks of admitted-but-unfinished prompts, t
 `max_num_batched_tokens` tokens) or, when no prompt work is pending, a decode step over every decoding sequence.
 A sequence is admitted only when a GDN state slot and KV blocks for its whole prompt are free, so prefill never
 runs out of memory; decode growth that does not fit preempts the most recently admitted sequences (recompute).
+
+The engine runs one step ahead of the host: a sequence's newest token may still be a placeholder (sampled on the
+device, not yet seen by the host). Preemption needs real tokens, so when it is due the scheduler returns
+NEED_DRAIN instead and the engine first collects the step in flight.
 """
 from __future__ import annotations
 
@@ -13,6 +17,9 @@ from dataclasses import dataclass
 from engine.block_manager import BlockManager
 from engine.sequence import Sequence, SeqStatus
 from engine.state_pool import StatePool
+
+
+NEED_DRAIN = "need_drain"
 
 
 @dataclass
@@ -38,11 +45,12 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def schedule(self) -> ScheduledStep | None:
+    def schedule(self, can_preempt: bool = True):
+        """-> ScheduledStep, None (nothing to run) or NEED_DRAIN (preemption due while tokens are in flight)."""
         step = self._schedule_prefill()
         if step is not None:
             return step
-        return self._schedule_decode()
+        return self._schedule_decode(can_preempt)
 
     def _schedule_prefill(self) -> ScheduledStep | None:
         budget = self.max_num_batched_tokens
@@ -68,9 +76,14 @@ class Scheduler:
             budget -= n
         return ScheduledStep(True, seqs, lens) if seqs else None
 
-    def _schedule_decode(self) -> ScheduledStep | None:
+    def _schedule_decode(self, can_preempt: bool):
+        ready = [s for s in self.running if s.status == SeqStatus.DECODING and s.num_output < s.sampling.max_tokens]
+        if not can_preempt:
+            need = sum(self.blocks.blocks_needed(s, len(s)) for s in ready)
+            if need > self.blocks.num_free:
+                return NEED_DRAIN
         batch = []
-        for seq in list(self.running):
+        for seq in ready:
             if seq.status != SeqStatus.DECODING:
                 continue
             while not self.blocks.can_grow(seq, len(seq)):

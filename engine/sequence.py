@@ -45,6 +45,7 @@ class Sequence:
 
         self.status = SeqStatus.WAITING
         self.num_computed = 0  # tokens whose KV / GDN state are in the caches
+        self.num_known = len(prompt_ids)  # tokens the host has seen; the rest are placeholders still in flight
         self.block_table: list[int] = []
         self.state_slot: int | None = None
         self.finish_reason: str | None = None

@@ -74,37 +74,52 @@ def build_prefill_metadata(chunks: list[PrefillChunk], block_size: int, device) 
 
 
 class DecodeInputs:
-    """Static device buffers for decode steps (CUDA graphs replay against these) plus pinned host staging."""
+    """Static device buffers for decode steps (CUDA graphs replay against these) and two sets of pinned host
+    staging buffers, used alternately: while the GPU may still be copying from one set (the previous step's), the
+    host fills the other. The engine waits for step t before it fills the set step t used again (step t + 2)."""
+
+    NAMES = {"positions": torch.int64, "slot_mapping": torch.int64, "state_idx": torch.int32,
+             "context_lens": torch.int32, "block_tables": torch.int32}
 
     def __init__(self, max_batch: int, max_blocks: int, device):
         self.max_batch, self.max_blocks = max_batch, max_blocks
         pin = torch.device(device).type == "cuda"
-        shapes = {"input_ids": ((max_batch,), torch.int64), "positions": ((max_batch,), torch.int64),
-                  "slot_mapping": ((max_batch,), torch.int64), "state_idx": ((max_batch,), torch.int32),
-                  "context_lens": ((max_batch,), torch.int32), "block_tables": ((max_batch, max_blocks), torch.int32)}
-        self.host = {k: torch.zeros(s, dtype=d, pin_memory=pin) for k, (s, d) in shapes.items()}
-        self.dev = {k: torch.zeros(s, dtype=d, device=device) for k, (s, d) in shapes.items()}
 
-    def fill(self, input_ids, positions, slot_mapping, state_idx, context_lens, block_tables, padded: int):
-        """Write a decode batch (B rows) padded to `padded` rows, then one async copy per buffer."""
-        B = len(input_ids)
-        h = {k: v.numpy() for k, v in self.host.items()}
-        h["input_ids"][:B] = input_ids
+        def shape(name):
+            return (max_batch, max_blocks) if name == "block_tables" else (max_batch,)
+
+        self.host = [{k: torch.zeros(shape(k), dtype=d, pin_memory=pin) for k, d in self.NAMES.items()}
+                     for _ in range(2)]
+        self.dev = {k: torch.zeros(shape(k), dtype=d, device=device) for k, d in self.NAMES.items()}
+        self._turn = 0
+        # per staging set: (row owner, blocks written) of each block-table row; tables grow one block per
+        # block_size tokens, so most steps rewrite no row at all
+        self._rows = [[None] * max_batch for _ in range(2)]
+
+    def fill(self, positions, slot_mapping, state_idx, context_lens, block_tables, padded: int, row_owners=None):
+        """Write a decode batch (B rows) padded to `padded` rows, then one async copy per buffer. row_owners
+        (e.g. sequence ids) lets unchanged block-table rows be skipped."""
+        B = len(positions)
+        host, rows = self.host[self._turn], self._rows[self._turn]
+        self._turn ^= 1
+        h = {k: v.numpy() for k, v in host.items()}
         h["positions"][:B] = positions
         h["slot_mapping"][:B] = slot_mapping
         h["state_idx"][:B] = state_idx
         h["context_lens"][:B] = context_lens
         bt = h["block_tables"]
         for i, row in enumerate(block_tables):
-            bt[i, :len(row)] = row
+            key = (row_owners[i], len(row)) if row_owners is not None else None
+            if key is None or rows[i] != key:
+                bt[i, :len(row)] = row
+                rows[i] = key
         # padding rows: stored nowhere, no state, empty context
-        h["input_ids"][B:padded] = 0
         h["positions"][B:padded] = 0
         h["slot_mapping"][B:padded] = -1
         h["state_idx"][B:padded] = -1
         h["context_lens"][B:padded] = 0
         for k in self.dev:
-            self.dev[k][:padded].copy_(self.host[k][:padded], non_blocking=True)
+            self.dev[k][:padded].copy_(host[k][:padded], non_blocking=True)
 
     def metadata(self, padded: int) -> StepMetadata:
         d = self.dev

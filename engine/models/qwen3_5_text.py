@@ -82,14 +82,14 @@ class GatedAttention(nn.Module):
         v_all = self.v_cache.view(-1, self.nkv, self.hd)[meta.kv_gather_slots]
         outs, qs, ks = [], 0, 0
         for n, kv in zip(meta.query_lens, meta.kv_lens):
-            qi = q[qs:qs + n].transpose(0, 1)
-            ki, vi = k_all[ks:ks + kv].transpose(0, 1), v_all[ks:ks + kv].transpose(0, 1)
+            qi = q[qs:qs + n].transpose(0, 1)[None]  # [1, heads, n, D]: 4-D so fused SDPA kernels apply
+            ki, vi = k_all[ks:ks + kv].transpose(0, 1)[None], v_all[ks:ks + kv].transpose(0, 1)[None]
             if kv == n:
                 o = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=self.scale, enable_gqa=True)
             else:  # query i sits at absolute position kv - n + i
                 mask = torch.ones(n, kv, dtype=torch.bool, device=q.device).tril(kv - n)
                 o = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, scale=self.scale, enable_gqa=True)
-            outs.append(o.transpose(0, 1))
+            outs.append(o[0].transpose(0, 1))
             qs += n
             ks += kv
         return torch.cat(outs, 0)

@@ -46,8 +46,9 @@ class VisionBlock(nn.Module):
         outs, start = [], 0
         for n in seq_lens:  # bidirectional attention within one image (frame)
             sl = slice(start, start + n)
-            o = F.scaled_dot_product_attention(q[sl].transpose(0, 1), k[sl].transpose(0, 1), v[sl].transpose(0, 1))
-            outs.append(o.transpose(0, 1).reshape(n, D))
+            o = F.scaled_dot_product_attention(q[sl].transpose(0, 1)[None], k[sl].transpose(0, 1)[None],
+                                               v[sl].transpose(0, 1)[None])
+            outs.append(o[0].transpose(0, 1).reshape(n, D))
             start += n
         return self.attn.proj(torch.cat(outs, 0))
 

@@ -1,0 +1,22 @@
+"""jobs/benchmark.py end to end on CPU with tiny shapes: both engines run, JSON and PNG are written."""
+import kernels.testing  # noqa: F401  (sets TRITON_INTERPRET before any kernel module is compiled)
+import json
+
+from jobs import benchmark
+
+
+def test_benchmark_tiny_cpu(tmp_path):
+    benchmark.main(["--device", "cpu", "--tiny", "--out", str(tmp_path), "--batch-sizes", "1,3", "--text-gen", "6",
+                    "--page-gen", "5", "--hf-max-new", "4"])
+    data = json.loads((tmp_path / "benchmark.json").read_text())
+    assert data["meta"]["copy_bandwidth_GBps"] > 0
+    res = data["results"]
+    assert {(r["engine"], r["scenario"], r["batch"]) for r in res} == {
+        (e, s, b) for e in ("native", "transformers") for s in ("text", "page") for b in (1, 3)}
+    for r in res:
+        assert r["total_tok_s"] > 0 and r["decode_step_ms"] > 0
+        if r["engine"] == "native":
+            assert r["output_tokens"] == (6 if r["scenario"] == "text" else 5)
+            assert r["roofline_ms"] > 0 and r["speedup_step_vs_transformers"] > 0
+            assert r["prompt_tokens"] > (16 if r["scenario"] == "page" else 39)
+    assert (tmp_path / "benchmark.png").stat().st_size > 1000
