@@ -24,8 +24,11 @@ models/tiny-random/config.json: $(STAMP) jobs/make_tiny_checkpoint.py engine/hf_
 
 checkpoint: models/tiny-random/config.json
 
-run: $(STAMP)
-	$(PY) jobs/parse_corpus.py --config configs/default.yaml $(ARGS)
+# The best local model: the trained ocria-tiny when it is in the checkout, else the random-weight fallback.
+MODEL ?= $(if $(wildcard models/ocria-tiny/model.safetensors),models/ocria-tiny,models/tiny-random)
+
+run: $(STAMP) $(if $(filter models/tiny-random,$(MODEL)),models/tiny-random/config.json)
+	$(PY) jobs/parse_corpus.py --config configs/default.yaml --checkpoint $(MODEL) $(ARGS)
 
 test: $(STAMP)
 	TRITON_INTERPRET=1 timeout 1500 $(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)

@@ -62,6 +62,12 @@ def inspect(path: str) -> dict:
     return info if isinstance(info, dict) else vars(info)
 
 
+def checkpoint_note(path: str) -> str:
+    """What the checkpoint's builder says about it (e.g. that its weights are random), from ocria_info.json."""
+    info = Path(path) / "ocria_info.json"
+    return json.loads(info.read_text()).get("note", "") if info.is_file() else ""
+
+
 def processor_max_pixels(path: str) -> int | None:
     cfg_path = Path(path) / "preprocessor_config.json"
     if not cfg_path.is_file():

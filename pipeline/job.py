@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from pipeline.checkpoint import CheckpointError, inspect, localize, raster_options
+from pipeline.checkpoint import CheckpointError, checkpoint_note, inspect, localize, raster_options
 from pipeline.config import ConfigError, JobConfig
 from pipeline.output import DocumentAssembler, OutputStore, document_row
 from pipeline.plan import Plan, plan_run
@@ -146,6 +146,9 @@ def build_dataset(ray, prep: Prepared, pools: PoolSizes):
 def run(prep: Prepared, echo=print) -> dict:
     cfg = prep.cfg
     echo(f"run {prep.run_id}: {prep.plan.summary()}")
+    note = checkpoint_note(prep.checkpoint_dir)
+    if note:
+        echo(f"model {cfg.model.checkpoint}: {note}")
     engines, gpus = cfg.parse.num_actors or 1, 0
     stats = RunStats(prep.run_id, engines, gpus, cfg.cost.usd_per_gpu_hour)
     t0 = time.perf_counter()
@@ -164,8 +167,7 @@ def run(prep: Prepared, echo=print) -> dict:
     stats.wall_s = time.perf_counter() - t0
     report = prep.store.reconcile()
     stats.extra.update(skipped=dict(prep.plan.skipped), superseded_documents=report.superseded_documents,
-                       backend=cfg.model.backend, checkpoint=cfg.model.checkpoint,
-                       checkpoint_note=prep.checkpoint_info.get("note", ""))
+                       backend=cfg.model.backend, checkpoint=cfg.model.checkpoint, checkpoint_note=note)
     _write_stats(prep, stats)
     summary = stats.summary()
     echo(format_table(summary))
@@ -177,6 +179,7 @@ def _stream_and_commit(ds, prep: Prepared, stats: RunStats) -> None:
 
     cfg, plan = prep.cfg, prep.plan
     assembler = DocumentAssembler()
+    started = time.perf_counter()
     pending_pages, pending_docs = [], []
 
     def flush():
@@ -186,6 +189,8 @@ def _stream_and_commit(ds, prep: Prepared, stats: RunStats) -> None:
             pending_docs.clear()
 
     def add_document(rows):
+        if not stats.first_result_s:
+            stats.first_result_s = time.perf_counter() - started
         doc = document_row(prep.run_id, rows, plan.todo[rows[0]["uri"]], cfg.raster.max_pages_per_doc)
         stats.add_document(doc, rows)
         pending_pages.extend(rows)
