@@ -72,3 +72,10 @@ def test_missing_input_fails_before_ray(tmp_path, tiny_checkpoint):
     proc, _ = run_cli("--input", str(tmp_path / "nope"), "--output", str(tmp_path / "out"),
                       "--checkpoint", str(tiny_checkpoint))
     assert proc.returncode != 0 and "input not found" in proc.stderr
+
+
+def test_shipped_configs_are_valid():
+    for path in sorted((ROOT / "configs").glob("*.yaml")):
+        if path.name.startswith("train_"):
+            continue  # training configs are plain YAML for jobs/train_tiny.py, not job configs
+        load_config(path, {"input": {"uris": ["x"]}})
