@@ -23,7 +23,7 @@ from engine.sampler import Sampler
 from engine.scheduler import NEED_DRAIN, ScheduledStep, Scheduler
 from engine.sequence import ImageInputs, Sequence, SeqStatus
 from engine.state_pool import StatePool
-from engine.step_metadata import PrefillChunk
+from engine.step_metadata import PrefillChunk, to_device
 
 
 PLACEHOLDER = -1  # a sampled token the host has not seen yet
@@ -92,6 +92,7 @@ class EngineOptions:
     kv_cache_memory_gb: float | None = None
     gpu_memory_utilization: float = 0.9
     enforce_eager: bool = False  # no CUDA graphs
+    compile: bool = True  # torch.compile the element-wise glue ops (CUDA only)
     text_only: bool = False
 
 
@@ -119,7 +120,7 @@ class Engine:
                                   block_size=opts.block_size, num_blocks=opts.num_blocks,
                                   kv_cache_memory_gb=opts.kv_cache_memory_gb,
                                   gpu_memory_utilization=opts.gpu_memory_utilization,
-                                  use_cuda_graphs=not opts.enforce_eager)
+                                  use_cuda_graphs=not opts.enforce_eager, compile_glue=opts.compile)
         self.block_manager = BlockManager(self.runner.cache.num_blocks, opts.block_size)
         self.scheduler = Scheduler(self.block_manager, StatePool(opts.max_num_seqs), opts.max_num_seqs, mnbt)
         self.sampler = Sampler()
@@ -268,7 +269,7 @@ class Engine:
                                                 time.perf_counter()))
             return None
         tokens = self.sampler(logits, seqs)
-        slots = torch.tensor([s.state_slot for s in seqs], dtype=torch.int64).to(self.device, non_blocking=True)
+        slots = to_device([s.state_slot for s in seqs], torch.int64, self.device)
         self.runner.next_tokens[slots] = tokens  # decode inputs of the next step, without a host round trip
         flight = InFlight(seqs, tokens.to("cpu", non_blocking=True) if self.device.type == "cuda" else tokens,
                           logits=logits if any(s.logits is not None for s in seqs) else None)
@@ -338,7 +339,7 @@ class Engine:
     def _encode_images(self, seqs: list[Sequence]) -> None:
         if not seqs:
             return
-        pv = torch.cat([s.images.pixel_values for s in seqs]).to(self.device, non_blocking=True)
+        pv = to_device(torch.cat([s.images.pixel_values for s in seqs]), torch.float32, self.device)
         grids = [g for s in seqs for g in s.images.grids]
         emb = self.model.encode_images(pv, grids)
         m2 = self.cfg.vision.spatial_merge_size**2

@@ -6,13 +6,15 @@ replay a CUDA graph captured for the next padded batch size.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 
 import torch
 
 from engine.config import ModelConfig
+from engine.models.glue import Glue
 from engine.models.qwen3_5 import Qwen3_5Model
-from engine.step_metadata import DecodeInputs, PrefillChunk, build_prefill_metadata
+from engine.step_metadata import DecodeInputs, PrefillChunk, build_prefill_metadata, to_device
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
@@ -49,8 +51,10 @@ class ModelRunner:
     def __init__(self, model: Qwen3_5Model, cfg: ModelConfig, device: torch.device, dtype: torch.dtype,
                  max_num_seqs: int, max_model_len: int, max_num_batched_tokens: int, block_size: int = 16,
                  num_blocks: int | None = None, kv_cache_memory_gb: float | None = None,
-                 gpu_memory_utilization: float = 0.9, use_cuda_graphs: bool = True):
+                 gpu_memory_utilization: float = 0.9, use_cuda_graphs: bool = True, compile_glue: bool = True):
         self.model, self.cfg, self.device, self.dtype = model, cfg, device, dtype
+        if compile_glue and device.type == "cuda":
+            model.language_model.set_glue(self._compiled_glue())
         t = cfg.text
         self.attn_layers = [model.language_model.layers[i].self_attn for i in t.full_attention_layers]
         self.gdn_layers = [model.language_model.layers[i].linear_attn for i in t.linear_attention_layers]
@@ -70,6 +74,35 @@ class ModelRunner:
         self.graph_logits: dict[int, torch.Tensor] = {}
         if use_cuda_graphs and device.type == "cuda":
             self.capture_decode_graphs()
+
+    def _compiled_glue(self) -> Glue:
+        """torch.compile'd glue, checked against the eager functions on small inputs; eager if either fails."""
+        t, dev, dt = self.cfg.text, self.device, self.dtype
+        eager, glue = Glue(False), Glue(True)
+        gen = torch.Generator(device=dev).manual_seed(0)
+
+        def rand(*shape, dtype=dt):
+            return torch.randn(*shape, generator=gen, device=dev, dtype=torch.float32).to(dtype)
+
+        try:
+            for n in (1, 5):  # size 1 is specialised by the compiler; 5 compiles the dynamic-size kernels
+                qkv = rand(n, (2 * t.num_attention_heads + 2 * t.num_key_value_heads) * t.head_dim)
+                args = (qkv, rand(t.head_dim) * 0.1, rand(t.head_dim) * 0.1, rand(n, t.rotary_dim),
+                        rand(n, t.rotary_dim), t.rms_norm_eps, t.num_attention_heads, t.num_key_value_heads,
+                        t.head_dim)
+                gate_args = (rand(n, 2 * t.linear_num_value_heads), rand(t.linear_num_value_heads, dtype=torch.float32),
+                             rand(t.linear_num_value_heads, dtype=torch.float32))
+                for name, a in (("attention_inputs", args), ("gdn_gates", gate_args)):
+                    got, want = getattr(glue, name)(*a), getattr(eager, name)(*a)
+                    for x, y in zip(got, want):
+                        torch.testing.assert_close(x.float(), y.float(), atol=2e-2, rtol=2e-2)
+                q, _, _, gate = glue.attention_inputs(*args)
+                torch.testing.assert_close(glue.gated_output(q, gate).float(), eager.gated_output(q, gate).float(),
+                                           atol=2e-2, rtol=2e-2)
+        except Exception as e:  # noqa: BLE001  (compiler unavailable or wrong: fall back, loudly)
+            warnings.warn(f"torch.compile of the glue ops failed, running them eagerly: {e!r}")
+            return eager
+        return glue
 
     # ------------------------------------------------------------------ caches
     def kv_bytes_per_block(self) -> int:
@@ -143,8 +176,7 @@ class ModelRunner:
         if meta.fresh_state_idx is not None:  # sequences starting now begin from zero GDN state
             self.conv_state[:, meta.fresh_state_idx] = 0
             self.ssm_state[:, meta.fresh_state_idx] = 0
-        ids = torch.tensor([t for c in chunks for t in c.token_ids], dtype=torch.int64).to(self.device,
-                                                                                          non_blocking=True)
+        ids = to_device([t for c in chunks for t in c.token_ids], torch.int64, self.device)
         x = self.model.embed(ids)
         row = 0
         for c in chunks:
@@ -152,7 +184,7 @@ class ModelRunner:
                 x[row + off: row + off + rows.shape[0]] = rows.to(x.dtype)
             row += len(c.token_ids)
         hidden = self.model(x, meta)
-        idx = torch.tensor(logits_rows, dtype=torch.int64).to(self.device, non_blocking=True)
+        idx = to_device(logits_rows, torch.int64, self.device)
         return self.model.compute_logits(hidden[idx]).float()
 
     def _decode_forward(self, padded: int) -> torch.Tensor:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from engine.sequence import Sequence
+from engine.step_metadata import to_device
 
 
 def filter_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
@@ -28,10 +29,10 @@ class Sampler:
         rows = [i for i, s in enumerate(seqs) if s.sampling.temperature > 0]
         if rows:
             dev = logits.device
-            idx = torch.tensor(rows, device=dev)
-            temp = torch.tensor([seqs[i].sampling.temperature for i in rows], device=dev, dtype=torch.float32)
-            top_k = torch.tensor([seqs[i].sampling.top_k for i in rows], device=dev)
-            top_p = torch.tensor([seqs[i].sampling.top_p for i in rows], device=dev, dtype=torch.float32)
+            idx = to_device(rows, torch.int64, dev)
+            temp = to_device([seqs[i].sampling.temperature for i in rows], torch.float32, dev)
+            top_k = to_device([seqs[i].sampling.top_k for i in rows], torch.int64, dev)
+            top_p = to_device([seqs[i].sampling.top_p for i in rows], torch.float32, dev)
             probs = filter_logits(logits[idx] / temp[:, None], top_k, top_p).softmax(-1)
             # Exponential-race sampling: argmax(p / E), E ~ Exp(1), draws from p with no host sync.
             noise = torch.stack([torch.empty_like(probs[j]).exponential_(generator=seqs[i].generator)

@@ -41,6 +41,18 @@ class StepMetadata:
     fresh_state_idx: torch.Tensor | None = None  # slots of sequences starting now: zeroed before the step
 
 
+def to_device(data, dtype: torch.dtype, device) -> torch.Tensor:
+    """Host data (list / numpy / CPU tensor) -> device tensor without a host sync: a copy from pageable memory
+    would first wait for all queued device work, so CUDA copies go through pinned memory (recycled by torch's
+    caching host allocator once the copy is done)."""
+    t = data if torch.is_tensor(data) else torch.as_tensor(np.asarray(data))
+    t = t.to(dtype)
+    device = torch.device(device)
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
+
+
 def _flat_slots(block_table: list[int], start: int, end: int, block_size: int) -> np.ndarray:
     j = np.arange(start, end)
     return np.asarray(block_table, dtype=np.int64)[j // block_size] * block_size + j % block_size
@@ -59,7 +71,7 @@ def build_prefill_metadata(chunks: list[PrefillChunk], block_size: int, device) 
     fresh = [c.state_slot for c in chunks if c.start == 0]
 
     def dev(a, dtype):
-        return torch.from_numpy(np.ascontiguousarray(a)).to(dtype).to(device, non_blocking=True)
+        return to_device(np.ascontiguousarray(a), dtype, device)
 
     cu_cpu = torch.from_numpy(cu)
     return StepMetadata(
@@ -67,7 +79,7 @@ def build_prefill_metadata(chunks: list[PrefillChunk], block_size: int, device) 
         positions=dev(positions, torch.int64), slot_mapping=dev(slot_mapping, torch.int64),
         state_idx=dev(np.asarray(slots), torch.int32),
         query_lens=query_lens, kv_lens=kv_lens, state_slots=slots,
-        cu_seqlens=cu_cpu.to(device, non_blocking=True), cu_seqlens_cpu=cu_cpu,
+        cu_seqlens=to_device(cu_cpu, torch.int64, device), cu_seqlens_cpu=cu_cpu,
         kv_gather_slots=dev(gather, torch.int64),
         fresh_state_idx=dev(np.asarray(fresh, dtype=np.int64), torch.int64) if fresh else None,
     )

@@ -286,6 +286,7 @@ def main(argv=None):
                     help="transformers generates at most this many tokens per run (its per-step time is steady)")
     ap.add_argument("--skip-transformers", action="store_true")
     ap.add_argument("--enforce-eager", action="store_true", help="native engine without CUDA graphs")
+    ap.add_argument("--no-compile", action="store_true", help="native engine without torch.compile'd glue ops")
     args = ap.parse_args(argv)
     tiny = args.tiny
     defaults = dict(text_prompt=(40, 512), text_gen=(16, 256), page_image_tokens=(16, 1296), page_gen=(12, 750))
@@ -309,6 +310,7 @@ def main(argv=None):
     max_len = -(-max_len // block) * block
     opts = EngineOptions(max_num_seqs=max(batches), max_model_len=max_len, block_size=block,
                          num_blocks=max(batches) * (max_len // block) + 1, enforce_eager=args.enforce_eager,
+                         compile=not args.no_compile,
                          max_num_batched_tokens=8192 if device.type == "cuda" else 512)
     t = time.perf_counter()
     engine = Engine(cfg, hf.state_dict().items(), device=device, dtype=dtype, options=opts)
@@ -316,6 +318,7 @@ def main(argv=None):
     meta = dict(device=str(device), gpu=torch.cuda.get_device_name(device) if device.type == "cuda" else
                 platform.processor() or "cpu", dtype=str(dtype), tiny=tiny, fla_available=fla_available(),
                 copy_bandwidth_GBps=bw / 1e9, cuda_graphs=bool(engine.runner.graphs), engine_build_s=build_s,
+                compiled_glue=engine.model.language_model.layers[0].mixer.glue.compiled,
                 kv_blocks=engine.runner.cache.num_blocks, block_size=block, max_model_len=max_len,
                 args=vars(args), torch=torch.__version__, host=platform.node())
     results = []

@@ -12,8 +12,8 @@ from torch import nn
 from engine import ops
 from engine.config import TextConfig
 from engine.models.gdn_prefill import conv1d_prefill_varlen, delta_rule_prefill
+from engine.models.glue import Glue
 from engine.models.layers import fused_weight, param
-from engine.rope import apply_rotary
 from engine.step_metadata import StepMetadata
 
 
@@ -57,24 +57,19 @@ class GatedAttention(nn.Module):
         self.q_norm = RMSNorm(self.hd, cfg.rms_norm_eps, **factory)
         self.k_norm = RMSNorm(self.hd, cfg.rms_norm_eps, **factory)
         self.k_cache = self.v_cache = torch.empty(0)
+        self.glue = Glue()
 
     def forward(self, x, meta: StepMetadata, cos, sin):
-        N = x.shape[0]
-        qg, k, v = F.linear(x, self.qkv_proj.weight).split(
-            [self.nh * self.hd * 2, self.nkv * self.hd, self.nkv * self.hd], dim=-1)
-        qg = qg.view(N, self.nh, 2 * self.hd)
-        q, gate = qg[..., :self.hd], qg[..., self.hd:].reshape(N, self.nh * self.hd)
-        q = apply_rotary(self.q_norm(q.contiguous()), cos, sin)
-        k = apply_rotary(self.k_norm(k.reshape(N, self.nkv, self.hd).contiguous()), cos, sin)
-        v = v.reshape(N, self.nkv, self.hd)
+        q, k, v, gate = self.glue.attention_inputs(F.linear(x, self.qkv_proj.weight), self.q_norm.weight,
+                                                   self.k_norm.weight, cos, sin, self.q_norm.eps, self.nh, self.nkv,
+                                                   self.hd)
         ops.store_kvcache(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
         if meta.is_prefill:
             o = self._prefill_attention(q, meta)
         else:
-            o = ops.paged_decode_attention(q.contiguous(), self.k_cache, self.v_cache, meta.block_tables,
-                                           meta.context_lens, self.scale)
-        o = o.reshape(N, self.nh * self.hd) * torch.sigmoid(gate)
-        return F.linear(o, self.o_proj.weight)
+            o = ops.paged_decode_attention(q, self.k_cache, self.v_cache, meta.block_tables, meta.context_lens,
+                                           self.scale)
+        return F.linear(self.glue.gated_output(o, gate), self.o_proj.weight)
 
     def _prefill_attention(self, q, meta: StepMetadata):
         """Each sequence's chunk attends causally to its whole cached context (earlier chunks + itself)."""
@@ -120,17 +115,16 @@ class GatedDeltaNet(nn.Module):
         self.out_proj = nn.Module()
         self.out_proj.weight = param(H, self.value_dim, **factory)
         self.conv_state = self.ssm_state = torch.empty(0)
+        self.glue = Glue()
 
     def forward(self, x, meta: StepMetadata, cos=None, sin=None):
         N = x.shape[0]
         qkv, z = F.linear(x, self.in_proj_qkvz.weight).split([self.conv_dim, self.value_dim], dim=-1)
-        b, a = F.linear(x, self.in_proj_ba.weight).chunk(2, dim=-1)
-        beta = torch.sigmoid(b)
-        g = -self.A_log.exp() * F.softplus(a.float() + self.dt_bias)
+        g, beta = self.glue.gdn_gates(F.linear(x, self.in_proj_ba.weight), self.A_log, self.dt_bias)
         if meta.is_prefill:
             y = conv1d_prefill_varlen(qkv, self.conv1d.weight, self.conv_state, meta.state_slots, meta.query_lens)
         else:
-            y = ops.causal_conv1d_update(qkv.contiguous(), self.conv_state, self.conv1d.weight, meta.state_idx, "silu")
+            y = ops.causal_conv1d_update(qkv, self.conv_state, self.conv1d.weight, meta.state_idx, "silu")
         q, k, v = y.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
         q = q.reshape(N, self.hk, self.dk)
         k = k.reshape(N, self.hk, self.dk)
@@ -157,14 +151,17 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **factory)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **factory)
 
+    @property
+    def mixer(self) -> nn.Module:
+        return self.self_attn if self.kind == "full_attention" else self.linear_attn
+
     def forward(self, x, residual, meta, cos, sin):
         if residual is None:
             residual = x
             h = self.input_layernorm(x)
         else:
             h, residual = self.input_layernorm(x, residual)
-        mixer = self.self_attn if self.kind == "full_attention" else self.linear_attn
-        h = mixer(h, meta, cos, sin)
+        h = self.mixer(h, meta, cos, sin)
         h, residual = self.post_attention_layernorm(h, residual)
         return self.mlp(h), residual
 
@@ -181,6 +178,10 @@ class TextModel(nn.Module):
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(input_ids, self.embed_tokens.weight)
+
+    def set_glue(self, glue: Glue) -> None:
+        for layer in self.layers:
+            layer.mixer.glue = glue
 
     def forward(self, x: torch.Tensor, meta: StepMetadata, cos, sin) -> torch.Tensor:
         residual = None
