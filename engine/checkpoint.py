@@ -29,10 +29,11 @@ FUSED_SHARDS = {
     "self_attn.v_proj.": ("self_attn.qkv_proj.", 2),
     "mlp.gate_proj.": ("mlp.gate_up_proj.", 0),
     "mlp.up_proj.": ("mlp.gate_up_proj.", 1),
-    "linear_attn.in_proj_qkv.": ("linear_attn.in_proj_qkvz.", 0),
-    "linear_attn.in_proj_z.": ("linear_attn.in_proj_qkvz.", 1),
-    "linear_attn.in_proj_b.": ("linear_attn.in_proj_ba.", 0),
-    "linear_attn.in_proj_a.": ("linear_attn.in_proj_ba.", 1),
+    # all four GDN input projections read the same normed input: one GEMM [qkv | z | b | a]
+    "linear_attn.in_proj_qkv.": ("linear_attn.in_proj.", 0),
+    "linear_attn.in_proj_z.": ("linear_attn.in_proj.", 1),
+    "linear_attn.in_proj_b.": ("linear_attn.in_proj.", 2),
+    "linear_attn.in_proj_a.": ("linear_attn.in_proj.", 3),
 }
 # Tensors present in official checkpoints that no forward pass of ours reads.
 IGNORED_PREFIXES = ("mtp.",)

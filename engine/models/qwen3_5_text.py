@@ -91,7 +91,7 @@ class GatedAttention(nn.Module):
 
 
 class GatedDeltaNet(nn.Module):
-    """Linear-attention mixer: fused in_proj (qkv | z) and (b | a), causal depthwise conv + SiLU over qkv, gated delta
+    """Linear-attention mixer: one fused in_proj (qkv | z | b | a), causal depthwise conv + SiLU over qkv, gated delta
     rule with per-value-head decay exp(g) and write strength beta, gated RMSNorm, out_proj."""
 
     def __init__(self, cfg: TextConfig, **factory):
@@ -101,10 +101,8 @@ class GatedDeltaNet(nn.Module):
         self.key_dim, self.value_dim, self.conv_dim = cfg.gdn_key_dim, cfg.gdn_value_dim, cfg.gdn_conv_dim
         self.eps = cfg.rms_norm_eps
         H = cfg.hidden_size
-        self.in_proj_qkvz = nn.Module()
-        self.in_proj_qkvz.weight = fused_weight([self.conv_dim, self.value_dim], H, **factory)
-        self.in_proj_ba = nn.Module()
-        self.in_proj_ba.weight = fused_weight([self.hv, self.hv], H, **factory)
+        self.in_proj = nn.Module()  # [qkv | z | b | a] fused
+        self.in_proj.weight = fused_weight([self.conv_dim, self.value_dim, self.hv, self.hv], H, **factory)
         self.conv1d = nn.Module()
         self.conv1d.weight = param(self.conv_dim, cfg.linear_conv_kernel_dim, **factory)
         fp32 = dict(factory, dtype=torch.float32)  # decay parameters stay fp32
@@ -119,8 +117,8 @@ class GatedDeltaNet(nn.Module):
 
     def forward(self, x, meta: StepMetadata, cos=None, sin=None):
         N = x.shape[0]
-        qkv, z = F.linear(x, self.in_proj_qkvz.weight).split([self.conv_dim, self.value_dim], dim=-1)
-        g, beta = self.glue.gdn_gates(F.linear(x, self.in_proj_ba.weight), self.A_log, self.dt_bias)
+        qkv, z, ba = F.linear(x, self.in_proj.weight).split([self.conv_dim, self.value_dim, 2 * self.hv], dim=-1)
+        g, beta = self.glue.gdn_gates(ba, self.A_log, self.dt_bias)
         if meta.is_prefill:
             y = conv1d_prefill_varlen(qkv, self.conv1d.weight, self.conv_state, meta.state_slots, meta.query_lens)
         else:
