@@ -255,7 +255,8 @@ def plot_loss(log: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def train(cfg: dict, synth: Path, model_dir: Path, out: Path, resume: Path | None, device: str) -> None:
+def train(cfg: dict, synth: Path, model_dir: Path, out: Path, resume: Path | None, device: str,
+          resume_state: Path | None = None) -> None:
     import torch
     from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
 
@@ -264,8 +265,12 @@ def train(cfg: dict, synth: Path, model_dir: Path, out: Path, resume: Path | Non
     out.mkdir(parents=True, exist_ok=True)
     if resume is not None:
         model = Qwen3_5ForConditionalGeneration.from_pretrained(resume, dtype=torch.float32)
-        state = json.loads((resume / "train_state.json").read_text())
-        log = [json.loads(x) for x in (resume / "train_log.jsonl").read_text().splitlines()] if (resume / "train_log.jsonl").exists() else []
+        # state (step, page index, clock) and loss log sit beside the weights, or elsewhere (a shipped checkpoint)
+        state_dir = resume_state or resume
+        state = json.loads((state_dir / "train_state.json").read_text())
+        state.pop("heldout_eval", None)
+        log_path = state_dir / "train_log.jsonl"
+        log = [json.loads(x) for x in log_path.read_text().splitlines()] if log_path.exists() else []
     else:
         model = Qwen3_5ForConditionalGeneration(Qwen3_5Config.from_pretrained(model_dir))
         state = {"step": 0, "pages": 0, "elapsed_s": 0.0, "runs": 0}
@@ -359,7 +364,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--synth", type=Path, default=Path(".synth"))
     ap.add_argument("--model-dir", type=Path, default=Path("models/ocria-tiny"))
     ap.add_argument("--out", type=Path, default=Path("build/train_tiny"))
-    ap.add_argument("--resume", type=Path, default=None)
+    ap.add_argument("--resume", type=Path, default=None, help="checkpoint folder to continue from")
+    ap.add_argument("--resume-state", type=Path, default=None,
+                    help="folder with train_state.json/train_log.jsonl when they are not in --resume")
     ap.add_argument("--device", default=None)
     ap.add_argument("--set", action="append", default=[], help="override a config key, e.g. train.batch_size=4")
     args = ap.parse_args(argv)
@@ -370,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-        train(cfg, args.synth, args.model_dir, args.out, args.resume, device)
+        train(cfg, args.synth, args.model_dir, args.out, args.resume, device, args.resume_state)
     return 0
 
 
