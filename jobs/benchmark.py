@@ -219,9 +219,12 @@ def run_transformers(model, kind, batch, args, rng, cfg, device, dtype) -> dict:
     steps = [b - a for a, b in zip(clock.times, clock.times[1:])]
     step_s = statistics.median(steps) if steps else float("nan")
     ttft = clock.times[0] - t0
+    full = gen_len(kind, args)
     return dict(engine="transformers", scenario=kind, batch=batch, prompt_tokens=ids.shape[1], output_tokens=new,
                 wall_s=wall, total_tok_s=batch * new / wall, per_seq_decode_tok_s=1 / step_s,
-                ttft_ms_mean=1e3 * ttft, ttft_ms_p50=1e3 * ttft, decode_step_ms=1e3 * step_s)
+                ttft_ms_mean=1e3 * ttft, ttft_ms_p50=1e3 * ttft, decode_step_ms=1e3 * step_s,
+                # what a run to the full output length would give, from the measured TTFT and step time
+                total_tok_s_at_full_gen=batch * full / (ttft + (full - 1) * step_s))
 
 
 # ---------------------------------------------------------------------------------------------------- report
@@ -323,13 +326,17 @@ def main(argv=None):
                 args=vars(args), torch=torch.__version__, host=platform.node())
     results = []
     rng = np.random.default_rng(0)
+
+    def record(r):  # the JSON is rewritten after every run, so a later failure keeps what was measured
+        results.append(r)
+        print(json.dumps({k: v for k, v in r.items() if k != "roofline_bytes"}), flush=True)
+        (out / "benchmark.json").write_text(json.dumps(dict(meta=meta, results=results), indent=2))
+
     for kind in scenarios:  # warm-up: compiles kernels and autotunes for this scenario's shapes
         engine.generate([dict(r, ignore_eos=True, sampling=SamplingParams(max_tokens=4))
                          for r in make_requests(kind, min(2, max(batches)), args, cfg, rng)])
         for b in batches:
-            r = run_native(engine, kind, b, args, rng, bw, cfg, dtype)
-            results.append(r)
-            print(json.dumps({k: v for k, v in r.items() if k != "roofline_bytes"}), flush=True)
+            record(run_native(engine, kind, b, args, rng, bw, cfg, dtype))
     del engine
     gc.collect()
     if device.type == "cuda":
@@ -338,12 +345,16 @@ def main(argv=None):
         for kind in scenarios:
             run_transformers(hf, kind, 1, dict_args(args, hf_max_new=2), rng, cfg, device, dtype)  # warm-up
             for b in batches:
-                r = run_transformers(hf, kind, b, args, rng, cfg, device, dtype)
+                try:
+                    r = run_transformers(hf, kind, b, args, rng, cfg, device, dtype)
+                except torch.cuda.OutOfMemoryError as e:  # record and go on: the native results stand
+                    record(dict(engine="transformers", scenario=kind, batch=b, error=f"out of memory: {e}"[:300]))
+                    torch.cuda.empty_cache()
+                    continue
                 nat = next(x for x in results if x["engine"] == "native" and x["scenario"] == kind and x["batch"] == b)
                 nat["speedup_step_vs_transformers"] = r["decode_step_ms"] / nat["decode_step_ms"]
-                results.append(r)
-                print(json.dumps(r), flush=True)
-    (out / "benchmark.json").write_text(json.dumps(dict(meta=meta, results=results), indent=2))
+                nat["speedup_total_tok_s_vs_transformers"] = nat["total_tok_s"] / r["total_tok_s_at_full_gen"]
+                record(r)
     plot(results, out / "benchmark.png")
     print(f"wrote {out / 'benchmark.json'} and {out / 'benchmark.png'}")
     return results
