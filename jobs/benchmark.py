@@ -246,8 +246,9 @@ def plot(results: list[dict], path: Path) -> None:
         v = r.get(key) if r else None
         return v if isinstance(v, (int, float)) and v == v and v > 0 else None
 
-    panels = [("decode ms/step (log)", series), ("total tokens/s (log)", [(e, "total_tok_s", c) for e, _, c in
-                                                                         series[:2]])]
+    panels = [("decode ms/step (log)", series),
+              ("total tokens/s (log; transformers extrapolated to the full output length)",
+               [("native", "total_tok_s", series[0][2]), ("transformers", "total_tok_s_at_full_gen", series[1][2])])]
     for p, (title, ser) in enumerate(panels):
         top, bottom = pad + p * (H // 2), (p + 1) * (H // 2) - 40
         vals = [value(e, k, g) for e, k, _ in ser for g in groups]
