@@ -75,6 +75,7 @@ class ModelRunner:
         if use_cuda_graphs and device.type == "cuda":
             self.capture_decode_graphs()
 
+    @torch.no_grad()  # as in the forward passes: grad mode is part of the compiled code's guards
     def _compiled_glue(self) -> Glue:
         """torch.compile'd glue, checked against the eager functions on small inputs; eager if either fails."""
         t, dev, dt = self.cfg.text, self.device, self.dtype
