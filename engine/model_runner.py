@@ -76,10 +76,10 @@ class ModelRunner:
             self.capture_decode_graphs()
 
     @torch.no_grad()  # as in the forward passes: grad mode is part of the compiled code's guards
-    def _compiled_glue(self) -> Glue:
+    def _compiled_glue(self, backend: str = "inductor") -> Glue:
         """torch.compile'd glue, checked against the eager functions on small inputs; eager if either fails."""
         t, dev, dt = self.cfg.text, self.device, self.dtype
-        eager, glue = Glue(False), Glue(True)
+        eager, glue = Glue(False), Glue(True, backend)
         gen = torch.Generator(device=dev).manual_seed(0)
 
         def rand(*shape, dtype=dt):

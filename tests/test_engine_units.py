@@ -102,3 +102,24 @@ def test_glue_traces_as_one_graph_with_dynamic_sizes():
         gates = (torch.randn(n, 8, generator=gen), torch.randn(4, generator=gen), torch.randn(4, generator=gen))
         for x, y in zip(compiled.gdn_gates(*gates), eager.gdn_gates(*gates)):
             torch.testing.assert_close(x, y)
+
+
+def test_runner_glue_check_accepts_a_working_compiler(tmp_path):
+    """The start-up check that guards the compiled glue (CUDA) runs clean with a working compiler backend."""
+    import warnings
+
+    from engine.interface import SamplingParams
+    from engine.llm_engine import Engine
+    from engine.testing import build_checkpoint, tokenizer_texts
+    from engine import hf_format
+
+    ckpt = build_checkpoint(tmp_path / "c", vision=False, tokenizer=hf_format.train_tokenizer(tokenizer_texts(), 600))
+    eng = Engine.from_checkpoint(ckpt, num_blocks=16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        glue = eng.runner._compiled_glue(backend="eager")
+    assert glue.compiled
+    ref = eng.generate([dict(prompt_token_ids=list(range(3, 30)), sampling=SamplingParams(max_tokens=6))])
+    eng.model.language_model.set_glue(glue)
+    out = eng.generate([dict(prompt_token_ids=list(range(3, 30)), sampling=SamplingParams(max_tokens=6))])
+    assert out[0].output_token_ids == ref[0].output_token_ids
