@@ -72,6 +72,7 @@ class ModelRunner:
         self.next_tokens = torch.zeros(max_num_seqs, dtype=torch.int64, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.graph_logits: dict[int, torch.Tensor] = {}
+        self.decode_sizes: list[int] = []  # decode batches are padded up to one of these (the captured sizes)
         if use_cuda_graphs and device.type == "cuda":
             self.capture_decode_graphs()
 
@@ -199,7 +200,7 @@ class ModelRunner:
         """One token (the slot's last sampled one, from self.next_tokens) for each of B sequences -> logits [B, V]
         (fp32). Nothing here waits for the device. start_event (CUDA) is recorded just before the forward pass."""
         B = len(positions)
-        padded = next((s for s in sorted(self.graphs) if s >= B), B)
+        padded = next((s for s in self.decode_sizes if s >= B), B)
         self.decode_inputs.fill(positions, slot_mapping, state_idx, context_lens, block_tables, padded, row_owners)
         if start_event is not None:
             start_event.record()
@@ -213,6 +214,7 @@ class ModelRunner:
     @torch.no_grad()
     def capture_decode_graphs(self) -> None:
         sizes = graph_batch_sizes(self.cache.max_num_seqs)
+        self.decode_sizes = sizes
         pool = None
         for bs in reversed(sizes):
             # padding rows everywhere: kernels skip them, so capture touches no cache or state

@@ -112,3 +112,18 @@ def test_native_backend_parse(ckpt):
     again = backend.parse([reqs[3]])[0]
     assert again.text == res[3].text  # seed derived from the request id
     backend.close()
+
+
+def test_padded_decode_rows_are_inert(ckpt):
+    """Decode batches padded to CUDA-graph sizes (padding rows: no KV slot, no state slot, empty context) give the
+    same tokens as unpadded ones; on CPU the padding is forced by setting the runner's sizes."""
+    from engine.model_runner import graph_batch_sizes
+
+    reqs = [dict(prompt_token_ids=ids(n, 20 + n), sampling=SamplingParams(max_tokens=8), ignore_eos=True)
+            for n in (5, 17, 9)]
+    plain = Engine.from_checkpoint(ckpt, max_num_seqs=8, num_blocks=64).generate(reqs)
+    padded = Engine.from_checkpoint(ckpt, max_num_seqs=8, num_blocks=64)
+    padded.runner.decode_sizes = graph_batch_sizes(8)  # 3 sequences run as a batch of 4, 2 as 2, ...
+    assert padded.runner.decode_sizes[:3] == [1, 2, 4]
+    out = padded.generate(reqs)
+    assert [o.output_token_ids for o in out] == [o.output_token_ids for o in plain]
