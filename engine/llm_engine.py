@@ -147,7 +147,7 @@ class Engine:
     def add_request(self, request_id: str, *, prompt: str | None = None, image=None,
                     prompt_token_ids: list[int] | None = None, pixel_values=None, image_grids=None,
                     sampling: SamplingParams | None = None, ignore_eos: bool = False,
-                    keep_logits: bool = False) -> None:
+                    keep_logits: bool = False, arrival_time: float | None = None) -> None:
         """Queue a request: either `prompt` (+ optional page `image`, rendered through the chat template) or
         pre-tokenized `prompt_token_ids` (+ `pixel_values` [P, patch_dim] and `image_grids`)."""
         sampling = sampling or SamplingParams()
@@ -194,6 +194,8 @@ class Engine:
         gen = torch.Generator(device=self.device).manual_seed(seed) if sampling.temperature > 0 else None
         stops = frozenset() if ignore_eos else self.stop_token_ids
         seq = Sequence(next(self._ids), request_id, ids, sampling, stops, pos, delta, images, gen, keep_logits)
+        if arrival_time is not None:  # time.perf_counter() when the caller received the request
+            seq.arrival_time = arrival_time
         self._seqs[request_id] = seq
         self.scheduler.add(seq)
 

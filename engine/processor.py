@@ -103,7 +103,8 @@ def _load_chat_template(root: Path) -> str | None:
     return None
 
 
-def _render(template: str, **ctx) -> str:
+def _compile_template(template: str):
+    """A chat template compiled in a sandbox with the helpers HF templates use (raise_exception, tojson)."""
     import jinja2
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -114,9 +115,9 @@ def _render(template: str, **ctx) -> str:
     env.filters["tojson"] = lambda x, indent=None, **kw: json.dumps(x, indent=indent, ensure_ascii=False)
     env.globals["raise_exception"] = raise_exception
     try:
-        return env.from_string(template).render(**ctx)
+        return env.from_string(template)
     except jinja2.TemplateError as e:
-        raise ProcessorError(f"chat template failed to render: {e}") from e
+        raise ProcessorError(f"chat template does not compile: {e}") from e
 
 
 class Processor:
@@ -132,7 +133,9 @@ class Processor:
             raise ProcessorError(f"{root}: tokenizer.json missing")
         self.tokenizer = Tokenizer.from_file(str(tok_file))
         self.chat_template = _load_chat_template(root)
+        self._template = _compile_template(self.chat_template) if self.chat_template is not None else None
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        self._prompt_ids: dict[tuple[str, bool], list[int]] = {}  # pages share a few prompts: tokenize each once
         pp = root / "preprocessor_config.json"
         self.image_processor = ImageProcessor.from_file(pp) if (cfg.has_vision and pp.is_file()) else None
         self.eos_token_ids = self._eos_ids(root)
@@ -152,11 +155,25 @@ class Processor:
         return tuple(dict.fromkeys(int(i) for i in ids))
 
     def render_prompt(self, text: str, with_image: bool) -> str:
-        if self.chat_template is None:
+        import jinja2
+
+        if self._template is None:
             raise ProcessorError("checkpoint has no chat template (chat_template.jinja or tokenizer_config.json)")
         content = ([{"type": "image"}] if with_image else []) + [{"type": "text", "text": text}]
-        return _render(self.chat_template, messages=[{"role": "user", "content": content}],
-                       add_generation_prompt=True, **self.chat_template_kwargs)
+        try:
+            return self._template.render(messages=[{"role": "user", "content": content}], add_generation_prompt=True,
+                                         **self.chat_template_kwargs)
+        except jinja2.TemplateError as e:
+            raise ProcessorError(f"chat template failed to render: {e}") from e
+
+    def prompt_ids(self, text: str, with_image: bool) -> list[int]:
+        key = (text, with_image)
+        ids = self._prompt_ids.get(key)  # thread-safe enough: a race only tokenizes twice
+        if ids is None:
+            ids = self.encode(self.render_prompt(text, with_image))
+            if len(self._prompt_ids) < 1024:
+                self._prompt_ids[key] = ids
+        return list(ids)
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False).ids
@@ -166,7 +183,7 @@ class Processor:
 
     def page_inputs(self, image, prompt: str):
         """-> (token ids with image placeholders expanded, patches [P, D] or None, grids list)."""
-        ids = self.encode(self.render_prompt(prompt, with_image=image is not None))
+        ids = self.prompt_ids(prompt, with_image=image is not None)
         if image is None:
             return ids, None, []
         if self.image_processor is None:
