@@ -63,7 +63,8 @@ class Scheduler:
                 budget -= n
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and self.states.num_free:
             seq = self.waiting[0]
-            if not self.blocks.can_grow(seq, len(seq)):
+            # keep one free block per running sequence for decode growth, so admitting does not force preemption
+            if self.blocks.num_free - self.blocks.blocks_needed(seq, len(seq)) < len(self.running):
                 break
             self.waiting.popleft()
             self.blocks.grow(seq, len(seq))
