@@ -9,6 +9,7 @@ import math
 import warnings
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from engine.config import ModelConfig
@@ -74,7 +75,14 @@ class ModelRunner:
         self.graph_logits: dict[int, torch.Tensor] = {}
         self.decode_sizes: list[int] = []  # decode batches are padded up to one of these (the captured sizes)
         if use_cuda_graphs and device.type == "cuda":
-            self.capture_decode_graphs()
+            try:
+                self.capture_decode_graphs()
+            except Exception as e:  # noqa: BLE001  (run eagerly rather than not at all; say so loudly)
+                warnings.warn(f"CUDA graph capture failed, decode runs eagerly: {e!r}")
+                self.graphs.clear()
+                self.graph_logits.clear()
+                self.decode_sizes = []
+                torch.cuda.synchronize(device)
 
     @torch.no_grad()  # as in the forward passes: grad mode is part of the compiled code's guards
     def _compiled_glue(self, backend: str = "inductor") -> Glue:
@@ -229,7 +237,5 @@ class ModelRunner:
         torch.cuda.synchronize(self.device)
 
 
-def _text_positions(start: int, n: int):
-    import numpy as np
-
+def _text_positions(start: int, n: int) -> np.ndarray:
     return np.broadcast_to(np.arange(start, start + n), (3, n)).copy()
