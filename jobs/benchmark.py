@@ -207,6 +207,9 @@ def run_transformers(model, kind, batch, args, rng, cfg, device, dtype) -> dict:
                   image_grid_thw=torch.tensor([r["image_grids"][0] for r in reqs], device=device),
                   mm_token_type_ids=(ids == cfg.image_token_id).int())
     new = min(gen_len(kind, args), args.hf_max_new)
+    with torch.no_grad():  # warm-up at the same shapes: fla autotunes its kernels on first use
+        model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, min_new_tokens=4,
+                       do_sample=False, eos_token_id=[], pad_token_id=0, **kw)
     clock = StepClock(device)
     sync(device)
     t0 = time.perf_counter()
