@@ -63,8 +63,10 @@ class Scheduler:
                 budget -= n
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and self.states.num_free:
             seq = self.waiting[0]
-            # keep one free block per running sequence for decode growth, so admitting does not force preemption
-            if self.blocks.num_free - self.blocks.blocks_needed(seq, len(seq)) < len(self.running):
+            # keep a few blocks (one per running sequence, at most 1% of the cache) free for decode growth, so
+            # admitting a prompt does not immediately force a preemption
+            reserve = min(len(self.running), self.blocks.num_blocks // 100)
+            if self.blocks.num_free - self.blocks.blocks_needed(seq, len(seq)) < reserve:
                 break
             self.waiting.popleft()
             self.blocks.grow(seq, len(seq))
