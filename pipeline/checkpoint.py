@@ -78,10 +78,10 @@ def processor_max_pixels(path: str) -> int | None:
 
 
 def raster_options(cfg: JobConfig, checkpoint_dir: str) -> RasterOptions:
-    """The page size follows the model: at most its processor's max_pixels (no point rendering pixels it would
-    discard), and a longest side of 1288 px unless configured."""
+    """The page size follows the model: a longest side of sqrt(max_pixels) of its processor (how ocria-tiny was
+    trained), at most 1288 px (olmOCR's size for page VLMs, and the 4B's), unless configured."""
     model_max = processor_max_pixels(checkpoint_dir)
-    target = cfg.raster.target_longest_px or (min(1288, int(math.sqrt(model_max) * 1.3)) if model_max else 1288)
+    target = cfg.raster.target_longest_px or (min(1288, math.isqrt(model_max)) if model_max else 1288)
     max_pixels = cfg.raster.max_pixels or min(model_max or target * target, target * target)
     return RasterOptions(target_longest_px=target, max_pixels=max_pixels, max_pages=cfg.raster.max_pages_per_doc,
                          extract_text=cfg.raster.extract_text)

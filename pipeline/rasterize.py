@@ -64,8 +64,9 @@ def render_page(page: pymupdf.Page, target_longest_px: int, max_pixels: int) -> 
     if over > 1:  # MuPDF rounds the pixel box outwards; at the cap that can add a row or column
         scale *= 0.998 / math.sqrt(over) if pix.width * pix.height > max_pixels else 0.998 / over
         pix = page.get_pixmap(matrix=pymupdf.Matrix(scale, scale), colorspace=pymupdf.csRGB, alpha=False)
+    # Copy out of the pixmap: a view of pix.samples_mv does not keep the pixmap's memory alive.
     rows = np.frombuffer(pix.samples_mv, dtype=np.uint8).reshape(pix.height, pix.stride)
-    return np.ascontiguousarray(rows[:, : pix.width * 3]).reshape(pix.height, pix.width, 3)
+    return rows[:, : pix.width * 3].copy().reshape(pix.height, pix.width, 3)
 
 
 def open_document(data: bytes, uri: str) -> pymupdf.Document:

@@ -12,7 +12,7 @@ import pytest
 
 from conftest import CORPUS, ROOT
 from pipeline.isolation import IsolatedRasterizer
-from pipeline.rasterize import DocumentError, RasterOptions, rasterize, render_scale
+from pipeline.rasterize import DocumentError, RasterOptions, rasterize, render_page, render_scale
 
 SAMPLES = ROOT / "samples"
 
@@ -154,3 +154,18 @@ def test_pages_per_core_speed_is_recorded(renderer):
     t = time.perf_counter()
     pages = _render_all(renderer, SAMPLES / "report.pdf")
     assert pages and time.perf_counter() - t < 30
+
+
+def test_rendered_pixels_survive_the_pixmap():
+    """The array must own its memory: a view of the pixmap's samples is overwritten once the pixmap is freed."""
+    import gc
+
+    doc = pymupdf.open()
+    doc.new_page(width=300, height=300)  # blank white page
+    page = doc.load_page(0)
+    arr = render_page(page, 300, 300 * 300)
+    gc.collect()
+    for _ in range(20):  # churn the allocator
+        pymupdf.open().new_page().get_pixmap(matrix=pymupdf.Matrix(3, 3))
+    assert arr.flags.owndata or arr.base is not None and arr.base.flags.owndata
+    assert arr.min() == 255 and arr.shape == (300, 300, 3)
