@@ -8,7 +8,6 @@ processor, which needs torchvision even for images; and the PIL image processor 
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from dataclasses import dataclass
@@ -17,53 +16,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from engine.interface import PageRequest, PageResult, SamplingParams
-
-SUPPORTED_MODEL_TYPES = ("qwen3_5",)
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def read_checkpoint_config(checkpoint_dir: str | Path) -> dict:
-    """config.json of a checkpoint folder, after checking it is one we can run."""
-    folder = Path(checkpoint_dir)
-    if not folder.is_dir():
-        raise ValueError(f"checkpoint folder {str(folder)!r} does not exist: pass the folder holding config.json")
-    cfg_path = folder / "config.json"
-    if not cfg_path.is_file():
-        raise ValueError(f"{str(folder)!r} has no config.json: it is not a HF checkpoint folder")
-    try:
-        cfg = json.loads(cfg_path.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{cfg_path} is not valid JSON: {e}") from e
-    model_type = cfg.get("model_type")
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise ValueError(
-            f"{cfg_path} has model_type={model_type!r}; this backend runs {SUPPORTED_MODEL_TYPES} "
-            "(a Qwen3.5 VL checkpoint, e.g. one built by jobs/make_tiny_checkpoint.py)"
-        )
-    return cfg
-
-
-def checkpoint_model_id(checkpoint_dir: str | Path) -> str:
-    """'<folder name>-<first 10 hex of sha256(config.json)>'."""
-    folder = Path(checkpoint_dir)
-    digest = hashlib.sha256((folder / "config.json").read_bytes()).hexdigest()[:10]
-    return f"{folder.resolve().name}-{digest}"
-
-
-def resolve_dtype(dtype: str, device: str) -> torch.dtype:
-    if dtype == "auto":
-        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
-    if dtype not in _DTYPES:
-        raise ValueError(f"dtype={dtype!r}: use one of {['auto', *_DTYPES]}")
-    return _DTYPES[dtype]
-
+from engine.checkpoint import inspect_checkpoint
+from engine.interface import PageRequest, PageResult, SamplingParams, seed_for_request
+from engine.model_runner import resolve_dtype
 
 def request_seed(req: PageRequest) -> int:
-    """The request's seed, or one derived from its id (stable across processes, unlike hash())."""
-    if req.sampling.seed is not None:
-        return int(req.sampling.seed)
-    return int.from_bytes(hashlib.sha256(req.request_id.encode()).digest()[:8], "little") & (2**63 - 1)
+    return int(req.sampling.seed) if req.sampling.seed is not None else seed_for_request(req.request_id)
 
 
 def check_request(req: PageRequest) -> None:
@@ -115,16 +73,19 @@ class TransformersBackend:
         max_new_tokens: int = SamplingParams.max_tokens,
     ):
         """max_new_tokens caps every request's sampling.max_tokens (a request over it ends with finish "length")."""
-        self.config = read_checkpoint_config(checkpoint_dir)
+        info = inspect_checkpoint(checkpoint_dir)  # names what is wrong: folder, config.json, model_type, tensors
+        if info.text_only:
+            raise ValueError(f"{checkpoint_dir}: a page parser needs a vision checkpoint (model_type qwen3_5)")
+        self.config = json.loads((Path(checkpoint_dir) / "config.json").read_text())
         if max_batch_size < 1 or max_new_tokens < 1:
             raise ValueError(f"max_batch_size and max_new_tokens must be >= 1, got {max_batch_size}, {max_new_tokens}")
         from transformers import AutoTokenizer, Qwen3_5ForConditionalGeneration
         from transformers.models.auto.image_processing_auto import AutoImageProcessor
 
         self.checkpoint_dir = Path(checkpoint_dir)
-        self.model_id = checkpoint_model_id(checkpoint_dir)
+        self.model_id = info.model_id
         self.device = torch.device(device)
-        self.dtype = resolve_dtype(dtype, device)
+        self.dtype = resolve_dtype(dtype, self.device)
         self.max_batch_size = max_batch_size
         self.max_new_tokens = max_new_tokens
 

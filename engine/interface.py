@@ -4,6 +4,7 @@ Plain dataclasses and numpy only, so the engine imports on machines without pyda
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -40,6 +41,11 @@ class PageResult:
     ttft_s: float = 0.0  # request submitted -> first output token
     decode_s: float = 0.0  # first token -> last token
     total_s: float = 0.0
+
+
+def seed_for_request(request_id: str) -> int:
+    """The seed of a request that gives none: stable across processes and machines (unlike hash())."""
+    return int.from_bytes(hashlib.sha256(request_id.encode()).digest()[:8], "little") & (2**63 - 1)
 
 
 class ParseBackend(Protocol):

@@ -1,7 +1,6 @@
 """Engine: requests in, tokens and text out. add_request / step / generate over the scheduler and model runner."""
 from __future__ import annotations
 
-import hashlib
 import itertools
 import time
 from dataclasses import dataclass, field
@@ -14,7 +13,7 @@ import torch
 from engine.block_manager import BlockManager, blocks_for
 from engine.checkpoint import expected_tensors, inspect_checkpoint, iter_checkpoint_tensors, load_weights
 from engine.config import ModelConfig
-from engine.interface import SamplingParams
+from engine.interface import SamplingParams, seed_for_request
 from engine.model_runner import ModelRunner, resolve_dtype
 from engine.models.qwen3_5 import Qwen3_5Model
 from engine.processor import Processor
@@ -95,10 +94,6 @@ class EngineOptions:
     compile: bool = True  # torch.compile the element-wise glue ops (CUDA only)
     text_only: bool = False
 
-
-def seed_for_request(request_id: str) -> int:
-    """A stable per-request seed (unlike hash(), the same in every process)."""
-    return int.from_bytes(hashlib.sha256(request_id.encode()).digest()[:8], "little") & (2**63 - 1)
 
 
 class Engine:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.interface import PageRequest, PageResult, SamplingParams
-from engine.llm_engine import Engine, RequestRejected, seed_for_request
+from engine.interface import PageRequest, PageResult, SamplingParams, seed_for_request
+from engine.llm_engine import Engine, RequestRejected
 from engine.processor import ProcessorError
 
 

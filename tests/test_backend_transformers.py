@@ -140,9 +140,9 @@ def test_sampling_seeds_reproducible(backend):
 
 
 def test_construction_errors(tmp_path, ckpt):
-    with pytest.raises(ValueError, match="does not exist"):
+    with pytest.raises(ValueError, match="checkpoint folder not found"):
         TransformersBackend(tmp_path / "nope")
-    with pytest.raises(ValueError, match="no config.json"):
+    with pytest.raises(ValueError, match="config.json"):
         TransformersBackend(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
     with pytest.raises(ValueError, match="model_type='llama'"):
