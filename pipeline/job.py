@@ -200,14 +200,16 @@ def _stream_and_commit(ds, prep: Prepared, stats: RunStats) -> None:
             flush()
 
     with tqdm(total=len(plan.todo), desc="documents", unit="doc") as progress:
-        for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
-            for row in batch.to_pylist():
-                done = assembler.add(row)
-                if done:
-                    add_document(done)
-        for uri, got, expected in assembler.incomplete():  # never drop a document silently
-            add_document([_incomplete_row(prep, uri, got, expected)])
-        flush()
+        try:
+            for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
+                for row in batch.to_pylist():
+                    done = assembler.add(row)
+                    if done:
+                        add_document(done)
+            for uri, got, expected in assembler.incomplete():  # never drop a document silently
+                add_document([_incomplete_row(prep, uri, got, expected)])
+        finally:
+            flush()  # whole documents finished before a failure are kept; the rest is redone on the next run
 
 
 def _incomplete_row(prep: Prepared, uri: str, got: int, expected: int) -> dict:
