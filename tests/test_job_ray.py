@@ -85,8 +85,19 @@ def test_sample_corpus_through_s3_then_resume(s3_server, s3_client, tiny_checkpo
 
 
 def _parse_actor_pids():
+    """Engine actors of the Ray this test process started (descendants of it), not of any other Ray on the host."""
+    import psutil
+
+    me = os.getpid()
     out = subprocess.run(["pgrep", "-f", "ParseStage"], capture_output=True, text=True).stdout.split()
-    return [int(p) for p in out if int(p) != os.getpid()]
+    pids = []
+    for pid in map(int, out):
+        try:
+            if pid != me and any(p.pid == me for p in psutil.Process(pid).parents()):
+                pids.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return pids
 
 
 def test_killed_engine_actor_is_replaced_and_its_work_redone(tmp_path, tiny_checkpoint):
