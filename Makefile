@@ -31,7 +31,7 @@ run: $(STAMP) $(if $(filter models/tiny-random,$(MODEL)),models/tiny-random/conf
 	$(PY) jobs/parse_corpus.py --config configs/default.yaml --checkpoint $(MODEL) $(ARGS)
 
 test: $(STAMP)
-	TRITON_INTERPRET=1 timeout 1500 $(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+	TRITON_INTERPRET=1 timeout 2400 $(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
 	TRITON_INTERPRET=1 $(PY) -m pytest -q -m "not ray and not slow" $(PYTEST_ARGS)
