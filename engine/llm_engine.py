@@ -92,6 +92,7 @@ class EngineOptions:
     gpu_memory_utilization: float = 0.9
     enforce_eager: bool = False  # no CUDA graphs
     compile: bool = True  # torch.compile the element-wise glue ops (CUDA only)
+    fused_decode: bool = False  # decode through the fused kernels (kernels/fused_*.py): fewer launches per step
     text_only: bool = False
 
 
@@ -115,7 +116,8 @@ class Engine:
                                   block_size=opts.block_size, num_blocks=opts.num_blocks,
                                   kv_cache_memory_gb=opts.kv_cache_memory_gb,
                                   gpu_memory_utilization=opts.gpu_memory_utilization,
-                                  use_cuda_graphs=not opts.enforce_eager, compile_glue=opts.compile)
+                                  use_cuda_graphs=not opts.enforce_eager, compile_glue=opts.compile,
+                                  fused_decode=opts.fused_decode)
         self.block_manager = BlockManager(self.runner.cache.num_blocks, opts.block_size)
         self.scheduler = Scheduler(self.block_manager, StatePool(opts.max_num_seqs), opts.max_num_seqs, mnbt)
         self.sampler = Sampler()

@@ -52,8 +52,10 @@ class ModelRunner:
     def __init__(self, model: Qwen3_5Model, cfg: ModelConfig, device: torch.device, dtype: torch.dtype,
                  max_num_seqs: int, max_model_len: int, max_num_batched_tokens: int, block_size: int = 16,
                  num_blocks: int | None = None, kv_cache_memory_gb: float | None = None,
-                 gpu_memory_utilization: float = 0.9, use_cuda_graphs: bool = True, compile_glue: bool = True):
+                 gpu_memory_utilization: float = 0.9, use_cuda_graphs: bool = True, compile_glue: bool = True,
+                 fused_decode: bool = False):
         self.model, self.cfg, self.device, self.dtype = model, cfg, device, dtype
+        model.language_model.set_fused_decode(fused_decode)
         if compile_glue and device.type == "cuda":
             model.language_model.set_glue(self._compiled_glue())
         t = cfg.text

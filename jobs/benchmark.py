@@ -9,6 +9,8 @@ move (weights + KV read + GDN state read/write) over the device-to-device copy b
 
     python jobs/benchmark.py --device cuda --out $OUT/bench            # real Qwen3.5-4B shape, bf16 (H200)
     python jobs/benchmark.py --device cpu --tiny --out /tmp/bench      # tiny shapes on CPU (exercises the code)
+    --fused-decode: the native engine runs again with EngineOptions(fused_decode=True) (engine "native_fused"), and
+    the greedy tokens / logits of both native variants are compared on a few requests ("fused_check" in meta).
 
 Writes <out>/benchmark.json and <out>/benchmark.png.
 """
@@ -148,7 +150,7 @@ def decode_bytes(cfg, model, batch: int, context: float, dtype) -> dict:
 
 # ---------------------------------------------------------------------------------------------------- runners
 
-def run_native(engine: Engine, kind, batch, args, rng, bw, cfg, dtype) -> dict:
+def run_native(engine: Engine, kind, batch, args, rng, bw, cfg, dtype, name="native") -> dict:
     reqs = make_requests(kind, batch, args, cfg, rng)
     for r in reqs:
         r["ignore_eos"] = True
@@ -174,7 +176,7 @@ def run_native(engine: Engine, kind, batch, args, rng, bw, cfg, dtype) -> dict:
     roof_s = roof["total"] / bw
     total_out = sum(o.output_tokens for o in outs)
     return dict(
-        engine="native", scenario=kind, batch=batch, prompt_tokens=prompt, output_tokens=gen, wall_s=wall,
+        engine=name, scenario=kind, batch=batch, prompt_tokens=prompt, output_tokens=gen, wall_s=wall,
         total_tok_s=total_out / wall, per_seq_decode_tok_s=statistics.mean(o.decode_tokens_per_s for o in outs),
         ttft_ms_mean=1e3 * statistics.mean(o.ttft_s for o in outs),
         ttft_ms_p50=1e3 * statistics.median(o.ttft_s for o in outs),
@@ -239,6 +241,8 @@ def plot(results: list[dict], path: Path) -> None:
     groups = sorted({(r["scenario"], r["batch"]) for r in results})
     series = [("native", "decode_step_ms", (31, 119, 180)), ("transformers", "decode_step_ms", (255, 127, 14)),
               ("roofline", "roofline_ms", (44, 160, 44))]
+    if any(r["engine"] == "native_fused" for r in results):
+        series.append(("native_fused", "decode_step_ms", (148, 103, 189)))
     W, H, pad = 200 + 90 * len(groups), 760, 60
     img = Image.new("RGB", (W, H), "white")
     d = ImageDraw.Draw(img)
@@ -294,6 +298,8 @@ def main(argv=None):
     ap.add_argument("--skip-transformers", action="store_true")
     ap.add_argument("--enforce-eager", action="store_true", help="native engine without CUDA graphs")
     ap.add_argument("--no-compile", action="store_true", help="native engine without torch.compile'd glue ops")
+    ap.add_argument("--fused-decode", action="store_true",
+                    help="also run the native engine with fused decode kernels (EngineOptions(fused_decode=True))")
     args = ap.parse_args(argv)
     tiny = args.tiny
     defaults = dict(text_prompt=(40, 512), text_gen=(16, 256), page_image_tokens=(16, 1296), page_gen=(12, 750))
@@ -315,12 +321,12 @@ def main(argv=None):
     max_len = max(args.text_prompt + args.text_gen, args.page_image_tokens + 24 + args.page_gen)
     block = 32
     max_len = -(-max_len // block) * block
-    opts = EngineOptions(max_num_seqs=max(batches), max_model_len=max_len, block_size=block,
+    opts = dict(max_num_seqs=max(batches), max_model_len=max_len, block_size=block,
                          num_blocks=max(batches) * (max_len // block) + 1, enforce_eager=args.enforce_eager,
                          compile=not args.no_compile,
                          max_num_batched_tokens=8192 if device.type == "cuda" else 512)
     t = time.perf_counter()
-    engine = Engine(cfg, hf.state_dict().items(), device=device, dtype=dtype, options=opts)
+    engine = Engine(cfg, hf.state_dict().items(), device=device, dtype=dtype, options=EngineOptions(**opts))
     build_s = time.perf_counter() - t
     meta = dict(device=str(device), gpu=torch.cuda.get_device_name(device) if device.type == "cuda" else
                 platform.processor() or "cpu", dtype=str(dtype), tiny=tiny, fla_available=fla_available(),
@@ -336,15 +342,29 @@ def main(argv=None):
         print(json.dumps({k: v for k, v in r.items() if k != "roofline_bytes"}), flush=True)
         (out / "benchmark.json").write_text(json.dumps(dict(meta=meta, results=results), indent=2))
 
-    for kind in scenarios:  # warm-up: compiles kernels and autotunes for this scenario's shapes
-        engine.generate([dict(r, ignore_eos=True, sampling=SamplingParams(max_tokens=4))
-                         for r in make_requests(kind, min(2, max(batches)), args, cfg, rng)])
-        for b in batches:
-            record(run_native(engine, kind, b, args, rng, bw, cfg, dtype))
-    del engine
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
+    variants = [("native", False)] + ([("native_fused", True)] if args.fused_decode else [])
+    check_reqs = [dict(r, ignore_eos=True, keep_logits=True, sampling=SamplingParams(max_tokens=min(32, args.text_gen)))
+                  for r in make_requests("text", 4, args, cfg, np.random.default_rng(1))]
+    checks = {}
+    for name, fused in variants:
+        if engine is None:
+            engine = Engine(cfg, hf.state_dict().items(), device=device, dtype=dtype,
+                            options=EngineOptions(**opts, fused_decode=fused))
+        if args.fused_decode:
+            checks[name] = engine.generate([dict(r) for r in check_reqs])
+        for kind in scenarios:  # warm-up: compiles kernels and autotunes for this scenario's shapes
+            engine.generate([dict(r, ignore_eos=True, sampling=SamplingParams(max_tokens=4))
+                             for r in make_requests(kind, min(2, max(batches)), args, cfg, rng)])
+            for b in batches:
+                record(run_native(engine, kind, b, args, rng, bw, cfg, dtype, name))
+        engine = None
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    if args.fused_decode:
+        meta["fused_check"] = compare_outputs(checks["native"], checks["native_fused"])
+        print("fused_check", json.dumps(meta["fused_check"]), flush=True)
+        (out / "benchmark.json").write_text(json.dumps(dict(meta=meta, results=results), indent=2))
     if not args.skip_transformers:
         for kind in scenarios:
             run_transformers(hf, kind, 1, dict_args(args, hf_max_new=2), rng, cfg, device, dtype)  # warm-up
@@ -362,6 +382,23 @@ def main(argv=None):
     plot(results, out / "benchmark.png")
     print(f"wrote {out / 'benchmark.json'} and {out / 'benchmark.png'}")
     return results
+
+
+def compare_outputs(ref, other) -> dict:
+    """Greedy outputs of two native variants: per request, how many leading tokens agree, and the largest logit
+    difference over those steps (random weights in bf16 can make near-ties flip, so a late divergence with small
+    logit differences is rounding; an early one with large differences is a bug)."""
+    agree, max_diff = [], 0.0
+    for a, b in zip(ref, other):
+        n = next((i for i, (x, y) in enumerate(zip(a.output_token_ids, b.output_token_ids)) if x != y),
+                 min(a.output_tokens, b.output_tokens))
+        agree.append(n)
+        steps = max(1, n)  # the logits of the first differing step are comparable too
+        steps = min(steps + 1, a.logits.shape[0], b.logits.shape[0])
+        max_diff = max(max_diff, float((a.logits[:steps].float() - b.logits[:steps].float()).abs().max()))
+    return dict(tokens=[o.output_tokens for o in ref], leading_tokens_equal=agree,
+                all_equal=all(a.output_token_ids == b.output_token_ids for a, b in zip(ref, other)),
+                max_abs_logit_diff=max_diff)
 
 
 def dict_args(args, **over):

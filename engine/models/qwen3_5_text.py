@@ -59,7 +59,11 @@ class GatedAttention(nn.Module):
         self.k_cache = self.v_cache = torch.empty(0)
         self.glue = Glue()
 
+    fused_decode = False  # decode: one fused kernel for q/k norm + rotary + KV store (TextModel.set_fused_decode)
+
     def forward(self, x, meta: StepMetadata, cos, sin):
+        if self.fused_decode and not meta.is_prefill:
+            return self._fused_decode(x, meta, cos, sin)
         q, k, v, gate = self.glue.attention_inputs(F.linear(x, self.qkv_proj.weight), self.q_norm.weight,
                                                    self.k_norm.weight, cos, sin, self.q_norm.eps, self.nh, self.nkv,
                                                    self.hd)
@@ -70,6 +74,14 @@ class GatedAttention(nn.Module):
             o = ops.paged_decode_attention(q, self.k_cache, self.v_cache, meta.block_tables, meta.context_lens,
                                            self.scale)
         return F.linear(self.glue.gated_output(o, gate), self.o_proj.weight)
+
+    def _fused_decode(self, x, meta: StepMetadata, cos, sin):
+        qkv = F.linear(x, self.qkv_proj.weight)
+        q = ops.fused_attn_decode_inputs(qkv, self.q_norm.weight, self.k_norm.weight, cos, sin, self.q_norm.eps,
+                                         self.nh, self.nkv, self.hd, self.k_cache, self.v_cache, meta.slot_mapping)
+        o = ops.paged_decode_attention(q, self.k_cache, self.v_cache, meta.block_tables, meta.context_lens, self.scale)
+        gate = qkv[:, :self.nh * 2 * self.hd].view(-1, self.nh, 2 * self.hd)[..., self.hd:]  # a view, no copy
+        return F.linear(self.glue.gated_output(o, gate).reshape(x.shape[0], -1), self.o_proj.weight)
 
     def _prefill_attention(self, q, meta: StepMetadata):
         """Each sequence's chunk attends causally to its whole cached context (earlier chunks + itself)."""
@@ -115,9 +127,16 @@ class GatedDeltaNet(nn.Module):
         self.conv_state = self.ssm_state = torch.empty(0)
         self.glue = Glue()
 
+    fused_decode = False  # decode: one fused kernel from conv to gated norm (TextModel.set_fused_decode)
+
     def forward(self, x, meta: StepMetadata, cos=None, sin=None):
         N = x.shape[0]
         qkv, z, ba = F.linear(x, self.in_proj.weight).split([self.conv_dim, self.value_dim, 2 * self.hv], dim=-1)
+        if self.fused_decode and not meta.is_prefill:
+            o = ops.fused_gdn_decode(qkv, z.view(N, self.hv, self.dv), ba[:, :self.hv], ba[:, self.hv:],
+                                     self.conv_state, self.conv1d.weight, self.A_log, self.dt_bias, self.norm.weight,
+                                     self.ssm_state, meta.state_idx, self.eps)
+            return F.linear(o.reshape(N, self.value_dim), self.out_proj.weight)
         g, beta = self.glue.gdn_gates(ba, self.A_log, self.dt_bias)
         if meta.is_prefill:
             y = conv1d_prefill_varlen(qkv, self.conv1d.weight, self.conv_state, meta.state_slots, meta.query_lens)
@@ -180,6 +199,11 @@ class TextModel(nn.Module):
     def set_glue(self, glue: Glue) -> None:
         for layer in self.layers:
             layer.mixer.glue = glue
+
+    def set_fused_decode(self, on: bool) -> None:
+        """Decode steps through the fused kernels (kernels/fused_*.py) instead of the per-op path."""
+        for layer in self.layers:
+            layer.mixer.fused_decode = on
 
     def forward(self, x: torch.Tensor, meta: StepMetadata, cos, sin) -> torch.Tensor:
         residual = None
