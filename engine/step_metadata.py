@@ -104,6 +104,7 @@ class DecodeInputs:
                      for _ in range(2)]
         self.dev = {k: torch.zeros(shape(k), dtype=d, device=device) for k, d in self.NAMES.items()}
         self._turn = 0
+        self.width = max_blocks  # block-table columns the next step reads
         # per staging set: (row owner, blocks written) of each block-table row; tables grow one block per
         # block_size tokens, so most steps rewrite no row at all
         self._rows = [[None] * max_batch for _ in range(2)]
@@ -120,6 +121,9 @@ class DecodeInputs:
         h["state_idx"][:B] = state_idx
         h["context_lens"][:B] = context_lens
         bt = h["block_tables"]
+        # Eager steps read only the table columns in use (the CPU reference gathers every column it is given);
+        # with no rows (graph capture) the full width, which captured graphs keep.
+        self.width = max((len(row) for row in block_tables), default=self.max_blocks) or self.max_blocks
         for i, row in enumerate(block_tables):
             key = (row_owners[i], len(row)) if row_owners is not None else None
             if key is None or rows[i] != key:
@@ -138,4 +142,4 @@ class DecodeInputs:
         return StepMetadata(
             is_prefill=False, num_tokens=padded, positions=d["positions"][:padded],
             slot_mapping=d["slot_mapping"][:padded], state_idx=d["state_idx"][:padded],
-            block_tables=d["block_tables"][:padded], context_lens=d["context_lens"][:padded])
+            block_tables=d["block_tables"][:padded, :self.width], context_lens=d["context_lens"][:padded])
