@@ -158,6 +158,7 @@ def run(prep: Prepared, echo=print) -> dict:
             res = ray.cluster_resources()
             pools = size_pools(cfg, res.get("CPU", 1.0), int(res.get("GPU", 0)))
             stats.engine_actors, stats.gpus = pools.engines, pools.engines * pools.gpus_per_engine
+            stats.raster_actors = pools.raster_max
             echo(f"engines: {pools.engines} x {'GPU' if pools.gpus_per_engine else 'CPU'}; "
                  f"rasterizers: up to {pools.raster_max} x {pools.raster_cpus:.2f} CPU")
             t0 = time.perf_counter()

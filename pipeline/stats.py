@@ -29,6 +29,8 @@ class RunStats:
     errors: Counter = field(default_factory=Counter)  # error kind -> documents
     output_tokens: int = 0
     prompt_tokens: int = 0
+    raster_actors: int = 1
+    engine_busy_s: float = 0.0
     raster_s: list[float] = field(default_factory=list)
     parse_s: list[float] = field(default_factory=list)
     ttft_s: list[float] = field(default_factory=list)
@@ -47,6 +49,7 @@ class RunStats:
             self.output_tokens += r["output_tokens"] or 0
             self.prompt_tokens += r["prompt_tokens"] or 0
             self.raster_s.append(r["raster_s"] or 0.0)
+            self.engine_busy_s += r["engine_s"] or 0.0
             if r["parse_s"] is not None:
                 self.parse_s.append(r["parse_s"])
             if r["ttft_s"] is not None:
@@ -78,6 +81,12 @@ class RunStats:
             "gpus": self.gpus,
             "pages_per_s_per_engine": n_pages / wall / per,
             "output_tokens_per_s_per_engine": self.output_tokens / wall / per,
+            # Busy shares over the streaming time after the first result (start-up excluded): an engine share well
+            # under 1 means the GPUs waited (on rasterizing, or the tail); raster share is the CPU side's load.
+            "engine_busy_fraction": self.engine_busy_s / max(self.wall_s - self.first_result_s, 1e-9) / per,
+            "raster_busy_fraction": sum(self.raster_s) / max(self.wall_s - self.first_result_s, 1e-9)
+            / max(self.raster_actors, 1),
+            "raster_actors": self.raster_actors,
             "prompt_tokens": self.prompt_tokens,
             "output_tokens": self.output_tokens,
             "raster_s_per_page": percentiles(self.raster_s),
@@ -121,6 +130,8 @@ def format_table(s: dict) -> str:
         f"{'pages/s':<24}{s['pages_per_s']:>10.3f}   per engine {s['pages_per_s_per_engine']:.3f}   "
         f"after first result ({s['first_result_s']:.1f} s) {s['steady_pages_per_s']:.3f}",
         f"{'output tokens/s':<24}{s['output_tokens_per_s']:>10.1f}   per engine {s['output_tokens_per_s_per_engine']:.1f}",
+        f"{'busy share':<24}engines {s['engine_busy_fraction']:.2f}   rasterizers {s['raster_busy_fraction']:.2f} "
+        f"(of up to {s['raster_actors']})",
         f"{'raster ms/page':<24}{pct(s['raster_s_per_page'])}",
         f"{'parse ms/page':<24}{pct(s['parse_s_per_page'])}",
         f"{'time to first token ms':<24}{pct(s['ttft_s'])}",

@@ -1,0 +1,44 @@
+"""The stats table: throughput, busy shares, cost per million pages, errors by kind, flat (metric, value) rows."""
+import math
+
+from pipeline.output import DocMeta, document_row
+from pipeline.schema import PAGE_SCHEMA, empty_row
+from pipeline.stats import RunStats, format_table
+
+
+def page(uri, i, n, tokens, engine_s=0.5, raster_s=0.02):
+    return empty_row(PAGE_SCHEMA, uri=uri, sha256="s", page_index=i, page_count=n, total_pages=n, status="ok",
+                     prompt_tokens=100, output_tokens=tokens, raster_s=raster_s, parse_s=1.0, ttft_s=0.1,
+                     engine_s=engine_s)
+
+
+def test_summary_numbers():
+    stats = RunStats("r", engine_actors=2, gpus=2, usd_per_gpu_hour=3.6, raster_actors=4)
+    for uri, n in (("a", 3), ("b", 1)):
+        rows = [page(uri, i, n, tokens=50) for i in range(n)]
+        stats.add_document(document_row("r", rows, DocMeta(1, 1, 1), 500), rows)
+    err = [empty_row(PAGE_SCHEMA, uri="c", page_index=-1, page_count=0, total_pages=0, status="error",
+                     error_kind="encrypted", error="needs a password")]
+    stats.add_document(document_row("r", err, DocMeta(1, 1, 1), 500), err)
+    stats.wall_s, stats.first_result_s = 11.0, 1.0
+    s = stats.summary()
+    assert (s["documents"], s["documents_ok"], s["documents_error"], s["pages"]) == (3, 2, 1, 4)
+    assert math.isclose(s["pages_per_s"], 4 / 11) and math.isclose(s["pages_per_s_per_engine"], 2 / 11)
+    assert math.isclose(s["output_tokens_per_s"], 200 / 11)
+    assert math.isclose(s["engine_busy_fraction"], 4 * 0.5 / 10 / 2)  # 2 engine-seconds over 2 engines x 10 s
+    assert math.isclose(s["raster_busy_fraction"], 4 * 0.02 / 10 / 4)
+    usd = 11 / 3600 * 2 * 3.6
+    assert math.isclose(s["usd"], usd) and math.isclose(s["usd_per_million_pages"], usd / 4 * 1e6)
+    assert s["errors_by_kind"] == {"encrypted": 1}
+    table = stats.table()
+    metrics = dict(zip(table.column("metric").to_pylist(), table.column("value").to_pylist()))
+    assert metrics["pages"] == 4 and metrics["errors_by_kind.encrypted"] == 1 and "ttft_s.p50" in metrics
+    text = format_table(s)
+    assert "pages/s" in text and "encrypted 1" in text and "per million pages" in text
+
+
+def test_cpu_run_bills_engine_actors():
+    stats = RunStats("r", engine_actors=1, gpus=0, usd_per_gpu_hour=1.0)
+    stats.wall_s = 3600.0
+    s = stats.summary()
+    assert s["usd"] == 1.0 and "CPU" in s["cost_basis"] and math.isnan(s["usd_per_million_pages"])
