@@ -54,7 +54,7 @@ class ModelConfig(Strict):
     temperature: float = Field(0.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(0, ge=0)
-    seed: int = 0
+    seed: int | None = Field(None, description="null = each page's own seed, derived from its sha256 and index")
     options: dict = Field(default_factory=dict, description="extra keyword arguments for the backend")
 
 

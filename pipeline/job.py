@@ -134,7 +134,10 @@ def build_dataset(ray, prep: Prepared, pools: PoolSizes):
     return ds.map_batches(
         ParseStage, batch_size=cfg.parse.batch_size, batch_format="pyarrow",
         fn_constructor_kwargs=dict(
-            run_id=prep.run_id, backend_name=m.backend, checkpoint_dir=prep.checkpoint_dir,
+            # A remote checkpoint is copied by each engine's node into its own cache; a local one is the path
+            # the driver resolved (absolute, so the workers' working directory does not matter).
+            run_id=prep.run_id, backend_name=m.backend, storage=cfg.storage, cache_dir=cfg.run.cache_dir,
+            checkpoint=prep.checkpoint_dir if resolve(m.checkpoint, cfg.storage).scheme == "file" else m.checkpoint,
             device="cuda" if pools.gpus_per_engine else "cpu", dtype=m.dtype, prompt=m.prompt,
             sampling=dict(max_tokens=m.max_tokens, temperature=m.temperature, top_p=m.top_p, top_k=m.top_k, seed=m.seed),
             fallback_to_text_layer=cfg.parse.fallback_to_text_layer, options=m.options),

@@ -15,6 +15,7 @@ import pyarrow as pa
 from pipeline.isolation import IsolatedRasterizer
 from pipeline.rasterize import DocumentError, RasterOptions, filetype_for
 from pipeline.schema import PAGE_SCHEMA, RASTER_SCHEMA, empty_row
+from pipeline.checkpoint import localize
 from pipeline.config import StorageConfig
 from pipeline.storage import read_bytes, resolve
 
@@ -78,13 +79,15 @@ class RasterizeStage:
 class ParseStage:
     """Holds one engine (loaded once per actor) and parses batches of page rows."""
 
-    def __init__(self, run_id: str, backend_name: str, checkpoint_dir: str, device: str, dtype: str,
-                 sampling: dict, prompt: str, fallback_to_text_layer: bool, options: dict | None = None):
+    def __init__(self, run_id: str, backend_name: str, checkpoint: str, storage: StorageConfig, cache_dir: str,
+                 device: str, dtype: str, sampling: dict, prompt: str, fallback_to_text_layer: bool,
+                 options: dict | None = None):
         from engine.backends import load_backend
         from engine.interface import SamplingParams
 
         self.run_id, self.prompt, self.fallback = run_id, prompt, fallback_to_text_layer
         self.sampling = SamplingParams(**sampling)
+        checkpoint_dir = localize(checkpoint, storage, cache_dir)  # this node's copy (the driver's may be elsewhere)
         self.backend = load_backend(backend_name, checkpoint_dir, device=device, dtype=dtype, **(options or {}))
 
     def __call__(self, batch: pa.Table) -> pa.Table:

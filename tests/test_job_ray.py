@@ -55,12 +55,17 @@ def make_pdfs(folder, n, pages=2):
         doc.save(folder / f"doc{i:02d}.pdf")
 
 
-def test_sample_corpus_through_s3_then_resume(s3_server, s3_client, tiny_checkpoint):
+def test_sample_corpus_through_s3_then_resume(s3_server, s3_client, tiny_checkpoint, tmp_path):
+    """Input, output and the checkpoint all in S3 (the checkpoint is copied into a local cache before use)."""
     s3_client.create_bucket(Bucket="archive")
     for f in SAMPLES.rglob("*"):
         if f.is_file():
             s3_client.upload_file(str(f), "archive", f"in/{f.relative_to(SAMPLES)}")
-    cfg = job_config(tiny_checkpoint, ["s3://archive/in"], "s3://archive/out", storage={"s3_endpoint": s3_server})
+    for f in tiny_checkpoint.iterdir():
+        s3_client.upload_file(str(f), "archive", f"models/tiny/{f.name}")
+    cfg = job_config("s3://archive/models/tiny", ["s3://archive/in"], "s3://archive/out",
+                     storage={"s3_endpoint": s3_server}, run={"cache_dir": str(tmp_path / "cache")})
+    assert not (tmp_path / "cache").exists()
     summary = run(prepare(cfg), echo=lambda *_: None)
     assert (summary["documents"], summary["documents_ok"], summary["documents_error"]) == (6, 5, 1)
     assert summary["pages"] == 7 and summary["errors_by_kind"] == {"not_pdf": 1}
@@ -81,6 +86,8 @@ def test_sample_corpus_through_s3_then_resume(s3_server, s3_client, tiny_checkpo
     assert again.plan.skipped["already done"] == 5 and [m.attempt for m in again.plan.todo.values()] == [2]
     run(again, echo=lambda *_: None)
     docs, _ = assert_exactly_once(store, uris)
+    [cached] = list((tmp_path / "cache").iterdir())
+    assert (cached / "model.safetensors").read_bytes() == (tiny_checkpoint / "model.safetensors").read_bytes()
     assert {d["uri"].rsplit("/", 1)[1]: d["attempt"] for d in docs.to_pylist()}["download-error.pdf"] == 2
 
 
