@@ -39,15 +39,26 @@ def load_config(path: Path, overrides: list[str]) -> dict:
     return cfg
 
 
-def synth_config(cfg: dict):
+def synth_config(cfg: dict, page_index: int | None = None):
+    """Page settings of the final (evaluation) distribution, or of training page `page_index` under the curriculum."""
     from pipeline.synthetic import SynthConfig
 
+    d = curriculum_stage(cfg, page_index) if page_index is not None else cfg["data"]
     return SynthConfig(
         target_longest_px=cfg["image"]["target_longest_px"],
         max_pixels=cfg["image"]["max_pixels"],
-        font_px=tuple(cfg["data"]["font_px"]),
-        max_chars=tuple(cfg["data"]["max_chars"]),
+        font_px=tuple(d["font_px"]),
+        max_chars=tuple(d["max_chars"]),
     )
+
+
+def curriculum_stage(cfg: dict, page_index: int) -> dict:
+    """data.curriculum: stages [{until_page, font_px, max_chars}, ...] in order; pages past the last stage use
+    data.font_px / data.max_chars. Keyed on the page index, so data-loader workers and resumed runs agree."""
+    for stage in cfg["data"].get("curriculum") or []:
+        if page_index < stage["until_page"]:
+            return stage
+    return cfg["data"]
 
 
 # ---------------------------------------------------------------- prepare (CPU)
@@ -118,9 +129,21 @@ def prepare(cfg: dict, synth: Path, model_dir: Path) -> None:
     ids = write_processor_files(model_dir, tok, cfg["image"]["min_pixels"], cfg["image"]["max_pixels"],
                                 cfg["model"]["vision"]["patch_size"], cfg["model"]["vision"]["spatial_merge_size"],
                                 cfg["model"]["vision"]["temporal_patch_size"])
+    set_pixel_normalisation(model_dir, cfg["image"].get("image_mean", 0.5), cfg["image"].get("image_std", 0.5))
     conf = hf_config(cfg, ids)
     conf.save_pretrained(model_dir)
     print("wrote", sorted(p.name for p in model_dir.iterdir()))
+
+
+def set_pixel_normalisation(model_dir: Path, mean: float, std: float) -> None:
+    """Rewrite image_mean/std (all channels) in the processor configs. mean 1.0 maps white paper to 0: blank patches
+    then give the patch embedding no input, so the vision tower cannot grow a page-independent constant from them
+    (the collapse seen in run 1, see bench/results/ocria_tiny_commands.md)."""
+    for name in ("preprocessor_config.json", "video_preprocessor_config.json"):
+        path = model_dir / name
+        d = json.loads(path.read_text())
+        d["image_mean"], d["image_std"] = [float(mean)] * 3, [float(std)] * 3
+        path.write_text(json.dumps(d, indent=2, sort_keys=True) + "\n")
 
 
 # ---------------------------------------------------------------- data
@@ -205,13 +228,12 @@ def page_stream(cfg: dict, synth: Path, model_dir: Path, start_index: int):
             info = torch.utils.data.get_worker_info()
             wid, nw = (info.id, info.num_workers) if info else (0, 1)
             pool = TextPool.from_json_gz(synth / "pool_train.json.gz")
-            scfg = synth_config(cfg)
             processor = load_image_processor(model_dir)
             builder = PromptBuilder(model_dir, cfg["prompt"])
             merge = cfg["model"]["vision"]["spatial_merge_size"]
             i = start_index + wid
             while True:
-                page = make_page(cfg["data"]["seed"] + i, pool, scfg, synth / "fonts")
+                page = make_page(cfg["data"]["seed"] + i, pool, synth_config(cfg, i), synth / "fonts")
                 yield encode_page(page.image, page.markdown, processor, builder, merge, cfg["data"]["max_answer_tokens"])
                 i += nw
 
@@ -219,6 +241,58 @@ def page_stream(cfg: dict, synth: Path, model_dir: Path, start_index: int):
 
 
 # ---------------------------------------------------------------- train (GPU)
+
+
+def image_check_batches(cfg: dict, synth: Path, model_dir: Path, page_index: int, n: int = 8) -> tuple[dict, dict]:
+    """Held-out pages drawn like training page `page_index` (same curriculum stage), collated twice: with their own
+    images, and with each page's image replaced by the next page's (answers unchanged)."""
+    from pipeline.synthetic import TextPool, make_page
+
+    pool = TextPool.from_json_gz(synth / "pool_heldout.json.gz")
+    scfg = synth_config(cfg, page_index)
+    pages = [make_page(cfg["data"]["heldout_seed"] + 500_000 + k, pool, scfg, synth / "fonts") for k in range(n)]
+    processor, builder = load_image_processor(model_dir), PromptBuilder(model_dir, cfg["prompt"])
+    merge, max_answer = cfg["model"]["vision"]["spatial_merge_size"], cfg["data"]["max_answer_tokens"]
+
+    def batch(images):
+        items = [encode_page(im, p.markdown, processor, builder, merge, max_answer) for im, p in zip(images, pages)]
+        return collate(items, builder.ids.endoftext, builder.ids.image_pad)
+
+    return batch([p.image for p in pages]), batch([pages[(k + 1) % n].image for k in range(n)])
+
+
+def image_use(model, true_batch: dict, swapped_batch: dict) -> dict:
+    """Does the model read the image? img_gain: answer loss with swapped images minus with the true ones (0: the image
+    is ignored). img_var: spread of the image embeddings over tokens relative to their size (-> 0: the vision tower
+    emits a page-independent constant; 1e-4 in run 1's checkpoint)."""
+    import torch
+
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    with torch.no_grad(), torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+        true_batch = {k: v.to(device) for k, v in true_batch.items()}
+        swapped_batch = {k: v.to(device) for k, v in swapped_batch.items()}
+        loss_true = model(**true_batch).loss.float().item()
+        loss_swapped = model(**swapped_batch).loss.float().item()
+        feats = torch.cat(model.model.get_image_features(
+            true_batch["pixel_values"], true_batch["image_grid_thw"]).pooler_output).float()
+    model.train(was_training)
+    spread = feats.std(0).pow(2).mean().sqrt() / feats.pow(2).mean().sqrt()
+    return {"img_loss": round(loss_true, 4), "img_gain": round(loss_swapped - loss_true, 4), "img_var": round(spread.item(), 5)}
+
+
+def param_groups(model, tc: dict) -> list[dict]:
+    """AdamW groups: weight decay on matrices except embeddings; the vision tower's learning rate scaled by
+    train.vision_lr_mult (lr_mult is applied by the training loop on top of the schedule)."""
+    groups = {}
+    for n, p in model.named_parameters():
+        decay = p.ndim >= 2 and "embed" not in n
+        mult = tc.get("vision_lr_mult", 1.0) if ".visual." in f".{n}" else 1.0
+        g = groups.setdefault((decay, mult), {"params": [], "weight_decay": tc["weight_decay"] if decay else 0.0,
+                                              "lr_mult": mult})
+        g["params"].append(p)
+    return list(groups.values())
 
 
 def lr_at(step: int, elapsed: float, tc: dict) -> float:
@@ -288,12 +362,9 @@ def train(cfg: dict, synth: Path, model_dir: Path, out: Path, resume: Path | Non
         prefetch_factor=4 if tc["num_workers"] else None,
         persistent_workers=False,
     )
-    decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "embed" not in n]
-    no_decay = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "embed" not in n)]
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": tc["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=tc["lr"], betas=(0.9, 0.95), fused=device.startswith("cuda"),
-    )
+    opt = torch.optim.AdamW(param_groups(model, tc), lr=tc["lr"], betas=(0.9, 0.95), fused=device.startswith("cuda"))
+    check_every = tc.get("image_check_every", 0)
+    checks = image_check_batches(cfg, synth, model_dir, state["pages"]) if check_every else None
     budget = min(tc["run_train_s"], tc["total_train_s"] - state["elapsed_s"])
     autocast = torch.autocast(device_type="cuda" if device.startswith("cuda") else "cpu", dtype=torch.bfloat16)
     t_start = time.time()
@@ -309,7 +380,7 @@ def train(cfg: dict, synth: Path, model_dir: Path, out: Path, resume: Path | Non
         elapsed = state["elapsed_s"] + run_elapsed
         lr = lr_at(state["step"], elapsed, tc)
         for g in opt.param_groups:
-            g["lr"] = lr
+            g["lr"] = lr * g["lr_mult"]
         batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
         with autocast:
             loss = model(**batch).loss
@@ -323,6 +394,8 @@ def train(cfg: dict, synth: Path, model_dir: Path, out: Path, resume: Path | Non
         if state["step"] % tc["log_every"] == 0 or run_steps == 1:
             rec = {"step": state["step"], "loss": round(loss.item(), 4), "lr": lr, "gnorm": round(gnorm.item(), 3),
                    "elapsed_s": round(elapsed, 1), "pages": state["pages"], "tokens": int(batch["attention_mask"].sum())}
+            if checks is not None and (state["step"] % check_every == 0 or run_steps == 1):
+                rec |= image_use(model, *checks)
             log.append(rec)
             print(json.dumps(rec), flush=True)
     state["elapsed_s"] += time.time() - (t_first or time.time())
