@@ -202,11 +202,14 @@ def write_preprocessor_config(
     patch_size: int = 16,
     merge_size: int = 2,
     temporal_patch_size: int = 2,
+    image_mean: float = 0.5,
+    image_std: float = 0.5,
 ) -> None:
     """preprocessor_config.json (images) and video_preprocessor_config.json for Qwen2VLImageProcessor/Qwen3VL.
 
     Images are resized (bicubic) so both sides are multiples of patch_size*merge_size and the pixel count lies in
-    [min_pixels, max_pixels], then scaled to [-1, 1] (mean = std = 0.5).
+    [min_pixels, max_pixels], then normalised per channel as (x/255 - image_mean) / image_std (Qwen's 0.5/0.5 maps
+    to [-1, 1]; ocria-tiny's 1.0 maps white paper to 0).
     """
     factor = patch_size * merge_size
     if min_pixels < factor * factor or max_pixels < min_pixels:
@@ -220,8 +223,8 @@ def write_preprocessor_config(
         "do_normalize": True,
         "do_rescale": True,
         "do_resize": True,
-        "image_mean": [0.5, 0.5, 0.5],
-        "image_std": [0.5, 0.5, 0.5],
+        "image_mean": [float(image_mean)] * 3,
+        "image_std": [float(image_std)] * 3,
         "merge_size": merge_size,
         "patch_size": patch_size,
         "temporal_patch_size": temporal_patch_size,
@@ -269,9 +272,12 @@ def write_processor_files(
     patch_size: int = 16,
     merge_size: int = 2,
     temporal_patch_size: int = 2,
+    image_mean: float = 0.5,
+    image_std: float = 0.5,
 ) -> SpecialTokenIds:
     """Everything but config.json and the weights."""
     ids = write_tokenizer_files(out_dir, tok)
-    write_preprocessor_config(out_dir, min_pixels, max_pixels, patch_size, merge_size, temporal_patch_size)
+    write_preprocessor_config(out_dir, min_pixels, max_pixels, patch_size, merge_size, temporal_patch_size,
+                              image_mean, image_std)
     write_generation_config(out_dir, ids)
     return ids

@@ -128,22 +128,14 @@ def prepare(cfg: dict, synth: Path, model_dir: Path) -> None:
     print(f"tokenizer: {tok.get_vocab_size()} tokens in {time.time() - t0:.1f}s")
     ids = write_processor_files(model_dir, tok, cfg["image"]["min_pixels"], cfg["image"]["max_pixels"],
                                 cfg["model"]["vision"]["patch_size"], cfg["model"]["vision"]["spatial_merge_size"],
-                                cfg["model"]["vision"]["temporal_patch_size"])
-    set_pixel_normalisation(model_dir, cfg["image"].get("image_mean", 0.5), cfg["image"].get("image_std", 0.5))
+                                cfg["model"]["vision"]["temporal_patch_size"],
+                                # mean 1.0 maps white paper to 0: blank patches then give the patch embedding no
+                                # input, so the vision tower cannot grow a page-independent constant from them (the
+                                # collapse seen in run 1, see bench/results/ocria_tiny_commands.md)
+                                cfg["image"].get("image_mean", 0.5), cfg["image"].get("image_std", 0.5))
     conf = hf_config(cfg, ids)
     conf.save_pretrained(model_dir)
     print("wrote", sorted(p.name for p in model_dir.iterdir()))
-
-
-def set_pixel_normalisation(model_dir: Path, mean: float, std: float) -> None:
-    """Rewrite image_mean/std (all channels) in the processor configs. mean 1.0 maps white paper to 0: blank patches
-    then give the patch embedding no input, so the vision tower cannot grow a page-independent constant from them
-    (the collapse seen in run 1, see bench/results/ocria_tiny_commands.md)."""
-    for name in ("preprocessor_config.json", "video_preprocessor_config.json"):
-        path = model_dir / name
-        d = json.loads(path.read_text())
-        d["image_mean"], d["image_std"] = [float(mean)] * 3, [float(std)] * 3
-        path.write_text(json.dumps(d, indent=2, sort_keys=True) + "\n")
 
 
 # ---------------------------------------------------------------- data

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +18,7 @@ from PIL import Image
 
 from engine.hf_format import special_token_ids
 from jobs.train_tiny import (PromptBuilder, collate, curriculum_stage, encode_page, hf_config, image_use,
-                             load_config, load_image_processor, param_groups, set_pixel_normalisation, synth_config)
+                             load_config, load_image_processor, param_groups, synth_config)
 from pipeline.synthetic import TextPool, make_page, split_paragraphs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -101,9 +100,9 @@ def test_curriculum_stages_follow_the_page_index():
 
 
 def test_white_paper_normalises_to_zero(tmp_path):
-    for name in ("preprocessor_config.json", "video_preprocessor_config.json"):
-        shutil.copy(MODEL / name, tmp_path / name)
-    set_pixel_normalisation(tmp_path, 1.0, 0.5)
+    from engine.hf_format import write_preprocessor_config
+
+    write_preprocessor_config(tmp_path, 16384, 589824, image_mean=1.0, image_std=0.5)
     assert json.loads((tmp_path / "video_preprocessor_config.json").read_text())["image_mean"] == [1.0] * 3
     px = load_image_processor(tmp_path)(images=[np.full((64, 64, 3), 255, np.uint8)], return_tensors="pt")
     assert px["pixel_values"].abs().max() < 1e-6
