@@ -281,3 +281,14 @@ def write_processor_files(
                               image_mean, image_std)
     write_generation_config(out_dir, ids)
     return ids
+
+
+def qwen3_5_config(text: dict, vision: dict, ids: SpecialTokenIds, tie_word_embeddings: bool = True):
+    """transformers' Qwen3_5Config with its special-token fields taken from the tokenizer (imported lazily: the
+    engine itself runs without transformers)."""
+    from transformers import Qwen3_5Config
+
+    return Qwen3_5Config(text_config=text, vision_config=vision, image_token_id=ids.image_pad,
+                         video_token_id=ids.video_pad, vision_start_token_id=ids.vision_start,
+                         vision_end_token_id=ids.vision_end, eos_token_id=ids.im_end, pad_token_id=ids.endoftext,
+                         tie_word_embeddings=tie_word_embeddings)

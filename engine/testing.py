@@ -63,7 +63,7 @@ def build_checkpoint(out: str | Path, *, vision: bool = True, tie: bool = False,
                      seed: int = 0, dtype: torch.dtype = torch.float32, text_overrides: dict | None = None,
                      max_shard_size: str | None = None, tokenizer=None) -> Path:
     """Write a tiny qwen3_5 (vision) or qwen3_5_text checkpoint with tokenizer, chat template and preprocessor."""
-    from transformers import Qwen3_5Config, Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration, Qwen3_5TextConfig
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration, Qwen3_5TextConfig
 
     from engine import hf_format
 
@@ -75,10 +75,7 @@ def build_checkpoint(out: str | Path, *, vision: bool = True, tie: bool = False,
                 eos_token_id=ids.im_end, **(text_overrides or {}))
     torch.manual_seed(seed)
     if vision:
-        cfg = Qwen3_5Config(text_config=text, vision_config=TINY_VISION, image_token_id=ids.image_pad,
-                            video_token_id=ids.video_pad, vision_start_token_id=ids.vision_start,
-                            vision_end_token_id=ids.vision_end, tie_word_embeddings=tie)
-        model = Qwen3_5ForConditionalGeneration(cfg)
+        model = Qwen3_5ForConditionalGeneration(hf_format.qwen3_5_config(text, TINY_VISION, ids, tie))
     else:
         model = Qwen3_5ForCausalLM(Qwen3_5TextConfig(**text))
     randomize(model, seed)

@@ -50,7 +50,6 @@ def stdlib_docstrings(modules: tuple[str, ...] = TOKENIZER_TEXT_MODULES) -> list
 
 
 def tiny_config(ids: hf_format.SpecialTokenIds, vocab_size: int):
-    from transformers import Qwen3_5Config
 
     text = dict(
         vocab_size=vocab_size,
@@ -94,17 +93,7 @@ def tiny_config(ids: hf_format.SpecialTokenIds, vocab_size: int):
         num_position_embeddings=64,  # 8 x 8 grid, bilinearly interpolated to each image
         hidden_act="gelu_pytorch_tanh",
     )
-    return Qwen3_5Config(
-        text_config=text,
-        vision_config=vision,
-        image_token_id=ids.image_pad,
-        video_token_id=ids.video_pad,
-        vision_start_token_id=ids.vision_start,
-        vision_end_token_id=ids.vision_end,
-        eos_token_id=ids.im_end,
-        pad_token_id=ids.endoftext,
-        tie_word_embeddings=True,
-    )
+    return hf_format.qwen3_5_config(text, vision, ids)
 
 
 @torch.no_grad()

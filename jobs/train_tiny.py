@@ -78,7 +78,7 @@ def tokenizer_texts(pool, n_pages: int, seed: int) -> list[str]:
 
 
 def hf_config(cfg: dict, ids):
-    from transformers import Qwen3_5Config
+    from engine.hf_format import qwen3_5_config
 
     m = cfg["model"]
     t, v = dict(m["text"]), dict(m["vision"])
@@ -107,15 +107,7 @@ def hf_config(cfg: dict, ids):
         pad_token_id=ids.endoftext,
     )
     vision = dict(v, in_channels=3, out_hidden_size=t["hidden_size"], hidden_act="gelu_pytorch_tanh")
-    return Qwen3_5Config(
-        text_config=text,
-        vision_config=vision,
-        image_token_id=ids.image_pad,
-        video_token_id=ids.video_pad,
-        vision_start_token_id=ids.vision_start,
-        vision_end_token_id=ids.vision_end,
-        tie_word_embeddings=True,
-    )
+    return qwen3_5_config(text, vision, ids)
 
 
 def prepare(cfg: dict, synth: Path, model_dir: Path) -> None:
