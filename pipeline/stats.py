@@ -81,11 +81,10 @@ class RunStats:
             "gpus": self.gpus,
             "pages_per_s_per_engine": n_pages / wall / per,
             "output_tokens_per_s_per_engine": self.output_tokens / wall / per,
-            # Busy shares over the streaming time after the first result (start-up excluded): an engine share well
-            # under 1 means the GPUs waited (on rasterizing, or the tail); raster share is the CPU side's load.
-            "engine_busy_fraction": self.engine_busy_s / max(self.wall_s - self.first_result_s, 1e-9) / per,
-            "raster_busy_fraction": sum(self.raster_s) / max(self.wall_s - self.first_result_s, 1e-9)
-            / max(self.raster_actors, 1),
+            # Busy shares of the streaming wall time (actor start-up counts as idle, so short runs read low): an
+            # engine share well under 1 on a long run means the GPUs waited; the raster share is the CPU side's load.
+            "engine_busy_fraction": self.engine_busy_s / wall / per,
+            "raster_busy_fraction": sum(self.raster_s) / wall / max(self.raster_actors, 1),
             "raster_actors": self.raster_actors,
             "prompt_tokens": self.prompt_tokens,
             "output_tokens": self.output_tokens,

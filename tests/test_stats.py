@@ -25,8 +25,8 @@ def test_summary_numbers():
     assert (s["documents"], s["documents_ok"], s["documents_error"], s["pages"]) == (3, 2, 1, 4)
     assert math.isclose(s["pages_per_s"], 4 / 11) and math.isclose(s["pages_per_s_per_engine"], 2 / 11)
     assert math.isclose(s["output_tokens_per_s"], 200 / 11)
-    assert math.isclose(s["engine_busy_fraction"], 4 * 0.5 / 10 / 2)  # 2 engine-seconds over 2 engines x 10 s
-    assert math.isclose(s["raster_busy_fraction"], 4 * 0.02 / 10 / 4)
+    assert math.isclose(s["engine_busy_fraction"], 4 * 0.5 / 11 / 2)  # 2 engine-seconds over 2 engines x 11 s
+    assert math.isclose(s["raster_busy_fraction"], 4 * 0.02 / 11 / 4)
     usd = 11 / 3600 * 2 * 3.6
     assert math.isclose(s["usd"], usd) and math.isclose(s["usd_per_million_pages"], usd / 4 * 1e6)
     assert s["errors_by_kind"] == {"encrypted": 1}
