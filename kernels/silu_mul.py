@@ -1,6 +1,5 @@
 """SwiGLU activation on a fused gate_up projection: y = silu(gate) * up, gate_up = [gate | up] along the last dim.
 Math in fp32, one rounding to the input dtype."""
-import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl

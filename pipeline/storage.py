@@ -5,7 +5,6 @@ Credentials are never passed here: pyarrow's S3/GCS clients take them from the e
 from __future__ import annotations
 
 import fnmatch
-import os
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,7 +124,3 @@ def write_text(fs: pafs.FileSystem, path: str, text: str) -> None:
     fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
     with fs.open_output_stream(path) as f:
         f.write(text.encode())
-
-
-def env_flag(name: str) -> bool:
-    return os.environ.get(name, "").lower() in ("1", "true", "yes")

@@ -1,7 +1,6 @@
 """Gated RMSNorm on the GDN output: Triton (interpreter) vs reference, reference vs transformers."""
 import pytest
 import torch
-import torch.nn.functional as F
 
 from kernels.testing import assert_close, poisoned, require_interpreted  # sets TRITON_INTERPRET first
 from kernels.gated_rmsnorm import _gated_rmsnorm_kernel, gated_rmsnorm, gated_rmsnorm_ref, gated_rmsnorm_triton

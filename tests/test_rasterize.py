@@ -3,7 +3,6 @@ image formats, page limits, and a renderer that dies or hangs costing only its d
 import csv
 import os
 import signal
-import threading
 import time
 
 import numpy as np

@@ -8,7 +8,6 @@ loss of a fresh model, and that the image_use diagnostic logged during training 
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 
 import numpy as np
