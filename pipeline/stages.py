@@ -12,11 +12,11 @@ from typing import Iterator
 import numpy as np
 import pyarrow as pa
 
+from pipeline.checkpoint import localize
+from pipeline.config import StorageConfig
 from pipeline.isolation import IsolatedRasterizer
 from pipeline.rasterize import DocumentError, RasterOptions, filetype_for
 from pipeline.schema import PAGE_SCHEMA, RASTER_SCHEMA, empty_row
-from pipeline.checkpoint import localize
-from pipeline.config import StorageConfig
 from pipeline.storage import read_bytes, resolve
 
 
