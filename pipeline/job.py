@@ -9,13 +9,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from pipeline.checkpoint import (
-    CheckpointError,
-    checkpoint_note,
-    inspect,
-    localize,
-    raster_options,
-)
+from pipeline.checkpoint import CheckpointError, checkpoint_note, inspect, localize, raster_options
 from pipeline.config import ConfigError, JobConfig
 from pipeline.output import DocumentAssembler, OutputStore, document_row
 from pipeline.plan import Plan, plan_run
