@@ -49,17 +49,16 @@ def localize(uri: str, storage: StorageConfig, cache_dir: str) -> str:
     return str(target)
 
 
-def inspect(path: str) -> dict:
-    """Validate config and weight headers without loading tensors; CheckpointError says what to fix."""
+def validate(path: str) -> None:
+    """Check config and weight headers without loading tensors; CheckpointError says what to fix."""
     try:
         from engine.checkpoint import inspect_checkpoint
     except ImportError as e:
         raise CheckpointError(f"the engine cannot be imported to check the checkpoint: {e}") from e
     try:
-        info = inspect_checkpoint(path)
+        inspect_checkpoint(path)
     except Exception as e:  # the engine's own message names the file or tensor
         raise CheckpointError(f"checkpoint {path} is not usable: {e}") from e
-    return info if isinstance(info, dict) else vars(info)
 
 
 def checkpoint_note(path: str) -> str:
@@ -69,12 +68,10 @@ def checkpoint_note(path: str) -> str:
 
 
 def processor_max_pixels(path: str) -> int | None:
+    from engine.processor import ImageProcessor  # the engine's reading of the file, not a second parser
+
     cfg_path = Path(path) / "preprocessor_config.json"
-    if not cfg_path.is_file():
-        return None
-    cfg = json.loads(cfg_path.read_text())
-    size = cfg.get("size") or {}
-    return cfg.get("max_pixels") or size.get("longest_edge")
+    return ImageProcessor.from_file(cfg_path).max_pixels if cfg_path.is_file() else None
 
 
 def raster_options(cfg: JobConfig, checkpoint_dir: str) -> RasterOptions:

@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from pipeline.checkpoint import CheckpointError, checkpoint_note, inspect, localize, raster_options
+from pipeline.checkpoint import CheckpointError, checkpoint_note, localize, raster_options, validate
 from pipeline.config import ConfigError, JobConfig
 from pipeline.output import DocumentAssembler, OutputStore, document_row
 from pipeline.plan import Plan, plan_run
@@ -34,14 +34,13 @@ class Prepared:
     store: OutputStore
     plan: Plan
     checkpoint_dir: str
-    checkpoint_info: dict
 
 
 def prepare(cfg: JobConfig) -> Prepared:
     """Fails fast, with a message saying what to fix, on a bad checkpoint, input or output."""
     try:
         checkpoint_dir = localize(cfg.model.checkpoint, cfg.storage, cfg.run.cache_dir)
-        info = inspect(checkpoint_dir)
+        validate(checkpoint_dir)
     except CheckpointError as e:
         raise ConfigError(str(e)) from None
     try:
@@ -60,7 +59,7 @@ def prepare(cfg: JobConfig) -> Prepared:
             raise ConfigError(f"cannot list input {uri!r}: {e}") from None
     plan = plan_run(list(listed.values()), store.documents(), cfg.run.retry_failed, cfg.run.max_attempts,
                     cfg.input.limit)
-    return Prepared(cfg, new_run_id(), store, plan, checkpoint_dir, info)
+    return Prepared(cfg, new_run_id(), store, plan, checkpoint_dir)
 
 
 def connect_ray(cfg: JobConfig):
