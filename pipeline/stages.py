@@ -106,13 +106,12 @@ class ParseStage:
         ]
         t0 = time.perf_counter()
         results = self.backend.parse(requests) if requests else []
-        batch_s = time.perf_counter() - t0
+        share = (time.perf_counter() - t0) / max(len(requests), 1)  # each page's part of the batch's engine time
         out = [self._page_row(r) for r in rows]
         for i, res in zip(todo, results):
             row = out[i]
             row.update(prompt_tokens=res.prompt_tokens, output_tokens=res.output_tokens, finish_reason=res.finish_reason,
-                       ttft_s=res.ttft_s, decode_s=res.decode_s, parse_s=res.total_s or batch_s / len(requests),
-                       engine_s=batch_s / len(requests))
+                       ttft_s=res.ttft_s, decode_s=res.decode_s, parse_s=res.total_s or share, engine_s=share)
             if res.finish_reason != "error":
                 row.update(status="ok", text=res.text)
             elif self.fallback and (row["text_layer"] or "").strip():
