@@ -4,10 +4,10 @@ from kernels.conv1d_update import causal_conv1d_update
 from kernels.fused_attn_decode import fused_attn_decode_inputs
 from kernels.fused_gdn_decode import fused_gdn_decode
 from kernels.gated_rmsnorm import gated_rmsnorm
-from kernels.gdn_recurrent import gdn_recurrent
+from kernels.gdn_recurrent import gdn_recurrent, l2norm_ref
 from kernels.paged_attention import paged_decode_attention, store_kvcache
 from kernels.rmsnorm import rmsnorm
 from kernels.silu_mul import silu_mul
 
 __all__ = ["causal_conv1d_update", "fused_attn_decode_inputs", "fused_gdn_decode", "gated_rmsnorm", "gdn_recurrent",
-           "paged_decode_attention", "store_kvcache", "rmsnorm", "silu_mul"]
+           "l2norm_ref", "paged_decode_attention", "store_kvcache", "rmsnorm", "silu_mul"]

@@ -35,7 +35,8 @@ def _validate(q, k, v, g, beta, state, state_idx, intermediate_states):
               f"got {intermediate_states.dtype} {tuple(intermediate_states.shape)}")
 
 
-def _l2norm(x: torch.Tensor) -> torch.Tensor:
+def l2norm_ref(x: torch.Tensor) -> torch.Tensor:
+    """x / sqrt(sum(x^2) + eps) over the last dim, in the input's dtype (callers pass fp32)."""
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + L2NORM_EPS)
 
 
@@ -45,8 +46,8 @@ def gdn_recurrent_ref(q, k, v, g, beta, state, state_idx, scale=None, intermedia
     Hv = v.shape[2]
     group = Hv // Hk
     scale = dk ** -0.5 if scale is None else scale
-    qf = _l2norm(q.float()).repeat_interleave(group, dim=2) * scale
-    kf = _l2norm(k.float()).repeat_interleave(group, dim=2)
+    qf = l2norm_ref(q.float()).repeat_interleave(group, dim=2) * scale
+    kf = l2norm_ref(k.float()).repeat_interleave(group, dim=2)
     vf, gf, bf = v.float(), g.float(), beta.float()
 
     live = state_idx >= 0

@@ -9,12 +9,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from engine.ops import l2norm_ref
+
 try:  # optional GPU dependency (fla-core): varlen chunked gated delta rule in Triton
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule as _fla_chunk
 except Exception:  # noqa: BLE001  (any import failure just means "not available")
     _fla_chunk = None
-
-L2NORM_EPS = 1e-6
 
 
 def fla_available() -> bool:
@@ -44,10 +44,6 @@ def conv1d_prefill_varlen(x: torch.Tensor, weight: torch.Tensor, conv_state: tor
     return F.silu(torch.cat(outs, 1).t())
 
 
-def _l2norm(x: torch.Tensor) -> torch.Tensor:
-    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + L2NORM_EPS)
-
-
 def chunked_delta_rule_torch(q, k, v, g, beta, state, chunk: int = 64):
     """One sequence. q, k [L, Hk, dk]; v [L, Hv, dv]; g (log decay), beta [L, Hv]; state [Hv, dk, dv] fp32.
 
@@ -59,8 +55,8 @@ def chunked_delta_rule_torch(q, k, v, g, beta, state, chunk: int = 64):
     L, Hk, dk = q.shape
     Hv, dv = v.shape[1], v.shape[2]
     group = Hv // Hk
-    qf = (_l2norm(q.float()) * dk**-0.5).repeat_interleave(group, 1)
-    kf = _l2norm(k.float()).repeat_interleave(group, 1)
+    qf = (l2norm_ref(q.float()) * dk**-0.5).repeat_interleave(group, 1)
+    kf = l2norm_ref(k.float()).repeat_interleave(group, 1)
     pad = (-L) % chunk
     n = (L + pad) // chunk
 
