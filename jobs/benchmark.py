@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine.config import parse_config  # noqa: E402
 from engine.interface import SamplingParams  # noqa: E402
 from engine.llm_engine import Engine, EngineOptions  # noqa: E402
+from engine.model_runner import resolve_dtype  # noqa: E402
 from engine.models.gdn_prefill import fla_available  # noqa: E402
 
 # Qwen3.5-4B (docs/model-architecture.md section 2)
@@ -312,8 +313,7 @@ def main(argv=None):
     batches = [int(b) for b in (args.batch_sizes or ("1,4" if tiny else "1,8,32,64")).split(",")]
     scenarios = args.scenarios.split(",")
     device = torch.device(args.device)
-    dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}[
-        args.dtype or ("bfloat16" if device.type == "cuda" else "float32")]
+    dtype = resolve_dtype(args.dtype, device)  # default: bf16 on CUDA, fp32 on CPU
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 

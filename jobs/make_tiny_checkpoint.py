@@ -20,6 +20,7 @@ import click
 import torch
 
 from engine import hf_format
+from engine.model_runner import resolve_dtype
 
 # Text for the tokenizer: docstrings of these stdlib modules (and their public members), in this order.
 # Deterministic for a given Python version, and present on every machine.
@@ -147,7 +148,7 @@ def build_tiny_checkpoint(out: str | Path, seed: int = 0, dtype: str = "bfloat16
     """Write the tiny checkpoint folder `out` (replaced if present). Returns its path."""
     from transformers import Qwen3_5ForConditionalGeneration
 
-    torch_dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[dtype]
+    torch_dtype = resolve_dtype(dtype, torch.device("cpu"))
     out = Path(out)
     if out.exists():
         shutil.rmtree(out)
