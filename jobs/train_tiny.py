@@ -34,7 +34,10 @@ def load_config(path: Path, overrides: list[str]) -> dict:
             node = node[p]
         if leaf not in node:
             raise KeyError(f"--set {key}: no such config key")
-        node[leaf] = yaml.safe_load(value)
+        parsed = yaml.safe_load(value)
+        if isinstance(node[leaf], float) and isinstance(parsed, str):
+            parsed = float(parsed)  # YAML 1.1 reads "1e-3" (no dot) as a string
+        node[leaf] = parsed
     return cfg
 
 
@@ -48,11 +51,12 @@ def synth_config(cfg: dict, page_index: int | None = None):
         max_pixels=cfg["image"]["max_pixels"],
         font_px=tuple(d["font_px"]),
         max_chars=tuple(d["max_chars"]),
+        crop=bool(d.get("crop", False)),
     )
 
 
 def curriculum_stage(cfg: dict, page_index: int) -> dict:
-    """data.curriculum: stages [{until_page, font_px, max_chars}, ...] in order; pages past the last stage use
+    """data.curriculum: stages [{until_page, font_px, max_chars[, crop]}, ...] in order; pages past the last stage use
     data.font_px / data.max_chars. Keyed on the page index, so data-loader workers and resumed runs agree."""
     for stage in cfg["data"].get("curriculum") or []:
         if page_index < stage["until_page"]:

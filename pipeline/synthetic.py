@@ -342,12 +342,23 @@ def rasterize_page(page: pymupdf.Page, target_longest_px: int, max_pixels: int) 
     return np.ascontiguousarray(rows[:, : pix.width * 3]).reshape(pix.height, pix.width, 3)
 
 
+def crop_to_ink(image: np.ndarray, pad: int = 12, ink_below: int = 200) -> np.ndarray:
+    """The image cut to the bounding box of its non-white pixels plus `pad` pixels of paper on each side."""
+    rows, cols = np.nonzero(image.min(axis=2) < ink_below)
+    if rows.size == 0:
+        return image
+    y0, y1 = max(rows.min() - pad, 0), min(rows.max() + 1 + pad, image.shape[0])
+    x0, x1 = max(cols.min() - pad, 0), min(cols.max() + 1 + pad, image.shape[1])
+    return np.ascontiguousarray(image[y0:y1, x0:x1])
+
+
 @dataclass(frozen=True)
 class SynthConfig:
     target_longest_px: int = 768
     max_pixels: int = 768 * 768
     font_px: tuple[float, float] = (10.0, 18.0)
     max_chars: tuple[int, int] = (150, 1300)  # markdown length budget per page, drawn uniformly
+    crop: bool = False  # cut the image to the text (+ a margin): short early-curriculum pages become a few tokens
 
 
 @dataclass
@@ -387,4 +398,6 @@ def make_page(seed: int, pool: TextPool, cfg: SynthConfig, font_dir: Path | None
         image = rasterize_page(doc[0], cfg.target_longest_px, cfg.max_pixels)
     finally:
         doc.close()
+    if cfg.crop:
+        image = crop_to_ink(image)
     return SyntheticPage(seed, image, page_markdown(blocks), style, pdf)

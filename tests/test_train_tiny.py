@@ -7,6 +7,7 @@ loss of a fresh model, and that the image_use diagnostic logged during training 
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -157,3 +158,24 @@ def test_image_use_flags_the_image_blind_run1_checkpoint(small_pages, parts):
     use = image_use(model, collate(items, builder.ids.endoftext, builder.ids.image_pad),
                     collate(swapped, builder.ids.endoftext, builder.ids.image_pad))
     assert abs(use["img_gain"]) < 0.01 and use["img_var"] < 1e-3, use
+
+
+def test_set_override_reads_exponent_floats_as_floats():
+    cfg = load_config(CONFIG, ["train.lr=1e-3", "train.batch_size=16"])
+    assert cfg["train"]["lr"] == 1e-3 and cfg["train"]["batch_size"] == 16
+    with pytest.raises(ValueError):
+        load_config(CONFIG, ["train.lr=fast"])
+
+
+def test_cropped_curriculum_pages_keep_all_the_ink(pool):
+    cfg = load_config(CONFIG, ["data.curriculum=[{until_page: 10, font_px: [24, 30], max_chars: [20, 60], crop: true}]"])
+    assert synth_config(cfg, 0).crop and not synth_config(cfg, 10).crop
+    full = make_page(5, pool, dataclasses.replace(synth_config(cfg, 0), crop=False))
+    cut = make_page(5, pool, synth_config(cfg, 0))
+    assert cut.markdown == full.markdown
+    assert cut.image.shape[0] * cut.image.shape[1] < full.image.shape[0] * full.image.shape[1] / 4
+    ink = lambda img: int((img.min(axis=2) < 200).sum())  # noqa: E731
+    assert ink(cut.image) == ink(full.image) > 0
+    border = np.concatenate([cut.image[:4].reshape(-1, 3), cut.image[-4:].reshape(-1, 3),
+                             cut.image[:, :4].reshape(-1, 3), cut.image[:, -4:].reshape(-1, 3)])
+    assert border.min() >= 200  # a margin of paper all round
