@@ -152,6 +152,26 @@ def decode_bytes(cfg, model, batch: int, context: float, dtype) -> dict:
 
 # ---------------------------------------------------------------------------------------------------- runners
 
+def engine_options(max_batch: int, max_len: int, device, block: int = 32, **extra) -> dict:
+    """EngineOptions fields of the benchmark's native engine: KV blocks for max_batch sequences of max_len tokens
+    (rounded up to whole blocks), so no memory-budget probing and no preemption."""
+    max_len = -(-max_len // block) * block
+    return dict(max_num_seqs=max_batch, max_model_len=max_len, block_size=block,
+                num_blocks=max_batch * (max_len // block) + 1,
+                max_num_batched_tokens=8192 if device.type == "cuda" else 512, **extra)
+
+
+def decode_step_times(step_log, batch: int) -> tuple[float, float, float, list]:
+    """Medians over the logged decode steps of exactly `batch` sequences: wall period between consecutive step
+    starts, device time (CUDA events; nan on CPU) and host launch time, in seconds; plus those step records."""
+    dec = [r for r in step_log if not r.is_prefill and r.num_seqs == batch]
+    periods = [b.t_start - a.t_start for a, b in zip(dec, dec[1:])]
+    step_s = statistics.median(periods) if periods else float("nan")
+    device_s = statistics.median([r.device_s for r in dec]) if dec and dec[0].device_s else float("nan")
+    launch_s = statistics.median([r.t_launched - r.t_start for r in dec]) if dec else float("nan")
+    return step_s, device_s, launch_s, dec
+
+
 def run_native(engine: Engine, kind, batch, args, rng, bw, cfg, dtype, name="native") -> dict:
     reqs = make_requests(kind, batch, args, cfg, rng)
     for r in reqs:
@@ -169,11 +189,7 @@ def run_native(engine: Engine, kind, batch, args, rng, bw, cfg, dtype, name="nat
     errors = [o.error for o in outs if o.finish_reason == "error"]
     if errors:
         raise RuntimeError(f"native {kind} batch {batch}: {errors[0]}")
-    dec = [r for r in engine.step_log if not r.is_prefill and r.num_seqs == batch]
-    periods = [b.t_start - a.t_start for a, b in zip(dec, dec[1:])]
-    step_s = statistics.median(periods) if periods else float("nan")
-    device_s = statistics.median([r.device_s for r in dec]) if dec and dec[0].device_s else float("nan")
-    launch_s = statistics.median([r.t_launched - r.t_start for r in dec]) if dec else float("nan")
+    step_s, device_s, launch_s, dec = decode_step_times(engine.step_log, batch)
     prompt = outs[0].prompt_tokens
     gen = gen_len(kind, args)
     roof = decode_bytes(cfg, engine.model, batch, prompt + gen / 2, dtype)
@@ -321,13 +337,10 @@ def main(argv=None):
     hf_cfg = hf_config(tiny)
     cfg = parse_config(hf_cfg.to_dict())
     hf = build_hf_model(hf_cfg, device, dtype)
-    max_len = max(args.text_prompt + args.text_gen, args.page_image_tokens + 24 + args.page_gen)
-    block = 32
-    max_len = -(-max_len // block) * block
-    opts = dict(max_num_seqs=max(batches), max_model_len=max_len, block_size=block,
-                         num_blocks=max(batches) * (max_len // block) + 1, enforce_eager=args.enforce_eager,
-                         compile=not args.no_compile,
-                         max_num_batched_tokens=8192 if device.type == "cuda" else 512)
+    opts = engine_options(max(batches), max(args.text_prompt + args.text_gen,
+                                            args.page_image_tokens + 24 + args.page_gen),
+                          device, enforce_eager=args.enforce_eager, compile=not args.no_compile)
+    block, max_len = opts["block_size"], opts["max_model_len"]
     t = time.perf_counter()
     engine = Engine(cfg, hf.state_dict().items(), device=device, dtype=dtype, options=EngineOptions(**opts))
     build_s = time.perf_counter() - t
