@@ -92,7 +92,7 @@ class EngineOptions:
     gpu_memory_utilization: float = 0.9
     enforce_eager: bool = False  # no CUDA graphs
     compile: bool = True  # torch.compile the element-wise glue ops (CUDA only)
-    fused_decode: bool = False  # decode through the fused kernels (kernels/fused_*.py): fewer launches per step
+    fused_decode: bool = False  # fused decode kernels (kernels/fused_*.py): fewer launches, but slower on the H200
     text_only: bool = False
 
 
