@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -316,8 +317,59 @@ def plot_loss(log: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def optimizer_step(model, opt, batch: dict, autocast, grad_clip: float):
+    """One forward/backward/update; returns (loss, grad norm) as device tensors (no host sync)."""
+    import torch
+
+    with autocast:
+        loss = model(**batch).loss
+    loss.backward()
+    gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss, gnorm
+
+
+def profile_training(model, loader, opt, autocast, tc: dict, device: str, out: Path, steps: int, warmup: int = 5) -> dict:
+    """Where a training step's time goes: `warmup` steps, then `steps` steps timed with a device sync after each
+    (the share spent waiting for the data loader vs computing) and profiled with torch.profiler. Writes
+    out/train_profile.json and out/train_profile.txt (ops by self device time and by self CPU time)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.startswith("cuda")
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    it = iter(loader)
+    wait_s, step_s, tokens = [], [], []
+    with profile(activities=activities) as prof:
+        for i in range(warmup + steps):
+            t0 = time.perf_counter()
+            batch = next(it)
+            t1 = time.perf_counter()
+            batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+            optimizer_step(model, opt, batch, autocast, tc["grad_clip"])
+            sync()
+            if i >= warmup:
+                wait_s.append(t1 - t0)
+                step_s.append(time.perf_counter() - t1)
+                tokens.append(int(batch["attention_mask"].sum()))
+    sort_device = "self_cuda_time_total" if cuda else "self_cpu_time_total"
+    table = prof.key_averages().table(sort_by=sort_device, row_limit=40, max_name_column_width=70)
+    table_cpu = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=70)
+    (out / "train_profile.txt").write_text(f"by {sort_device} (warm-up steps included)\n{table}\nby self CPU time\n{table_cpu}")
+    res = {"batch_size": tc["batch_size"], "steps": steps, "step_ms_median": round(statistics.median(step_s) * 1e3, 1),
+           "data_wait_ms_median": round(statistics.median(wait_s) * 1e3, 1),
+           "data_wait_share": round(sum(wait_s) / (sum(wait_s) + sum(step_s)), 3),
+           "tokens_per_step": round(statistics.mean(tokens)), "steps_per_s": round(steps / (sum(wait_s) + sum(step_s)), 2)}
+    (out / "train_profile.json").write_text(json.dumps(res, indent=1))
+    print(table, flush=True)
+    print(json.dumps(res), flush=True)
+    return res
+
+
 def train(cfg: dict, synth: Path, model_dir: Path, out: Path, resume: Path | None, device: str,
-          resume_state: Path | None = None) -> None:
+          resume_state: Path | None = None, profile_steps: int = 0) -> None:
     import torch
     from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
 
@@ -350,10 +402,14 @@ def train(cfg: dict, synth: Path, model_dir: Path, out: Path, resume: Path | Non
         persistent_workers=False,
     )
     opt = torch.optim.AdamW(param_groups(model, tc), lr=tc["lr"], betas=(0.9, 0.95), fused=device.startswith("cuda"))
+    autocast = torch.autocast(device_type="cuda" if device.startswith("cuda") else "cpu", dtype=torch.bfloat16)
+    if profile_steps:
+        out.mkdir(parents=True, exist_ok=True)
+        profile_training(model, loader, opt, autocast, tc, device, out, profile_steps)
+        return
     check_every = tc.get("image_check_every", 0)
     checks = image_check_batches(cfg, synth, model_dir, state["pages"]) if check_every else None
     budget = min(tc["run_train_s"], tc["total_train_s"] - state["elapsed_s"])
-    autocast = torch.autocast(device_type="cuda" if device.startswith("cuda") else "cpu", dtype=torch.bfloat16)
     t_start = time.time()
     t_first = None  # the clock starts at the first batch: worker start-up is not training time
     run_steps = 0
@@ -369,12 +425,7 @@ def train(cfg: dict, synth: Path, model_dir: Path, out: Path, resume: Path | Non
         for g in opt.param_groups:
             g["lr"] = lr * g["lr_mult"]
         batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-        with autocast:
-            loss = model(**batch).loss
-        loss.backward()
-        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), tc["grad_clip"])
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        loss, gnorm = optimizer_step(model, opt, batch, autocast, tc["grad_clip"])
         state["step"] += 1
         state["pages"] += len(batch["input_ids"])
         run_steps += 1
@@ -428,6 +479,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--resume-state", type=Path, default=None,
                     help="folder with train_state.json/train_log.jsonl when they are not in --resume")
     ap.add_argument("--device", default=None)
+    ap.add_argument("--profile-steps", type=int, default=0,
+                    help="train: profile this many steps (after 5 warm-up steps), write out/train_profile.*, save nothing")
     ap.add_argument("--set", action="append", default=[], help="override a config key, e.g. train.batch_size=4")
     args = ap.parse_args(argv)
     cfg = load_config(args.config, args.set)
@@ -437,7 +490,7 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-        train(cfg, args.synth, args.model_dir, args.out, args.resume, device, args.resume_state)
+        train(cfg, args.synth, args.model_dir, args.out, args.resume, device, args.resume_state, args.profile_steps)
     return 0
 
 

@@ -179,3 +179,27 @@ def test_cropped_curriculum_pages_keep_all_the_ink(pool):
     border = np.concatenate([cut.image[:4].reshape(-1, 3), cut.image[-4:].reshape(-1, 3),
                              cut.image[:, :4].reshape(-1, 3), cut.image[:, -4:].reshape(-1, 3)])
     assert border.min() >= 200  # a margin of paper all round
+
+
+@pytest.mark.timeout(300)
+def test_profile_mode_times_steps_and_data_wait(pool, tmp_path):
+    """`train --profile-steps N`: real steps of a miniature model on real synthetic pages, profiled; no checkpoint."""
+    import shutil
+
+    from jobs.train_tiny import train
+
+    model_dir = tmp_path / "model"
+    shutil.copytree(MODEL, model_dir, ignore=shutil.ignore_patterns("*.safetensors"))
+    cfg = load_config(CONFIG, MINI + ["image.target_longest_px=256", "image.max_pixels=65536",
+                                      "data.max_chars=[40,120]", "train.batch_size=2", "train.num_workers=0"])
+    hf_config(cfg, special_token_ids(PromptBuilder(model_dir, cfg["prompt"]).tok)).save_pretrained(model_dir)
+    synth = tmp_path / "synth"
+    (synth / "fonts").mkdir(parents=True)  # no extra TTFs: the built-in fonts
+    pool.to_json_gz(synth / "pool_train.json.gz")
+    out = tmp_path / "out"
+    train(cfg, synth, model_dir, out, None, "cpu", profile_steps=2)
+    res = json.loads((out / "train_profile.json").read_text())
+    assert res["steps"] == 2 and res["batch_size"] == 2 and res["step_ms_median"] > 0 and res["tokens_per_step"] > 0
+    assert 0 < res["data_wait_share"] < 1 and res["steps_per_s"] > 0
+    assert "aten::" in (out / "train_profile.txt").read_text()
+    assert not (out / "ckpt").exists()
