@@ -174,7 +174,9 @@ def test_cropped_curriculum_pages_keep_all_the_ink(pool):
     cut = make_page(5, pool, synth_config(cfg, 0))
     assert cut.markdown == full.markdown
     assert cut.image.shape[0] * cut.image.shape[1] < full.image.shape[0] * full.image.shape[1] / 4
-    ink = lambda img: int((img.min(axis=2) < 200).sum())  # noqa: E731
+    def ink(img):
+        return int((img.min(axis=2) < 200).sum())
+
     assert ink(cut.image) == ink(full.image) > 0
     border = np.concatenate([cut.image[:4].reshape(-1, 3), cut.image[-4:].reshape(-1, 3),
                              cut.image[:, :4].reshape(-1, 3), cut.image[:, -4:].reshape(-1, 3)])
