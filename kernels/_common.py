@@ -19,6 +19,12 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device (host metadata, no sync); 132 (H100/H200) elsewhere, so launch
+    heuristics pick the same configurations on CPU (interpreter tests) as on the target GPU."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
+
+
 def check(cond: bool, msg: str) -> None:
     """Shape/dtype validation on host-known metadata only (never on tensor values)."""
     if not cond:

@@ -58,7 +58,8 @@ def _signature(kernel, args, kwargs):
         value = bound[param.name]
         if param.is_constexpr:
             signature[param.name] = "constexpr"
-            constexprs[param.name] = value
+            # recorded on CPU tensors, the launchers ask for the interpreter's fp32 dot operands: compile the GPU code
+            constexprs[param.name] = False if param.name == "UPCAST_DOT" else value
         elif isinstance(value, torch.Tensor):
             signature[param.name] = "*" + TYPE_CODES[value.dtype]
             attrs[(i,)] = [["tt.divisibility", 16]]  # real allocations are 16-byte aligned; lets loads vectorise
@@ -66,6 +67,8 @@ def _signature(kernel, args, kwargs):
             signature[param.name] = "i1"
         elif isinstance(value, int):
             signature[param.name] = "i32" if -2 ** 31 <= value < 2 ** 31 else "i64"
+            if value % 16 == 0 and value != 0:  # as the JIT specialises: strides/sizes known multiples of 16
+                attrs[(i,)] = [["tt.divisibility", 16]]
         elif isinstance(value, float):
             signature[param.name] = "fp32"
         else:
@@ -110,7 +113,7 @@ def compile_recorded(name, recorder):
 
 def decode_cases(batch_sizes=(1, 64)):
     """(name, module, thunk calling the launcher) at the 4B model's decode shapes."""
-    from kernels import conv1d_update, gated_rmsnorm, gdn_recurrent, paged_attention, rmsnorm, silu_mul
+    from kernels import conv1d_update, gated_rmsnorm, gdn_recurrent, paged_attention, rmsnorm, silu_mul, small_m_linear
 
     bf16, f32, i32 = torch.bfloat16, torch.float32, torch.int32
     Hk, Hv, dk, dv, C, K, Hq, Hkv, D, hidden, inter = 16, 32, 128, 128, 8192, 4, 16, 4, 256, 2560, 9216
@@ -147,6 +150,11 @@ def decode_cases(batch_sizes=(1, 64)):
                                                          1e-6, residual=torch.empty(B, hidden, dtype=bf16))))
         cases.append((f"silu_mul N={B}", silu_mul,
                       lambda B=B: silu_mul.silu_mul_triton(torch.empty(B, 2 * inter, dtype=bf16))))
+        if B <= small_m_linear.MAX_M:  # decode projections (N, K): gate_up, GDN in_proj, down, GDN out_proj, lm_head
+            for N, K_in in ((2 * inter, hidden), (12352, hidden), (hidden, inter), (hidden, 4096), (248320, hidden)):
+                cases.append((f"small_m_linear M={B} {N}x{K_in}", small_m_linear,
+                              lambda B=B, N=N, K_in=K_in: small_m_linear.small_m_linear_triton(
+                                  torch.empty(B, K_in, dtype=bf16), torch.empty(N, K_in, dtype=bf16))))
     return cases
 
 

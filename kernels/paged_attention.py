@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import cast_rtne, cdiv, check, next_pow2, output, require_last_dim_contiguous, use_triton
+from kernels._common import cast_rtne, cdiv, check, next_pow2, output, require_last_dim_contiguous, sm_count, use_triton
 
 LOG2E = 1.4426950408889634
 
@@ -162,10 +162,6 @@ def _paged_decode_reduce_kernel(
     tl.store(out_ptr + b * so_b + h * so_h + offs_d, cast_rtne(out, out_ptr.dtype.element_ty), mask=mask_d)
 
 
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
-
-
 def pick_partition_size(batch: int, kv_heads: int, max_len: int, block_n: int, sm_count: int) -> int:
     """One partition (no reduce pass) once batch x kv heads alone fills the SMs; otherwise a power-of-two partition
     (>= 2*block_n) giving about two programs per SM."""
@@ -192,7 +188,7 @@ def paged_decode_attention_triton(q, k_cache, v_cache, block_tables, context_len
     BLOCK_G = max(16, next_pow2(group))  # tl.dot needs M >= 16
     max_len = max_context_len or block_tables.shape[1] * block_size
     BLOCK_N = block_n or (32 if BLOCK_D >= 256 else 64)  # D=256: 32 keeps 4 warps at ~245 registers, no spills
-    part = partition_size or pick_partition_size(B, Hkv, max_len, BLOCK_N, _sm_count(q.device))
+    part = partition_size or pick_partition_size(B, Hkv, max_len, BLOCK_N, sm_count(q.device))
     check(part % BLOCK_N == 0 and BLOCK_N >= 16, f"partition_size ({part}) must be a multiple of block_n ({BLOCK_N}) >= 16")
     num_parts = max(1, cdiv(max_len, part))
     single = num_parts == 1

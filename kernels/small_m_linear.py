@@ -1,0 +1,253 @@
+"""Small-M linear layer (decode GEMV): y = x @ weight.T for x [M, K] with M <= 16 and an nn.Linear weight [N, K].
+
+At decode every projection is weight-bandwidth bound: the weight is read once per step, the M rows of x are tiny.
+The kernel is therefore built around streaming the weight:
+  * each program owns BLOCK_N output columns (weight rows) and walks its K range in BLOCK_K chunks; K is contiguous,
+    so each thread loads 16-byte vectors along K;
+  * the chunk of all M rows of x is loaded next to it (a few KB, L2-resident) and the partial products are
+    accumulated in fp32;
+  * MMA path (default): tl.dot(w_chunk [BLOCK_N, BLOCK_K], x_chunk^T [BLOCK_K, 16]) with x padded to 16 rows
+    ("swap AB": the weight tile is the MMA's M side, so BLOCK_N=64 fits Hopper's m64 shapes). Tensor-core work is
+    wasted on the padding but is far below the memory time; what matters is that Triton software-pipelines the
+    weight loads of a dot (num_stages), keeping several chunks in flight per program;
+  * FMA path (mma=False, meant for M = 1..2): an fp32 [M_pad, BLOCK_N, BLOCK_K] register accumulator updated by
+    plain FMAs and reduced over K once at the end (no reduction in the loop); costs M_pad*BLOCK_N*BLOCK_K/threads
+    registers, so only small tiles are sensible.
+  * split-K (split_k > 1): programs [N tiles x K splits]. Every program writes its fp32 partial [M, BLOCK_N] to a
+    workspace; with split_reduce="fused" (default) the last program of a tile to finish (an atomic per-tile
+    counter, release/acquire) sums the partials in fixed split order (deterministic), writes y and re-arms the
+    counter to 0; split_reduce="kernel" leaves the sum to a second small kernel instead (like cuBLAS's splitKreduce).
+
+Default launch (default_launch): BLOCK_N=64, BLOCK_K = 256 bytes of a weight row (128 bf16), 4 warps, 4 stages,
+MMA path, and the smallest split of K into whole BLOCK_K chunks (preferring even divisions) that gives at least
+4 programs per SM, keeping >= 4 chunks per split. It depends on (N, K, dtype, SM count) only, never on M, so a row's
+result does not change with the batch size. On 132 SMs at the 4B decode shapes: gate_up 18432x2560 -> split 2
+(576 programs), in_proj 12352x2560 -> 4 (772), down 2560x9216 -> 18 (720), out_proj 2560x4096 -> 8 (320),
+lm_head 248320x2560 -> 1 (3880). These are reasoned guesses; bench/small_m_linear_bench.py sweeps around them.
+
+CUDA graphs: no host syncs and allocation from shapes only. Split-K needs a workspace (fp32 partials + int32
+counters that must start at 0; the fused path leaves them at 0 again). Without one, each call allocates partials and
+zeroes counters (an extra memset kernel); callers that care (the engine, graphs) pass a preallocated
+`small_m_linear_workspace(...)`, one per stream: two launches that may overlap must not share a workspace.
+
+Not wired into the engine yet (needs GPU numbers first). It would replace the decode-time F.linear calls in
+engine/models/qwen3_5_text.py (MLP gate_up/down, attention qkv/o, GDN in_proj/out_proj) and the lm_head in
+engine/models/qwen3_5.py, for decode batches with M <= 16 (the shared building blocks live in engine/models/layers.py).
+"""
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels._common import cast_rtne, cdiv, check, next_pow2, output, require_last_dim_contiguous, sm_count, use_triton
+
+MAX_M = 16
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+PROGRAMS_PER_SM = 4  # split-K target: at least this many programs per SM
+MIN_CHUNKS_PER_SPLIT = 4  # ... but every split keeps at least this many BLOCK_K chunks
+MAX_SPLIT_K = 32
+
+
+class SplitKWorkspace(NamedTuple):
+    partials: torch.Tensor  # fp32, >= split_k * M * N elements
+    counters: torch.Tensor  # int32, >= cdiv(N, block_n) elements, all 0 between launches
+
+
+def small_m_linear_workspace(N, device, max_m=MAX_M, max_split_k=MAX_SPLIT_K, min_block_n=16) -> SplitKWorkspace:
+    """A workspace valid for any launch with M <= max_m, split_k <= max_split_k, block_n >= min_block_n."""
+    return SplitKWorkspace(torch.empty(max_split_k * max_m * N, dtype=torch.float32, device=device),
+                           torch.zeros(cdiv(N, min_block_n), dtype=torch.int32, device=device))
+
+
+def _validate(x, weight):
+    check(x.dim() == 2, f"x must be [M, K], got shape {tuple(x.shape)}")
+    check(weight.dim() == 2, f"weight must be [N, K] (nn.Linear layout), got shape {tuple(weight.shape)}")
+    check(x.shape[1] == weight.shape[1], f"x is [M, K={x.shape[1]}] but weight is [N, K={weight.shape[1]}]")
+    check(x.shape[0] <= MAX_M, f"small_m_linear handles M <= {MAX_M} rows, got M={x.shape[0]}")
+    check(x.dtype in DTYPES, f"x dtype must be one of {DTYPES}, got {x.dtype}")
+    check(weight.dtype == x.dtype, f"weight dtype {weight.dtype} != x dtype {x.dtype}")
+    check(weight.device == x.device, f"x on {x.device} but weight on {weight.device}")
+
+
+def small_m_linear_ref(x, weight, out=None):
+    """F.linear in fp32, rounded once to x.dtype."""
+    _validate(x, weight)
+    y = output(out, (x.shape[0], weight.shape[0]), x.dtype, x.device)
+    y.copy_(torch.nn.functional.linear(x.float(), weight.float()))
+    return y
+
+
+def pick_split_k(N, K, block_n, block_k, num_sms) -> int:
+    """Smallest split of K's BLOCK_K chunks reaching PROGRAMS_PER_SM * num_sms programs with >= MIN_CHUNKS_PER_SPLIT
+    chunks each; an even division of the chunks when one qualifies, else the smallest (possibly uneven) one."""
+    n_tiles, chunks = cdiv(N, block_n), cdiv(K, block_k)
+    want = cdiv(PROGRAMS_PER_SM * num_sms, n_tiles)
+    most = max(1, min(MAX_SPLIT_K, chunks // MIN_CHUNKS_PER_SPLIT))
+    if want <= 1:
+        return 1
+    if want >= most:
+        return most
+    for s in range(want, most + 1):
+        if chunks % s == 0:
+            return s
+    return want
+
+
+def split_ranges(K, block_k, split_k):
+    """(K elements per split, a multiple of block_k; effective number of splits, none empty, possibly < split_k)."""
+    chunks = cdiv(K, block_k)
+    k_per_split = cdiv(chunks, min(split_k, chunks)) * block_k
+    return k_per_split, cdiv(K, k_per_split)
+
+
+def default_launch(N, K, dtype, device) -> dict:
+    """The launch options used when none are given (see the module docstring). Independent of M on purpose."""
+    block_n, block_k = 64, 256 // dtype.itemsize
+    return dict(block_n=block_n, block_k=block_k, split_k=pick_split_k(N, K, block_n, block_k, sm_count(device)),
+                num_warps=4, num_stages=4, mma=True, split_reduce="fused")
+
+
+@triton.jit(do_not_specialize=["M"])  # M=1 and M=8 share one binary (the JIT would specialise M == 1)
+def _small_m_linear_kernel(
+    x_ptr, w_ptr, out_ptr, part_ptr, count_ptr,
+    M, N, K, K_PER_SPLIT,
+    sxm, swn, som,
+    M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+    USE_MMA: tl.constexpr, SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr,
+):
+    """SPLIT: 0 = one program per N tile writes y; 1 = split-K, the last program of a tile reduces; 2 = split-K,
+    partials only (a second kernel reduces)."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, M_PAD)
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_n = offs_n < N
+    mask_m = offs_m < M
+    k_lo = pid_k * K_PER_SPLIT
+    k_hi = tl.minimum(K, k_lo + K_PER_SPLIT)
+    w_ptrs = w_ptr + offs_n.to(tl.int64)[:, None] * swn + (k_lo + offs_k)[None, :]
+    x_ptrs = x_ptr + offs_m[:, None] * sxm + (k_lo + offs_k)[None, :]
+    if USE_MMA:
+        acc = tl.zeros((BLOCK_N, M_PAD), dtype=tl.float32)
+    else:
+        acc = tl.zeros((M_PAD, BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for k in range(k_lo, k_hi, BLOCK_K):
+        if EVEN_K:  # K_PER_SPLIT and K are multiples of BLOCK_K: no mask along K, the loads stay vectorised
+            w = tl.load(w_ptrs, mask=mask_n[:, None], other=0.0)
+            xk = tl.load(x_ptrs, mask=mask_m[:, None], other=0.0)
+        else:  # chunks never straddle a split boundary (K_PER_SPLIT % BLOCK_K == 0), only the end of K
+            mask_k = (k + offs_k) < K
+            w = tl.load(w_ptrs, mask=mask_n[:, None] & mask_k[None, :], other=0.0)
+            xk = tl.load(x_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+        if USE_MMA:
+            if UPCAST_DOT:  # the CPU interpreter multiplies bf16 tiles as raw integers: feed it fp32
+                w = w.to(tl.float32)
+                xk = xk.to(tl.float32)
+            acc = tl.dot(w, tl.trans(xk), acc, input_precision=DOT_PRECISION)
+        else:
+            acc += w.to(tl.float32)[None, :, :] * xk.to(tl.float32)[:, None, :]
+        w_ptrs += BLOCK_K
+        x_ptrs += BLOCK_K
+    if USE_MMA:
+        res = tl.trans(acc)  # [M_PAD, BLOCK_N]
+    else:
+        res = tl.sum(acc, axis=2)
+
+    mask = mask_m[:, None] & mask_n[None, :]
+    y_ptrs = out_ptr + offs_m[:, None] * som + offs_n[None, :]
+    if SPLIT == 0:
+        tl.store(y_ptrs, cast_rtne(res, out_ptr.dtype.element_ty), mask=mask)
+    else:
+        p_ptrs = part_ptr + offs_m[:, None] * N + offs_n[None, :]  # partials [S, M, N] fp32
+        tl.store(p_ptrs + pid_k * M * N, res, mask=mask)
+        if SPLIT == 1:
+            # All of this program's partial stores happen before the counter increment (barrier, then a release
+            # atomic); the program that sees count == S-1 acquires them all and reduces in split order.
+            tl.debug_barrier()
+            count = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+            S = tl.num_programs(1)
+            if count == S - 1:
+                total = tl.zeros((M_PAD, BLOCK_N), dtype=tl.float32)
+                for s in range(S):  # .cg: read L2, where the other SMs' stores are, never a stale L1 line
+                    total += tl.load(p_ptrs + s * M * N, mask=mask, other=0.0, cache_modifier=".cg")
+                tl.store(y_ptrs, cast_rtne(total, out_ptr.dtype.element_ty), mask=mask)
+                tl.store(count_ptr + pid_n, 0)  # re-arm for the next launch (kernel boundaries order it)
+
+
+@triton.jit
+def _split_k_reduce_kernel(part_ptr, out_ptr, M, N, S, som, BLOCK: tl.constexpr):
+    m = tl.program_id(0)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < N
+    total = tl.zeros((BLOCK,), dtype=tl.float32)
+    for s in range(S):
+        total += tl.load(part_ptr + (s * M + m) * N + offs, mask=mask, other=0.0)
+    tl.store(out_ptr + m * som + offs, cast_rtne(total, out_ptr.dtype.element_ty), mask=mask)
+
+
+def small_m_linear_triton(x, weight, out=None, block_n=None, block_k=None, split_k=None, num_warps=None,
+                          num_stages=None, mma=None, split_reduce=None, workspace=None):
+    """Launch options left as None take default_launch's values. split_k is rounded to whole BLOCK_K chunks per
+    split (the effective number of splits may be lower). workspace: a SplitKWorkspace, used when split_k > 1."""
+    _validate(x, weight)
+    require_last_dim_contiguous("x", x)
+    require_last_dim_contiguous("weight", weight)
+    M, K = x.shape
+    N = weight.shape[0]
+    y = output(out, (M, N), x.dtype, x.device)
+    require_last_dim_contiguous("out", y)
+    if M == 0 or N == 0:
+        return y
+    if K == 0:
+        return y.zero_()
+    d = default_launch(N, K, x.dtype, x.device)
+    BLOCK_N = block_n or d["block_n"]
+    BLOCK_K = block_k or d["block_k"]
+    use_mma = d["mma"] if mma is None else bool(mma)
+    reduce_mode = split_reduce or d["split_reduce"]
+    check(BLOCK_N >= 16 and BLOCK_N == next_pow2(BLOCK_N), f"block_n must be a power of two >= 16, got {BLOCK_N}")
+    check(BLOCK_K >= 16 and BLOCK_K == next_pow2(BLOCK_K), f"block_k must be a power of two >= 16, got {BLOCK_K}")
+    check(reduce_mode in ("fused", "kernel"), f"split_reduce must be 'fused' or 'kernel', got {reduce_mode!r}")
+    split = pick_split_k(N, K, BLOCK_N, BLOCK_K, sm_count(x.device)) if split_k is None else split_k
+    check(isinstance(split, int) and 1 <= split <= MAX_SPLIT_K,
+          f"split_k must be an int in [1, {MAX_SPLIT_K}], got {split!r}")
+    k_per_split, S = split_ranges(K, BLOCK_K, split)
+    n_tiles = cdiv(N, BLOCK_N)
+    mode = 0 if S == 1 else (1 if reduce_mode == "fused" else 2)
+    if mode:
+        if workspace is None:
+            workspace = SplitKWorkspace(torch.empty(S * M * N, dtype=torch.float32, device=x.device),
+                                        torch.zeros(n_tiles, dtype=torch.int32, device=x.device))
+        parts, counters = workspace
+        check(parts.dtype == torch.float32 and parts.is_contiguous() and parts.numel() >= S * M * N,
+              f"workspace.partials must be contiguous fp32 with >= {S * M * N} elements, "
+              f"got {parts.dtype} {parts.numel()}")
+        check(counters.dtype == torch.int32 and counters.numel() >= n_tiles,
+              f"workspace.counters must be int32 with >= {n_tiles} elements, got {counters.dtype} {counters.numel()}")
+        check(parts.device == x.device and counters.device == x.device, "workspace must be on x's device")
+    else:
+        parts, counters = y, y  # unused
+    m_pad = max(16, next_pow2(M)) if use_mma else next_pow2(M)
+    _small_m_linear_kernel[(n_tiles, S)](
+        x, weight, y, parts, counters,
+        M, N, K, k_per_split,
+        x.stride(0), weight.stride(0), y.stride(0),
+        M_PAD=m_pad, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, EVEN_K=K % BLOCK_K == 0,
+        USE_MMA=use_mma, SPLIT=mode, DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        UPCAST_DOT=not x.is_cuda,
+        num_warps=num_warps or d["num_warps"], num_stages=num_stages or d["num_stages"],
+    )
+    if mode == 2:
+        block = min(1024, next_pow2(N))
+        _split_k_reduce_kernel[(M, cdiv(N, block))](parts, y, M, N, S, y.stride(0), BLOCK=block, num_warps=4)
+    return y
+
+
+def small_m_linear(x, weight, out=None, **launch):
+    """x @ weight.T -> [M, N] in x.dtype (written to `out` if given); x [M <= 16, K], weight [N, K] of x's dtype.
+    `launch` (Triton only): block_n, block_k, split_k, num_warps, num_stages, mma, split_reduce, workspace."""
+    if use_triton(x):
+        return small_m_linear_triton(x, weight, out, **launch)
+    return small_m_linear_ref(x, weight, out)
