@@ -389,6 +389,11 @@ def train(cfg: dict, synth: Path, model_dir: Path, out: Path, resume: Path | Non
         state = {"step": 0, "pages": 0, "elapsed_s": 0.0, "runs": 0}
         log = []
     model.to(device).train()
+    if device.startswith("cuda"):
+        # cuDNN's SDPA builds an execution plan for every new sequence length: ~5 ms of host time per attention call
+        # with our variable page sizes, most of a step (bench/results/ocria_tiny_train_profile.txt). Flash attention
+        # has no such set-up cost.
+        torch.backends.cuda.enable_cudnn_sdp(False)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"params {n_params / 1e6:.2f} M (vision {sum(p.numel() for p in model.model.visual.parameters()) / 1e6:.2f} M)", flush=True)
 
@@ -399,6 +404,7 @@ def train(cfg: dict, synth: Path, model_dir: Path, out: Path, resume: Path | Non
         num_workers=tc["num_workers"],
         collate_fn=lambda items: collate(items, builder.ids.endoftext, builder.ids.image_pad),
         prefetch_factor=4 if tc["num_workers"] else None,
+        pin_memory=device.startswith("cuda"),  # pageable host-to-device copies cost ~1 ms per tensor (profile)
         persistent_workers=False,
     )
     opt = torch.optim.AdamW(param_groups(model, tc), lr=tc["lr"], betas=(0.9, 0.95), fused=device.startswith("cuda"))
