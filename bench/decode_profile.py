@@ -332,11 +332,7 @@ def print_summary(runs: list[dict]) -> None:
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--dtype", default=None, help="default bfloat16 on CUDA, float32 on CPU")
-    ap.add_argument("--tiny", action="store_true", help="tiny shapes (CPU smoke run) instead of Qwen3.5-4B")
-    ap.add_argument("--out", required=True)
+    ap = bench.model_shape_args(__doc__)
     ap.add_argument("--variants", default="default,fused")
     ap.add_argument("--batch-sizes", default="1,8")
     ap.add_argument("--prompt", type=int, default=None, help="prompt tokens (default 512 as the benchmark, tiny 32)")

@@ -301,12 +301,18 @@ def plot(results: list[dict], path: Path) -> None:
     img.save(path)
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def model_shape_args(doc: str) -> argparse.ArgumentParser:
+    """The arguments every 4B-shape GPU script shares: device, dtype, --tiny, --out."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", default=None, help="default bfloat16 on CUDA, float32 on CPU")
     ap.add_argument("--tiny", action="store_true", help="tiny shapes (CPU smoke run) instead of Qwen3.5-4B")
     ap.add_argument("--out", required=True)
+    return ap
+
+
+def main(argv=None):
+    ap = model_shape_args(__doc__)
     ap.add_argument("--scenarios", default="text,page")
     ap.add_argument("--batch-sizes", default=None, help="default 1,8,32,64 (tiny: 1,4)")
     ap.add_argument("--text-prompt", type=int, default=None)
