@@ -23,7 +23,10 @@ MMA path, and the smallest split of K into whole BLOCK_K chunks (preferring even
 4 programs per SM, keeping >= 4 chunks per split. It depends on (N, K, dtype, SM count) only, never on M, so a row's
 result does not change with the batch size. On 132 SMs at the 4B decode shapes: gate_up 18432x2560 -> split 2
 (576 programs), in_proj 12352x2560 -> 4 (772), down 2560x9216 -> 18 (720), out_proj 2560x4096 -> 8 (320),
-lm_head 248320x2560 -> 1 (3880). These are reasoned guesses; bench/small_m_linear_bench.py sweeps around them.
+lm_head 248320x2560 -> 1 (3880). These were reasoned guesses, and the H200 sweep (bench/results/README.md) says
+they split too much: the best configs were no split for gate_up (block_n 32), in_proj and lm_head, split 8 for
+down (block_n 32) and 4 for out_proj; only with those does the kernel beat cuBLAS (in_proj, down, out_proj,
+lm_head: ~0.13 ms per 4B decode step). Take those into the defaults before wiring it in.
 
 CUDA graphs: no host syncs and allocation from shapes only. Split-K needs a workspace (fp32 partials + int32
 counters that must start at 0; the fused path leaves them at 0 again). Without one, each call allocates partials and
