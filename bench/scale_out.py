@@ -1,6 +1,6 @@
 """Issue #5: the parse job on 1 GPU, then on every GPU of the host, in one command; throughput scaling measured.
 
-    python3 bench/scale_out.py --out $OUT/scale_out --pages 900          # GPU host: 4B shape, random weights
+    python3 bench/scale_out.py --out $OUT --work /tmp/so --pages 900 --budget-s 500  # GPU host: 4B shape, random weights
     python bench/scale_out.py --tiny --device cpu --out /tmp/so            # CPU smoke: tiny model, 1 vs 2 engines
 
 Steps: (1) a random-weight checkpoint in the real HF format (engine.testing.write_random_checkpoint): the Qwen3.5-4B
@@ -108,7 +108,7 @@ def job_config(args, checkpoint: Path, corpus: Path, output: Path, engines: int,
 def run_one(args, checkpoint: Path, corpus: Path, engines: int, n_docs: int, echo=print) -> dict:
     from pipeline.job import prepare, run
 
-    output = Path(args.out) / f"run-{engines}"
+    output = Path(args.work or args.out) / f"run-{engines}"
     cfg = job_config(args, checkpoint, corpus, output, engines, n_docs)
     t0 = time.perf_counter()
     summary = run(prepare(cfg), echo=echo)
@@ -152,7 +152,9 @@ def format_rows(rows: list[dict], unit: str) -> str:
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", required=True, help="folder for the checkpoint, corpus, run outputs and scale_out.json")
+    ap.add_argument("--out", required=True, help="folder for scale_out.json")
+    ap.add_argument("--work", help="folder for the checkpoint, corpus and run outputs (default: --out; the 4B "
+                                   "checkpoint is 9 GB, so on the device machine keep it out of $OUT)")
     ap.add_argument("--tiny", action="store_true", help="tiny random model and small pages (CPU smoke)")
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     ap.add_argument("--engines", type=int, default=None,
@@ -178,8 +180,9 @@ def main(argv=None) -> dict:
         args.num_cpus = 2
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    out = Path(args.out)
+    out, work = Path(args.out), Path(args.work or args.out)
     out.mkdir(parents=True, exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
 
     if args.engines is None:
         if args.device == "cuda":
@@ -192,11 +195,11 @@ def main(argv=None) -> dict:
             args.engines = 2
     timings = {}
     t = time.perf_counter()
-    checkpoint = Path(args.checkpoint) if args.checkpoint else build_checkpoint(out / "checkpoint", tiny)
+    checkpoint = Path(args.checkpoint) if args.checkpoint else build_checkpoint(work / "checkpoint", tiny)
     timings["checkpoint_s"] = time.perf_counter() - t
     t = time.perf_counter()
     docs_per_engine = math.ceil(args.pages / args.pages_per_doc)
-    corpus = out / "corpus"
+    corpus = work / "corpus"
     make_corpus(corpus, docs_per_engine * args.engines, args.pages_per_doc)
     timings["corpus_s"] = time.perf_counter() - t
     print(f"checkpoint {checkpoint} ({timings['checkpoint_s']:.1f} s); corpus {docs_per_engine * args.engines} docs x "

@@ -17,16 +17,17 @@ pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 
 
 def test_tiny_cpu_scale_out_runs_both_and_reports_scaling(tmp_path):
-    out = tmp_path / "so"
+    out, work = tmp_path / "report", tmp_path / "work"
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", TOKENIZERS_PARALLELISM="false")
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "scale_out.py"), "--tiny", "--device", "cpu",
-                           "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=270)
+                           "--out", str(out), "--work", str(work)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=270)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "effic." in proc.stdout
     res = json.loads((out / "scale_out.json").read_text())
+    assert sorted(p.name for p in out.iterdir()) == ["scale_out.json"]  # bulky files stay in --work
     runs, rows = res["runs"], res["scaling"]
     assert [r["engine_actors"] for r in runs] == [1, 2] and [r["gpus"] for r in runs] == [0, 0]
-    corpus = sorted(p.name for p in (out / "corpus").glob("*.pdf"))
+    corpus = sorted(p.name for p in (work / "corpus").glob("*.pdf"))
     assert len(corpus) == 8  # 8 pages per engine, 2 pages per document, for 2 engines
     for run, n_docs in zip(runs, (4, 8)):
         assert run["documents"] == run["documents_ok"] == n_docs and run["pages"] == run["pages_ok"] == 2 * n_docs
