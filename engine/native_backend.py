@@ -18,10 +18,11 @@ class NativeBackend:
 
     def __init__(self, checkpoint_dir: str | Path, device: str = "cpu", dtype: str = "auto",
                  max_new_tokens: int | None = None, chat_template_kwargs: dict | None = None,
-                 preprocess_threads: int = 4, **engine_options):
+                 preprocess_threads: int = 4, ignore_eos: bool = False, **engine_options):
         """engine_options: EngineOptions fields (max_num_seqs, max_model_len, max_num_batched_tokens, block_size,
         num_blocks, kv_cache_memory_gb, gpu_memory_utilization, enforce_eager). `max_batch_size` (the transformers
-        backend's name) is accepted as max_num_seqs. max_new_tokens caps every request's sampling.max_tokens."""
+        backend's name) is accepted as max_num_seqs. max_new_tokens caps every request's sampling.max_tokens.
+        ignore_eos: every page generates exactly its max_tokens (benchmarks: fixed-length, page-shaped work)."""
         if "max_batch_size" in engine_options:
             engine_options.setdefault("max_num_seqs", engine_options.pop("max_batch_size"))
         if max_new_tokens is not None and max_new_tokens < 1:
@@ -33,6 +34,7 @@ class NativeBackend:
         self.model_id = self.engine.model_id
         self.max_new_tokens = max_new_tokens
         self.preprocess_threads = max(1, preprocess_threads)
+        self.ignore_eos = ignore_eos
 
     def parse(self, requests: list[PageRequest]) -> list[PageResult]:
         """Image preprocessing runs in a small thread pool; each request joins the engine as soon as its inputs are
@@ -59,7 +61,8 @@ class NativeBackend:
                     try:
                         ids, patches, grids = fut.result()
                         self.engine.add_request(key, prompt_token_ids=ids, pixel_values=patches, image_grids=grids,
-                                                sampling=self._sampling(req), arrival_time=t_submit)
+                                                sampling=self._sampling(req), ignore_eos=self.ignore_eos,
+                                                arrival_time=t_submit)
                     except (RequestRejected, ProcessorError) as e:
                         results[key] = _error(req, str(e))
                 if self.engine.has_unfinished():

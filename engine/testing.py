@@ -84,3 +84,95 @@ def build_checkpoint(out: str | Path, *, vision: bool = True, tie: bool = False,
     model.to(dtype).save_pretrained(out, **({"max_shard_size": max_shard_size} if max_shard_size else {}))
     hf_format.write_processor_files(out, tok, min_pixels=32 * 32, max_pixels=256 * 256)
     return out
+
+
+def _tiled(n: int, block: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """n values: `block` repeated (a memcpy per repeat), so any size costs about what writing it costs."""
+    block = block[:n].to(dtype)
+    out = torch.empty(n, dtype=dtype)
+    k, b = divmod(n, block.numel())
+    if k:
+        out[: k * block.numel()].view(k, -1).copy_(block.expand(k, -1))
+    if b:
+        out[k * block.numel():].copy_(block[:b])
+    return out
+
+
+def random_tensor(name: str, shape: tuple[int, ...], dtype: torch.dtype, gen: torch.Generator,
+                  block_size: int = (1 << 20) + 7) -> torch.Tensor:
+    """One tensor with randomize()'s per-name scales, built directly in `dtype` from a block of seeded normals
+    tiled over it (weights repeat with a period of ~1M values: fine for throughput, not for anything learnt)."""
+    n = math.prod(shape)
+    leaf = name.rsplit(".", 1)[-1]
+    if name.endswith("A_log"):
+        return torch.log(torch.rand(shape, generator=gen) * 3.5 + 0.5).to(dtype)
+    if name.endswith("dt_bias"):
+        dt = torch.rand(shape, generator=gen) * 0.19 + 0.01
+        return (dt + torch.log(-torch.expm1(-dt))).to(dtype)
+    if "linear_attn.norm" in name or (len(shape) == 1 and leaf == "weight" and "visual" in name):
+        mean, std = 1.0, 0.1
+    elif len(shape) == 1:
+        mean, std = 0.0, 0.1
+    elif "embed_tokens" in name or "pos_embed" in name:
+        mean, std = 0.0, 0.5
+    else:
+        mean, std = 0.0, 1.0 / math.sqrt(math.prod(shape[1:]))
+    block = torch.randn(min(n, block_size), generator=gen) * std + mean
+    return _tiled(n, block, dtype).view(shape)
+
+
+def write_random_checkpoint(out: str | Path, text: dict, vision: dict, *, min_pixels: int, max_pixels: int,
+                            tokenizer_vocab: int = 1024, seed: int = 0, dtype: torch.dtype = torch.bfloat16,
+                            shard_bytes: int = 2_000_000_000, note: str | None = None) -> Path:
+    """A random-weight qwen3_5 (vision) checkpoint of any shape in the real HF format, written fast: no model is
+    built; every tensor named and shaped by engine.checkpoint.expected_tensors is made directly in `dtype`
+    (random_tensor) and saved in shards of about `shard_bytes` with an index. The Qwen3.5-4B shape (8.4 GB bf16)
+    takes about as long as the disk needs to write it. The tokenizer is a small BPE (`tokenizer_vocab` ids, special
+    tokens last); the text vocab stays `text['vocab_size']` (ids past the tokenizer decode to nothing)."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from engine import hf_format
+    from engine.checkpoint import expected_tensors
+    from engine.config import load_config
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    tok = hf_format.train_tokenizer(tokenizer_texts(), tokenizer_vocab)
+    ids = hf_format.special_token_ids(tok)
+    n_tok = tok.get_vocab_size(with_added_tokens=True)
+    text = dict(text, vocab_size=max(text["vocab_size"], n_tok), eos_token_id=ids.im_end, pad_token_id=ids.endoftext,
+                bos_token_id=None)
+    config = hf_format.qwen3_5_config(text, vision, ids, tie_word_embeddings=text.get("tie_word_embeddings", True))
+    config.dtype = str(dtype).removeprefix("torch.")
+    config.save_pretrained(out)
+    hf_format.write_processor_files(out, tok, min_pixels=min_pixels, max_pixels=max_pixels)
+
+    shapes = expected_tensors(load_config(out))
+    item = torch.empty((), dtype=dtype).element_size()
+    shards: list[list[str]] = [[]]
+    size = 0
+    for name, shape in shapes.items():
+        nbytes = math.prod(shape) * item
+        if shards[-1] and size + nbytes > shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(name)
+        size += nbytes
+    gen = torch.Generator().manual_seed(seed)
+    weight_map = {}
+    for i, names in enumerate(shards):
+        fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        save_file({n: random_tensor(n, shapes[n], dtype, gen) for n in names}, str(out / fname),
+                  metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(names, fname))
+    total = sum(math.prod(s) for s in shapes.values()) * item
+    (out / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2, sort_keys=True) + "\n")
+    info = {"name": out.name, "random_weights": True, "seed": seed, "dtype": config.dtype,
+            "builder": "engine.testing.write_random_checkpoint", "parameters": total // item,
+            "note": note or "random weights: generated text is not meaningful",
+            "min_pixels": min_pixels, "max_pixels": max_pixels}
+    (out / "ocria_info.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+    return out

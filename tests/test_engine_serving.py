@@ -127,3 +127,18 @@ def test_padded_decode_rows_are_inert(ckpt):
     assert padded.runner.decode_sizes[:3] == [1, 2, 4]
     out = padded.generate(reqs)
     assert [o.output_token_ids for o in out] == [o.output_token_ids for o in plain]
+
+
+def test_native_backend_ignore_eos_generates_max_tokens(ckpt):
+    """ignore_eos (a backend option, e.g. model.options in the job config) makes every page exactly max_tokens long:
+    the fixed-length work of throughput benchmarks, whatever the random weights would stop at."""
+    from engine.backends import load_backend
+
+    rng = np.random.default_rng(1)
+    reqs = [PageRequest(f"p{i}", rng.integers(0, 256, (64 + 16 * i, 48, 3), dtype=np.uint8),
+                        sampling=SamplingParams(max_tokens=9)) for i in range(3)]
+    backend = load_backend("native", str(ckpt), device="cpu", dtype="float32", max_batch_size=3, num_blocks=64,
+                           ignore_eos=True)
+    res = backend.parse(reqs)
+    assert [(r.output_tokens, r.finish_reason) for r in res] == [(9, "length")] * 3
+    backend.close()

@@ -42,3 +42,16 @@ def test_cpu_run_bills_engine_actors():
     stats.wall_s = 3600.0
     s = stats.summary()
     assert s["usd"] == 1.0 and "CPU" in s["cost_basis"] and math.isnan(s["usd_per_million_pages"])
+
+
+def test_steady_rate_counts_only_pages_after_the_warm_up():
+    stats = RunStats("r", engine_actors=2, gpus=2, usd_per_gpu_hour=1.0)
+    for uri in "abcd":
+        rows = [page(uri, i, 16, tokens=10) for i in range(16)]
+        stats.add_document(document_row("r", rows, DocMeta(1, 1, 1), 500), rows)
+    stats.wall_s, stats.first_result_s = 30.0, 8.0
+    assert math.isclose(stats.summary()["steady_pages_per_s"], 64 / 22)  # no warm-up mark: after the first result
+    stats.warmup_s, stats.warmup_pages = 10.0, 32
+    s = stats.summary()
+    assert math.isclose(s["steady_pages_per_s"], 32 / 20) and s["warmup_pages"] == 32
+    assert "after warm-up (10.0 s)" in format_table(s)
