@@ -38,25 +38,37 @@ def tokenizer_texts() -> list[str]:
     return texts
 
 
+def _gdn_param(name: str, shape, gen: torch.Generator) -> torch.Tensor | None:
+    """A_log and dt_bias drawn from their working ranges (fp32); None for every other tensor."""
+    if name.endswith("A_log"):
+        return torch.log(torch.rand(shape, generator=gen) * 3.5 + 0.5)
+    if name.endswith("dt_bias"):
+        dt = torch.rand(shape, generator=gen) * 0.19 + 0.01
+        return dt + torch.log(-torch.expm1(-dt))  # inverse softplus: softplus(dt_bias) = dt
+    return None
+
+
+def _normal_params(name: str, shape: tuple[int, ...]) -> tuple[float, float]:
+    """(mean, std) of the normal a tensor is drawn from."""
+    if "linear_attn.norm" in name or (len(shape) == 1 and name.endswith(".weight") and "visual" in name):
+        return 1.0, 0.1  # plain-weight norms (gated RMSNorm, LayerNorm)
+    if len(shape) == 1:
+        return 0.0, 0.1  # (1 + w) RMSNorms and biases
+    if "embed_tokens" in name or "pos_embed" in name:
+        return 0.0, 0.5
+    return 0.0, 1.0 / math.sqrt(math.prod(shape[1:]))  # 1 / sqrt(fan_in)
+
+
 @torch.no_grad()
 def randomize(model: torch.nn.Module, seed: int) -> None:
     gen = torch.Generator().manual_seed(seed)
     for name, p in model.named_parameters():
-        leaf = name.rsplit(".", 1)[-1]
-        if name.endswith("A_log"):
-            p.copy_(torch.log(torch.rand(p.shape, generator=gen) * 3.5 + 0.5))
-        elif name.endswith("dt_bias"):
-            dt = torch.rand(p.shape, generator=gen) * 0.19 + 0.01
-            p.copy_(dt + torch.log(-torch.expm1(-dt)))  # inverse softplus: softplus(dt_bias) = dt
-        elif "linear_attn.norm" in name or (p.dim() == 1 and leaf == "weight" and "visual" in name):
-            p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))  # plain-weight norms (gated RMSNorm, LayerNorm)
-        elif p.dim() == 1:
-            p.copy_(0.1 * torch.randn(p.shape, generator=gen))  # (1 + w) RMSNorms and biases
-        elif "embed_tokens" in name or "pos_embed" in name:
-            p.copy_(0.5 * torch.randn(p.shape, generator=gen))
-        else:
-            fan_in = p[0].numel()
-            p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(fan_in))
+        special = _gdn_param(name, p.shape, gen)
+        if special is not None:
+            p.copy_(special)
+            continue
+        mean, std = _normal_params(name, tuple(p.shape))
+        p.copy_(mean + std * torch.randn(p.shape, generator=gen))
 
 
 def build_checkpoint(out: str | Path, *, vision: bool = True, tie: bool = False, vocab_size: int = 600,
@@ -103,20 +115,10 @@ def random_tensor(name: str, shape: tuple[int, ...], dtype: torch.dtype, gen: to
     """One tensor with randomize()'s per-name scales, built directly in `dtype` from a block of seeded normals
     tiled over it (weights repeat with a period of ~1M values: fine for throughput, not for anything learnt)."""
     n = math.prod(shape)
-    leaf = name.rsplit(".", 1)[-1]
-    if name.endswith("A_log"):
-        return torch.log(torch.rand(shape, generator=gen) * 3.5 + 0.5).to(dtype)
-    if name.endswith("dt_bias"):
-        dt = torch.rand(shape, generator=gen) * 0.19 + 0.01
-        return (dt + torch.log(-torch.expm1(-dt))).to(dtype)
-    if "linear_attn.norm" in name or (len(shape) == 1 and leaf == "weight" and "visual" in name):
-        mean, std = 1.0, 0.1
-    elif len(shape) == 1:
-        mean, std = 0.0, 0.1
-    elif "embed_tokens" in name or "pos_embed" in name:
-        mean, std = 0.0, 0.5
-    else:
-        mean, std = 0.0, 1.0 / math.sqrt(math.prod(shape[1:]))
+    special = _gdn_param(name, shape, gen)
+    if special is not None:
+        return special.to(dtype)
+    mean, std = _normal_params(name, tuple(shape))
     block = torch.randn(min(n, block_size), generator=gen) * std + mean
     return _tiled(n, block, dtype).view(shape)
 
