@@ -30,3 +30,13 @@ def assert_close(actual, expected, dtype=None, **overrides) -> None:
     tol = dict(TOLERANCES[dtype or expected.dtype])
     tol.update(overrides)
     torch.testing.assert_close(actual.float(), expected.float(), **tol)
+
+
+def assert_dispatches_to_triton(monkeypatch, triton_fn: str, op, *args, returns=None) -> None:
+    """With OCRIA_FORCE_TRITON=1, `op(*args)` calls the Triton implementation `triton_fn` ("module.name") exactly
+    once (it is replaced by a recorder returning `returns`)."""
+    monkeypatch.setenv("OCRIA_FORCE_TRITON", "1")
+    calls = []
+    monkeypatch.setattr(triton_fn, lambda *a, **kw: calls.append(1) or returns)
+    op(*args)
+    assert calls == [1]

@@ -8,7 +8,7 @@ import torch
 from engine.interface import SamplingParams
 from engine.llm_engine import Engine
 from engine.model_runner import graph_batch_sizes
-from engine.testing import build_checkpoint, tokenizer_texts
+from engine.testing import build_checkpoint
 
 LOGITS_ATOL = 2e-4  # as tests/test_engine_exactness.py
 MAX_NEW = 6
@@ -16,10 +16,7 @@ MAX_NEW = 6
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
-    from engine import hf_format
-
-    tok = hf_format.train_tokenizer(tokenizer_texts(), 600)
-    return build_checkpoint(tmp_path_factory.mktemp("txt"), vision=False, tie=True, tokenizer=tok, seed=11)
+    return build_checkpoint(tmp_path_factory.mktemp("txt"), vision=False, tie=True, seed=11)
 
 
 def requests():

@@ -5,15 +5,12 @@ import pytest
 
 from engine.config import load_config
 from engine.processor import ImageProcessor, Processor, ProcessorError, smart_resize
-from engine.testing import build_checkpoint, tokenizer_texts
+from engine.testing import build_checkpoint
 
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
-    from engine import hf_format
-
-    tok = hf_format.train_tokenizer(tokenizer_texts(), 600)
-    return build_checkpoint(tmp_path_factory.mktemp("vl"), tokenizer=tok, seed=0)
+    return build_checkpoint(tmp_path_factory.mktemp("vl"), seed=0)
 
 
 @pytest.fixture(scope="module")

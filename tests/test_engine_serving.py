@@ -7,15 +7,12 @@ import torch
 from engine.interface import PageRequest, SamplingParams
 from engine.llm_engine import Engine, RequestRejected
 from engine.sampler import filter_logits
-from engine.testing import build_checkpoint, tokenizer_texts
+from engine.testing import build_checkpoint
 
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
-    from engine import hf_format
-
-    tok = hf_format.train_tokenizer(tokenizer_texts(), 600)
-    return build_checkpoint(tmp_path_factory.mktemp("vl"), tokenizer=tok, seed=6)
+    return build_checkpoint(tmp_path_factory.mktemp("vl"), seed=6)
 
 
 @pytest.fixture(scope="module")

@@ -110,10 +110,9 @@ def test_runner_glue_check_accepts_a_working_compiler(tmp_path):
 
     from engine.interface import SamplingParams
     from engine.llm_engine import Engine
-    from engine.testing import build_checkpoint, tokenizer_texts
-    from engine import hf_format
+    from engine.testing import build_checkpoint
 
-    ckpt = build_checkpoint(tmp_path / "c", vision=False, tokenizer=hf_format.train_tokenizer(tokenizer_texts(), 600))
+    ckpt = build_checkpoint(tmp_path / "c", vision=False)
     eng = Engine.from_checkpoint(ckpt, num_blocks=16)
     with warnings.catch_warnings():
         warnings.simplefilter("error")

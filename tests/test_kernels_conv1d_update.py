@@ -3,7 +3,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels.testing import assert_close, poisoned, require_interpreted  # sets TRITON_INTERPRET first
+from kernels.testing import (  # sets TRITON_INTERPRET first
+    assert_close, assert_dispatches_to_triton, poisoned, require_interpreted)
 from kernels.conv1d_update import (_conv1d_update_kernel, causal_conv1d_prefill_ref, causal_conv1d_update,
                                    causal_conv1d_update_ref, causal_conv1d_update_triton)
 
@@ -102,11 +103,8 @@ def test_prefill_ref_zero_initial_state_is_plain_causal_conv():
 def test_dispatch(monkeypatch):
     x, conv_state, weight = make_inputs()
     idx = torch.tensor(STATE_IDX, dtype=torch.int32)
-    monkeypatch.setenv("OCRIA_FORCE_TRITON", "1")
-    calls = []
-    monkeypatch.setattr("kernels.conv1d_update.causal_conv1d_update_triton", lambda *a, **kw: calls.append(1))
-    causal_conv1d_update(x, conv_state, weight, idx)
-    assert calls == [1]
+    assert_dispatches_to_triton(monkeypatch, "kernels.conv1d_update.causal_conv1d_update_triton", causal_conv1d_update,
+                                x, conv_state, weight, idx)
 
 
 def test_bad_inputs_raise_clear_errors():

@@ -2,7 +2,8 @@
 import pytest
 import torch
 
-from kernels.testing import assert_close, poisoned, require_interpreted  # sets TRITON_INTERPRET first
+from kernels.testing import (  # sets TRITON_INTERPRET first
+    assert_close, assert_dispatches_to_triton, poisoned, require_interpreted)
 from kernels.gated_rmsnorm import _gated_rmsnorm_kernel, gated_rmsnorm, gated_rmsnorm_ref, gated_rmsnorm_triton
 
 EPS = 1e-6
@@ -58,11 +59,8 @@ def test_ref_matches_transformers(dtype, weight_dtype):
 
 def test_dispatch(monkeypatch):
     o, z, weight = make_inputs(2, 2, 8, torch.float32)
-    monkeypatch.setenv("OCRIA_FORCE_TRITON", "1")
-    calls = []
-    monkeypatch.setattr("kernels.gated_rmsnorm.gated_rmsnorm_triton", lambda *a, **kw: calls.append(1))
-    gated_rmsnorm(o, z, weight, EPS)
-    assert calls == [1]
+    assert_dispatches_to_triton(monkeypatch, "kernels.gated_rmsnorm.gated_rmsnorm_triton", gated_rmsnorm,
+                                o, z, weight, EPS)
 
 
 def test_bad_inputs_raise_clear_errors():

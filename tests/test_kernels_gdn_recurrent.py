@@ -2,7 +2,8 @@
 import pytest
 import torch
 
-from kernels.testing import assert_close, poisoned, require_interpreted  # sets TRITON_INTERPRET first
+from kernels.testing import (  # sets TRITON_INTERPRET first
+    assert_close, assert_dispatches_to_triton, poisoned, require_interpreted)
 from kernels.gdn_recurrent import _gdn_recurrent_kernel, gdn_recurrent, gdn_recurrent_ref, gdn_recurrent_triton
 
 NUM_SLOTS = 5
@@ -142,11 +143,8 @@ def test_dispatch(monkeypatch):
     idx = torch.tensor(STATE_IDX, dtype=torch.int32)
     monkeypatch.delenv("OCRIA_FORCE_TRITON", raising=False)
     o_cpu = gdn_recurrent(q, k, v, g, beta, state.clone(), idx)  # CPU tensors -> reference
-    monkeypatch.setenv("OCRIA_FORCE_TRITON", "1")
-    calls = []
-    monkeypatch.setattr("kernels.gdn_recurrent.gdn_recurrent_triton", lambda *a, **kw: calls.append(1) or o_cpu)
-    gdn_recurrent(q, k, v, g, beta, state.clone(), idx)
-    assert calls == [1]
+    assert_dispatches_to_triton(monkeypatch, "kernels.gdn_recurrent.gdn_recurrent_triton", gdn_recurrent,
+                                q, k, v, g, beta, state.clone(), idx, returns=o_cpu)
 
 
 def test_bad_inputs_raise_clear_errors():

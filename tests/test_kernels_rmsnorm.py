@@ -2,7 +2,8 @@
 import pytest
 import torch
 
-from kernels.testing import assert_close, poisoned, require_interpreted  # sets TRITON_INTERPRET first
+from kernels.testing import (  # sets TRITON_INTERPRET first
+    assert_close, assert_dispatches_to_triton, poisoned, require_interpreted)
 from kernels.rmsnorm import _rmsnorm_kernel, rmsnorm, rmsnorm_ref, rmsnorm_triton
 
 EPS = 1e-6
@@ -68,11 +69,7 @@ def test_ref_matches_transformers(dtype):
 
 def test_dispatch(monkeypatch):
     x, _, weight = make_inputs((2, 8), torch.float32)
-    monkeypatch.setenv("OCRIA_FORCE_TRITON", "1")
-    calls = []
-    monkeypatch.setattr("kernels.rmsnorm.rmsnorm_triton", lambda *a, **kw: calls.append(1))
-    rmsnorm(x, weight, EPS)
-    assert calls == [1]
+    assert_dispatches_to_triton(monkeypatch, "kernels.rmsnorm.rmsnorm_triton", rmsnorm, x, weight, EPS)
 
 
 def test_bad_inputs_raise_clear_errors():
