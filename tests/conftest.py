@@ -17,6 +17,17 @@ sys.path.insert(0, str(ROOT))
 
 
 @pytest.fixture(scope="session")
+def licence_prose() -> list[str]:
+    """Paragraphs of the system's licence texts: a real-text pool for the synthetic page generator."""
+    from pipeline.synthetic import split_paragraphs
+
+    licences = Path("/usr/share/common-licenses")
+    if not licences.is_dir():
+        pytest.skip("no /usr/share/common-licenses on this machine")
+    return [p for f in sorted(licences.iterdir()) if f.is_file() for p in split_paragraphs(f.read_text(errors="replace"))]
+
+
+@pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory) -> Path:
     """The tiny random-weight Qwen3.5 VL checkpoint, built once per session in the real HF format."""
     from jobs.make_tiny_checkpoint import build_tiny_checkpoint
