@@ -201,7 +201,7 @@ def corpus_pages(corpus: Path, n: int, cfg: dict, min_chars: int = 200) -> list[
 
     import pymupdf
 
-    from pipeline.synthetic import rasterize_page
+    from pipeline.rasterize import render_page
 
     rows = list(csv.DictReader((corpus / "manifest.csv").open()))
     rows = [r for r in rows if r["expected_behaviour"] == "ok" and r["category"] in ("text", "table", "multicol")
@@ -217,7 +217,7 @@ def corpus_pages(corpus: Path, n: int, cfg: dict, min_chars: int = 200) -> list[
             ref = normalize_reference(page.get_text("text"))
             if len(ref) < min_chars:
                 continue
-            image = rasterize_page(page, cfg["image"]["target_longest_px"], cfg["image"]["max_pixels"])
+            image = render_page(page, cfg["image"]["target_longest_px"], cfg["image"]["max_pixels"])
         finally:
             doc.close()
         pages.append(EvalPage(r["filename"], image, None, ref))

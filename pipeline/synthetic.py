@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pymupdf
 
-from pipeline.rasterize import RasterOptions, render_scale
+from pipeline.rasterize import render_page
 
 # ---------------------------------------------------------------- text pools
 
@@ -329,19 +329,6 @@ def layout_pdf(blocks: list[Block], s: PageStyle, archive: pymupdf.Archive | Non
     return buf.getvalue(), not more
 
 
-def rasterize_page(page: pymupdf.Page, target_longest_px: int, max_pixels: int) -> np.ndarray:
-    """pipeline.rasterize.render_page's scale and colour space, with the pixels copied while the pixmap is alive.
-
-    render_page returns a view of `pix.samples_mv`, which does not keep the pixmap alive: once it returns, the
-    memory is freed and the first bytes of the image get overwritten (seen: garbage top-left pixels). Switch back
-    to render_page once it copies (np.frombuffer(pix.samples, ...) or a .copy() before returning).
-    """
-    scale = render_scale(page.rect.width, page.rect.height, RasterOptions(target_longest_px, max_pixels))
-    pix = page.get_pixmap(matrix=pymupdf.Matrix(scale, scale), colorspace=pymupdf.csRGB, alpha=False)
-    rows = np.frombuffer(pix.samples, dtype=np.uint8).reshape(pix.height, pix.stride)  # .samples is a bytes copy
-    return np.ascontiguousarray(rows[:, : pix.width * 3]).reshape(pix.height, pix.width, 3)
-
-
 def crop_to_ink(image: np.ndarray, pad: int = 12, ink_below: int = 200) -> np.ndarray:
     """The image cut to the bounding box of its non-white pixels plus `pad` pixels of paper on each side."""
     rows, cols = np.nonzero(image.min(axis=2) < ink_below)
@@ -364,7 +351,7 @@ class SynthConfig:
 @dataclass
 class SyntheticPage:
     seed: int
-    image: np.ndarray  # H x W x 3 uint8, rendered like pipeline.rasterize.render_page
+    image: np.ndarray  # H x W x 3 uint8, rendered by pipeline.rasterize.render_page
     markdown: str
     style: PageStyle
     pdf: bytes  # the one-page PDF that was rasterized
@@ -395,7 +382,7 @@ def make_page(seed: int, pool: TextPool, cfg: SynthConfig, font_dir: Path | None
             pdf, fits = layout_pdf(blocks, style, archive)
     doc = pymupdf.open("pdf", pdf)
     try:
-        image = rasterize_page(doc[0], cfg.target_longest_px, cfg.max_pixels)
+        image = render_page(doc[0], cfg.target_longest_px, cfg.max_pixels)
     finally:
         doc.close()
     if cfg.crop:
