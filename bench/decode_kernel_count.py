@@ -33,10 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
-NO_KERNEL = {"view", "_unsafe_view", "t", "transpose", "reshape", "split", "split_with_sizes", "slice", "select",
-             "unsqueeze", "squeeze", "expand", "as_strided", "alias", "detach", "permute", "unbind", "narrow",
-             "empty", "empty_like", "empty_strided", "new_empty", "lift_fresh", "_reshape_alias", "chunk",
-             "promote_types", "result_type"}  # no device work
+from bench.op_names import NO_DEVICE_WORK  # noqa: E402
+
 GEMMS = {"mm", "addmm", "bmm", "matmul", "linear"}
 
 
@@ -56,7 +54,7 @@ class StepCounter(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if not self.muted:
             op = func.overloadpacket.__name__
-            if op not in NO_KERNEL:
+            if op not in NO_DEVICE_WORK:
                 self.add(f"gemm ({op})" if op in GEMMS else f"torch {op}")
         return func(*args, **(kwargs or {}))
 

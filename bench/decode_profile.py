@@ -38,6 +38,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.op_names import NO_DEVICE_WORK  # noqa: E402
 from engine.config import parse_config  # noqa: E402
 from engine.llm_engine import Engine, EngineOptions  # noqa: E402
 from engine.model_runner import resolve_dtype  # noqa: E402
@@ -50,11 +51,7 @@ GEMM_OPS = {"aten::mm", "aten::addmm", "aten::linear", "aten::matmul"}
 GEMM_NAME = re.compile(r"gemm|gemv|nvjet|cutlass|xmma|splitkreduce|cublas", re.IGNORECASE)  # cuBLAS(Lt) kernels
 # CPU fallback only: aten ops doing no work of their own (views, allocations, no-op casts); GEMM ops stand for their
 # kernel there (their children are bookkeeping)
-NO_WORK = {"aten::" + n for n in (
-    "view", "_unsafe_view", "t", "transpose", "reshape", "_reshape_alias", "flatten", "slice", "select", "unsqueeze",
-    "squeeze", "expand", "as_strided", "as_strided_", "alias", "detach", "permute", "split", "chunk", "narrow",
-    "unbind", "empty", "empty_like", "empty_strided", "lift_fresh", "to", "contiguous", "resolve_conj",
-    "resolve_neg", "result_type")}
+NO_WORK = {"aten::" + n for n in NO_DEVICE_WORK}
 CPU_GEMMS = {"aten::mm", "aten::addmm", "aten::bmm"}
 DEVICE_WORK = {"kernel", "gpu_memcpy", "gpu_memset"}  # activity types of device events that are work, not spans
 
