@@ -24,18 +24,26 @@ TOKENIZER_MODULES = ("json", "argparse", "textwrap", "string", "re", "pathlib", 
                      "logging", "dataclasses", "typing")
 
 
-def tokenizer_texts() -> list[str]:
+def module_docstrings(modules, skip_reexports: bool = False) -> list[str]:
+    """Docstrings of `modules` and their public members, in order: deterministic tokenizer text present on every
+    machine. skip_reexports: a member defined in another module is left to that module."""
     import importlib
     import inspect
 
     texts = []
-    for name in TOKENIZER_MODULES:
+    for name in modules:
         mod = importlib.import_module(name)
         for obj in [mod] + [getattr(mod, k) for k in sorted(vars(mod)) if not k.startswith("_")]:
+            if skip_reexports and obj is not mod and getattr(obj, "__module__", None) != mod.__name__:
+                continue
             doc = inspect.getdoc(obj)
             if doc:
                 texts.append(doc)
     return texts
+
+
+def tokenizer_texts() -> list[str]:
+    return module_docstrings(TOKENIZER_MODULES)
 
 
 def _gdn_param(name: str, shape, gen: torch.Generator) -> torch.Tensor | None:

@@ -8,8 +8,6 @@ versions) -> byte-identical files.
 """
 from __future__ import annotations
 
-import importlib
-import inspect
 import json
 import math
 import platform
@@ -37,17 +35,9 @@ MAX_PIXELS = 256 * 256  # 64 merged image tokens at most: keeps CPU tests fast
 
 
 def stdlib_docstrings(modules: tuple[str, ...] = TOKENIZER_TEXT_MODULES) -> list[str]:
-    texts = []
-    for name in modules:
-        mod = importlib.import_module(name)
-        members = [mod] + [getattr(mod, k) for k in sorted(vars(mod)) if not k.startswith("_")]
-        for obj in members:
-            if obj is not mod and getattr(obj, "__module__", None) != mod.__name__:
-                continue  # re-exports: counted where they are defined
-            doc = inspect.getdoc(obj)
-            if doc:
-                texts.append(doc)
-    return texts
+    from engine.testing import module_docstrings
+
+    return module_docstrings(modules, skip_reexports=True)
 
 
 def tiny_config(ids: hf_format.SpecialTokenIds, vocab_size: int):

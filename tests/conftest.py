@@ -28,6 +28,16 @@ def licence_prose() -> list[str]:
 
 
 @pytest.fixture(scope="session")
+def tiny_tokenizer():
+    """The BPE tokenizer engine.testing.build_checkpoint trains by default, trained once for tests that build several
+    checkpoints."""
+    from engine import hf_format
+    from engine.testing import tokenizer_texts
+
+    return hf_format.train_tokenizer(tokenizer_texts(), 600)
+
+
+@pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory) -> Path:
     """The tiny random-weight Qwen3.5 VL checkpoint, built once per session in the real HF format."""
     from jobs.make_tiny_checkpoint import build_tiny_checkpoint

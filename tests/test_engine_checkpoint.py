@@ -11,19 +11,12 @@ from engine.checkpoint import CheckpointError, inspect_checkpoint
 from engine.config import ConfigError
 from engine.interface import SamplingParams
 from engine.llm_engine import Engine
-from engine.testing import build_checkpoint, tokenizer_texts
+from engine.testing import build_checkpoint
 
 
 @pytest.fixture(scope="module")
-def tok():
-    from engine import hf_format
-
-    return hf_format.train_tokenizer(tokenizer_texts(), 600)
-
-
-@pytest.fixture(scope="module")
-def vl(tmp_path_factory, tok):
-    return build_checkpoint(tmp_path_factory.mktemp("vl"), tokenizer=tok, seed=3)
+def vl(tmp_path_factory, tiny_tokenizer):
+    return build_checkpoint(tmp_path_factory.mktemp("vl"), tokenizer=tiny_tokenizer, seed=3)
 
 
 def copy_with(src, dst, edit=None, config_edit=None):
@@ -87,8 +80,8 @@ def test_unsupported_model_type_and_truncated_file(vl, tmp_path):
         inspect_checkpoint(trunc)
 
 
-def test_mtp_ignored_and_tied_head_may_be_stored(tmp_path, tok):
-    tied = build_checkpoint(tmp_path / "tied", tie=True, tokenizer=tok, seed=4)
+def test_mtp_ignored_and_tied_head_may_be_stored(tmp_path, tiny_tokenizer):
+    tied = build_checkpoint(tmp_path / "tied", tie=True, tokenizer=tiny_tokenizer, seed=4)
     assert "lm_head.weight" not in load_file(tied / "model.safetensors")
 
     def add(t):
@@ -104,9 +97,9 @@ def test_mtp_ignored_and_tied_head_may_be_stored(tmp_path, tok):
     assert outs[0][0].output_token_ids == outs[1][0].output_token_ids
 
 
-def test_sharded_checkpoint_loads_identically(tmp_path, tok):
-    one = build_checkpoint(tmp_path / "one", tokenizer=tok, seed=5)
-    many = build_checkpoint(tmp_path / "many", tokenizer=tok, seed=5, max_shard_size="100KB")
+def test_sharded_checkpoint_loads_identically(tmp_path, tiny_tokenizer):
+    one = build_checkpoint(tmp_path / "one", tokenizer=tiny_tokenizer, seed=5)
+    many = build_checkpoint(tmp_path / "many", tokenizer=tiny_tokenizer, seed=5, max_shard_size="100KB")
     assert len(list(many.glob("*.safetensors"))) > 3
     info = inspect_checkpoint(many)
     assert len(info.files) > 3

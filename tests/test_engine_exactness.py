@@ -19,20 +19,13 @@ MAX_NEW = 24
 
 
 @pytest.fixture(scope="module")
-def tok():
-    from engine import hf_format
-
-    return hf_format.train_tokenizer(tokenizer_texts(), 600)
+def text_ckpt(tmp_path_factory, tiny_tokenizer):
+    return build_checkpoint(tmp_path_factory.mktemp("txt"), vision=False, tie=True, tokenizer=tiny_tokenizer, seed=1)
 
 
 @pytest.fixture(scope="module")
-def text_ckpt(tmp_path_factory, tok):
-    return build_checkpoint(tmp_path_factory.mktemp("txt"), vision=False, tie=True, tokenizer=tok, seed=1)
-
-
-@pytest.fixture(scope="module")
-def vl_ckpt(tmp_path_factory, tok):
-    return build_checkpoint(tmp_path_factory.mktemp("vl"), vision=True, tie=False, tokenizer=tok, seed=2)
+def vl_ckpt(tmp_path_factory, tiny_tokenizer):
+    return build_checkpoint(tmp_path_factory.mktemp("vl"), vision=True, tie=False, tokenizer=tiny_tokenizer, seed=2)
 
 
 def hf_model(path, vl):
