@@ -231,6 +231,25 @@ def block_markdown(b: Block) -> str:
     raise ValueError(f"unknown block kind {b.kind!r}")
 
 
+def trim_block(b: Block, max_chars: int) -> Block:
+    """`b` cut to about `max_chars` characters of markdown: whole lines (list items, code lines, table rows) while they
+    fit, then the first words of the next; never less than one word (a table keeps its header and one row)."""
+    if len(block_markdown(b)) <= max_chars:
+        return b
+    keep = 2 if b.kind == "table" else 1
+    lines = list(b.lines[:keep])
+    for line in b.lines[keep:]:
+        if len(block_markdown(Block(b.kind, (*lines, line), b.level))) > max_chars:
+            break
+        lines.append(line)
+    if b.kind != "table":
+        words = lines[-1].split()
+        while len(words) > 1 and len(block_markdown(Block(b.kind, (*lines[:-1], " ".join(words)), b.level))) > max_chars:
+            words.pop()
+        lines[-1] = " ".join(words)
+    return Block(b.kind, tuple(lines), b.level)
+
+
 def block_html(b: Block) -> str:
     e = html.escape
     if b.kind == "heading":
@@ -346,6 +365,7 @@ class SynthConfig:
     font_px: tuple[float, float] = (10.0, 18.0)
     max_chars: tuple[int, int] = (150, 1300)  # markdown length budget per page, drawn uniformly
     crop: bool = False  # cut the image to the text (+ a margin): short early-curriculum pages become a few tokens
+    strict_chars: bool = False  # max_chars is a hard cap: blocks are cut to it (a line of a few words, not a paragraph)
 
 
 @dataclass
@@ -365,6 +385,9 @@ def make_page(seed: int, pool: TextPool, cfg: SynthConfig, font_dir: Path | None
     blocks, used = [], 0
     while used < budget:
         b = sample_block(rng, pool, int(col_w))
+        if cfg.strict_chars and len(block_markdown(b)) > budget - used:
+            blocks.append(trim_block(b, budget - used))  # the budget is spent: no trailing scraps of blocks
+            break
         blocks.append(b)
         used += len(block_markdown(b)) + 2
     archive = pymupdf.Archive(str(font_dir)) if font_dir is not None else None

@@ -179,6 +179,26 @@ def test_cropped_curriculum_pages_keep_all_the_ink(pool):
     assert border.min() >= 200  # a margin of paper all round
 
 
+def test_strict_chars_pages_stay_within_the_budget(pool):
+    """Single-line curriculum pages: max_chars is a hard cap (a table keeps its header and one row), so the first
+    block is cut to a few words instead of a whole paragraph."""
+    from pipeline.synthetic import Block, block_markdown, trim_block
+
+    cfg = load_config(CONFIG, ["data.curriculum=[{until_page: 100, font_px: [24, 30], max_chars: [8, 40], crop: true,"
+                               " strict_chars: true}]"])
+    loose = dataclasses.replace(synth_config(cfg, 0), strict_chars=False)
+    strict_md = [make_page(s, pool, synth_config(cfg, 0)).markdown for s in range(20)]
+    loose_len = [len(make_page(s, pool, loose).markdown) for s in range(20)]
+    assert max(len(md) for md in strict_md if not md.startswith("|")) <= 40, strict_md
+    assert sum(map(len, strict_md)) < sum(loose_len) / 2, (strict_md, loose_len)
+    para = Block("paragraph", ("one two three four five six",))
+    assert block_markdown(trim_block(para, 14)) == "one two three"
+    code = Block("code", ("a = 1", "b = 2", "c = 3"))
+    assert trim_block(code, 22).lines == ("a = 1", "b = 2")
+    table = Block("table", ("x\ty", "1\t2", "3\t4"))
+    assert trim_block(table, 5).lines == ("x\ty", "1\t2")
+
+
 @pytest.mark.timeout(300)
 def test_profile_mode_times_steps_and_data_wait(pool, tmp_path):
     """`train --profile-steps N`: real steps of a miniature model on real synthetic pages, profiled; no checkpoint."""
