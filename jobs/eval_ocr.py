@@ -180,13 +180,14 @@ class EvalPage:
     reference_text: str
 
 
-def heldout_pages(n: int, cfg: dict, synth: Path) -> list[EvalPage]:
-    """Pages from the held-out text pool (licences, another package's code) and held-out seeds."""
+def heldout_pages(n: int, cfg: dict, synth: Path, page_index: int | None = None) -> list[EvalPage]:
+    """Pages from the held-out text pool (licences, another package's code) and held-out seeds, drawn like the final
+    training distribution, or like training page `page_index` (its curriculum stage)."""
     from jobs.train_tiny import synth_config
     from pipeline.synthetic import TextPool, make_page
 
     pool = TextPool.from_json_gz(synth / "pool_heldout.json.gz")
-    scfg = synth_config(cfg)
+    scfg = synth_config(cfg, page_index)
     pages = []
     for i in range(n):
         p = make_page(cfg["data"]["heldout_seed"] + i, pool, scfg, synth / "fonts")

@@ -318,17 +318,62 @@ def plot_loss(log: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def optimizer_step(model, opt, batch: dict, autocast, grad_clip: float):
-    """One forward/backward/update; returns (loss, grad norm) as device tensors (no host sync)."""
+class LineCTC:
+    """Auxiliary CTC loss on the vision tower's output for single-line pages (training only, never saved).
+
+    Joint CTC/attention training: the decoder alone must discover which image token holds the next character before
+    the vision tower gets any signal about glyphs, and from scratch that takes more steps than a run has (run C read
+    layout but not characters after 6,000 steps, bench/results/ocria_tiny_commands.md). CTC gives the vision tower a
+    direct per-column reading loss: each page whose merged token grid has at most `max_rows` rows (a line of text)
+    becomes a left-to-right sequence (the rows averaged per column), a linear head maps it to the vocabulary, and CTC
+    aligns that with the answer's tokens (blank: <|endoftext|>, which never occurs in an answer)."""
+
+    def __init__(self, model, weight: float, max_rows: int, merge: int, blank: int, im_end: int):
+        import torch
+
+        cfg = model.config
+        self.weight, self.max_rows, self.merge, self.blank, self.im_end = weight, max_rows, merge, blank, im_end
+        self.head = torch.nn.Linear(cfg.text_config.hidden_size, cfg.text_config.vocab_size).to(next(model.parameters()).device)
+        self.features = None
+        # the merged image tokens, as the model computes them inside its forward (no second vision pass)
+        model.model.visual.register_forward_hook(lambda mod, args, out: setattr(self, "features", out.pooler_output))
+
+    def parameters(self):
+        return self.head.parameters()
+
+    def loss(self, grid_thw, labels):
+        """Mean CTC loss over the line pages of the batch (None when it has none); call right after the forward."""
+        import torch
+        import torch.nn.functional as F
+
+        feats, self.features = self.features, None
+        rows_cols = (grid_thw[:, 1:] // self.merge).tolist()
+        sizes = [r * c for r, c in rows_cols]
+        seqs, targets = [], []
+        for x, (rows, cols), lab in zip(torch.split(feats, sizes), rows_cols, labels):
+            ids = lab[(lab != -100) & (lab != self.im_end)]
+            if rows <= self.max_rows and len(ids):
+                seqs.append(x.reshape(rows, cols, -1).float().mean(0))  # merged tokens are row-major
+                targets.append(ids)
+        if not seqs:
+            return None
+        logp = F.log_softmax(self.head(torch.nn.utils.rnn.pad_sequence(seqs)), -1)  # (T, N, vocab)
+        return F.ctc_loss(logp, torch.cat(targets), [len(x) for x in seqs], [len(t) for t in targets],
+                          blank=self.blank, zero_infinity=True)
+
+
+def optimizer_step(model, opt, batch: dict, autocast, grad_clip: float, ctc: LineCTC | None = None):
+    """One forward/backward/update; returns (loss, grad norm, CTC loss or None) as device tensors."""
     import torch
 
     with autocast:
         loss = model(**batch).loss
-    loss.backward()
+    aux = ctc.loss(batch["image_grid_thw"], batch["labels"]) if ctc is not None else None
+    (loss if aux is None else loss + ctc.weight * aux).backward()
     gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
     opt.step()
     opt.zero_grad(set_to_none=True)
-    return loss, gnorm
+    return loss, gnorm, aux
 
 
 def profile_training(model, loader, opt, autocast, tc: dict, device: str, out: Path, steps: int, warmup: int = 5) -> dict:
@@ -383,6 +428,7 @@ def train(cfg: dict, synth: Path, model_dir: Path, out: Path, resume: Path | Non
         state_dir = resume_state or resume
         state = json.loads((state_dir / "train_state.json").read_text())
         state.pop("heldout_eval", None)
+        state.pop("stage_eval", None)
         log_path = state_dir / "train_log.jsonl"
         log = [json.loads(x) for x in log_path.read_text().splitlines()] if log_path.exists() else []
     else:
@@ -408,7 +454,14 @@ def train(cfg: dict, synth: Path, model_dir: Path, out: Path, resume: Path | Non
         pin_memory=device.startswith("cuda"),  # pageable host-to-device copies cost ~1 ms per tensor (profile)
         persistent_workers=False,
     )
-    opt = torch.optim.AdamW(param_groups(model, tc), lr=tc["lr"], betas=(0.9, 0.95), fused=device.startswith("cuda"))
+    ctc = None
+    if tc.get("ctc_weight", 0.0) > 0:
+        ctc = LineCTC(model, tc["ctc_weight"], tc.get("ctc_max_rows", 3), cfg["model"]["vision"]["spatial_merge_size"],
+                      builder.ids.endoftext, builder.ids.im_end)
+    groups = param_groups(model, tc)
+    if ctc is not None:
+        groups.append({"params": list(ctc.parameters()), "weight_decay": 0.0, "lr_mult": 1.0})
+    opt = torch.optim.AdamW(groups, lr=tc["lr"], betas=(0.9, 0.95), fused=device.startswith("cuda"))
     autocast = torch.autocast(device_type="cuda" if device.startswith("cuda") else "cpu", dtype=torch.bfloat16)
     if profile_steps:
         out.mkdir(parents=True, exist_ok=True)
@@ -432,13 +485,15 @@ def train(cfg: dict, synth: Path, model_dir: Path, out: Path, resume: Path | Non
         for g in opt.param_groups:
             g["lr"] = lr * g["lr_mult"]
         batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-        loss, gnorm = optimizer_step(model, opt, batch, autocast, tc["grad_clip"])
+        loss, gnorm, aux = optimizer_step(model, opt, batch, autocast, tc["grad_clip"], ctc)
         state["step"] += 1
         state["pages"] += len(batch["input_ids"])
         run_steps += 1
         if state["step"] % tc["log_every"] == 0 or run_steps == 1:
             rec = {"step": state["step"], "loss": round(loss.item(), 4), "lr": lr, "gnorm": round(gnorm.item(), 3),
                    "elapsed_s": round(elapsed, 1), "pages": state["pages"], "tokens": int(batch["attention_mask"].sum())}
+            if aux is not None:
+                rec["ctc"] = round(aux.item(), 4)
             if checks is not None and (state["step"] % check_every == 0 or run_steps == 1):
                 rec |= image_use(model, *checks)
             log.append(rec)
@@ -456,12 +511,16 @@ def train(cfg: dict, synth: Path, model_dir: Path, out: Path, resume: Path | Non
         print(f"no loss plot: {e}")
     if tc["eval_pages"]:
         state["heldout_eval"] = quick_eval(model, cfg, synth, model_dir, device)
+        if curriculum_stage(cfg, state["pages"]) is not cfg["data"]:
+            # reading progress where training is now: img_gain alone cannot tell reading from layout (run C)
+            state["stage_eval"] = quick_eval(model, cfg, synth, model_dir, device, page_index=state["pages"])
         (ckpt / "train_state.json").write_text(json.dumps(state, indent=1))
     print(json.dumps(state), flush=True)
 
 
-def quick_eval(model, cfg: dict, synth: Path, model_dir: Path, device: str) -> dict:
-    """Greedy-decode held-out synthetic pages with the weights just saved (bf16, as shipped)."""
+def quick_eval(model, cfg: dict, synth: Path, model_dir: Path, device: str, page_index: int | None = None) -> dict:
+    """Greedy-decode held-out synthetic pages with the weights just saved (bf16, as shipped): pages of the final
+    distribution, or of training page `page_index`'s curriculum stage."""
     import torch
 
     from jobs.eval_ocr import HFPageReader, evaluate, heldout_pages
@@ -469,7 +528,7 @@ def quick_eval(model, cfg: dict, synth: Path, model_dir: Path, device: str) -> d
     t0 = time.time()
     model.to(torch.bfloat16)
     reader = HFPageReader(model_dir, device, model=model, prompt=cfg["prompt"])
-    res = evaluate(heldout_pages(cfg["train"]["eval_pages"], cfg, synth), reader, False, 16, cfg["train"]["eval_max_new_tokens"])
+    res = evaluate(heldout_pages(cfg["train"]["eval_pages"], cfg, synth, page_index), reader, False, 16, cfg["train"]["eval_max_new_tokens"])
     res.pop("per_page")
     res["seconds"] = round(time.time() - t0, 1)
     return res

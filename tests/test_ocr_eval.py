@@ -95,6 +95,22 @@ def test_synthetic_page_is_deterministic_and_matches_its_text_layer(heldout_pool
         assert levenshtein(layer, truth) / len(truth) < 0.05, (layer[:200], truth[:200])
 
 
+def test_heldout_pages_follow_a_curriculum_stage(heldout_pool, tmp_path):
+    """quick_eval's stage pages (page_index): drawn like that training page, from the held-out pool and seeds."""
+    from jobs.eval_ocr import heldout_pages
+
+    heldout_pool.to_json_gz(tmp_path / "pool_heldout.json.gz")
+    (tmp_path / "fonts").mkdir()
+    staged = load_config(CONFIG, ["data.curriculum=[{until_page: 50, font_px: [24, 30], max_chars: [8, 40], "
+                                  "crop: true, strict_chars: true}]"])
+    lines = heldout_pages(3, staged, tmp_path, page_index=10)
+    final = heldout_pages(3, staged, tmp_path, page_index=50)
+    assert [p.image.shape for p in final] == [p.image.shape for p in heldout_pages(3, staged, tmp_path)]
+    for line, page in zip(lines, final):
+        assert line.image.size < page.image.size / 4 and len(line.reference_md) < len(page.reference_md)
+        assert line.reference_text == markdown_to_text(line.reference_md)
+
+
 @pytest.fixture(scope="module")
 def reader():
     if not (MODEL / "model.safetensors").is_file():

@@ -131,6 +131,47 @@ def test_image_reaches_the_loss_of_a_fresh_model(small_pages, parts):
     assert abs(use["img_gain"]) > 1e-4 and use["img_var"] > 0.05, use
 
 
+def test_line_ctc_reads_line_pages_left_to_right_and_trains_the_vision_tower(pool, parts):
+    """LineCTC: only single-line pages take part; each is its merged token columns (rows averaged) in order, and the
+    CTC loss reaches the vision tower through the features of the same forward pass."""
+    import torch.nn.functional as F
+
+    from jobs.train_tiny import LineCTC
+
+    processor, builder = parts
+    cfg = load_config(CONFIG, MINI + ["data.curriculum=[{until_page: 10, font_px: [24, 30], max_chars: [8, 30], "
+                                      "crop: true, strict_chars: true}]"])
+    lines = [make_page(s, pool, synth_config(cfg, 0)) for s in range(3)]
+    page = make_page(3, pool, dataclasses.replace(synth_config(cfg), max_chars=(300, 400)))  # a full page: skipped
+    items = [encode_page(p.image, p.markdown, processor, builder, 2, 448) for p in lines + [page]]
+    batch = collate(items, builder.ids.endoftext, builder.ids.image_pad)
+    rows = (batch["image_grid_thw"][:, 1] // 2).tolist()
+    assert max(rows[:3]) <= 3 < rows[3], rows
+    model = _mini_model(cfg, builder)
+    ctc = LineCTC(model, 0.5, 3, 2, builder.ids.endoftext, builder.ids.im_end)
+    loss = model(**batch).loss
+    feats = ctc.features
+    aux = ctc.loss(batch["image_grid_thw"], batch["labels"])
+    assert torch.isfinite(aux) and aux > 0 and ctc.features is None
+    # the same number from an independent re-derivation of the first three pages' sequences
+    sizes = (batch["image_grid_thw"].prod(-1) // 4).tolist()
+    seqs, targets = [], []
+    for i, x in enumerate(torch.split(feats, sizes)[:3]):
+        _, h, w = batch["image_grid_thw"][i].tolist()
+        cols = [x.view(h // 2, w // 2, -1)[:, c].mean(0) for c in range(w // 2)]
+        seqs.append(ctc.head(torch.stack(cols)).log_softmax(-1))
+        targets.append(builder.tok.encode(lines[i].markdown, add_special_tokens=False).ids)
+    expected = torch.stack([F.ctc_loss(lp, torch.tensor(t), [len(lp)], [len(t)], blank=builder.ids.endoftext,
+                                       reduction="sum", zero_infinity=True) / len(t) for lp, t in zip(seqs, targets)]).mean()
+    torch.testing.assert_close(aux, expected, rtol=1e-5, atol=1e-5)
+    (loss + ctc.weight * aux).backward()
+    assert all(p.grad is not None for p in ctc.parameters())
+    assert model.model.visual.patch_embed.proj.weight.grad.abs().sum() > 0
+    model.zero_grad()
+    model(**collate(items[3:], builder.ids.endoftext, builder.ids.image_pad))
+    assert ctc.loss(batch["image_grid_thw"][3:], batch["labels"][3:]) is None  # no line page in the batch
+
+
 def test_vision_tower_has_its_own_learning_rate(parts):
     cfg = load_config(CONFIG, MINI + ["train.vision_lr_mult=3.0"])
     model = _mini_model(cfg, parts[1])
