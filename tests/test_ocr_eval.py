@@ -101,8 +101,8 @@ def test_heldout_pages_follow_a_curriculum_stage(heldout_pool, tmp_path):
 
     heldout_pool.to_json_gz(tmp_path / "pool_heldout.json.gz")
     (tmp_path / "fonts").mkdir()
-    staged = load_config(CONFIG, ["data.curriculum=[{until_page: 50, font_px: [24, 30], max_chars: [8, 40], "
-                                  "crop: true, strict_chars: true}]"])
+    staged = load_config(CONFIG, [("data.curriculum=[{until_page: 50, font_px: [24, 30], max_chars: [8, 40], "
+                                   "crop: true, strict_chars: true}]")])
     lines = heldout_pages(3, staged, tmp_path, page_index=10)
     final = heldout_pages(3, staged, tmp_path, page_index=50)
     assert [p.image.shape for p in final] == [p.image.shape for p in heldout_pages(3, staged, tmp_path)]

@@ -139,8 +139,8 @@ def test_line_ctc_reads_line_pages_left_to_right_and_trains_the_vision_tower(poo
     from jobs.train_tiny import LineCTC
 
     processor, builder = parts
-    cfg = load_config(CONFIG, MINI + ["data.curriculum=[{until_page: 10, font_px: [24, 30], max_chars: [8, 30], "
-                                      "crop: true, strict_chars: true}]"])
+    cfg = load_config(CONFIG, MINI + [("data.curriculum=[{until_page: 10, font_px: [24, 30], max_chars: [8, 30], "
+                                       "crop: true, strict_chars: true}]")])
     lines = [make_page(s, pool, synth_config(cfg, 0)) for s in range(3)]
     page = make_page(3, pool, dataclasses.replace(synth_config(cfg), max_chars=(300, 400)))  # a full page: skipped
     items = [encode_page(p.image, p.markdown, processor, builder, 2, 448) for p in lines + [page]]
@@ -225,8 +225,8 @@ def test_strict_chars_pages_stay_within_the_budget(pool):
     block is cut to a few words instead of a whole paragraph."""
     from pipeline.synthetic import Block, block_markdown, trim_block
 
-    cfg = load_config(CONFIG, ["data.curriculum=[{until_page: 100, font_px: [24, 30], max_chars: [8, 40], crop: true,"
-                               " strict_chars: true}]"])
+    cfg = load_config(CONFIG, [("data.curriculum=[{until_page: 100, font_px: [24, 30], max_chars: [8, 40], crop: true,"
+                                " strict_chars: true}]")])
     loose = dataclasses.replace(synth_config(cfg, 0), strict_chars=False)
     strict_md = [make_page(s, pool, synth_config(cfg, 0)).markdown for s in range(20)]
     loose_len = [len(make_page(s, pool, loose).markdown) for s in range(20)]
