@@ -28,7 +28,7 @@ for v in $vocabs; do
     --set train.batch_size=16 --set train.lr=2e-3 --set train.warmup_steps=50 --set train.total_train_s=$secs \
     --set train.run_train_s=$secs --set train.num_workers=1 --set train.eval_pages=0 --set train.image_check_every=100 \
     --set "$LINES" ${EXTRA:-} > "$d/train.log" 2>&1
-  cp "$d/train/ckpt/"*.safetensors "$d/train/ckpt/config.json" "$d/model/" 2>/dev/null || cp "$d/train/ckpt/"* "$d/model/"
+  cp "$d/train/ckpt/"*.safetensors "$d/train/ckpt/config.json" "$d/model/"  # the trained weights beside the tokenizer
   "$py" -m jobs.eval_ocr --model "$d/model" --config "$out/eval_lines.yaml" --heldout 24 --corpus-pages 0 \
     --out "$d/eval_lines.json" > "$d/eval.log" 2>&1
   "$py" -c "import json,sys; d=json.load(open(sys.argv[1]))['heldout_synthetic']; print(sys.argv[2], d['model_text'], d['tesseract_text'])" \

@@ -377,7 +377,8 @@ def optimizer_step(model, opt, batch: dict, autocast, grad_clip: float, ctc: Lin
     return loss, gnorm, aux
 
 
-def profile_training(model, loader, opt, autocast, tc: dict, device: str, out: Path, steps: int, warmup: int = 5) -> dict:
+def profile_training(model, loader, opt, autocast, tc: dict, device: str, out: Path, steps: int, warmup: int = 5,
+                     ctc: LineCTC | None = None) -> dict:
     """Where a training step's time goes: `warmup` steps, then `steps` steps timed with a device sync after each
     (the share spent waiting for the data loader vs computing) and profiled with torch.profiler. Writes
     out/train_profile.json and out/train_profile.txt (ops by self device time and by self CPU time)."""
@@ -395,7 +396,7 @@ def profile_training(model, loader, opt, autocast, tc: dict, device: str, out: P
             batch = next(it)
             t1 = time.perf_counter()
             batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-            optimizer_step(model, opt, batch, autocast, tc["grad_clip"])
+            optimizer_step(model, opt, batch, autocast, tc["grad_clip"], ctc)
             sync()
             if i >= warmup:
                 wait_s.append(t1 - t0)
@@ -466,7 +467,7 @@ def train(cfg: dict, synth: Path, model_dir: Path, out: Path, resume: Path | Non
     autocast = torch.autocast(device_type="cuda" if device.startswith("cuda") else "cpu", dtype=torch.bfloat16)
     if profile_steps:
         out.mkdir(parents=True, exist_ok=True)
-        profile_training(model, loader, opt, autocast, tc, device, out, profile_steps)
+        profile_training(model, loader, opt, autocast, tc, device, out, profile_steps, ctc=ctc)
         return
     check_every = tc.get("image_check_every", 0)
     checks = image_check_batches(cfg, synth, model_dir, state["pages"]) if check_every else None
@@ -511,28 +512,34 @@ def train(cfg: dict, synth: Path, model_dir: Path, out: Path, resume: Path | Non
     except ImportError as e:
         print(f"no loss plot: {e}")
     if tc["eval_pages"]:
-        state["heldout_eval"] = quick_eval(model, cfg, synth, model_dir, device)
-        if curriculum_stage(cfg, state["pages"]) is not cfg["data"]:
-            # reading progress where training is now: img_gain alone cannot tell reading from layout (run C)
-            state["stage_eval"] = quick_eval(model, cfg, synth, model_dir, device, page_index=state["pages"])
+        state |= quick_eval(model, cfg, synth, model_dir, device, state["pages"])
         (ckpt / "train_state.json").write_text(json.dumps(state, indent=1))
     print(json.dumps(state), flush=True)
 
 
-def quick_eval(model, cfg: dict, synth: Path, model_dir: Path, device: str, page_index: int | None = None) -> dict:
-    """Greedy-decode held-out synthetic pages with the weights just saved (bf16, as shipped): pages of the final
-    distribution, or of training page `page_index`'s curriculum stage."""
+def quick_eval(model, cfg: dict, synth: Path, model_dir: Path, device: str, page_index: int) -> dict:
+    """Greedy-decode held-out synthetic pages with the weights just saved (bf16, as shipped). heldout_eval: pages of
+    the final distribution; stage_eval: pages of training page `page_index`'s curriculum stage, while that is not
+    the final one (reading progress where training is now: img_gain alone cannot tell reading from layout, run C)."""
     import torch
 
     from jobs.eval_ocr import HFPageReader, evaluate, heldout_pages
 
-    t0 = time.time()
     model.to(torch.bfloat16)
     reader = HFPageReader(model_dir, device, model=model, prompt=cfg["prompt"])
-    res = evaluate(heldout_pages(cfg["train"]["eval_pages"], cfg, synth, page_index), reader, False, 16, cfg["train"]["eval_max_new_tokens"])
-    res.pop("per_page")
-    res["seconds"] = round(time.time() - t0, 1)
-    return res
+
+    def run(index: int | None) -> dict:
+        t0 = time.time()
+        pages = heldout_pages(cfg["train"]["eval_pages"], cfg, synth, index)
+        res = evaluate(pages, reader, False, 16, cfg["train"]["eval_max_new_tokens"])
+        res.pop("per_page")
+        res["seconds"] = round(time.time() - t0, 1)
+        return res
+
+    evals = {"heldout_eval": run(None)}
+    if curriculum_stage(cfg, page_index) is not cfg["data"]:
+        evals["stage_eval"] = run(page_index)
+    return evals
 
 
 def main(argv: list[str] | None = None) -> int:

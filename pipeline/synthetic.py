@@ -234,17 +234,20 @@ def block_markdown(b: Block) -> str:
 def trim_block(b: Block, max_chars: int) -> Block:
     """`b` cut to about `max_chars` characters of markdown: whole lines (list items, code lines, table rows) while they
     fit, then the first words of the next; never less than one word (a table keeps its header and one row)."""
-    if len(block_markdown(b)) <= max_chars:
+    def fits(lines) -> bool:
+        return len(block_markdown(Block(b.kind, tuple(lines), b.level))) <= max_chars
+
+    if fits(b.lines):
         return b
     keep = 2 if b.kind == "table" else 1
     lines = list(b.lines[:keep])
     for line in b.lines[keep:]:
-        if len(block_markdown(Block(b.kind, (*lines, line), b.level))) > max_chars:
+        if not fits([*lines, line]):
             break
         lines.append(line)
     if b.kind != "table":
         words = lines[-1].split()
-        while len(words) > 1 and len(block_markdown(Block(b.kind, (*lines[:-1], " ".join(words)), b.level))) > max_chars:
+        while len(words) > 1 and not fits([*lines[:-1], " ".join(words)]):
             words.pop()
         lines[-1] = " ".join(words)
     return Block(b.kind, tuple(lines), b.level)
@@ -385,11 +388,12 @@ def make_page(seed: int, pool: TextPool, cfg: SynthConfig, font_dir: Path | None
     blocks, used = [], 0
     while used < budget:
         b = sample_block(rng, pool, int(col_w))
-        if cfg.strict_chars and len(block_markdown(b)) > budget - used:
+        size = len(block_markdown(b))
+        if cfg.strict_chars and size > budget - used:
             blocks.append(trim_block(b, budget - used))  # the budget is spent: no trailing scraps of blocks
             break
         blocks.append(b)
-        used += len(block_markdown(b)) + 2
+        used += size + 2
     archive = pymupdf.Archive(str(font_dir)) if font_dir is not None else None
     while True:  # drop trailing blocks until the rest fits on the page
         pdf, fits = layout_pdf(blocks, style, archive)

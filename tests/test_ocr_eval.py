@@ -111,6 +111,30 @@ def test_heldout_pages_follow_a_curriculum_stage(heldout_pool, tmp_path):
         assert line.reference_text == markdown_to_text(line.reference_md)
 
 
+def test_quick_eval_scores_the_final_pages_and_the_current_stage(heldout_pool, tmp_path):
+    """train's end-of-run evaluation: held-out pages of the final distribution, plus the current curriculum stage's
+    while training is in one (greedy, through the model just trained; here the shipped checkpoint)."""
+    import torch
+    from transformers import Qwen3_5ForConditionalGeneration
+
+    from jobs.train_tiny import quick_eval
+
+    if not (MODEL / "model.safetensors").is_file():
+        pytest.skip("no shipped checkpoint")
+    heldout_pool.to_json_gz(tmp_path / "pool_heldout.json.gz")
+    (tmp_path / "fonts").mkdir()
+    cfg = load_config(CONFIG, ["train.eval_pages=1", "train.eval_max_new_tokens=4",
+                               "data.curriculum=[{until_page: 50, font_px: [24, 30], max_chars: [8, 40], crop: true}]"])
+    model = Qwen3_5ForConditionalGeneration.from_pretrained(MODEL, dtype=torch.float32)
+    staged = quick_eval(model, cfg, tmp_path, MODEL, "cpu", page_index=10)
+    final = quick_eval(model, cfg, tmp_path, MODEL, "cpu", page_index=50)
+    assert set(staged) == {"heldout_eval", "stage_eval"} and set(final) == {"heldout_eval"}
+    same = ("cer", "wer", "ref_chars", "pages")  # the same pages and greedy output (wall seconds aside)
+    assert [staged["heldout_eval"]["model_text"][k] for k in same] == [final["heldout_eval"]["model_text"][k] for k in same]
+    assert staged["stage_eval"]["model_text"]["ref_chars"] < staged["heldout_eval"]["model_text"]["ref_chars"]
+    assert "per_page" not in staged["heldout_eval"] and staged["stage_eval"]["model_text"]["pages"] == 1
+
+
 @pytest.fixture(scope="module")
 def reader():
     if not (MODEL / "model.safetensors").is_file():
