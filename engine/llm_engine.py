@@ -103,6 +103,7 @@ class Engine:
                  options: EngineOptions | None = None, expected: dict | None = None):
         opts = options or EngineOptions()
         self.cfg, self.options, self.model_id, self.processor = cfg, opts, model_id, processor
+        self._image_processor = processor.image_processor if processor is not None else None
         self.device = torch.device(device)
         self.dtype = resolve_dtype(dtype, self.device)
         self.text_only = opts.text_only or cfg.vision is None
@@ -200,9 +201,14 @@ class Engine:
         v = self.cfg.vision
         pv = torch.as_tensor(np.asarray(pixel_values) if not torch.is_tensor(pixel_values) else pixel_values)
         n_patches = sum(t * h * w for t, h, w in grids)
-        if pv.dim() != 2 or pv.shape != (n_patches, v.patch_dim):
+        compact = pv.dtype == torch.uint8  # Processor.page_inputs(compact=True): expanded on the device
+        width = v.patch_dim // v.temporal_patch_size if compact else v.patch_dim
+        if pv.dim() != 2 or pv.shape != (n_patches, width):
             raise RequestRejected(f"request {request_id!r}: pixel_values shape {tuple(pv.shape)}, grids imply "
-                                  f"[{n_patches}, {v.patch_dim}]")
+                                  f"[{n_patches}, {width}]")
+        if compact and (self._image_processor is None or any(t != 1 for t, _, _ in grids)):
+            raise RequestRejected(f"request {request_id!r}: uint8 patches need still images (grid t = 1) and the "
+                                  f"checkpoint's image processor; pass float32 patches instead")
         m2 = v.spatial_merge_size**2
         spans, i, arr = [], 0, np.asarray(ids)
         is_img = arr == self.cfg.image_token_id
@@ -219,7 +225,7 @@ class Engine:
             i = a + n
         if is_img[i:].any():
             raise RequestRejected(f"request {request_id!r}: more image tokens than the images provide")
-        return ImageInputs(pv.float(), grids, spans)
+        return ImageInputs(pv if compact else pv.float(), grids, spans)
 
     def abort(self, request_id: str) -> None:
         seq = self._seqs.pop(request_id, None)
@@ -338,7 +344,7 @@ class Engine:
     def _encode_images(self, seqs: list[Sequence]) -> None:
         if not seqs:
             return
-        pv = to_device(torch.cat([s.images.pixel_values for s in seqs]), torch.float32, self.device)
+        pv = torch.cat([self._device_patches(s.images.pixel_values) for s in seqs])
         grids = [g for s in seqs for g in s.images.grids]
         emb = self.model.encode_images(pv, grids)
         m2 = self.cfg.vision.spatial_merge_size**2
@@ -347,6 +353,11 @@ class Engine:
             n = sum(t * h * w for t, h, w in s.images.grids) // m2
             s.image_embeds = emb[start:start + n]
             start += n
+
+    def _device_patches(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        if pixel_values.dtype == torch.uint8:
+            return self._image_processor.expand_patches(to_device(pixel_values, torch.uint8, self.device))
+        return to_device(pixel_values, torch.float32, self.device)
 
     def _decode(self, seqs: list[Sequence], start_event=None) -> torch.Tensor:
         bs = self.block_manager.block_size

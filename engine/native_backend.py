@@ -50,7 +50,7 @@ class NativeBackend:
                     results[key] = _error(req, f"image must be an H x W x 3 uint8 numpy array, got "
                                                f"{type(req.image).__name__}")
                     continue
-                pending[pool.submit(self.engine.processor.page_inputs, req.image, req.prompt)] = (key, req)
+                pending[pool.submit(self.engine.processor.page_inputs, req.image, req.prompt, compact=True)] = (key, req)
             while pending or self.engine.has_unfinished():
                 ready = [f for f in pending if f.done()]
                 if not ready and not self.engine.has_unfinished():

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 from PIL import Image
 
 from engine.config import ModelConfig
@@ -67,8 +68,10 @@ class ImageProcessor:
     def resized_size(self, height: int, width: int) -> tuple[int, int]:
         return smart_resize(height, width, self.patch_size * self.merge_size, self.min_pixels, self.max_pixels)
 
-    def __call__(self, image) -> tuple[np.ndarray, tuple[int, int, int]]:
-        """RGB image (H x W x 3 uint8 array or PIL image) -> (patches [N, C*T*p*p] fp32, grid (1, h/p, w/p))."""
+    def merge_order_patches(self, image) -> tuple[np.ndarray, tuple[int, int, int]]:
+        """RGB image (H x W x 3 uint8 array or PIL image) -> (uint8 patches [N, C*p*p] in merge-block order, grid
+        (1, h/p, w/p)): the resized page before rescale, normalize and the temporal repeat, 1/(4T) of the bytes of
+        the float patches. `expand_patches` (on the device) or `__call__` finishes them."""
         if isinstance(image, np.ndarray):
             if image.ndim != 3 or image.shape[2] != 3 or image.dtype != np.uint8:
                 raise ProcessorError(f"image must be H x W x 3 uint8 RGB, got {image.dtype} {image.shape}")
@@ -78,17 +81,31 @@ class ImageProcessor:
         else:
             raise ProcessorError(f"image must be a numpy array or PIL image, got {type(image).__name__}")
         h, w = self.resized_size(pil.height, pil.width)
-        arr = np.asarray(pil.resize((w, h), resample=self.resample), dtype=np.uint8)  # [h, w, 3]
-        x = (arr.astype(np.float64) * self.rescale_factor).astype(np.float32).transpose(2, 0, 1)  # [3, h, w]
-        mean = np.asarray(self.image_mean, dtype=np.float32)[:, None, None]
-        std = np.asarray(self.image_std, dtype=np.float32)[:, None, None]
-        x = (x - mean) / std
-        p, m, T = self.patch_size, self.merge_size, self.temporal_patch_size
+        arr = np.asarray(pil.resize((w, h), resample=self.resample), dtype=np.uint8)  # [h, w, C]
+        p, m = self.patch_size, self.merge_size
         gh, gw = h // p, w // p
-        # [C, gh/m, m, p, gw/m, m, p] -> [gh/m, gw/m, m, m, C, p, p]; a still image repeats over T frames
-        x = x.reshape(3, gh // m, m, p, gw // m, m, p).transpose(1, 4, 2, 5, 0, 3, 6)
-        x = np.broadcast_to(x[:, :, :, :, :, None], (*x.shape[:5], T, p, p))
-        return np.ascontiguousarray(x.reshape(gh * gw, 3 * T * p * p)), (1, gh, gw)
+        # [gh/m, m, p, gw/m, m, p, C] -> [gh/m, gw/m, m, m, C, p, p]
+        x = arr.reshape(gh // m, m, p, gw // m, m, p, 3).transpose(0, 3, 1, 4, 6, 2, 5)
+        return np.ascontiguousarray(x).reshape(gh * gw, 3 * p * p), (1, gh, gw)
+
+    def __call__(self, image) -> tuple[np.ndarray, tuple[int, int, int]]:
+        """RGB image -> (patches [N, C*T*p*p] fp32, grid (1, h/p, w/p)), as transformers' processor makes them."""
+        raw, grid = self.merge_order_patches(image)
+        n, T = raw.shape[0], self.temporal_patch_size
+        x = (raw.reshape(n, 3, -1).astype(np.float64) * self.rescale_factor).astype(np.float32)
+        x = (x - np.asarray(self.image_mean, np.float32)[:, None]) / np.asarray(self.image_std, np.float32)[:, None]
+        x = np.broadcast_to(x[:, :, None], (n, 3, T, x.shape[-1]))  # a still image repeats over T frames
+        return np.ascontiguousarray(x).reshape(n, -1), grid
+
+    def expand_patches(self, raw: torch.Tensor) -> torch.Tensor:
+        """uint8 patches of `merge_order_patches` (a torch tensor, any device) -> the float32 patches `__call__`
+        gives, bit for bit, on that device: the host ships 1 byte per pixel instead of 4T."""
+        n, T = raw.shape[0], self.temporal_patch_size
+        x = (raw.reshape(n, 3, -1).double() * self.rescale_factor).float()
+        mean = torch.tensor(self.image_mean, dtype=torch.float32, device=raw.device)[:, None]
+        std = torch.tensor(self.image_std, dtype=torch.float32, device=raw.device)[:, None]
+        x = (x - mean) / std
+        return x[:, :, None].expand(n, 3, T, x.shape[-1]).reshape(n, -1)
 
 
 def _load_chat_template(root: Path) -> str | None:
@@ -181,14 +198,17 @@ class Processor:
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
-    def page_inputs(self, image, prompt: str):
-        """-> (token ids with image placeholders expanded, patches [P, D] or None, grids list)."""
+    def page_inputs(self, image, prompt: str, compact: bool = False):
+        """-> (token ids with image placeholders expanded, patches or None, grids list). Patches are float32
+        [P, C*T*p*p] as transformers makes them, or with `compact` the uint8 [P, C*p*p] of
+        `ImageProcessor.merge_order_patches` (the engine expands them on its device)."""
         ids = self.prompt_ids(prompt, with_image=image is not None)
         if image is None:
             return ids, None, []
         if self.image_processor is None:
             raise ProcessorError("checkpoint has no vision tower or no preprocessor_config.json: cannot take images")
-        patches, grid = self.image_processor(image)
+        make = self.image_processor.merge_order_patches if compact else self.image_processor
+        patches, grid = make(image)
         n = grid[0] * grid[1] * grid[2] // self.image_processor.merge_size**2
         pad = self.cfg.image_token_id
         if ids.count(pad) != 1:

@@ -20,7 +20,7 @@ class SeqStatus(enum.Enum):
 
 @dataclass
 class ImageInputs:
-    pixel_values: torch.Tensor  # [P, patch_dim] (host)
+    pixel_values: torch.Tensor  # host: float32 [P, patch_dim], or uint8 [P, patch_dim / T] to expand on the device
     grids: list[tuple[int, int, int]]
     spans: list[tuple[int, int]]  # (first token index, token count) of each image in the prompt
 

@@ -1,6 +1,7 @@
 """Processor vs transformers: identical pixel patches, grids, rendered prompt and token ids."""
 import kernels.testing  # noqa: F401  (sets TRITON_INTERPRET before any kernel module is compiled)
 import numpy as np
+import torch
 import pytest
 
 from engine.config import load_config
@@ -51,6 +52,12 @@ def test_patches_and_prompt_ids_match_transformers(ckpt, hf, h, w):
     at = ref_ids.index(proc.cfg.image_token_id)
     assert ids == ref_ids[:at] + [proc.cfg.image_token_id] * n + ref_ids[at + 1:]
     assert proc.decode(proc.encode("Hello, world.")) == tokenizer.decode(tokenizer.encode("Hello, world."))
+
+    # the compact form (uint8, expanded on the engine's device) gives the same patches bit for bit
+    ids_c, raw, grids_c = proc.page_inputs(img, "Convert this page to markdown.", compact=True)
+    assert ids_c == ids and grids_c == grids and raw.dtype == np.uint8
+    assert raw.shape == (patches.shape[0], patches.shape[1] // proc.image_processor.temporal_patch_size)
+    np.testing.assert_array_equal(proc.image_processor.expand_patches(torch.from_numpy(raw)).numpy(), patches)
 
 
 def test_bad_images_are_rejected_clearly(ckpt):

@@ -111,6 +111,24 @@ def test_native_backend_parse(ckpt):
     backend.close()
 
 
+def test_compact_uint8_patches_give_the_float_patches_results(eng):
+    """Processor.page_inputs(compact=True) ships uint8 patches that the engine expands on its device: the same
+    tokens and logits, bit for bit, as the transformers-format float patches."""
+    img = np.random.default_rng(8).integers(0, 256, (150, 110, 3), dtype=np.uint8)
+    reqs = []
+    for compact in (False, True):
+        ids_, pv, grids = eng.processor.page_inputs(img, "Read.", compact=compact)
+        reqs.append(dict(prompt_token_ids=ids_, pixel_values=pv, image_grids=grids, keep_logits=True,
+                         sampling=SamplingParams(max_tokens=6), ignore_eos=True))
+    assert reqs[1]["pixel_values"].dtype == np.uint8 and reqs[0]["pixel_values"].dtype == np.float32
+    full, compact = eng.generate(reqs)
+    assert compact.output_token_ids == full.output_token_ids
+    assert torch.equal(compact.logits, full.logits)
+    bad = dict(reqs[1], pixel_values=reqs[1]["pixel_values"][:, :-1])
+    with pytest.raises(RequestRejected, match="pixel_values shape"):
+        eng.add_request("bad-width", **{k: v for k, v in bad.items() if k != "keep_logits"})
+
+
 def test_padded_decode_rows_are_inert(ckpt):
     """Decode batches padded to CUDA-graph sizes (padding rows: no KV slot, no state slot, empty context) give the
     same tokens as unpadded ones; on CPU the padding is forced by setting the runner's sizes."""
