@@ -29,6 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.gpu_sampler import GpuSampler
+
 # US letter in points; at 1312 px on the long side the processor (32 px per merged token) makes it 41 x 32 tokens.
 LETTER = (612.0, 792.0)
 PAGE_LONGEST_PX = 1312
@@ -105,7 +107,8 @@ def job_config(args, checkpoint: Path, corpus: Path, output: Path, engines: int,
     return load_config(None, overrides)
 
 
-def run_one(args, checkpoint: Path, corpus: Path, engines: int, n_docs: int, echo=print) -> dict:
+def run_one(args, checkpoint: Path, corpus: Path, engines: int, n_docs: int, sampler: GpuSampler,
+            echo=print) -> dict:
     from pipeline.job import prepare, run
 
     output = Path(args.work or args.out) / f"run-{engines}"
@@ -114,6 +117,9 @@ def run_one(args, checkpoint: Path, corpus: Path, engines: int, n_docs: int, ech
     summary = run(prepare(cfg), echo=echo)
     summary["command_s"] = time.perf_counter() - t0  # incl. Ray start and stop, which the job's wall_s leaves out
     summary["output"] = str(output)
+    start = summary["stream_started_unix"]  # GPU load in use, from nvidia-smi: after the warm-up and overall
+    summary["gpu_util_steady_pct"] = sampler.mean_utilization(start + summary["warmup_s"], start + summary["wall_s"])
+    summary["gpu_util_pct"] = sampler.mean_utilization(start, start + summary["wall_s"])
     return summary
 
 
@@ -134,19 +140,25 @@ def scaling_rows(runs: list[dict]) -> list[dict]:
             "raster_busy_fraction": r["raster_busy_fraction"], "raster_actors": r["raster_actors"],
             "wall_s": r["wall_s"], "warmup_s": r["warmup_s"], "first_result_s": r["first_result_s"],
             "command_s": r["command_s"],
+            "gpu_util_steady_pct": _mean(r.get("gpu_util_steady_pct")),
         })
     return rows
 
 
+def _mean(per_gpu: dict | None) -> float | None:
+    return sum(per_gpu.values()) / len(per_gpu) if per_gpu else None
+
+
 def format_rows(rows: list[dict], unit: str) -> str:
     head = (f"{unit:>5} {'pages':>6} {'pages/s':>8} {'steady':>8} {'/' + unit:>8} {'effic.':>7} {'busy':>6} "
-            f"{'idle':>6} {'raster':>7} {'wall s':>7} {'warmup s':>9}")
+            f"{'idle':>6} {'raster':>7} {'wall s':>7} {'warmup s':>9} {'GPU %':>6}")
     lines = [head, "-" * len(head)]
     for r in rows:
         lines.append(f"{r['engines']:>5} {r['pages']:>6} {r['pages_per_s']:>8.2f} {r['steady_pages_per_s']:>8.2f} "
                      f"{r['steady_pages_per_s_per_engine']:>8.2f} {r['scaling_efficiency']:>7.2f} "
                      f"{r['engine_busy_fraction']:>6.2f} {r['gpu_idle_fraction']:>6.2f} "
-                     f"{r['raster_busy_fraction']:>7.2f} {r['wall_s']:>7.1f} {r['warmup_s']:>9.1f}")
+                     f"{r['raster_busy_fraction']:>7.2f} {r['wall_s']:>7.1f} {r['warmup_s']:>9.1f} "
+                     f"{'-' if r['gpu_util_steady_pct'] is None else format(r['gpu_util_steady_pct'], '.0f'):>6}")
     return "\n".join(lines)
 
 
@@ -209,13 +221,17 @@ def main(argv=None) -> dict:
               "device": _device_note(args.device)}
     json_path = out / "scale_out.json"
     plan = [(1, docs_per_engine)] + ([(args.engines, docs_per_engine * args.engines)] if args.engines > 1 else [])
-    for engines, n_docs in plan:
-        if engines > 1 and args.budget_s and result["runs"]:
-            n_docs = _fit_budget(args, result["runs"][0], engines, n_docs, time.perf_counter() - t_start, result)
-        print(f"--- run: {engines} engine(s), {n_docs} documents", flush=True)
-        result["runs"].append(run_one(args, checkpoint, corpus, engines, n_docs))
-        result["scaling"] = scaling_rows(result["runs"])
-        json_path.write_text(json.dumps(result, indent=2, sort_keys=True, default=str) + "\n")  # kept if a later run dies
+    sampler = GpuSampler(out / "gpu_samples.csv").start()
+    try:
+        for engines, n_docs in plan:
+            if engines > 1 and args.budget_s and result["runs"]:
+                n_docs = _fit_budget(args, result["runs"][0], engines, n_docs, time.perf_counter() - t_start, result)
+            print(f"--- run: {engines} engine(s), {n_docs} documents", flush=True)
+            result["runs"].append(run_one(args, checkpoint, corpus, engines, n_docs, sampler))
+            result["scaling"] = scaling_rows(result["runs"])
+            json_path.write_text(json.dumps(result, indent=2, sort_keys=True, default=str) + "\n")  # kept if a later run dies
+    finally:
+        sampler.stop()
     result["timings"]["total_s"] = time.perf_counter() - t_start
     json_path.write_text(json.dumps(result, indent=2, sort_keys=True, default=str) + "\n")
     print(format_rows(result["scaling"], "GPUs" if args.device == "cuda" else "eng"))

@@ -163,7 +163,7 @@ def run(prep: Prepared, echo=print) -> dict:
             stats.raster_actors = pools.raster_max
             echo(f"engines: {pools.engines} x {'GPU' if pools.gpus_per_engine else 'CPU'}; "
                  f"rasterizers: up to {pools.raster_max} x {pools.raster_cpus:.2f} CPU")
-            t0 = time.perf_counter()
+            t0, stats.stream_started_unix = time.perf_counter(), time.time()
             _stream_and_commit(build_dataset(ray, prep, pools), prep, stats)
         finally:
             ray.shutdown()

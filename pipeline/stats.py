@@ -35,6 +35,7 @@ class RunStats:
     parse_s: list[float] = field(default_factory=list)
     ttft_s: list[float] = field(default_factory=list)
     wall_s: float = 0.0
+    stream_started_unix: float = 0.0  # wall clock at the start of streaming, to line up outside samples (GPU load)
     first_result_s: float = 0.0  # start of streaming -> first committed document (actor start-up, model load)
     # Warm-up: start of streaming -> as many engine batches back as there are engines (each engine started, loaded
     # its model, captured its graphs and finished a batch), and the page rows received by then.
@@ -69,6 +70,7 @@ class RunStats:
         return {
             "run_id": self.run_id,
             "wall_s": self.wall_s,
+            "stream_started_unix": self.stream_started_unix,
             "documents": n_docs,
             "documents_ok": self.docs["ok"],
             "documents_error": self.docs["error"],

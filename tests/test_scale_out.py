@@ -5,6 +5,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -33,6 +34,8 @@ def test_tiny_cpu_scale_out_runs_both_and_reports_scaling(tmp_path):
         assert run["documents"] == run["documents_ok"] == n_docs and run["pages"] == run["pages_ok"] == 2 * n_docs
         assert run["output_tokens"] == 8 * run["pages"]  # ignore_eos: every page exactly --gen-tokens tokens
         assert run["pages_per_s"] > 0 and run["steady_pages_per_s"] > 0 and 0 < run["warmup_s"] < run["wall_s"]
+        assert 0 < time.time() - run["stream_started_unix"] < 600
+        assert run["gpu_util_steady_pct"] == {}  # no nvidia-smi here: no GPU samples, none made up
         store = OutputStore(resolve(run["output"], StorageConfig()))
         docs, pages = store.documents(), store.pages()
         uris = docs.column("uri").to_pylist()
