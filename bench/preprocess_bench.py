@@ -21,8 +21,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from engine.processor import ImageProcessor  # noqa: E402
-from pipeline.rasterize import render_page  # noqa: E402
+from engine.processor import ImageProcessor
+from pipeline.rasterize import render_page
 
 
 def timed_ms(fn, repeat: int) -> float:
