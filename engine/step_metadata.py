@@ -39,6 +39,20 @@ class StepMetadata:
     cu_seqlens_cpu: torch.Tensor | None = None
     kv_gather_slots: torch.Tensor | None = None  # [sum kv_lens] flat KV slots of every sequence's full context
     fresh_state_idx: torch.Tensor | None = None  # slots of sequences starting now: zeroed before the step
+    # each token's row when every sequence is laid out in `chunks_per_seq` chunks of GDN_CHUNK rows (zero padded):
+    # the torch GDN prefill runs all sequences of a step together over that layout
+    chunked_rows: torch.Tensor | None = None  # [N] int64
+    chunks_per_seq: int = 0
+
+
+GDN_CHUNK = 64  # chunk length of the torch GDN prefill (engine/models/gdn_prefill.py)
+
+
+def chunked_layout(query_lens: list[int], chunk: int = GDN_CHUNK) -> tuple[np.ndarray, int]:
+    """-> (row of each packed token in a [len(query_lens), n * chunk] layout, n = chunks of the longest sequence)."""
+    n = max(-(-q // chunk) for q in query_lens)
+    rows = np.concatenate([i * n * chunk + np.arange(q) for i, q in enumerate(query_lens)])
+    return rows, n
 
 
 def to_device(data, dtype: torch.dtype, device) -> torch.Tensor:
@@ -69,6 +83,7 @@ def build_prefill_metadata(chunks: list[PrefillChunk], block_size: int, device) 
     cu[1:] = np.cumsum(query_lens)
     slots = [c.state_slot for c in chunks]
     fresh = [c.state_slot for c in chunks if c.start == 0]
+    chunked_rows, chunks_per_seq = chunked_layout(query_lens)
 
     def dev(a, dtype):
         return to_device(np.ascontiguousarray(a), dtype, device)
@@ -82,6 +97,7 @@ def build_prefill_metadata(chunks: list[PrefillChunk], block_size: int, device) 
         cu_seqlens=to_device(cu_cpu, torch.int64, device), cu_seqlens_cpu=cu_cpu,
         kv_gather_slots=dev(gather, torch.int64),
         fresh_state_idx=dev(np.asarray(fresh, dtype=np.int64), torch.int64) if fresh else None,
+        chunked_rows=dev(chunked_rows, torch.int64), chunks_per_seq=chunks_per_seq,
     )
 
 

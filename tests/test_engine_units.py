@@ -6,25 +6,34 @@ import torch
 
 from engine.models.gdn_prefill import chunked_delta_rule_torch, conv1d_prefill_varlen
 from engine.rope import mrope_positions
+from engine.step_metadata import chunked_layout
 from kernels.conv1d_update import causal_conv1d_prefill_ref
 from kernels.gdn_recurrent import gdn_recurrent_ref
 
 
-@pytest.mark.parametrize("L", [1, 37, 64, 150])
-def test_chunked_delta_rule_matches_recurrence(L):
-    g = torch.Generator().manual_seed(L)
-    Hk, Hv, dk, dv = 2, 6, 16, 24
-    q = torch.randn(L, Hk, dk, generator=g)
-    k = torch.randn(L, Hk, dk, generator=g)
-    v = torch.randn(L, Hv, dv, generator=g)
-    gate = -torch.rand(L, Hv, generator=g) * 0.3
-    beta = torch.rand(L, Hv, generator=g)
-    s0 = torch.randn(Hv, dk, dv, generator=g) * 0.1
-    o, s = chunked_delta_rule_torch(q, k, v, gate, beta, s0)
-    state = s0[None].clone()
-    o_ref = gdn_recurrent_ref(q[None], k[None], v[None], gate[None], beta[None], state, torch.tensor([0]))
-    torch.testing.assert_close(o, o_ref[0], atol=2e-5, rtol=1e-4)
-    torch.testing.assert_close(s, state[0], atol=2e-5, rtol=1e-4)
+@pytest.mark.parametrize("lens", [[1], [37], [64], [150], [37, 1, 150, 64, 5], [200, 3]])
+def test_chunked_delta_rule_matches_recurrence(lens):
+    """All sequences of a step in one call (packed, zero-padded chunks) vs the token-by-token recurrence per sequence,
+    each from its own state."""
+    g = torch.Generator().manual_seed(sum(lens) * len(lens))
+    N, S, Hk, Hv, dk, dv = sum(lens), len(lens), 2, 6, 16, 24
+    q = torch.randn(N, Hk, dk, generator=g)
+    k = torch.randn(N, Hk, dk, generator=g)
+    v = torch.randn(N, Hv, dv, generator=g)
+    gate = -torch.rand(N, Hv, generator=g) * 0.3
+    beta = torch.rand(N, Hv, generator=g)
+    s0 = torch.randn(S, Hv, dk, dv, generator=g) * 0.1
+    rows, n_chunks = chunked_layout(lens)
+    o, s = chunked_delta_rule_torch(q, k, v, gate, beta, s0, torch.from_numpy(rows), n_chunks)
+    start = 0
+    for i, n in enumerate(lens):
+        sl = slice(start, start + n)
+        state = s0[i:i + 1].clone()
+        o_ref = gdn_recurrent_ref(q[None, sl], k[None, sl], v[None, sl], gate[None, sl], beta[None, sl], state,
+                                  torch.tensor([0]))
+        torch.testing.assert_close(o[sl], o_ref[0], atol=2e-5, rtol=1e-4)
+        torch.testing.assert_close(s[i], state[0], atol=2e-5, rtol=1e-4)
+        start += n
 
 
 def test_conv_prefill_varlen_matches_per_sequence_reference():

@@ -147,8 +147,7 @@ class GatedDeltaNet(nn.Module):
         k = k.reshape(N, self.hk, self.dk)
         v = v.reshape(N, self.hv, self.dv)
         if meta.is_prefill:
-            o = delta_rule_prefill(q, k, v, g, beta, self.ssm_state, meta.state_slots, meta.state_idx,
-                                   meta.query_lens, meta.cu_seqlens, meta.cu_seqlens_cpu)
+            o = delta_rule_prefill(q, k, v, g, beta, self.ssm_state, meta)
         else:
             o = ops.gdn_recurrent(q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None],
                                   self.ssm_state, meta.state_idx)[:, 0]

@@ -1,0 +1,126 @@
+"""The torch GDN prefill (engine/models/gdn_prefill.chunked_delta_rule_torch, the path without fla) at the 4B
+layer shape: every sequence of a prefill step in one call vs one call per sequence (how it ran before), timed and
+with the number of torch ops each launches (each op is a kernel launch on a GPU), checked against each other.
+
+    python bench/gdn_prefill_bench.py --device cpu --seqs 6 --tokens 1330 --out bench/results/gdn_prefill_cpu.json
+    python3 bench/gdn_prefill_bench.py --device cuda --out $OUT/gdn_prefill.json      # also fla's kernel if installed
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import click
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from engine.models.gdn_prefill import _fla_chunk, chunked_delta_rule_torch
+from engine.step_metadata import chunked_layout
+
+HK, HV, DK, DV = 16, 32, 128, 128  # Qwen3.5-4B linear-attention heads
+
+
+def inputs(lens: list[int], device: str, seed: int = 0):
+    g = torch.Generator(device=device).manual_seed(seed)
+    N = sum(lens)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g, device=device)
+
+    q, k = rnd(N, HK, DK).bfloat16(), rnd(N, HK, DK).bfloat16()
+    v = rnd(N, HV, DV).bfloat16()
+    gate = -torch.rand(N, HV, generator=g, device=device) * 0.3
+    beta = torch.rand(N, HV, generator=g, device=device)
+    states = rnd(len(lens), HV, DK, DV) * 0.05
+    return q, k, v, gate, beta, states
+
+
+def batched(x, lens):
+    rows, n = chunked_layout(lens)
+    return chunked_delta_rule_torch(*x, torch.from_numpy(rows).to(x[0].device), n)
+
+
+def per_sequence(x, lens):
+    q, k, v, gate, beta, states = x
+    outs, finals, start = [], [], 0
+    for i, n in enumerate(lens):
+        sl = slice(start, start + n)
+        o, s = batched((q[sl], k[sl], v[sl], gate[sl], beta[sl], states[i:i + 1]), [n])
+        outs.append(o)
+        finals.append(s)
+        start += n
+    return torch.cat(outs), torch.cat(finals)
+
+
+def fla(x, lens):
+    q, k, v, gate, beta, states = x
+    cu = torch.tensor([0] + lens, device=q.device).cumsum(0)
+    o, s = _fla_chunk(q[None], k[None], v[None], gate[None], beta[None], initial_state=states,
+                      output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=cu, cu_seqlens_cpu=cu.cpu())
+    return o[0], s
+
+
+def sync(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def measure(fn, x, lens, device, repeat):
+    fn(x, lens)  # warm-up
+    sync(device)
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn(x, lens)
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn(x, lens)
+        sync(device)
+    kernels = None
+    if device == "cuda":
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as kprof:
+            fn(x, lens)
+            sync(device)
+        kernels = sum(e.count for e in kprof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA)
+    top_ops = sum(e.name.startswith("aten::") and e.cpu_parent is None for e in prof.events())
+    return {"ms": 1e3 * min(times), "ms_median": 1e3 * sorted(times)[len(times) // 2], "top_level_torch_ops": top_ops,
+            "device_kernels": kernels}
+
+
+@click.command()
+@click.option("--device", default="cuda", type=click.Choice(["cuda", "cpu"]))
+@click.option("--seqs", default=6, show_default=True, help="sequences in the step (8192-token steps hold ~6 pages)")
+@click.option("--tokens", default=1330, show_default=True, help="tokens per sequence (a page: ~1,330)")
+@click.option("--repeat", default=5, show_default=True)
+@click.option("--out", default=None)
+def main(device, seqs, tokens, repeat, out):
+    lens = [tokens - 7 * i for i in range(seqs)]  # not all equal, not powers of two
+    x = inputs(lens, device)
+    ref_o, ref_s = per_sequence(x, lens)
+    o, s = batched(x, lens)
+    result = {"device": device, "lens": lens, "shape": {"Hk": HK, "Hv": HV, "dk": DK, "dv": DV},
+              "max_abs_diff_o": (o.float() - ref_o.float()).abs().max().item(),
+              "max_abs_diff_state": (s - ref_s).abs().max().item(),
+              "gpu": torch.cuda.get_device_name() if device == "cuda" else None, "torch": torch.__version__,
+              "command": "python bench/gdn_prefill_bench.py " + " ".join(sys.argv[1:]), "runs": {}}
+    paths = [("per_sequence", per_sequence), ("batched", batched)]
+    if device == "cuda" and _fla_chunk is not None:
+        paths.append(("fla", fla))
+    for name, fn in paths:
+        result["runs"][name] = measure(fn, x, lens, device, repeat)
+    print(f"{'path':>14} {'ms':>9} {'torch ops':>10} {'kernels':>8}   (one GDN layer, {seqs} x ~{tokens} tokens, "
+          f"{device}; |o - o_ref| {result['max_abs_diff_o']:.1e})")
+    for name, r in result["runs"].items():
+        print(f"{name:>14} {r['ms']:>9.2f} {r['top_level_torch_ops']:>10} {r['device_kernels']!s:>8}")
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
