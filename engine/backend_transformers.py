@@ -88,6 +88,7 @@ class TransformersBackend:
         self.dtype = resolve_dtype(dtype, self.device)
         self.max_batch_size = max_batch_size
         self.max_new_tokens = max_new_tokens
+        self.busy_s = 0.0  # seconds spent in parse() (one call at a time: this backend is not thread-safe)
 
         self.tokenizer = AutoTokenizer.from_pretrained(self.checkpoint_dir)
         if not self.tokenizer.chat_template:
@@ -250,6 +251,7 @@ class TransformersBackend:
                 results[p.index] = self._generate_sampled(p, submitted)
             except Exception as e:  # noqa: BLE001
                 fail(p.index, e)
+        self.busy_s += time.perf_counter() - submitted
         return results  # type: ignore[return-value]
 
     def close(self) -> None:

@@ -12,6 +12,16 @@ _BACKENDS = {
 }
 
 
+# backends whose parse() may be called from several threads at once (calls share one engine)
+_THREAD_SAFE = frozenset({"native"})
+
+
+def concurrent_calls(name: str, wanted: int) -> int:
+    """How many parse() calls an actor holding backend `name` may run at once: `wanted`, or 1 if it is not
+    thread-safe."""
+    return wanted if name in _THREAD_SAFE else 1
+
+
 def available_backends() -> list[str]:
     """Names whose module is present (the transformers backend also needs transformers installed)."""
     names = []

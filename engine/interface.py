@@ -53,6 +53,7 @@ class ParseBackend(Protocol):
 
     backend_id: str  # e.g. "native", "transformers"
     model_id: str  # checkpoint name + short hash of its config/weights
+    busy_s: float  # seconds the backend has spent generating since it was loaded
 
     def parse(self, requests: list[PageRequest]) -> list[PageResult]:
         """Results in the order of `requests`. A request that fails alone gets finish_reason="error"."""

@@ -2,14 +2,16 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
+from engine.engine_loop import EngineLoop
 from engine.interface import PageRequest, PageResult, SamplingParams, seed_for_request
-from engine.llm_engine import Engine, RequestRejected
+from engine.llm_engine import Engine, RequestOutput
 from engine.processor import ProcessorError
 
 
@@ -33,46 +35,43 @@ class NativeBackend:
             raise ValueError(f"{checkpoint_dir}: a page parser needs a vision checkpoint (model_type qwen3_5)")
         self.model_id = self.engine.model_id
         self.max_new_tokens = max_new_tokens
-        self.preprocess_threads = max(1, preprocess_threads)
         self.ignore_eos = ignore_eos
+        self.loop = EngineLoop(self.engine)
+        self._preprocess = ThreadPoolExecutor(max_workers=max(1, preprocess_threads), thread_name_prefix="preprocess")
+        self._calls = itertools.count()
 
     def parse(self, requests: list[PageRequest]) -> list[PageResult]:
-        """Image preprocessing runs in a small thread pool; each request joins the engine as soon as its inputs are
-        ready, so preprocessing overlaps decoding instead of delaying the first step."""
+        """Safe to call from several threads at once: the calls share one engine, so one call's pages join the
+        running batch while another's finish. Each page's image is preprocessed in a small thread pool and joins the
+        engine as soon as it is ready, so preprocessing overlaps decoding instead of delaying the first step."""
         t_submit = time.perf_counter()
-        results: dict[str, PageResult] = {}
-        order, pending = [], {}
-        with ThreadPoolExecutor(max_workers=self.preprocess_threads) as pool:
-            for i, req in enumerate(requests):
-                key = f"{i}:{req.request_id}"  # unique even if the caller repeats an id
-                order.append(key)
-                if not isinstance(req.image, np.ndarray):
-                    results[key] = _error(req, f"image must be an H x W x 3 uint8 numpy array, got "
-                                               f"{type(req.image).__name__}")
-                    continue
-                pending[pool.submit(self.engine.processor.page_inputs, req.image, req.prompt, compact=True)] = (key, req)
-            while pending or self.engine.has_unfinished():
-                ready = [f for f in pending if f.done()]
-                if not ready and not self.engine.has_unfinished():
-                    wait(pending, return_when=FIRST_COMPLETED)
-                    ready = [f for f in pending if f.done()]
-                for fut in ready:
-                    key, req = pending.pop(fut)
-                    try:
-                        ids, patches, grids = fut.result()
-                        self.engine.add_request(key, prompt_token_ids=ids, pixel_values=patches, image_grids=grids,
-                                                sampling=self._sampling(req), ignore_eos=self.ignore_eos,
-                                                arrival_time=t_submit)
-                    except (RequestRejected, ProcessorError) as e:
-                        results[key] = _error(req, str(e))
-                if self.engine.has_unfinished():
-                    for out in self.engine.step():
-                        rid = out.request_id.split(":", 1)[1]
-                        results[out.request_id] = PageResult(
-                            request_id=rid, text=out.text, prompt_tokens=out.prompt_tokens,
-                            output_tokens=out.output_tokens, finish_reason=out.finish_reason, ttft_s=out.ttft_s,
-                            decode_s=out.decode_s, total_s=out.total_s)
-        return [results[key] for key in order]
+        call = next(self._calls)  # request keys stay unique across concurrent calls and repeated ids
+        pending = []
+        for i, req in enumerate(requests):
+            if not isinstance(req.image, np.ndarray):
+                pending.append(_error(req, f"image must be an H x W x 3 uint8 numpy array, got "
+                                           f"{type(req.image).__name__}"))
+            else:
+                pending.append(self._preprocess.submit(self._submit, f"{call}:{i}:{req.request_id}", req, t_submit))
+        results = []
+        for req, item in zip(requests, pending):
+            item = item.result() if isinstance(item, Future) else item  # preprocessed: engine future or error
+            item = item.result() if isinstance(item, Future) else item  # generated
+            results.append(item if isinstance(item, PageResult) else _page_result(req, item))
+        return results
+
+    def _submit(self, key: str, req: PageRequest, t_submit: float):
+        try:
+            ids, patches, grids = self.engine.processor.page_inputs(req.image, req.prompt, compact=True)
+        except ProcessorError as e:
+            return _error(req, str(e))
+        return self.loop.submit(key, prompt_token_ids=ids, pixel_values=patches, image_grids=grids,
+                                sampling=self._sampling(req), ignore_eos=self.ignore_eos, arrival_time=t_submit)
+
+    @property
+    def busy_s(self) -> float:
+        """Seconds the engine has spent stepping since it was loaded (overlapping calls counted once)."""
+        return self.loop.busy_s
 
     def _sampling(self, req: PageRequest) -> SamplingParams:
         sampling = req.sampling
@@ -85,10 +84,20 @@ class NativeBackend:
     def close(self) -> None:
         import torch
 
+        self.loop.close()
+        self._preprocess.shutdown()
         device = self.engine.device
-        self.engine = None
+        self.engine = self.loop = None
         if device.type == "cuda":
             torch.cuda.empty_cache()
+
+
+def _page_result(req: PageRequest, out: RequestOutput) -> PageResult:
+    if out.finish_reason == "error":
+        return _error(req, out.error or "engine rejected the request")
+    return PageResult(request_id=req.request_id, text=out.text, prompt_tokens=out.prompt_tokens,
+                      output_tokens=out.output_tokens, finish_reason=out.finish_reason, ttft_s=out.ttft_s,
+                      decode_s=out.decode_s, total_s=out.total_s)
 
 
 def _error(req: PageRequest, message: str) -> PageResult:

@@ -62,6 +62,9 @@ class ParseConfig(Strict):
     num_actors: int | None = Field(None, ge=1, description="null = one per GPU, or 1 on a CPU-only cluster")
     batch_size: int = Field(32, ge=1, description="pages per batch handed to one engine actor")
     cpus_per_actor: float = Field(1.0, gt=0)
+    concurrent_batches: int = Field(2, ge=1, description="batches one engine actor works on at once (native backend; "
+                                    "the transformers backend takes 1): the next batch's pages join the engine "
+                                    "while the last one's finish, so the GPU does not drain between batches")
     fallback_to_text_layer: bool = True
 
 

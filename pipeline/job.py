@@ -110,6 +110,7 @@ def build_dataset(ray, prep: Prepared, pools: PoolSizes):
     import pyarrow as pa
     from ray.data import ActorPoolStrategy, DataContext
 
+    from engine.backends import concurrent_calls
     from pipeline.stages import ParseStage, RasterizeStage
 
     cfg = prep.cfg
@@ -130,6 +131,7 @@ def build_dataset(ray, prep: Prepared, pools: PoolSizes):
         num_cpus=pools.raster_cpus,
     )
     m = cfg.model
+    calls = concurrent_calls(m.backend, cfg.parse.concurrent_batches)
     return ds.map_batches(
         ParseStage, batch_size=cfg.parse.batch_size, batch_format="pyarrow",
         fn_constructor_kwargs=dict(
@@ -140,7 +142,8 @@ def build_dataset(ray, prep: Prepared, pools: PoolSizes):
             device="cuda" if pools.gpus_per_engine else "cpu", dtype=m.dtype, prompt=m.prompt,
             sampling=dict(max_tokens=m.max_tokens, temperature=m.temperature, top_p=m.top_p, top_k=m.top_k, seed=m.seed),
             fallback_to_text_layer=cfg.parse.fallback_to_text_layer, options=m.options),
-        compute=ActorPoolStrategy(size=pools.engines),
+        compute=ActorPoolStrategy(size=pools.engines, max_concurrent_calls_per_actor=calls,
+                                  enable_true_multi_threading=calls > 1),
         num_gpus=pools.gpus_per_engine, num_cpus=pools.engine_cpus,
     )
 

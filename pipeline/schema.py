@@ -52,7 +52,7 @@ PAGE_SCHEMA = pa.schema([
     ("ttft_s", pa.float64()),
     ("decode_s", pa.float64()),
     ("parse_s", pa.float64()),
-    ("engine_s", pa.float64()),  # this page's share of its batch's engine wall time (sums to engine busy time)
+    ("engine_s", pa.float64()),  # this page's share of the engine's busy time (shares sum to it)
 ])
 
 DOCUMENT_SCHEMA = pa.schema([

@@ -6,7 +6,7 @@ failures become rows, so `max_errored_blocks` is never needed and nothing is dro
 from __future__ import annotations
 
 import hashlib
-import time
+import threading
 from typing import Iterator
 
 import numpy as np
@@ -89,6 +89,8 @@ class ParseStage:
         self.sampling = SamplingParams(**sampling)
         checkpoint_dir = localize(checkpoint, storage, cache_dir)  # this node's copy (the driver's may be elsewhere)
         self.backend = load_backend(backend_name, checkpoint_dir, device=device, dtype=dtype, **(options or {}))
+        self._lock = threading.Lock()
+        self._busy_claimed = 0.0
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         from engine.interface import PageRequest
@@ -104,9 +106,8 @@ class ParseStage:
             )
             for i in todo
         ]
-        t0 = time.perf_counter()
         results = self.backend.parse(requests) if requests else []
-        share = (time.perf_counter() - t0) / max(len(requests), 1)  # each page's part of the batch's engine time
+        share = self._engine_time() / max(len(requests), 1)  # each page's part of the engine time
         out = [self._page_row(r) for r in rows]
         for i, res in zip(todo, results):
             row = out[i]
@@ -119,6 +120,14 @@ class ParseStage:
             else:
                 row.update(status="error", error_kind="engine", error=res.error or "engine failed")
         return pa.Table.from_pylist(out, schema=PAGE_SCHEMA)
+
+    def _engine_time(self) -> float:
+        """Engine seconds since the previous call took its share. Calls may overlap (parse.concurrent_batches), so
+        each claims the engine time accrued since the last claim: the shares add up to the engine's busy time."""
+        with self._lock:
+            busy = self.backend.busy_s
+            delta, self._busy_claimed = busy - self._busy_claimed, busy
+        return delta
 
     def _page_row(self, r: dict) -> dict:
         return empty_row(

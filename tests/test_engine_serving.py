@@ -157,3 +157,79 @@ def test_native_backend_ignore_eos_generates_max_tokens(ckpt):
     res = backend.parse(reqs)
     assert [(r.output_tokens, r.finish_reason) for r in res] == [(9, "length")] * 3
     backend.close()
+
+
+def test_engine_loop_serves_concurrent_callers_like_one_batch(ckpt):
+    """Callers on several threads share one engine loop: each gets its own requests' outputs, identical to one
+    plain generate() of all of them (greedy, and sampled with per-request seeds)."""
+    import threading
+
+    from engine.engine_loop import EngineLoop
+
+    reqs = {f"r{i}": dict(prompt_token_ids=ids(5 + 3 * i, 40 + i), ignore_eos=True,
+                          sampling=SamplingParams(max_tokens=4 + i % 5, temperature=0.7 * (i % 2), seed=i))
+            for i in range(10)}
+    ref = {o.request_id: o.output_token_ids for o in Engine.from_checkpoint(ckpt, max_num_seqs=4, num_blocks=64)
+           .generate([dict(r, request_id=k) for k, r in reqs.items()])}
+    loop = EngineLoop(Engine.from_checkpoint(ckpt, max_num_seqs=4, num_blocks=64))
+    got, errors = {}, []
+
+    def caller(keys):
+        try:
+            futs = {k: loop.submit(k, **reqs[k]) for k in keys}
+            got.update({k: f.result(timeout=120).output_token_ids for k, f in futs.items()})
+        except Exception as e:  # noqa: BLE001  (reported by the assertion below)
+            errors.append(e)
+
+    threads = [threading.Thread(target=caller, args=(list(reqs)[i::3],)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=180)
+    assert not errors and got == ref
+    assert loop.busy_s > 0
+    rejected = loop.submit("bad", prompt_token_ids=[10**6]).result(timeout=60)
+    assert rejected.finish_reason == "error" and "token id outside" in rejected.error
+    loop.close()
+
+
+def test_engine_loop_failure_reaches_every_waiting_caller(ckpt):
+    from engine.engine_loop import EngineLoop
+
+    eng = Engine.from_checkpoint(ckpt, max_num_seqs=4, num_blocks=64)
+
+    def broken_step():
+        raise RuntimeError("device lost")
+
+    eng.step = broken_step
+    loop = EngineLoop(eng)
+    futs = [loop.submit(f"x{i}", prompt_token_ids=ids(6, i), sampling=SamplingParams(max_tokens=3)) for i in range(3)]
+    for f in futs:
+        with pytest.raises(RuntimeError, match="device lost"):
+            f.result(timeout=60)
+    with pytest.raises(RuntimeError, match="engine loop stopped"):
+        loop.submit("late", prompt_token_ids=ids(6, 9)).result(timeout=60)
+
+
+def test_native_backend_concurrent_parse_calls(ckpt):
+    """Two threads call parse() at once (the pipeline's concurrent batches): each gets its own pages, in order, as
+    a call on its own would; a bad page fails alone."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from engine.backends import load_backend
+
+    rng = np.random.default_rng(3)
+    batches = [[PageRequest(f"b{b}p{i}", rng.integers(0, 256, (40 + 24 * i, 56, 3), dtype=np.uint8),
+                            sampling=SamplingParams(max_tokens=3 + i, temperature=0.5 * (i % 2))) for i in range(4)]
+               for b in range(2)]
+    batches[1][2] = PageRequest("b1bad", np.zeros((4, 4), dtype=np.uint8))
+    backend = load_backend("native", str(ckpt), device="cpu", dtype="float32", max_batch_size=3, num_blocks=64)
+    alone = [backend.parse(b) for b in batches]
+    with ThreadPoolExecutor(2) as pool:
+        together = list(pool.map(backend.parse, batches))
+    for a, t in zip(alone, together):
+        assert [(r.request_id, r.text, r.output_tokens, r.finish_reason) for r in t] == \
+            [(r.request_id, r.text, r.output_tokens, r.finish_reason) for r in a]
+    assert together[1][2].finish_reason == "error" and "uint8" in together[1][2].error
+    assert backend.busy_s > 0
+    backend.close()
