@@ -20,8 +20,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from engine.interface import PageRequest, SamplingParams  # noqa: E402
-from engine.native_backend import NativeBackend  # noqa: E402
+from engine.interface import PageRequest, SamplingParams
+from engine.native_backend import NativeBackend
 
 
 def batches_of_pages(n_batches: int, batch: int, size: int, min_tokens: int, max_tokens: int, seed: int = 0):
