@@ -77,7 +77,8 @@ class EngineLoop:
     def _admit(self, request_id: str, request: dict, fut: Future) -> None:
         try:
             self.engine.add_request(request_id, **request)
-        except RequestRejected as e:
-            fut.set_result(RequestOutput(request_id, [], [], "", "error", error=str(e)))
+        except Exception as e:  # noqa: BLE001  (a request that cannot be admitted fails alone)
+            msg = str(e) if isinstance(e, RequestRejected) else f"{type(e).__name__}: {e}"
+            fut.set_result(RequestOutput(request_id, [], [], "", "error", error=msg))
             return
         self._futures[request_id] = fut

@@ -233,3 +233,15 @@ def test_native_backend_concurrent_parse_calls(ckpt):
     assert together[1][2].finish_reason == "error" and "uint8" in together[1][2].error
     assert backend.busy_s > 0
     backend.close()
+
+
+def test_engine_loop_request_that_breaks_add_request_fails_alone(ckpt):
+    from engine.engine_loop import EngineLoop
+
+    loop = EngineLoop(Engine.from_checkpoint(ckpt, max_num_seqs=4, num_blocks=64))
+    bad = loop.submit("bad", prompt_token_ids=ids(6, 1), no_such_argument=1).result(timeout=60)
+    assert bad.finish_reason == "error" and "TypeError" in bad.error
+    good = loop.submit("good", prompt_token_ids=ids(6, 2), sampling=SamplingParams(max_tokens=3),
+                       ignore_eos=True).result(timeout=60)
+    assert good.finish_reason == "length" and good.output_tokens == 3
+    loop.close()

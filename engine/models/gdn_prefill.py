@@ -54,9 +54,9 @@ def chunked_delta_rule_torch(q, k, v, g, beta, states, rows, n_chunks: int, chun
     Within a chunk with cumulative log decay G and entry state S0, the per-token corrections u solve the unit
     lower-triangular system (I + A) u = beta*v - beta*exp(G)*k S0, A[t,s] = beta_t exp(G_t-G_s) k_t.k_s (s < t);
     then o_t = exp(G_t) q_t S0 + sum_{s<=t} exp(G_t-G_s) (q_t.k_s) u_s and
-    S_end = exp(G_C) S0 + sum_s exp(G_C-G_s) k_s u_s^T. All but the last two lines' S0 terms are computed for every
-    chunk in parallel; only the state's hand-over runs chunk by chunk. Returns (o [N, Hv, dv] in v.dtype, final
-    states [S, Hv, dk, dv] fp32).
+    S_end = exp(G_C) S0 + sum_s exp(G_C-G_s) k_s u_s^T. Everything but the terms in S0 is computed for all chunks at
+    once; only the state's hand-over runs chunk by chunk. Returns (o [N, Hv, dv] in v.dtype, final states
+    [S, Hv, dk, dv] fp32).
     """
     Hk, dk = q.shape[1], q.shape[2]
     Hv, dv = v.shape[1], v.shape[2]
