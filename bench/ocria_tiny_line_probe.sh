@@ -3,7 +3,8 @@
 # BPE? Same miniature model, same single-line pages (strict_chars, 22-32 px, 8-40 characters, cropped), same wall-clock
 # budget; then greedy CER on 24 held-out lines (licence text, not seen in training) with jobs.eval_ocr.
 #   bash bench/ocria_tiny_line_probe.sh OUT_DIR SECONDS [VOCAB ...]
-# EXTRA="--set train.ctc_weight=1.0" adds training overrides (the same probe with the line CTC loss).
+# EXTRA="--set train.ctc_weight=1.0" adds training overrides (the same probe with the line CTC loss); FONT_PX="56, 72"
+# renders bigger glyphs (about one character per merged image token).
 set -euo pipefail
 out=${1:?out dir}; secs=${2:-600}; shift 2 || true
 vocabs=${*:-4096 266}
@@ -13,12 +14,13 @@ MINI="--set model.text.hidden_size=128 --set model.text.intermediate_size=256 --
  --set model.text.linear_num_value_heads=2 --set model.text.partial_rotary_factor=1.0 --set model.text.mrope_section=[11,11,10]
  --set model.vision.depth=3 --set model.vision.hidden_size=96 --set model.vision.intermediate_size=288
  --set model.vision.num_heads=2 --set image.image_mean=1.0"
-LINES='data.curriculum=[{until_page: 100000000, font_px: [22, 32], max_chars: [8, 40], crop: true, strict_chars: true}]'
+FONT_PX=${FONT_PX:-22, 32}  # glyph size: at 22-32 px one merged image token (32 px) spans 2-3 characters
+LINES="data.curriculum=[{until_page: 100000000, font_px: [$FONT_PX], max_chars: [8, 40], crop: true, strict_chars: true}]"
 mkdir -p "$out"
-"$py" - "$out/eval_lines.yaml" <<'PY'
+"$py" - "$out/eval_lines.yaml" "$FONT_PX" <<'PY'
 import sys, yaml
 c = yaml.safe_load(open("configs/train_tiny.yaml"))
-c["data"].update(font_px=[22.0, 32.0], max_chars=[8, 40], crop=True, strict_chars=True)
+c["data"].update(font_px=[float(v) for v in sys.argv[2].split(",")], max_chars=[8, 40], crop=True, strict_chars=True)
 yaml.safe_dump(c, open(sys.argv[1], "w"), sort_keys=False)
 PY
 for v in $vocabs; do
