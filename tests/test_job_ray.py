@@ -84,7 +84,9 @@ def test_sample_corpus_through_s3_then_resume(s3_server, s3_client, tiny_checkpo
     # Rerun: the five done documents are skipped, the failed one is retried (attempt 2) and replaces its old row.
     again = prepare(cfg)
     assert again.plan.skipped["already done"] == 5 and [m.attempt for m in again.plan.todo.values()] == [2]
-    run(again, echo=lambda *_: None)
+    retried = run(again, echo=lambda *_: None)
+    assert retried["pages"] == 0 and retried["warmup_pages"] == 0  # an error row is no page, warm-up included
+    assert retried["steady_pages_per_s"] == 0
     docs, _ = assert_exactly_once(store, uris)
     [cached] = list((tmp_path / "cache").iterdir())
     assert (cached / "model.safetensors").read_bytes() == (tiny_checkpoint / "model.safetensors").read_bytes()
