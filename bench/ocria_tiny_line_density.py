@@ -21,13 +21,15 @@ from jobs.train_tiny import load_config, page_stream  # noqa: E402
 
 @click.command()
 @click.option("--font-px", default="22,32", show_default=True)
+@click.option("--canvas-px", default=None, type=int, help="curriculum canvas_px (default: the page size)")
 @click.option("--pages", default=200, show_default=True)
 @click.option("--model-dir", default=str(ROOT / "models" / "ocria-tiny"), show_default=True)
 @click.option("--synth", default=str(ROOT / ".synth"), show_default=True)
 @click.option("--out", default=None)
-def main(font_px: str, pages: int, model_dir: str, synth: str, out: str | None) -> None:
+def main(font_px: str, canvas_px: int | None, pages: int, model_dir: str, synth: str, out: str | None) -> None:
+    canvas = f", canvas_px: {canvas_px}" if canvas_px else ""
     lines = (f"data.curriculum=[{{until_page: 100000000, font_px: [{font_px}], max_chars: [8, 40], crop: true, "
-             f"strict_chars: true}}]")
+             f"strict_chars: true{canvas}}}]")
     cfg = load_config(ROOT / "configs" / "train_tiny.yaml", [lines])
     merge = cfg["model"]["vision"]["spatial_merge_size"]
     stream = iter(page_stream(cfg, Path(synth), Path(model_dir), 0))
@@ -41,7 +43,7 @@ def main(font_px: str, pages: int, model_dir: str, synth: str, out: str | None) 
     a = np.array(rows)
     line = a[:, 0] <= cfg["train"].get("ctc_max_rows", 3)
     result = {
-        "font_px": font_px, "pages": pages,
+        "font_px": font_px, "canvas_px": canvas_px, "pages": pages,
         "token_rows_p5_p50_p95": np.percentile(a[:, 0], [5, 50, 95]).tolist(),
         "token_columns_p5_p50_p95": np.percentile(a[:, 1], [5, 50, 95]).tolist(),
         "answer_tokens_p5_p50_p95": np.percentile(a[:, 2], [5, 50, 95]).tolist(),

@@ -15,12 +15,15 @@ MINI="--set model.text.hidden_size=128 --set model.text.intermediate_size=256 --
  --set model.vision.depth=3 --set model.vision.hidden_size=96 --set model.vision.intermediate_size=288
  --set model.vision.num_heads=2 --set image.image_mean=1.0"
 FONT_PX=${FONT_PX:-22, 32}  # glyph size: at 22-32 px one merged image token (32 px) spans 2-3 characters
-LINES="data.curriculum=[{until_page: 100000000, font_px: [$FONT_PX], max_chars: [8, 40], crop: true, strict_chars: true}]"
+CANVAS=${CANVAS_PX:+, canvas_px: $CANVAS_PX}  # CANVAS_PX=2560: lay lines out wide enough that big fonts do not wrap
+LINES="data.curriculum=[{until_page: 100000000, font_px: [$FONT_PX], max_chars: [8, 40], crop: true, strict_chars: true$CANVAS}]"
 mkdir -p "$out"
-"$py" - "$out/eval_lines.yaml" "$FONT_PX" <<'PY'
+"$py" - "$out/eval_lines.yaml" "$FONT_PX" "${CANVAS_PX:-}" <<'PY'
 import sys, yaml
 c = yaml.safe_load(open("configs/train_tiny.yaml"))
 c["data"].update(font_px=[float(v) for v in sys.argv[2].split(",")], max_chars=[8, 40], crop=True, strict_chars=True)
+if sys.argv[3]:
+    c["data"]["canvas_px"] = int(sys.argv[3])
 yaml.safe_dump(c, open(sys.argv[1], "w"), sort_keys=False)
 PY
 for v in $vocabs; do

@@ -47,9 +47,12 @@ def synth_config(cfg: dict, page_index: int | None = None):
     from pipeline.synthetic import SynthConfig
 
     d = curriculum_stage(cfg, page_index) if page_index is not None else cfg["data"]
+    # canvas_px: lay the page out (and render it) on a larger canvas, so big glyphs fit long lines without wrapping;
+    # with crop the image is the text alone, which the processor's max_pixels still bounds
+    canvas = int(d.get("canvas_px") or cfg["image"]["target_longest_px"])
     return SynthConfig(
-        target_longest_px=cfg["image"]["target_longest_px"],
-        max_pixels=cfg["image"]["max_pixels"],
+        target_longest_px=canvas,
+        max_pixels=max(cfg["image"]["max_pixels"], canvas * canvas),
         font_px=tuple(d["font_px"]),
         max_chars=tuple(d["max_chars"]),
         crop=bool(d.get("crop", False)),
@@ -58,8 +61,8 @@ def synth_config(cfg: dict, page_index: int | None = None):
 
 
 def curriculum_stage(cfg: dict, page_index: int) -> dict:
-    """data.curriculum: stages [{until_page, font_px, max_chars[, crop, strict_chars]}, ...] in order; pages past the
-    last stage use data.font_px / data.max_chars. Keyed on the page index, so data-loader workers and resumed runs
+    """data.curriculum: stages [{until_page, font_px, max_chars[, crop, strict_chars, canvas_px]}, ...] in order;
+    pages past the last stage use data.font_px / data.max_chars. Keyed on the page index, so data-loader workers and resumed runs
     agree."""
     for stage in cfg["data"].get("curriculum") or []:
         if page_index < stage["until_page"]:

@@ -220,6 +220,22 @@ def test_cropped_curriculum_pages_keep_all_the_ink(pool):
     assert border.min() >= 200  # a margin of paper all round
 
 
+def test_canvas_px_renders_big_fonts_on_a_wider_page(pool):
+    """canvas_px lays a stage's pages out on a bigger canvas: the same fonts in pixels wrap less, and a cropped line
+    keeps its glyph size (the full-size canvas is not scaled down to the model's page size before the crop)."""
+    stage = "{until_page: 10, font_px: [48, 56], max_chars: [30, 40], crop: true, strict_chars: true"
+    narrow = load_config(CONFIG, [f"data.curriculum=[{stage}}}]"])
+    wide = load_config(CONFIG, [f"data.curriculum=[{stage}, canvas_px: 2048}}]"])
+    sc = synth_config(wide, 0)
+    assert sc.target_longest_px == 2048 and sc.max_pixels >= 2048 * 2048 and synth_config(wide, 10) == synth_config(wide)
+    rows = {}
+    for name, cfg in (("narrow", narrow), ("wide", wide)):
+        pages = [make_page(s, pool, synth_config(cfg, 0)) for s in range(4)]
+        assert all(min(p.image.shape[:2]) > 0 for p in pages)
+        rows[name] = sum(p.image.shape[0] for p in pages)
+    assert rows["wide"] < rows["narrow"]  # fewer wrapped lines: shorter crops
+
+
 def test_strict_chars_pages_stay_within_the_budget(pool):
     """Single-line curriculum pages: max_chars is a hard cap (a table keeps its header and one row), so the first
     block is cut to a few words instead of a whole paragraph."""
