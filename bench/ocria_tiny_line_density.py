@@ -6,6 +6,7 @@ one frame per column) cannot align at all (fewer columns than target tokens plus
 """
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from jobs.train_tiny import load_config, page_stream  # noqa: E402
+from jobs.train_tiny import load_config, page_stream
 
 
 @click.command()
@@ -38,7 +39,7 @@ def main(font_px: str, canvas_px: int | None, pages: int, model_dir: str, synth:
         item = next(stream)
         grid = item["grid"]
         answer = item["labels"][item["labels"] != -100][:-1].tolist()  # without <|im_end|>
-        repeats = sum(a == b for a, b in zip(answer, answer[1:]))
+        repeats = sum(a == b for a, b in itertools.pairwise(answer))
         rows.append((int(grid[1]) // merge, int(grid[2]) // merge, len(answer), len(answer) + repeats))
     a = np.array(rows)
     line = a[:, 0] <= cfg["train"].get("ctc_max_rows", 3)
