@@ -18,7 +18,12 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from engine.models.gdn_prefill import _fla_chunk, chunked_delta_rule_torch
+from engine.models.gdn_prefill import (
+    chunked_delta_rule_torch,
+    delta_rule_fla,
+    delta_rule_per_sequence,
+    fla_available,
+)
 from engine.step_metadata import chunked_layout
 
 HK, HV, DK, DV = 16, 32, 128, 128  # Qwen3.5-4B linear-attention heads
@@ -45,23 +50,12 @@ def batched(x, lens):
 
 
 def per_sequence(x, lens):
-    q, k, v, gate, beta, states = x
-    outs, finals, start = [], [], 0
-    for i, n in enumerate(lens):
-        sl = slice(start, start + n)
-        o, s = batched((q[sl], k[sl], v[sl], gate[sl], beta[sl], states[i:i + 1]), [n])
-        outs.append(o)
-        finals.append(s)
-        start += n
-    return torch.cat(outs), torch.cat(finals)
+    return delta_rule_per_sequence(*x, lens)
 
 
 def fla(x, lens):
-    q, k, v, gate, beta, states = x
-    cu = torch.tensor([0] + lens, device=q.device).cumsum(0)
-    o, s = _fla_chunk(q[None], k[None], v[None], gate[None], beta[None], initial_state=states,
-                      output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=cu, cu_seqlens_cpu=cu.cpu())
-    return o[0], s
+    cu = torch.tensor([0] + lens, device=x[0].device).cumsum(0)
+    return delta_rule_fla(*x, cu, cu.cpu())
 
 
 def sync(device):
@@ -109,7 +103,7 @@ def main(device, seqs, tokens, repeat, out):
               "gpu": torch.cuda.get_device_name() if device == "cuda" else None, "torch": torch.__version__,
               "command": "python bench/gdn_prefill_bench.py " + " ".join(sys.argv[1:]), "runs": {}}
     paths = [("per_sequence", per_sequence), ("batched", batched)]
-    if device == "cuda" and _fla_chunk is not None:
+    if device == "cuda" and fla_available():
         paths.append(("fla", fla))
     for name, fn in paths:
         result["runs"][name] = measure(fn, x, lens, device, repeat)

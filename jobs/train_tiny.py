@@ -62,8 +62,8 @@ def synth_config(cfg: dict, page_index: int | None = None):
 
 def curriculum_stage(cfg: dict, page_index: int) -> dict:
     """data.curriculum: stages [{until_page, font_px, max_chars[, crop, strict_chars, canvas_px]}, ...] in order;
-    pages past the last stage use data.font_px / data.max_chars. Keyed on the page index, so data-loader workers and resumed runs
-    agree."""
+    pages past the last stage use data.font_px / data.max_chars. Keyed on the page index, so data-loader workers and
+    resumed runs agree."""
     for stage in cfg["data"].get("curriculum") or []:
         if page_index < stage["until_page"]:
             return stage

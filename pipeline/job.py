@@ -210,12 +210,11 @@ def _stream_and_commit(ds, prep: Prepared, stats: RunStats) -> None:
             blocks = pages_seen = 0
             for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow"):  # a block: one engine call's pages
                 for row in batch.to_pylist():
+                    pages_seen += row["page_index"] >= 0  # as the stats count pages: an error row is none
                     done = assembler.add(row)
                     if done:
                         add_document(done)
-                # pages as the stats count them: a document's error row (page_index -1) is not a page
                 blocks += 1
-                pages_seen += sum(i >= 0 for i in batch.column("page_index").to_pylist())
                 if blocks == stats.engine_actors:  # every engine has returned a batch: start-up is over
                     stats.warmup_s, stats.warmup_pages = time.perf_counter() - started, pages_seen
             for uri, got, expected in assembler.incomplete():  # never drop a document silently

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.ops import l2norm_ref
-from engine.step_metadata import GDN_CHUNK, StepMetadata
+from engine.step_metadata import GDN_CHUNK, StepMetadata, chunked_layout
 from kernels._common import use_triton
 
 try:  # optional GPU dependency (fla-core): varlen chunked gated delta rule in Triton
@@ -93,26 +93,38 @@ def chunked_delta_rule_torch(q, k, v, g, beta, states, rows, n_chunks: int, chun
     return o.to(v.dtype), St
 
 
+def delta_rule_per_sequence(q, k, v, g, beta, states, query_lens: list[int]):
+    """`chunked_delta_rule_torch` once per sequence (packed inputs as there): the CPU path, where one sequence's
+    working set stays in cache."""
+    outs, finals, start = [], [], 0
+    for i, n in enumerate(query_lens):
+        sl = slice(start, start + n)
+        rows, n_chunks = chunked_layout([n])
+        o, s = chunked_delta_rule_torch(q[sl], k[sl], v[sl], g[sl], beta[sl], states[i:i + 1],
+                                        torch.from_numpy(rows).to(q.device), n_chunks)
+        outs.append(o)
+        finals.append(s)
+        start += n
+    return torch.cat(outs), torch.cat(finals)
+
+
+def delta_rule_fla(q, k, v, g, beta, states, cu_seqlens, cu_seqlens_cpu):
+    """fla's varlen chunked kernel (CUDA, fla installed); same inputs and outputs as `chunked_delta_rule_torch`."""
+    o, final = _fla_chunk(q[None], k[None], v[None], g[None], beta[None], initial_state=states,
+                          output_final_state=True, use_qk_l2norm_in_kernel=True,
+                          cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu)
+    return o[0], final
+
+
 def delta_rule_prefill(q, k, v, g, beta, ssm_state: torch.Tensor, meta: StepMetadata):
     """Packed q, k [N, Hk, dk], v [N, Hv, dv], g, beta [N, Hv] -> o [N, Hv, dv]; updates the step's sequences'
     ssm_state rows (meta.state_idx) in place."""
     init = ssm_state[meta.state_idx]
     if _fla_chunk is not None and q.is_cuda:
-        o, final = _fla_chunk(q[None], k[None], v[None], g[None], beta[None], initial_state=init,
-                              output_final_state=True, use_qk_l2norm_in_kernel=True,
-                              cu_seqlens=meta.cu_seqlens, cu_seqlens_cpu=meta.cu_seqlens_cpu)
-        o = o[0]
+        o, final = delta_rule_fla(q, k, v, g, beta, init, meta.cu_seqlens, meta.cu_seqlens_cpu)
     elif use_triton(q):  # GPU path: the whole step in one call, ~1/S of the launches of a call per sequence
         o, final = chunked_delta_rule_torch(q, k, v, g, beta, init, meta.chunked_rows, meta.chunks_per_seq)
     else:  # CPU: a call per sequence keeps the working set in cache (bench/gdn_prefill_bench.py: 1.6x faster)
-        outs, finals, start = [], [], 0
-        for i, n in enumerate(meta.query_lens):
-            sl = slice(start, start + n)
-            o, s = chunked_delta_rule_torch(q[sl], k[sl], v[sl], g[sl], beta[sl], init[i:i + 1],
-                                            torch.arange(n, device=q.device), -(-n // GDN_CHUNK))
-            outs.append(o)
-            finals.append(s)
-            start += n
-        o, final = torch.cat(outs), torch.cat(finals)
+        o, final = delta_rule_per_sequence(q, k, v, g, beta, init, meta.query_lens)
     ssm_state[meta.state_idx] = final.to(ssm_state.dtype)
     return o
