@@ -1,6 +1,7 @@
 """How many characters one merged image token must hold on ocria-tiny's line pages: per page, the merged token grid
-(rows x columns) against the answer's length in tokens, and how often the line CTC loss (jobs/train_tiny.LineCTC:
-one frame per column) cannot align at all (fewer columns than target tokens plus repeats).
+(rows x columns) against the answer's length in tokens and in characters, and how often the line CTC loss
+(jobs/train_tiny.LineCTC: `ctc_subframes` frames per column, one character each) cannot align at all (fewer frames than
+characters plus repeats).
 
     python bench/ocria_tiny_line_density.py --font-px 22,32 --out bench/results/ocria_tiny_line_density.json
 """
@@ -17,7 +18,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from jobs.train_tiny import load_config, page_stream
+from jobs.eval_ocr import markdown_to_text
+from jobs.train_tiny import PromptBuilder, ctc_chars, load_config, page_stream
 
 
 @click.command()
@@ -33,14 +35,17 @@ def main(font_px: str, canvas_px: int | None, pages: int, model_dir: str, synth:
              f"strict_chars: true{canvas}}}]")
     cfg = load_config(ROOT / "configs" / "train_tiny.yaml", [lines])
     merge = cfg["model"]["vision"]["spatial_merge_size"]
+    subframes = cfg["train"]["ctc_subframes"]
     stream = iter(page_stream(cfg, Path(synth), Path(model_dir), 0))
+    tok = PromptBuilder(Path(model_dir), cfg["prompt"]).tok
     rows = []
     for _ in range(pages):
         item = next(stream)
         grid = item["grid"]
         answer = item["labels"][item["labels"] != -100][:-1].tolist()  # without <|im_end|>
-        repeats = sum(a == b for a, b in itertools.pairwise(answer))
-        rows.append((int(grid[1]) // merge, int(grid[2]) // merge, len(answer), len(answer) + repeats))
+        chars = ctc_chars(markdown_to_text(tok.decode(answer)))
+        repeats = sum(a == b for a, b in itertools.pairwise(chars))
+        rows.append((int(grid[1]) // merge, int(grid[2]) // merge, len(answer), len(chars), len(chars) + repeats))
     a = np.array(rows)
     line = a[:, 0] <= cfg["train"].get("ctc_max_rows", 3)
     result = {
@@ -48,9 +53,12 @@ def main(font_px: str, canvas_px: int | None, pages: int, model_dir: str, synth:
         "token_rows_p5_p50_p95": np.percentile(a[:, 0], [5, 50, 95]).tolist(),
         "token_columns_p5_p50_p95": np.percentile(a[:, 1], [5, 50, 95]).tolist(),
         "answer_tokens_p5_p50_p95": np.percentile(a[:, 2], [5, 50, 95]).tolist(),
+        "answer_chars_p5_p50_p95": np.percentile(a[:, 3], [5, 50, 95]).tolist(),
         "median_columns_per_answer_token": float(np.median(a[:, 1] / np.maximum(a[:, 2], 1))),
+        "median_chars_per_column": float(np.median(a[:, 3] / a[:, 1])),
+        "ctc_subframes": subframes,
         "share_ctc_line_pages": float(line.mean()),
-        "share_of_ctc_line_pages_ctc_cannot_align": float((a[line, 1] < a[line, 3]).mean()),
+        "share_of_ctc_line_pages_ctc_cannot_align": float((a[line, 1] * subframes < a[line, 4]).mean()),
         "command": "python bench/ocria_tiny_line_density.py " + " ".join(sys.argv[1:]),
     }
     print(json.dumps(result, indent=1))

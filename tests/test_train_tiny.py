@@ -131,12 +131,14 @@ def test_image_reaches_the_loss_of_a_fresh_model(small_pages, parts):
     assert abs(use["img_gain"]) > 1e-4 and use["img_var"] > 0.05, use
 
 
-def test_line_ctc_reads_line_pages_left_to_right_and_trains_the_vision_tower(pool, parts):
-    """LineCTC: only single-line pages take part; each is its merged token columns (rows averaged) in order, and the
-    CTC loss reaches the vision tower through the features of the same forward pass."""
+def test_line_ctc_reads_line_characters_left_to_right_and_trains_the_vision_tower(pool, parts):
+    """LineCTC: only single-line pages take part; each is its merged token columns (rows averaged) in order, every
+    column split into `subframes` frames; the targets are the plain-text characters of the answer; the loss reaches
+    the vision tower through the features of the same forward pass."""
     import torch.nn.functional as F
 
-    from jobs.train_tiny import LineCTC
+    from jobs.eval_ocr import levenshtein, markdown_to_text
+    from jobs.train_tiny import CTC_CLASSES, LineCTC, ctc_greedy
 
     processor, builder = parts
     cfg = load_config(CONFIG, MINI + [("data.curriculum=[{until_page: 10, font_px: [24, 30], max_chars: [8, 30], "
@@ -148,7 +150,7 @@ def test_line_ctc_reads_line_pages_left_to_right_and_trains_the_vision_tower(poo
     rows = (batch["image_grid_thw"][:, 1] // 2).tolist()
     assert max(rows[:3]) <= 3 < rows[3], rows
     model = _mini_model(cfg, builder)
-    ctc = LineCTC(model, 0.5, 3, 2, builder.ids.endoftext, builder.ids.im_end)
+    ctc = LineCTC(model, builder.tok, 0.5, 3, 2, 3, builder.ids.im_end)
     loss = model(**batch).loss
     feats = ctc.features
     aux = ctc.loss(batch["image_grid_thw"], batch["labels"])
@@ -158,18 +160,33 @@ def test_line_ctc_reads_line_pages_left_to_right_and_trains_the_vision_tower(poo
     seqs, targets = [], []
     for i, x in enumerate(torch.split(feats, sizes)[:3]):
         _, h, w = batch["image_grid_thw"][i].tolist()
-        cols = [x.view(h // 2, w // 2, -1)[:, c].mean(0) for c in range(w // 2)]
-        seqs.append(ctc.head(torch.stack(cols)).log_softmax(-1))
-        targets.append(builder.tok.encode(lines[i].markdown, add_special_tokens=False).ids)
-    expected = torch.stack([F.ctc_loss(lp, torch.tensor(t), [len(lp)], [len(t)], blank=builder.ids.endoftext,
-                                       reduction="sum", zero_infinity=True) / len(t) for lp, t in zip(seqs, targets)]).mean()
+        cols = ctc.head(torch.stack([x.view(h // 2, w // 2, -1)[:, c].mean(0) for c in range(w // 2)]))
+        frames = [cols[c, k * CTC_CLASSES:(k + 1) * CTC_CLASSES] for c in range(w // 2) for k in range(3)]
+        seqs.append(torch.stack(frames).log_softmax(-1))
+        text = markdown_to_text(lines[i].markdown)
+        assert text and all(32 <= ord(ch) < 127 for ch in text), text
+        targets.append([ord(ch) - 31 for ch in text])
+    expected = torch.stack([F.ctc_loss(lp, torch.tensor(t), [len(lp)], [len(t)], blank=0, reduction="sum",
+                                       zero_infinity=True) / len(t) for lp, t in zip(seqs, targets)]).mean()
     torch.testing.assert_close(aux, expected, rtol=1e-5, atol=1e-5)
     (loss + ctc.weight * aux).backward()
     assert all(p.grad is not None for p in ctc.parameters())
     assert model.model.visual.patch_embed.proj.weight.grad.abs().sum() > 0
+    # the greedy reading check: best path of the same frames against the same characters
+    reads = [ctc_greedy(lp.argmax(-1).tolist()) for lp in seqs]
+    expected_cer = sum(levenshtein(r, t) for r, t in zip(reads, targets)) / sum(len(t) for t in targets)
+    assert ctc.reading_cer(model, batch) == pytest.approx(expected_cer) and expected_cer > 0.5  # untrained: no reading
     model.zero_grad()
     model(**collate(items[3:], builder.ids.endoftext, builder.ids.image_pad))
     assert ctc.loss(batch["image_grid_thw"][3:], batch["labels"][3:]) is None  # no line page in the batch
+    assert ctc.reading_cer(model, collate(items[3:], builder.ids.endoftext, builder.ids.image_pad)) is None
+
+
+def test_ctc_greedy_merges_repeats_then_drops_blanks():
+    from jobs.train_tiny import ctc_greedy
+
+    assert ctc_greedy([0, 5, 5, 0, 5, 3, 3, 0, 0]) == [5, 5, 3]
+    assert ctc_greedy([7, 7, 7]) == [7] and ctc_greedy([0, 0]) == []
 
 
 def test_vision_tower_has_its_own_learning_rate(parts):
