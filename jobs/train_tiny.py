@@ -348,6 +348,8 @@ class LineCTC:
     targets the CTC loss stayed at 3-5 nats in 2,000 steps; with characters the vision tower alone took held-out line
     CER from 0.92 to 0.62 in 1,000 CPU steps (bench/results/ocria_tiny_vision_ctc_probe.log)."""
 
+    HEAD_FILE = "line_ctc_head.pt"
+
     def __init__(self, model, tokenizer, weight: float, max_rows: int, merge: int, subframes: int, im_end: int):
         import torch
 
@@ -512,6 +514,8 @@ def train(cfg: dict, synth: Path, model_dir: Path, out: Path, resume: Path | Non
     if tc.get("ctc_weight", 0.0) > 0:
         ctc = LineCTC(model, builder.tok, tc["ctc_weight"], tc.get("ctc_max_rows", 3),
                       cfg["model"]["vision"]["spatial_merge_size"], tc.get("ctc_subframes", 4), builder.ids.im_end)
+        if resume is not None and (resume / LineCTC.HEAD_FILE).exists():  # a resumed run keeps reading where it was
+            ctc.head.load_state_dict(torch.load(resume / LineCTC.HEAD_FILE, map_location=device))
     groups = param_groups(model, tc)
     if ctc is not None:
         groups.append({"params": list(ctc.parameters()), "weight_decay": 0.0, "lr_mult": 1.0})
@@ -560,6 +564,8 @@ def train(cfg: dict, synth: Path, model_dir: Path, out: Path, resume: Path | Non
     del loader
     ckpt = out / "ckpt"
     save_checkpoint(model, ckpt, state)
+    if ctc is not None:  # beside the model, not in it: the shipped checkpoint has no CTC head
+        torch.save(ctc.head.state_dict(), ckpt / LineCTC.HEAD_FILE)
     (ckpt / "train_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
     try:
         plot_loss(log, out / "loss.png")

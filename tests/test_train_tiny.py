@@ -274,20 +274,28 @@ def test_strict_chars_pages_stay_within_the_budget(pool):
 
 
 @pytest.mark.timeout(300)
-def test_profile_mode_times_steps_and_data_wait(pool, tmp_path):
-    """`train --profile-steps N`: real steps of a miniature model on real synthetic pages, profiled; no checkpoint."""
+def _mini_training_setup(pool, tmp_path, overrides: list[str]):
+    """A miniature model folder (the shipped tokenizer and processor, a MINI config) and a synth folder with `pool`
+    as both text pools."""
     import shutil
-
-    from jobs.train_tiny import train
 
     model_dir = tmp_path / "model"
     shutil.copytree(MODEL, model_dir, ignore=shutil.ignore_patterns("*.safetensors"))
     cfg = load_config(CONFIG, MINI + ["image.target_longest_px=256", "image.max_pixels=65536",
-                                      "data.max_chars=[40,120]", "train.batch_size=2", "train.num_workers=0"])
+                                      "data.max_chars=[40,120]", "train.batch_size=2", "train.num_workers=0"] + overrides)
     hf_config(cfg, special_token_ids(PromptBuilder(model_dir, cfg["prompt"]).tok)).save_pretrained(model_dir)
     synth = tmp_path / "synth"
     (synth / "fonts").mkdir(parents=True)  # no extra TTFs: the built-in fonts
     pool.to_json_gz(synth / "pool_train.json.gz")
+    pool.to_json_gz(synth / "pool_heldout.json.gz")
+    return cfg, synth, model_dir
+
+
+def test_profile_mode_times_steps_and_data_wait(pool, tmp_path):
+    """`train --profile-steps N`: real steps of a miniature model on real synthetic pages, profiled; no checkpoint."""
+    from jobs.train_tiny import train
+
+    cfg, synth, model_dir = _mini_training_setup(pool, tmp_path, [])
     out = tmp_path / "out"
     train(cfg, synth, model_dir, out, None, "cpu", profile_steps=2)
     res = json.loads((out / "train_profile.json").read_text())
@@ -295,3 +303,25 @@ def test_profile_mode_times_steps_and_data_wait(pool, tmp_path):
     assert 0 < res["data_wait_share"] < 1 and res["steps_per_s"] > 0
     assert "aten::" in (out / "train_profile.txt").read_text()
     assert not (out / "ckpt").exists()
+
+
+def test_line_ctc_training_logs_its_reading_and_a_resumed_run_keeps_its_head(pool, tmp_path):
+    """A short CPU run on line pages with the CTC loss logs ctc and ctc_cer and saves the head beside the weights; a
+    run resumed with no training time left saves the head it loaded, unchanged (a fresh head would differ)."""
+    from jobs.train_tiny import LineCTC, train
+
+    lines = "data.curriculum=[{until_page: 1000, font_px: [24, 30], max_chars: [8, 30], crop: true, strict_chars: true}]"
+    cfg, synth, model_dir = _mini_training_setup(pool, tmp_path, [
+        lines, "train.ctc_weight=1.0", "train.ctc_subframes=3", "train.total_train_s=6", "train.run_train_s=6",
+        "train.image_check_every=2", "train.log_every=2", "train.eval_pages=0"])
+    train(cfg, synth, model_dir, tmp_path / "run1", None, "cpu")
+    ckpt = tmp_path / "run1" / "ckpt"
+    log = [json.loads(x) for x in (ckpt / "train_log.jsonl").read_text().splitlines()]
+    assert any("ctc" in r for r in log) and any("ctc_cer" in r for r in log), log  # steps without a line page have none
+    head = torch.load(ckpt / LineCTC.HEAD_FILE)
+    assert head["weight"].shape[0] == 3 * 96
+    train(cfg, synth, model_dir, tmp_path / "run2", ckpt, "cpu")  # total_train_s already spent: no steps
+    state = json.loads((tmp_path / "run2" / "ckpt" / "train_state.json").read_text())
+    assert state["step"] == json.loads((ckpt / "train_state.json").read_text())["step"] and state["runs"] == 2
+    for k, v in torch.load(tmp_path / "run2" / "ckpt" / LineCTC.HEAD_FILE).items():
+        assert torch.equal(v, head[k]), k
