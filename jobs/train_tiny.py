@@ -42,11 +42,22 @@ def load_config(path: Path, overrides: list[str]) -> dict:
     return cfg
 
 
-def synth_config(cfg: dict, page_index: int | None = None):
-    """Page settings of the final (evaluation) distribution, or of training page `page_index` under the curriculum."""
+def mixed_in(page_index: int, share: float) -> bool:
+    """Whether training page `page_index` is one of a stage's `mix` pages: a fixed pseudo-random share of the page
+    indices (a multiplicative hash), so data-loader workers and resumed runs agree."""
+    return (page_index * 2654435761) % 2**32 < share * 2**32
+
+
+def synth_config(cfg: dict, page_index: int | None = None, mix: bool = False):
+    """Page settings of the final (evaluation) distribution, or of training page `page_index` under the curriculum.
+    mix=True (the training stream): a stage's `mix: {share, font_px, max_chars, ...}` replaces the stage's settings for
+    that share of its pages, e.g. line pages kept in the stream so the line CTC loss goes on teaching glyphs while
+    the decoder learns paragraphs. Held-out and check pages (mix=False) follow the stage's own settings."""
     from pipeline.synthetic import SynthConfig
 
     d = curriculum_stage(cfg, page_index) if page_index is not None else cfg["data"]
+    if mix and page_index is not None and d.get("mix") and mixed_in(page_index, d["mix"]["share"]):
+        d = d["mix"]
     # canvas_px: lay the page out (and render it) on a larger canvas, so big glyphs fit long lines without wrapping;
     # with crop the image is the text alone, which the processor's max_pixels still bounds
     canvas = int(d.get("canvas_px") or cfg["image"]["target_longest_px"])
@@ -61,7 +72,7 @@ def synth_config(cfg: dict, page_index: int | None = None):
 
 
 def curriculum_stage(cfg: dict, page_index: int) -> dict:
-    """data.curriculum: stages [{until_page, font_px, max_chars[, crop, strict_chars, canvas_px]}, ...] in order;
+    """data.curriculum: stages [{until_page, font_px, max_chars[, crop, strict_chars, canvas_px, mix]}, ...] in order;
     pages past the last stage use data.font_px / data.max_chars. Keyed on the page index, so data-loader workers and
     resumed runs agree."""
     for stage in cfg["data"].get("curriculum") or []:
@@ -226,7 +237,7 @@ def page_stream(cfg: dict, synth: Path, model_dir: Path, start_index: int):
             merge = cfg["model"]["vision"]["spatial_merge_size"]
             i = start_index + wid
             while True:
-                page = make_page(cfg["data"]["seed"] + i, pool, synth_config(cfg, i), synth / "fonts")
+                page = make_page(cfg["data"]["seed"] + i, pool, synth_config(cfg, i, mix=True), synth / "fonts")
                 yield encode_page(page.image, page.markdown, processor, builder, merge, cfg["data"]["max_answer_tokens"])
                 i += nw
 

@@ -95,6 +95,19 @@ def test_curriculum_stages_follow_the_page_index():
     assert curriculum_stage(load_config(CONFIG, []), 0) is not None  # no curriculum: the final distribution
 
 
+def test_a_stage_mix_replaces_its_share_of_training_pages_only():
+    cfg = load_config(CONFIG, ["data.curriculum=[{until_page: 4000, font_px: [14, 24], max_chars: [60, 400], crop: true,"
+                               " mix: {share: 0.3, font_px: [22, 32], max_chars: [8, 40], crop: true, strict_chars: true}}]"])
+    mixed = [i for i in range(4000) if synth_config(cfg, i, mix=True).strict_chars]
+    assert 0.27 < len(mixed) / 4000 < 0.33  # the share, spread over the stage
+    assert all(synth_config(cfg, i, mix=True).font_px == (22, 32) for i in mixed)
+    others = sorted(set(range(4000)) - set(mixed))
+    assert all(synth_config(cfg, i, mix=True) == synth_config(cfg, i) for i in others)
+    assert not any(synth_config(cfg, i).strict_chars for i in mixed)  # held-out/check pages: the stage's own settings
+    assert mixed == [i for i in range(4000) if synth_config(cfg, i, mix=True).strict_chars]  # deterministic
+    assert synth_config(cfg, 4000, mix=True) == synth_config(cfg)  # past the stage: the final distribution
+
+
 def test_white_paper_normalises_to_zero(tmp_path):
     from engine.hf_format import write_preprocessor_config
 
