@@ -195,21 +195,26 @@ def heldout_pages(n: int, cfg: dict, synth: Path, page_index: int | None = None)
     return pages
 
 
-def corpus_pages(corpus: Path, n: int, cfg: dict, min_chars: int = 200) -> list[EvalPage]:
-    """First pages of born-digital corpus PDFs (manifest: expected ok, category text/table/multicol, a text layer,
-    not rendered blank), rendered by the pipeline's rasterizer; the reference is the page's text layer."""
+def born_digital_rows(corpus: Path, min_chars: int = 200) -> list[dict]:
+    """Manifest rows of the corpus PDFs whose first page is born-digital text: expected ok, category text/table/multicol,
+    a text layer of at least `min_chars` characters, not rendered blank; sorted by file name."""
     import csv
-
-    import pymupdf
-
-    from pipeline.rasterize import render_page
 
     rows = list(csv.DictReader((corpus / "manifest.csv").open()))
     rows = [r for r in rows if r["expected_behaviour"] == "ok" and r["category"] in ("text", "table", "multicol")
             and r["blank_render_p0"] == "False" and int(r["text_chars_p0"] or 0) >= min_chars]
-    rows.sort(key=lambda r: r["filename"])
+    return sorted(rows, key=lambda r: r["filename"])
+
+
+def corpus_pages(corpus: Path, n: int, cfg: dict, min_chars: int = 200) -> list[EvalPage]:
+    """First pages of born-digital corpus PDFs (manifest: expected ok, category text/table/multicol, a text layer,
+    not rendered blank), rendered by the pipeline's rasterizer; the reference is the page's text layer."""
+    import pymupdf
+
+    from pipeline.rasterize import render_page
+
     pages = []
-    for r in rows:
+    for r in born_digital_rows(corpus, min_chars):
         if len(pages) >= n:
             break
         doc = pymupdf.open(corpus / r["filename"])

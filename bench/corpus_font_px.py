@@ -1,0 +1,66 @@
+"""How big the corpus' text is in pixels at a given page resolution: the font size of every character of the
+born-digital first pages that jobs.eval_ocr scores (the text layer's span sizes, in points), times the pipeline's
+render scale (pipeline.rasterize.render_scale) at each longest side. ocria-tiny reads 16-32 px lines after run D
+(bench/results/ocria_tiny_commands.md, session 10); this says which resolution puts real pages' body text there.
+
+    python bench/corpus_font_px.py --out bench/results/corpus_font_px.json
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from jobs.eval_ocr import born_digital_rows
+from pipeline.rasterize import RasterOptions, render_scale
+
+
+def char_font_pt(page) -> np.ndarray:
+    """The font size (pt) of each non-space character of the page's text layer."""
+    sizes = [span["size"]
+             for block in page.get_text("dict")["blocks"] if block.get("type") == 0
+             for line in block["lines"] for span in line["spans"]
+             for ch in span["text"] if not ch.isspace()]
+    return np.array(sizes, dtype=np.float64)
+
+
+@click.command()
+@click.option("--corpus", default=str(ROOT.parent / "shared" / "corpus"), show_default=True)
+@click.option("--pages", default=12, show_default=True, help="first pages, as jobs.eval_ocr --corpus-pages takes them")
+@click.option("--longest", default="768,1024,1280", show_default=True, help="longest page sides to compare (px)")
+@click.option("--out", default=None)
+def main(corpus: str, pages: int, longest: str, out: str | None) -> None:
+    import pymupdf
+
+    sides = [int(x) for x in longest.split(",")]
+    per_side = {s: [] for s in sides}
+    files = []
+    for row in born_digital_rows(Path(corpus))[:pages]:
+        with pymupdf.open(Path(corpus) / row["filename"]) as doc:
+            page = doc[0]
+            pt = char_font_pt(page)
+            if not pt.size:
+                continue
+            files.append({"file": row["filename"], "chars": int(pt.size), "font_pt_p50": float(np.median(pt))})
+            for s in sides:
+                per_side[s].append(pt * render_scale(page.rect.width, page.rect.height, RasterOptions(s, s * s)))
+    result = {"pages": len(files), "files": files, "command": "python bench/corpus_font_px.py " + " ".join(sys.argv[1:]),
+              "font_px_by_longest_side": {}}
+    print(f"{'longest px':>10} {'p10':>6} {'p50':>6} {'p90':>6}   (font px of each character, {len(files)} pages)")
+    for s in sides:
+        px = np.concatenate(per_side[s])
+        q = np.percentile(px, [10, 50, 90])
+        result["font_px_by_longest_side"][str(s)] = {"p10": round(q[0], 1), "p50": round(q[1], 1), "p90": round(q[2], 1)}
+        print(f"{s:>10} {q[0]:6.1f} {q[1]:6.1f} {q[2]:6.1f}")
+    if out:
+        Path(out).write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
