@@ -7,7 +7,6 @@ characters plus repeats).
 """
 from __future__ import annotations
 
-import itertools
 import json
 import sys
 from pathlib import Path
@@ -19,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from jobs.eval_ocr import markdown_to_text
-from jobs.train_tiny import PromptBuilder, ctc_chars, load_config, page_stream
+from jobs.train_tiny import PromptBuilder, ctc_chars, ctc_min_frames, load_config, page_stream
 
 
 @click.command()
@@ -44,8 +43,7 @@ def main(font_px: str, canvas_px: int | None, pages: int, model_dir: str, synth:
         grid = item["grid"]
         answer = item["labels"][item["labels"] != -100][:-1].tolist()  # without <|im_end|>
         chars = ctc_chars(markdown_to_text(tok.decode(answer)))
-        repeats = sum(a == b for a, b in itertools.pairwise(chars))
-        rows.append((int(grid[1]) // merge, int(grid[2]) // merge, len(answer), len(chars), len(chars) + repeats))
+        rows.append((int(grid[1]) // merge, int(grid[2]) // merge, len(answer), len(chars), ctc_min_frames(chars)))
     a = np.array(rows)
     line = a[:, 0] <= cfg["train"].get("ctc_max_rows", 3)
     result = {

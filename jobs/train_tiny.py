@@ -341,6 +341,11 @@ def ctc_chars(text: str) -> list[int]:
     return [ord(c) - 31 for c in text if 32 <= ord(c) < 127]
 
 
+def ctc_min_frames(targets: list[int]) -> int:
+    """Fewest CTC frames that can emit `targets`: one per label plus a blank between equal neighbours."""
+    return len(targets) + sum(a == b for a, b in zip(targets, targets[1:]))
+
+
 def ctc_greedy(frame_ids: list[int]) -> list[int]:
     """Best-path CTC decoding: repeats merged, then blanks (0) dropped."""
     return [c for k, c in enumerate(frame_ids) if c != 0 and (k == 0 or c != frame_ids[k - 1])]
@@ -394,13 +399,16 @@ class LineCTC:
         seqs, targets = [], []
         for x, (rows, cols), lab in zip(torch.split(feats, sizes), rows_cols, labels.tolist()):
             chars = self.targets([i for i in lab if i != -100]) if rows <= self.max_rows else []
-            if chars:
+            # a page with more characters than its frames can emit (two short text lines in one token row, or
+            # glyphs too small for ctc_subframes) has no alignment: leave it out rather than average in a zero
+            if chars and cols * self.subframes >= ctc_min_frames(chars):
                 seqs.append(self.frames(x.reshape(rows, cols, -1)))  # merged tokens are row-major
                 targets.append(chars)
         return seqs, targets
 
     def loss(self, grid_thw, labels):
-        """Mean CTC loss over the line pages of the batch (None when it has none); call right after the forward."""
+        """Mean CTC loss over the batch's line pages that CTC can align (None when there are none); call right after
+        the forward."""
         import torch
         import torch.nn.functional as F
 

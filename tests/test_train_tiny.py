@@ -151,7 +151,7 @@ def test_line_ctc_reads_line_characters_left_to_right_and_trains_the_vision_towe
     import torch.nn.functional as F
 
     from jobs.eval_ocr import levenshtein, markdown_to_text
-    from jobs.train_tiny import CTC_CLASSES, LineCTC, ctc_greedy
+    from jobs.train_tiny import CTC_CLASSES, LineCTC, ctc_greedy, ctc_min_frames
 
     processor, builder = parts
     cfg = load_config(CONFIG, MINI + [("data.curriculum=[{until_page: 10, font_px: [24, 30], max_chars: [8, 30], "
@@ -179,20 +179,51 @@ def test_line_ctc_reads_line_characters_left_to_right_and_trains_the_vision_towe
         text = markdown_to_text(lines[i].markdown)
         assert text and all(32 <= ord(ch) < 127 for ch in text), text
         targets.append([ord(ch) - 31 for ch in text])
-    expected = torch.stack([F.ctc_loss(lp, torch.tensor(t), [len(lp)], [len(t)], blank=0, reduction="sum",
-                                       zero_infinity=True) / len(t) for lp, t in zip(seqs, targets)]).mean()
+    alignable = [(lp, t) for lp, t in zip(seqs, targets) if len(lp) >= ctc_min_frames(t)]  # the others are left out
+    assert alignable
+    expected = torch.stack([F.ctc_loss(lp, torch.tensor(t), [len(lp)], [len(t)], blank=0, reduction="sum")
+                            / len(t) for lp, t in alignable]).mean()
     torch.testing.assert_close(aux, expected, rtol=1e-5, atol=1e-5)
     (loss + ctc.weight * aux).backward()
     assert all(p.grad is not None for p in ctc.parameters())
     assert model.model.visual.patch_embed.proj.weight.grad.abs().sum() > 0
     # the greedy reading check: best path of the same frames against the same characters
-    reads = [ctc_greedy(lp.argmax(-1).tolist()) for lp in seqs]
-    expected_cer = sum(levenshtein(r, t) for r, t in zip(reads, targets)) / sum(len(t) for t in targets)
+    reads = [ctc_greedy(lp.argmax(-1).tolist()) for lp, _ in alignable]
+    expected_cer = sum(levenshtein(r, t) for r, (_, t) in zip(reads, alignable)) / sum(len(t) for _, t in alignable)
     assert ctc.reading_cer(model, batch) == pytest.approx(expected_cer) and expected_cer > 0.5  # untrained: no reading
     model.zero_grad()
     model(**collate(items[3:], builder.ids.endoftext, builder.ids.image_pad))
     assert ctc.loss(batch["image_grid_thw"][3:], batch["labels"][3:]) is None  # no line page in the batch
     assert ctc.reading_cer(model, collate(items[3:], builder.ids.endoftext, builder.ids.image_pad)) is None
+
+
+def test_line_ctc_leaves_out_line_pages_it_cannot_align(pool, parts):
+    """With one frame per column most line pages have more characters than columns: exactly the pages whose columns
+    can emit their characters (ctc_min_frames) are scored, and a batch without one gives None."""
+    from jobs.train_tiny import LineCTC, ctc_min_frames
+
+    assert ctc_min_frames([4, 4, 5]) == 4 and ctc_min_frames([1, 2, 3]) == 3 and ctc_min_frames([]) == 0
+    processor, builder = parts
+    cfg = load_config(CONFIG, MINI + [("data.curriculum=[{until_page: 10, font_px: [24, 30], max_chars: [8, 30], "
+                                       "crop: true, strict_chars: true}]")])
+    items = [encode_page(p.image, p.markdown, processor, builder, 2, 448)
+             for p in (make_page(s, pool, synth_config(cfg, 0)) for s in range(6))]
+    batch = collate(items, builder.ids.endoftext, builder.ids.image_pad)
+    model = _mini_model(cfg, builder)
+    scored = {}
+    for subframes in (1, 4):
+        ctc = LineCTC(model, builder.tok, 1.0, 3, 2, subframes, builder.ids.im_end)
+        model(**batch)
+        seqs, targets = ctc._line_sequences(batch["image_grid_thw"], batch["labels"])
+        cols = (batch["image_grid_thw"][:, 2] // 2).tolist()
+        lines = [i for i, r in enumerate((batch["image_grid_thw"][:, 1] // 2).tolist()) if r <= 3]
+        alignable = [i for i in lines if cols[i] * subframes >= ctc_min_frames(ctc.targets(
+            [t for t in batch["labels"][i].tolist() if t != -100]))]
+        assert [len(x) for x in seqs] == [cols[i] * subframes for i in alignable]
+        assert all(len(x) >= ctc_min_frames(t) for x, t in zip(seqs, targets))
+        scored[subframes] = len(alignable)
+    # 24-30 px glyphs: ~2.5 characters per 32 px column, so one frame per column aligns few of the lines, four most
+    assert scored[1] < scored[4] and scored[4] >= len(lines) - 1, (scored, len(lines))
 
 
 def test_ctc_greedy_merges_repeats_then_drops_blanks():
