@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
-# One ocria-tiny training run on the H200 (device tool), run D's recipe: from scratch or resumed, line pages first
-# with the character CTC loss (jobs/train_tiny.LineCTC), then smaller fonts and paragraphs. The checkpoint goes to
-# OUT/run/ckpt and is also staged at /tmp/stage/ckpt, where the next call (on the still-warm machine) resumes from.
+# One ocria-tiny training run on the H200 (device tool), from scratch or resumed. The checkpoint goes to OUT/run/ckpt
+# and is also staged at /tmp/stage/ckpt, where the next call (on the still-warm machine) resumes from.
 # Carry: .synth (text pools, fonts), .whl (the pymupdf wheel), MODEL_DIR (`prepare` output: tokenizer, configs).
-#   bash bench/ocria_tiny_gpu_run.sh $OUT build/ocria-tiny-next2            # run 1
-#   bash bench/ocria_tiny_gpu_run.sh $OUT build/ocria-tiny-next2 /tmp/stage/ckpt   # runs 2, 3
+# RECIPE=D (default): run D of session 10, from scratch: lines first with the character CTC loss, then smaller fonts
+#   and paragraphs.
+#   bash bench/ocria_tiny_gpu_run.sh $OUT build/ocria-tiny-next2                    # run 1
+#   bash bench/ocria_tiny_gpu_run.sh $OUT build/ocria-tiny-next2 /tmp/stage/ckpt    # runs 2, 3
+# RECIPE=E: continues run D (its 264,640 pages) towards the final pages (10-18 px at 768 px): paragraphs, then full
+#   pages, each stage with a share of line pages at its own font sizes (`mix`) so the CTC loss keeps teaching glyphs.
+#   Stage run D's checkpoint first in a call of its own (it, .synth, .whl and the tree exceed the 64 MiB carry):
+#   mkdir -p /tmp/stage && cp -r build/run_d/ckpt3 /tmp/stage/ckpt          # carry build/run_d/ckpt3 only
+#   RECIPE=E TOTAL_S=2700 bash bench/ocria_tiny_gpu_run.sh $OUT build/ocria-tiny-next2 /tmp/stage/ckpt
 set -euo pipefail
 out=${1:?out}; model=${2:?model dir}; resume=${3:-}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
@@ -13,10 +19,19 @@ RUN=(--set image.image_mean=1.0 --set model.text.partial_rotary_factor=1.0 --set
   --set train.batch_size=64 --set train.lr=1e-3 --set train.warmup_steps=100 --set train.total_train_s=${TOTAL_S:-1350}
   --set train.run_train_s=${RUN_S:-450} --set train.ctc_weight=1.0 --set train.ctc_subframes=6 --set train.num_workers=14
   --set train.image_check_every=100 --set train.eval_pages=16)
-CURR='data.curriculum=[{until_page: 100000, font_px: [22, 32], max_chars: [8, 40], crop: true, strict_chars: true},
-  {until_page: 200000, font_px: [16, 28], max_chars: [20, 120], crop: true, strict_chars: true},
-  {until_page: 300000, font_px: [14, 24], max_chars: [60, 400], crop: true},
-  {until_page: 100000000, font_px: [12, 20], max_chars: [100, 800]}]'
+case ${RECIPE:-D} in
+  D) CURR='data.curriculum=[{until_page: 100000, font_px: [22, 32], max_chars: [8, 40], crop: true, strict_chars: true},
+       {until_page: 200000, font_px: [16, 28], max_chars: [20, 120], crop: true, strict_chars: true},
+       {until_page: 300000, font_px: [14, 24], max_chars: [60, 400], crop: true},
+       {until_page: 100000000, font_px: [12, 20], max_chars: [100, 800]}]' ;;
+  E) CURR='data.curriculum=[{until_page: 380000, font_px: [14, 24], max_chars: [60, 400], crop: true,
+         mix: {share: 0.4, font_px: [14, 24], max_chars: [8, 80], crop: true, strict_chars: true}},
+       {until_page: 500000, font_px: [12, 20], max_chars: [100, 800],
+         mix: {share: 0.3, font_px: [12, 20], max_chars: [8, 80], crop: true, strict_chars: true}},
+       {until_page: 100000000, font_px: [10, 18], max_chars: [150, 1300],
+         mix: {share: 0.2, font_px: [10, 18], max_chars: [8, 80], crop: true, strict_chars: true}}]' ;;
+  *) echo "RECIPE must be D or E" >&2; exit 2 ;;
+esac
 timeout ${TIMEOUT_S:-565} python3 -m jobs.train_tiny train --model-dir "$model" --out "$out/run" ${resume:+--resume "$resume"} \
   "${RUN[@]}" --set "$CURR" 2>&1 | grep -v -i "warn" | tail -n 70
 mkdir -p /tmp/stage && rm -rf /tmp/stage/ckpt && cp -r "$out/run/ckpt" /tmp/stage/ckpt
