@@ -352,7 +352,8 @@ def ctc_greedy(frame_ids: list[int]) -> list[int]:
 
 
 class LineCTC:
-    """Auxiliary character CTC loss on the vision tower's output for single-line pages (training only, never saved).
+    """Auxiliary character CTC loss on the vision tower's output for single-line pages (training only: its head is
+    saved beside each checkpoint, never in the shipped model).
 
     Joint CTC/attention training: the decoder alone must discover which image token holds the next character before
     the vision tower gets any signal about glyphs, and from scratch that takes more steps than a run has (run C read
@@ -421,7 +422,7 @@ class LineCTC:
 
     def reading_cer(self, model, batch: dict) -> float | None:
         """Character error rate of the CTC head's greedy reading of the batch's line pages: does the vision tower
-        read, whatever the decoder does? None when the batch has no line page."""
+        read, whatever the decoder does? None when the batch has no line page CTC can align."""
         import torch
 
         from jobs.eval_ocr import levenshtein
