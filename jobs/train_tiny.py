@@ -53,11 +53,16 @@ def synth_config(cfg: dict, page_index: int | None = None, mix: bool = False):
     mix=True (the training stream): a stage's `mix: {share, font_px, max_chars, ...}` replaces the stage's settings for
     that share of its pages, e.g. line pages kept in the stream so the line CTC loss goes on teaching glyphs while
     the decoder learns paragraphs. Held-out and check pages (mix=False) follow the stage's own settings."""
-    from pipeline.synthetic import SynthConfig
-
     d = curriculum_stage(cfg, page_index) if page_index is not None else cfg["data"]
     if mix and page_index is not None and d.get("mix") and mixed_in(page_index, d["mix"]["share"]):
         d = d["mix"]
+    return settings_config(cfg, d)
+
+
+def settings_config(cfg: dict, d: dict):
+    """SynthConfig of one set of page settings {font_px, max_chars[, crop, strict_chars, canvas_px]}."""
+    from pipeline.synthetic import SynthConfig
+
     # canvas_px: lay the page out (and render it) on a larger canvas, so big glyphs fit long lines without wrapping;
     # with crop the image is the text alone, which the processor's max_pixels still bounds
     canvas = int(d.get("canvas_px") or cfg["image"]["target_longest_px"])
@@ -247,13 +252,14 @@ def page_stream(cfg: dict, synth: Path, model_dir: Path, start_index: int):
 # ---------------------------------------------------------------- train (GPU)
 
 
-def image_check_batches(cfg: dict, synth: Path, model_dir: Path, page_index: int, n: int = 8) -> tuple[dict, dict]:
-    """Held-out pages drawn like training page `page_index` (same curriculum stage), collated twice: with their own
-    images, and with each page's image replaced by the next page's (answers unchanged)."""
+def image_check_batches(cfg: dict, synth: Path, model_dir: Path, page_index: int, n: int = 8,
+                        settings: dict | None = None) -> tuple[dict, dict]:
+    """Held-out pages drawn like training page `page_index` (same curriculum stage) or with `settings`, collated
+    twice: with their own images, and with each page's image replaced by the next page's (answers unchanged)."""
     from pipeline.synthetic import TextPool, make_page
 
     pool = TextPool.from_json_gz(synth / "pool_heldout.json.gz")
-    scfg = synth_config(cfg, page_index)
+    scfg = settings_config(cfg, settings) if settings else synth_config(cfg, page_index)
     pages = [make_page(cfg["data"]["heldout_seed"] + 500_000 + k, pool, scfg, synth / "fonts") for k in range(n)]
     processor, builder = load_image_processor(model_dir), PromptBuilder(model_dir, cfg["prompt"])
     merge, max_answer = cfg["model"]["vision"]["spatial_merge_size"], cfg["data"]["max_answer_tokens"]
@@ -547,6 +553,9 @@ def train(cfg: dict, synth: Path, model_dir: Path, out: Path, resume: Path | Non
         return
     check_every = tc.get("image_check_every", 0)
     checks = image_check_batches(cfg, synth, model_dir, state["pages"]) if check_every else None
+    line_checks = checks[0] if checks else None  # where the CTC head's reading is checked
+    if checks and ctc is not None and (mix := curriculum_stage(cfg, state["pages"]).get("mix")):
+        line_checks = image_check_batches(cfg, synth, model_dir, state["pages"], 16, settings=mix)[0]  # its lines
     budget = min(tc["run_train_s"], tc["total_train_s"] - state["elapsed_s"])
     t_start = time.time()
     t_first = None  # the clock starts at the first batch: worker start-up is not training time
@@ -574,7 +583,7 @@ def train(cfg: dict, synth: Path, model_dir: Path, out: Path, resume: Path | Non
                 rec["ctc"] = round(aux.item(), 4)
             if checks is not None and (state["step"] % check_every == 0 or run_steps == 1):
                 rec |= image_use(model, *checks)
-                if ctc is not None and (cer := ctc.reading_cer(model, checks[0])) is not None:
+                if ctc is not None and (cer := ctc.reading_cer(model, line_checks)) is not None:
                     rec["ctc_cer"] = round(cer, 4)
             log.append(rec)
             print(json.dumps(rec), flush=True)

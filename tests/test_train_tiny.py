@@ -354,7 +354,9 @@ def test_line_ctc_training_logs_its_reading_and_a_resumed_run_keeps_its_head(poo
     run resumed with no training time left saves the head it loaded, unchanged (a fresh head would differ)."""
     from jobs.train_tiny import LineCTC, train
 
-    lines = "data.curriculum=[{until_page: 1000, font_px: [24, 30], max_chars: [8, 30], crop: true, strict_chars: true}]"
+    # a paragraph stage with line pages mixed in: the CTC loss trains on those, ctc_cer is checked on held-out ones
+    lines = ("data.curriculum=[{until_page: 1000, font_px: [16, 20], max_chars: [200, 300], "
+             "mix: {share: 0.5, font_px: [24, 30], max_chars: [8, 30], crop: true, strict_chars: true}}]")
     cfg, synth, model_dir = _mini_training_setup(pool, tmp_path, [
         lines, "train.ctc_weight=1.0", "train.ctc_subframes=3", "train.total_train_s=6", "train.run_train_s=6",
         "train.image_check_every=2", "train.log_every=2", "train.eval_pages=0"])
