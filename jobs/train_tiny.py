@@ -15,6 +15,7 @@ short still ends its schedule, and resumed runs continue it.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import statistics
@@ -349,7 +350,7 @@ def ctc_chars(text: str) -> list[int]:
 
 def ctc_min_frames(targets: list[int]) -> int:
     """Fewest CTC frames that can emit `targets`: one per label plus a blank between equal neighbours."""
-    return len(targets) + sum(a == b for a, b in zip(targets, targets[1:]))
+    return len(targets) + sum(a == b for a, b in itertools.pairwise(targets))
 
 
 def ctc_greedy(frame_ids: list[int]) -> list[int]:

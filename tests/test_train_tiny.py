@@ -96,8 +96,9 @@ def test_curriculum_stages_follow_the_page_index():
 
 
 def test_a_stage_mix_replaces_its_share_of_training_pages_only():
-    cfg = load_config(CONFIG, ["data.curriculum=[{until_page: 4000, font_px: [14, 24], max_chars: [60, 400], crop: true,"
-                               " mix: {share: 0.3, font_px: [22, 32], max_chars: [8, 40], crop: true, strict_chars: true}}]"])
+    stage = ("data.curriculum=[{until_page: 4000, font_px: [14, 24], max_chars: [60, 400], crop: true,"
+             " mix: {share: 0.3, font_px: [22, 32], max_chars: [8, 40], crop: true, strict_chars: true}}]")
+    cfg = load_config(CONFIG, [stage])
     mixed = [i for i in range(4000) if synth_config(cfg, i, mix=True).strict_chars]
     assert 0.27 < len(mixed) / 4000 < 0.33  # the share, spread over the stage
     assert all(synth_config(cfg, i, mix=True).font_px == (22, 32) for i in mixed)
