@@ -542,7 +542,12 @@ def train(cfg: dict, synth: Path, model_dir: Path, out: Path, resume: Path | Non
         ctc = LineCTC(model, builder.tok, tc["ctc_weight"], tc.get("ctc_max_rows", 3),
                       cfg["model"]["vision"]["spatial_merge_size"], tc.get("ctc_subframes", 4), builder.ids.im_end)
         if resume is not None and (resume / LineCTC.HEAD_FILE).exists():  # a resumed run keeps reading where it was
-            ctc.head.load_state_dict(torch.load(resume / LineCTC.HEAD_FILE, map_location=device))
+            saved = torch.load(resume / LineCTC.HEAD_FILE, map_location=device)
+            if saved["weight"].shape == ctc.head.weight.shape:
+                ctc.head.load_state_dict(saved)
+            else:  # ctc_subframes changed: the vision tower's reading carries over, its linear read-out does not
+                print(f"line CTC head: saved for {saved['weight'].shape[0] // CTC_CLASSES} frames per column, "
+                      f"now {ctc.subframes}: starting a new head", flush=True)
     groups = param_groups(model, tc)
     if ctc is not None:
         groups.append({"params": list(ctc.parameters()), "weight_decay": 0.0, "lr_mult": 1.0})

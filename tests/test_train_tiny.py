@@ -372,3 +372,7 @@ def test_line_ctc_training_logs_its_reading_and_a_resumed_run_keeps_its_head(poo
     assert state["step"] == json.loads((ckpt / "train_state.json").read_text())["step"] and state["runs"] == 2
     for k, v in torch.load(tmp_path / "run2" / "ckpt" / LineCTC.HEAD_FILE).items():
         assert torch.equal(v, head[k]), k
+    # more frames per column: the run goes on with a new head of the new shape instead of failing to load the old one
+    cfg4 = {**cfg, "train": {**cfg["train"], "ctc_subframes": 4}}
+    train(cfg4, synth, model_dir, tmp_path / "run3", ckpt, "cpu")
+    assert torch.load(tmp_path / "run3" / "ckpt" / LineCTC.HEAD_FILE)["weight"].shape[0] == 4 * 96
