@@ -6,6 +6,13 @@ held-out pool; greedy CTC CER on the held-out lines every 250 steps.
     python bench/ocria_tiny_vision_ctc_probe.py render 8000 build/lines_train.pkl
     python bench/ocria_tiny_vision_ctc_probe.py render 200 build/lines_held.pkl heldout
     python bench/ocria_tiny_vision_ctc_probe.py train build/lines_train.pkl build/lines_held.pkl 900 4
+
+Smaller glyphs, starting from a trained checkpoint's vision tower and CTC head (run D's: 6 frames per column):
+
+    python bench/ocria_tiny_vision_ctc_probe.py render 8000 build/lines_train_10_18.pkl train 10,18
+    python bench/ocria_tiny_vision_ctc_probe.py render 200 build/lines_held_10_18.pkl heldout 10,18
+    python bench/ocria_tiny_vision_ctc_probe.py train build/lines_train_10_18.pkl build/lines_held_10_18.pkl 1500 6 \
+        build/cand_d3 build/run_d/ckpt3/line_ctc_head.pt
 """
 import pickle
 import sys
@@ -37,7 +44,7 @@ def render(n, out, heldout, font=(22.0, 32.0), canvas=768):
     Path(out).write_bytes(pickle.dumps(items))
 
 
-def train(train_pkl, held_pkl, secs, sub, lr=1e-3, bs=32):
+def train(train_pkl, held_pkl, secs, sub, init=None, init_head=None, lr=1e-3, bs=32):
     import torch
     import torch.nn.functional as F
     from transformers import Qwen3_5Config
@@ -53,6 +60,13 @@ def train(train_pkl, held_pkl, secs, sub, lr=1e-3, bs=32):
     cfg = Qwen3_5Config.from_pretrained(MODEL).vision_config
     vis = Qwen3_5VisionModel._from_config(cfg)
     head = torch.nn.Linear(cfg.out_hidden_size, sub * CTC_CLASSES)
+    if init:  # a trained checkpoint's vision tower (and its line CTC head)
+        from safetensors.torch import load_file
+
+        weights = load_file(Path(init) / "model.safetensors")
+        vis.load_state_dict({k.removeprefix("model.visual."): v.float() for k, v in weights.items()
+                             if k.startswith("model.visual.")})
+        head.load_state_dict(torch.load(init_head, map_location="cpu"))
     params = list(vis.parameters()) + list(head.parameters())
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.05)
 
@@ -113,6 +127,7 @@ def train(train_pkl, held_pkl, secs, sub, lr=1e-3, bs=32):
 
 if __name__ == "__main__":
     if sys.argv[1] == "render":
-        render(int(sys.argv[2]), sys.argv[3], len(sys.argv) > 4 and sys.argv[4] == "heldout")
+        font = tuple(float(v) for v in sys.argv[5].split(",")) if len(sys.argv) > 5 else (22.0, 32.0)
+        render(int(sys.argv[2]), sys.argv[3], len(sys.argv) > 4 and sys.argv[4] == "heldout", font)
     else:
-        train(sys.argv[2], sys.argv[3], float(sys.argv[4]), int(sys.argv[5]))
+        train(sys.argv[2], sys.argv[3], float(sys.argv[4]), int(sys.argv[5]), *sys.argv[6:8])

@@ -600,7 +600,7 @@ def train(cfg: dict, synth: Path, model_dir: Path, out: Path, resume: Path | Non
     ckpt = out / "ckpt"
     save_checkpoint(model, ckpt, state)
     if ctc is not None:  # beside the model, not in it: the shipped checkpoint has no CTC head
-        torch.save(ctc.head.state_dict(), ckpt / LineCTC.HEAD_FILE)
+        torch.save({k: v.cpu() for k, v in ctc.head.state_dict().items()}, ckpt / LineCTC.HEAD_FILE)  # loads anywhere
     (ckpt / "train_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
     try:
         plot_loss(log, out / "loss.png")
