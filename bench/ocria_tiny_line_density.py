@@ -17,8 +17,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from jobs.eval_ocr import markdown_to_text
-from jobs.train_tiny import PromptBuilder, ctc_chars, ctc_min_frames, load_config, page_stream
+from jobs.train_tiny import PromptBuilder, answer_chars, ctc_min_frames, load_config, page_stream
 
 
 @click.command()
@@ -42,7 +41,7 @@ def main(font_px: str, canvas_px: int | None, pages: int, model_dir: str, synth:
         item = next(stream)
         grid = item["grid"]
         answer = item["labels"][item["labels"] != -100][:-1].tolist()  # without <|im_end|>
-        chars = ctc_chars(markdown_to_text(tok.decode(answer)))
+        chars = answer_chars(tok, answer)
         rows.append((int(grid[1]) // merge, int(grid[2]) // merge, len(answer), len(chars), ctc_min_frames(chars)))
     a = np.array(rows)
     line = a[:, 0] <= cfg["train"].get("ctc_max_rows", 3)

@@ -348,6 +348,13 @@ def ctc_chars(text: str) -> list[int]:
     return [ord(c) - 31 for c in text if 32 <= ord(c) < 127]
 
 
+def answer_chars(tokenizer, answer_ids: list[int]) -> list[int]:
+    """CTC targets of an answer: the characters of its plain text (markdown markup is not on the page)."""
+    from jobs.eval_ocr import markdown_to_text
+
+    return ctc_chars(markdown_to_text(tokenizer.decode(answer_ids)))
+
+
 def ctc_min_frames(targets: list[int]) -> int:
     """Fewest CTC frames that can emit `targets`: one per label plus a blank between equal neighbours."""
     return len(targets) + sum(a == b for a, b in itertools.pairwise(targets))
@@ -393,9 +400,7 @@ class LineCTC:
         return self.head(tokens.float().mean(0)).reshape(-1, CTC_CLASSES)
 
     def targets(self, answer_ids: list[int]) -> list[int]:
-        from jobs.eval_ocr import markdown_to_text
-
-        return ctc_chars(markdown_to_text(self.tok.decode([i for i in answer_ids if i != self.im_end])))
+        return answer_chars(self.tok, [i for i in answer_ids if i != self.im_end])
 
     def _line_sequences(self, grid_thw, labels):
         """(frame logits, target characters) of the batch's line pages, from the features of the last forward."""
