@@ -10,7 +10,8 @@
 #   pages, each stage with a share of line pages at its own font sizes (`mix`) so the CTC loss keeps teaching glyphs.
 #   Stage run D's checkpoint first in a call of its own (it, .synth, .whl and the tree exceed the 64 MiB carry):
 #   mkdir -p /tmp/stage && cp -r build/run_d/ckpt3 /tmp/stage/ckpt          # carry build/run_d/ckpt3 only
-#   RECIPE=E TOTAL_S=2700 bash bench/ocria_tiny_gpu_run.sh $OUT build/ocria-tiny-next2 /tmp/stage/ckpt
+#   RECIPE=E TOTAL_S=2240 bash bench/ocria_tiny_gpu_run.sh $OUT build/ocria-tiny-next2 /tmp/stage/ckpt   # twice
+#   (2 x 450 s on top of run D's 1,337 s: the page boundaries below fit that, ~170 pages/s)
 set -euo pipefail
 out=${1:?out}; model=${2:?model dir}; resume=${3:-}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
@@ -24,9 +25,9 @@ case ${RECIPE:-D} in
        {until_page: 200000, font_px: [16, 28], max_chars: [20, 120], crop: true, strict_chars: true},
        {until_page: 300000, font_px: [14, 24], max_chars: [60, 400], crop: true},
        {until_page: 100000000, font_px: [12, 20], max_chars: [100, 800]}]' ;;
-  E) CURR='data.curriculum=[{until_page: 380000, font_px: [14, 24], max_chars: [60, 400], crop: true,
+  E) CURR='data.curriculum=[{until_page: 330000, font_px: [14, 24], max_chars: [60, 400], crop: true,
          mix: {share: 0.4, font_px: [14, 24], max_chars: [8, 80], crop: true, strict_chars: true}},
-       {until_page: 500000, font_px: [12, 20], max_chars: [100, 800],
+       {until_page: 390000, font_px: [12, 20], max_chars: [100, 800],
          mix: {share: 0.3, font_px: [12, 20], max_chars: [8, 80], crop: true, strict_chars: true}},
        {until_page: 100000000, font_px: [10, 18], max_chars: [150, 1300],
          mix: {share: 0.2, font_px: [10, 18], max_chars: [8, 80], crop: true, strict_chars: true}}]' ;;
