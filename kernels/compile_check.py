@@ -127,6 +127,13 @@ def decode_cases(batch_sizes=(1, 64)):
                               torch.empty(B, T, Hv, dv, dtype=bf16), torch.empty(B, T, Hv, dtype=f32),
                               torch.empty(B, T, Hv, dtype=bf16), torch.empty(1, Hv, dk, dv, dtype=f32), idx,
                               intermediate_states=torch.empty(B, T, Hv, dk, dv, dtype=f32) if T > 1 else None)))
+        ba = torch.empty(B, 2 * Hv, dtype=bf16)  # the engine's decode call: raw gates, strided views of [b | a]
+        cases.append((f"gdn_recurrent B={B} raw gates", gdn_recurrent,
+                      lambda B=B, idx=idx, ba=ba: gdn_recurrent.gdn_recurrent_triton(
+                          torch.empty(B, 1, Hk, dk, dtype=bf16), torch.empty(B, 1, Hk, dk, dtype=bf16),
+                          torch.empty(B, 1, Hv, dv, dtype=bf16), ba[:, None, Hv:], ba[:, None, :Hv],
+                          torch.empty(1, Hv, dk, dv, dtype=f32), idx,
+                          raw_gates=(torch.empty(Hv, dtype=f32), torch.empty(Hv, dtype=f32)))))
         cases.append((f"conv1d_update B={B}", conv1d_update,
                       lambda B=B, idx=idx: conv1d_update.causal_conv1d_update_triton(
                           torch.empty(B, C, dtype=bf16), torch.empty(1, C, K - 1, dtype=bf16),
@@ -155,6 +162,15 @@ def decode_cases(batch_sizes=(1, 64)):
                 cases.append((f"small_m_linear M={B} {N}x{K_in}", small_m_linear,
                               lambda B=B, N=N, K_in=K_in: small_m_linear.small_m_linear_triton(
                                   torch.empty(B, K_in, dtype=bf16), torch.empty(N, K_in, dtype=bf16))))
+            # the fused prologues the engine uses: SwiGLU before down_proj, RMSNorm (+ residual) before in_proj/gate_up
+            cases.append((f"silu_mul_linear M={B}", small_m_linear,
+                          lambda B=B: small_m_linear.silu_mul_linear_triton(
+                              torch.empty(B, 2 * inter, dtype=bf16), torch.empty(hidden, inter, dtype=bf16))))
+            for N in (2 * inter, 12352):
+                cases.append((f"rmsnorm_linear M={B} {N}x{hidden}", small_m_linear,
+                              lambda B=B, N=N: small_m_linear.rmsnorm_linear_triton(
+                                  torch.empty(B, hidden, dtype=bf16), torch.empty(hidden, dtype=bf16), 1e-6,
+                                  torch.empty(N, hidden, dtype=bf16), residual=torch.empty(B, hidden, dtype=bf16))))
     return cases
 
 

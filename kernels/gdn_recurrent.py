@@ -6,8 +6,13 @@ Per value head, with the key head shared by Hv // Hk consecutive value heads:
 The state S [dk, dv] lives in a fp32 pool `state[num_slots, Hv, dk, dv]`; row `state_idx[b]` is read and written
 back in place. A negative state_idx marks a padding row: its state (and intermediate states) are left untouched and
 its output is zero.
+
+raw_gates=(A_log, dt_bias): g and beta are passed as the raw projections a and b, and the gates are computed on load
+(g = -exp(A_log) * softplus(a + dt_bias) in fp32, beta = sigmoid(b) rounded to b's dtype), as the model's glue would
+(engine/models/glue.gdn_gates): at decode this saves the glue's kernels in every GDN layer.
 """
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
@@ -40,8 +45,22 @@ def l2norm_ref(x: torch.Tensor) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + L2NORM_EPS)
 
 
-def gdn_recurrent_ref(q, k, v, g, beta, state, state_idx, scale=None, intermediate_states=None, out=None):
+def gates_from_raw(a, b, A_log, dt_bias):
+    """(g, beta) from the raw a, b projections [..., Hv]: the decay and write-strength gates of the gated delta rule."""
+    return -A_log.float().exp() * F.softplus(a.float() + dt_bias.float()), torch.sigmoid(b)
+
+
+def _check_raw_gates(raw_gates, Hv):
+    check(len(raw_gates) == 2 and all(t.shape == (Hv,) for t in raw_gates),
+          f"raw_gates must be (A_log [Hv={Hv}], dt_bias [Hv]), got {[tuple(t.shape) for t in raw_gates]}")
+
+
+def gdn_recurrent_ref(q, k, v, g, beta, state, state_idx, scale=None, intermediate_states=None, out=None,
+                      raw_gates=None):
     _validate(q, k, v, g, beta, state, state_idx, intermediate_states)
+    if raw_gates is not None:
+        _check_raw_gates(raw_gates, v.shape[2])
+        g, beta = gates_from_raw(g, beta, *raw_gates)
     B, T, Hk, dk = q.shape
     Hv = v.shape[2]
     group = Hv // Hk
@@ -70,13 +89,13 @@ def gdn_recurrent_ref(q, k, v, g, beta, state, state_idx, scale=None, intermedia
 
 @triton.jit
 def _gdn_recurrent_kernel(
-    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, state_ptr, idx_ptr, inter_ptr,
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, state_ptr, idx_ptr, inter_ptr, alog_ptr, dtb_ptr,
     T, scale,
     sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h,
     sg_b, sg_t, sg_h, sbeta_b, sbeta_t, sbeta_h, so_b, so_t, so_h,
     ss_n, ss_h, ss_k, si_b, si_t, si_h, si_k,
     GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    STORE_INTERMEDIATE: tl.constexpr,
+    STORE_INTERMEDIATE: tl.constexpr, RAW_GATES: tl.constexpr,
 ):
     # One program = (sequence, value head, dv tile); the [dk, BV] state tile stays in registers across the T steps.
     b = tl.program_id(0)
@@ -96,12 +115,20 @@ def _gdn_recurrent_kernel(
     S = tl.load(s_ptrs, mask=mask_s, other=0.0)
 
     b64 = b.to(tl.int64)
+    if RAW_GATES:
+        neg_decay_rate = -tl.exp(tl.load(alog_ptr + hv).to(tl.float32))
+        dt_bias = tl.load(dtb_ptr + hv).to(tl.float32)
     for t in range(T):
         q = tl.load(q_ptr + b64 * sq_b + t * sq_t + hk * sq_h + offs_k, mask=mask_k, other=0.0).to(tl.float32)
         k = tl.load(k_ptr + b64 * sk_b + t * sk_t + hk * sk_h + offs_k, mask=mask_k, other=0.0).to(tl.float32)
         v = tl.load(v_ptr + b64 * sv_b + t * sv_t + hv * sv_h + offs_v, mask=mask_v, other=0.0).to(tl.float32)
         g = tl.load(g_ptr + b64 * sg_b + t * sg_t + hv * sg_h).to(tl.float32)
-        beta = tl.load(beta_ptr + b64 * sbeta_b + t * sbeta_t + hv * sbeta_h).to(tl.float32)
+        beta = tl.load(beta_ptr + b64 * sbeta_b + t * sbeta_t + hv * sbeta_h)
+        if RAW_GATES:  # softplus with torch's threshold: linear above 20
+            a = g + dt_bias
+            g = neg_decay_rate * tl.where(a > 20.0, a, tl.log(1.0 + tl.exp(tl.minimum(a, 20.0))))
+            beta = cast_rtne(tl.sigmoid(beta.to(tl.float32)), beta_ptr.dtype.element_ty)
+        beta = beta.to(tl.float32)
         q = q * (tl.rsqrt(tl.sum(q * q, axis=0) + 1e-6) * scale)
         k = k * tl.rsqrt(tl.sum(k * k, axis=0) + 1e-6)
 
@@ -119,8 +146,10 @@ def _gdn_recurrent_kernel(
 
 
 def gdn_recurrent_triton(q, k, v, g, beta, state, state_idx, scale=None, intermediate_states=None, out=None,
-                         block_v=None, num_warps=None):
+                         raw_gates=None, block_v=None, num_warps=None):
     _validate(q, k, v, g, beta, state, state_idx, intermediate_states)
+    if raw_gates is not None:
+        _check_raw_gates(raw_gates, v.shape[2])
     for name, t in (("q", q), ("k", k), ("v", v)):
         require_last_dim_contiguous(name, t)
     check(state.stride(-1) == 1, "state: last dimension (dv) must be contiguous")
@@ -138,20 +167,23 @@ def gdn_recurrent_triton(q, k, v, g, beta, state, state_idx, scale=None, interme
     si = inter.stride()[:4] if store_inter else (0, 0, 0, 0)
     grid = (B, Hv, cdiv(dv, BV))
     _gdn_recurrent_kernel[grid](
-        q, k, v, g, beta, o, state, state_idx, inter,
+        q, k, v, g, beta, o, state, state_idx, inter, *(raw_gates if raw_gates is not None else (g, g)),
         T, scale,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
         *g.stride(), *beta.stride(), *o.stride()[:3],
         *state.stride()[:3], *si,
-        GROUP=Hv // Hk, DK=dk, DV=dv, BK=BK, BV=BV, STORE_INTERMEDIATE=store_inter,
+        GROUP=Hv // Hk, DK=dk, DV=dv, BK=BK, BV=BV, STORE_INTERMEDIATE=store_inter, RAW_GATES=raw_gates is not None,
         num_warps=num_warps or 4,
     )
     return o
 
 
-def gdn_recurrent(q, k, v, g, beta, state, state_idx, scale=None, intermediate_states=None, out=None, **launch):
+def gdn_recurrent(q, k, v, g, beta, state, state_idx, scale=None, intermediate_states=None, out=None, raw_gates=None,
+                  **launch):
     """o [B, T, Hv, dv] (v.dtype, written to `out` if given); updates `state` rows `state_idx` in place.
+    raw_gates=(A_log, dt_bias): g, beta are the raw a, b projections (module docstring).
     `launch`: block_v, num_warps (Triton only)."""
     if use_triton(q):
-        return gdn_recurrent_triton(q, k, v, g, beta, state, state_idx, scale, intermediate_states, out, **launch)
-    return gdn_recurrent_ref(q, k, v, g, beta, state, state_idx, scale, intermediate_states, out)
+        return gdn_recurrent_triton(q, k, v, g, beta, state, state_idx, scale, intermediate_states, out, raw_gates,
+                                    **launch)
+    return gdn_recurrent_ref(q, k, v, g, beta, state, state_idx, scale, intermediate_states, out, raw_gates)

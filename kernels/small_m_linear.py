@@ -18,24 +18,27 @@ The kernel is therefore built around streaming the weight:
     counter, release/acquire) sums the partials in fixed split order (deterministic), writes y and re-arms the
     counter to 0; split_reduce="kernel" leaves the sum to a second small kernel instead (like cuBLAS's splitKreduce).
 
-Default launch (default_launch): BLOCK_N=64, BLOCK_K = 256 bytes of a weight row (128 bf16), 4 warps, 4 stages,
-MMA path, and the smallest split of K into whole BLOCK_K chunks (preferring even divisions) that gives at least
-4 programs per SM, keeping >= 4 chunks per split. It depends on (N, K, dtype, SM count) only, never on M, so a row's
-result does not change with the batch size. On 132 SMs at the 4B decode shapes: gate_up 18432x2560 -> split 2
-(576 programs), in_proj 12352x2560 -> 4 (772), down 2560x9216 -> 18 (720), out_proj 2560x4096 -> 8 (320),
-lm_head 248320x2560 -> 1 (3880). These were reasoned guesses, and the H200 sweep (bench/results/README.md) says
-they split too much: the best configs were no split for gate_up (block_n 32), in_proj and lm_head, split 8 for
-down (block_n 32) and 4 for out_proj; only with those does the kernel beat cuBLAS (in_proj, down, out_proj,
-lm_head: ~0.13 ms per 4B decode step). Take those into the defaults before wiring it in.
+Fused input prologues (the producer's elementwise kernel disappears; its output is rebuilt per K chunk on load):
+  * silu_mul_linear: x is a fused [gate | up] [M, 2K] projection and the GEMV reads silu(gate) * up, rounded to the
+    dtype as kernels/silu_mul would store it (the MLP's down projection);
+  * rmsnorm_linear: x (+ residual, rounded to the dtype) is RMS-normalised with a zero-centred weight before the
+    product, as kernels/rmsnorm would (every program first sums the squares of its M rows over all of K: a few KB
+    from L2); with a residual, program (0, 0) also writes the new residual stream x + residual to residual_out,
+    which must not alias residual or x (other programs are still reading them).
+
+Default launch (default_launch): BLOCK_N=32, BLOCK_K = 256 bytes of a weight row (128 bf16), 4 warps, 4 stages,
+MMA path; no split of K when the N tiles alone give every SM a program, otherwise splits of MIN_CHUNKS_PER_SPLIT
+BLOCK_K chunks. It depends on (N, K, dtype, SM count) only, never on M, so a row's result does not change with the
+batch size. This rule follows the H200 sweep (bench/results/h200_small_m_linear.json, README there): at the 4B decode
+shapes the fastest configs were no split with narrow tiles where N is large (gate_up, in_proj, lm_head) and splits
+of ~8 chunks where it is small (down 2560x9216 -> 9 splits, out_proj 2560x4096 -> 4); the first default (64-row
+tiles, split to 4 programs per SM) split too much and lost to cuBLAS everywhere but the lm_head.
 
 CUDA graphs: no host syncs and allocation from shapes only. Split-K needs a workspace (fp32 partials + int32
 counters that must start at 0; the fused path leaves them at 0 again). Without one, each call allocates partials and
 zeroes counters (an extra memset kernel); callers that care (the engine, graphs) pass a preallocated
 `small_m_linear_workspace(...)`, one per stream: two launches that may overlap must not share a workspace.
-
-Not wired into the engine yet (needs GPU numbers first). It would replace the decode-time F.linear calls in
-engine/models/qwen3_5_text.py (MLP gate_up/down, attention qkv/o, GDN in_proj/out_proj) and the lm_head in
-engine/models/qwen3_5.py, for decode batches with M <= 16 (the shared building blocks live in engine/models/layers.py).
+The engine uses it for every decode-time projection with M <= 16 rows (engine/models/layers.DecodeProjections).
 """
 from typing import NamedTuple
 
@@ -44,11 +47,12 @@ import triton
 import triton.language as tl
 
 from kernels._common import cast_rtne, cdiv, check, next_pow2, output, require_last_dim_contiguous, sm_count, use_triton
+from kernels.rmsnorm import rmsnorm_ref
+from kernels.silu_mul import silu_mul_ref
 
 MAX_M = 16
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-PROGRAMS_PER_SM = 4  # split-K target: at least this many programs per SM
-MIN_CHUNKS_PER_SPLIT = 4  # ... but every split keeps at least this many BLOCK_K chunks
+MIN_CHUNKS_PER_SPLIT = 8  # a split reads at least this many BLOCK_K chunks (fewer: the reduction costs more)
 MAX_SPLIT_K = 32
 
 
@@ -63,14 +67,22 @@ def small_m_linear_workspace(N, device, max_m=MAX_M, max_split_k=MAX_SPLIT_K, mi
                            torch.zeros(cdiv(N, min_block_n), dtype=torch.int32, device=device))
 
 
-def _validate(x, weight):
+def _validate(x, weight, x_cols=None):
     check(x.dim() == 2, f"x must be [M, K], got shape {tuple(x.shape)}")
     check(weight.dim() == 2, f"weight must be [N, K] (nn.Linear layout), got shape {tuple(weight.shape)}")
-    check(x.shape[1] == weight.shape[1], f"x is [M, K={x.shape[1]}] but weight is [N, K={weight.shape[1]}]")
+    want = weight.shape[1] if x_cols is None else x_cols
+    check(x.shape[1] == want, f"x is [M, {x.shape[1]}] but weight is [N, K={weight.shape[1]}] (x needs {want} columns)")
     check(x.shape[0] <= MAX_M, f"small_m_linear handles M <= {MAX_M} rows, got M={x.shape[0]}")
     check(x.dtype in DTYPES, f"x dtype must be one of {DTYPES}, got {x.dtype}")
     check(weight.dtype == x.dtype, f"weight dtype {weight.dtype} != x dtype {x.dtype}")
     check(weight.device == x.device, f"x on {x.device} but weight on {weight.device}")
+
+
+def _validate_norm(x, norm_weight, residual):
+    check(norm_weight.shape == (x.shape[1],), f"norm_weight must be [{x.shape[1]}], got {tuple(norm_weight.shape)}")
+    if residual is not None:
+        check(residual.shape == x.shape and residual.dtype == x.dtype,
+              f"residual must match x ({x.dtype} {tuple(x.shape)}), got {residual.dtype} {tuple(residual.shape)}")
 
 
 def small_m_linear_ref(x, weight, out=None):
@@ -81,20 +93,27 @@ def small_m_linear_ref(x, weight, out=None):
     return y
 
 
+def silu_mul_linear_ref(gate_up, weight, out=None):
+    """kernels/silu_mul (rounded to the dtype), then the fp32 linear."""
+    _validate(gate_up, weight, x_cols=2 * weight.shape[1] if weight.dim() == 2 else None)
+    return small_m_linear_ref(silu_mul_ref(gate_up), weight, out)
+
+
+def rmsnorm_linear_ref(x, norm_weight, eps, weight, residual=None, out=None, residual_out=None):
+    """kernels/rmsnorm (rounded to the dtype), then the fp32 linear."""
+    _validate(x, weight)
+    _validate_norm(x, norm_weight, residual)
+    if residual is None:
+        return small_m_linear_ref(rmsnorm_ref(x, norm_weight, eps), weight, out)
+    h, new_res = rmsnorm_ref(x, norm_weight, eps, residual, residual_out=residual_out)
+    return small_m_linear_ref(h, weight, out), new_res
+
+
 def pick_split_k(N, K, block_n, block_k, num_sms) -> int:
-    """Smallest split of K's BLOCK_K chunks reaching PROGRAMS_PER_SM * num_sms programs with >= MIN_CHUNKS_PER_SPLIT
-    chunks each; an even division of the chunks when one qualifies, else the smallest (possibly uneven) one."""
-    n_tiles, chunks = cdiv(N, block_n), cdiv(K, block_k)
-    want = cdiv(PROGRAMS_PER_SM * num_sms, n_tiles)
-    most = max(1, min(MAX_SPLIT_K, chunks // MIN_CHUNKS_PER_SPLIT))
-    if want <= 1:
+    """1 when the N tiles give every SM a program; otherwise as many splits as K has MIN_CHUNKS_PER_SPLIT chunks."""
+    if cdiv(N, block_n) >= num_sms:
         return 1
-    if want >= most:
-        return most
-    for s in range(want, most + 1):
-        if chunks % s == 0:
-            return s
-    return want
+    return max(1, min(MAX_SPLIT_K, cdiv(K, block_k) // MIN_CHUNKS_PER_SPLIT))
 
 
 def split_ranges(K, block_k, split_k):
@@ -106,21 +125,45 @@ def split_ranges(K, block_k, split_k):
 
 def default_launch(N, K, dtype, device) -> dict:
     """The launch options used when none are given (see the module docstring). Independent of M on purpose."""
-    block_n, block_k = 64, 256 // dtype.itemsize
+    block_n, block_k = 32, 256 // dtype.itemsize
     return dict(block_n=block_n, block_k=block_k, split_k=pick_split_k(N, K, block_n, block_k, sm_count(device)),
                 num_warps=4, num_stages=4, mma=True, split_reduce="fused")
 
 
+@triton.jit
+def _load_input_chunk(x_ptrs, r_ptrs, nw_ptr, k, offs_k, mask_m, K, rstd,
+                      PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, EVEN_K: tl.constexpr):
+    """The [M_PAD, BLOCK_K] chunk of the GEMV input at K offset k, after the prologue (0: x as is; 1: silu(gate) * up,
+    the up half K elements to the right; 2: RMSNorm of x [+ residual] with 1/rms = rstd)."""
+    if EVEN_K:
+        mask = mask_m[:, None]
+    else:
+        mask = mask_m[:, None] & ((k + offs_k) < K)[None, :]
+    xk = tl.load(x_ptrs, mask=mask, other=0.0)
+    if PROLOGUE == 1:
+        gate = xk.to(tl.float32)
+        up = tl.load(x_ptrs + K, mask=mask, other=0.0).to(tl.float32)
+        xk = cast_rtne(gate * tl.sigmoid(gate) * up, x_ptrs.dtype.element_ty)
+    if PROLOGUE == 2:
+        if HAS_RESIDUAL:
+            r = tl.load(r_ptrs, mask=mask, other=0.0)
+            xk = cast_rtne(xk.to(tl.float32) + r.to(tl.float32), x_ptrs.dtype.element_ty)
+        nw = tl.load(nw_ptr + k + offs_k, mask=(k + offs_k) < K, other=0.0).to(tl.float32)
+        xk = cast_rtne(xk.to(tl.float32) * rstd[:, None] * (1.0 + nw[None, :]), x_ptrs.dtype.element_ty)
+    return xk
+
+
 @triton.jit(do_not_specialize=["M"])  # M=1 and M=8 share one binary (the JIT would specialise M == 1)
 def _small_m_linear_kernel(
-    x_ptr, w_ptr, out_ptr, part_ptr, count_ptr,
-    M, N, K, K_PER_SPLIT,
-    sxm, swn, som,
+    x_ptr, w_ptr, out_ptr, part_ptr, count_ptr, r_ptr, nw_ptr, nr_ptr,
+    M, N, K, K_PER_SPLIT, eps,
+    sxm, swn, som, srm, snrm,
     M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
     USE_MMA: tl.constexpr, SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr,
+    PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
 ):
     """SPLIT: 0 = one program per N tile writes y; 1 = split-K, the last program of a tile reduces; 2 = split-K,
-    partials only (a second kernel reduces)."""
+    partials only (a second kernel reduces). PROLOGUE: 0 none, 1 silu_mul, 2 rmsnorm (see _load_input_chunk)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -128,10 +171,27 @@ def _small_m_linear_kernel(
     offs_k = tl.arange(0, BLOCK_K)
     mask_n = offs_n < N
     mask_m = offs_m < M
+
+    rstd = tl.zeros((M_PAD,), dtype=tl.float32)
+    if PROLOGUE == 2:  # 1/rms of each row over all of K; program (0, 0) writes the new residual on the way
+        sumsq = tl.zeros((M_PAD,), dtype=tl.float32)
+        for k in range(0, K, BLOCK_K):
+            mask = mask_m[:, None] & ((k + offs_k) < K)[None, :]
+            xr = tl.load(x_ptr + offs_m[:, None] * sxm + (k + offs_k)[None, :], mask=mask, other=0.0)
+            if HAS_RESIDUAL:
+                r = tl.load(r_ptr + offs_m[:, None] * srm + (k + offs_k)[None, :], mask=mask, other=0.0)
+                xr = cast_rtne(xr.to(tl.float32) + r.to(tl.float32), x_ptr.dtype.element_ty)
+                tl.store(nr_ptr + offs_m[:, None] * snrm + (k + offs_k)[None, :], xr,
+                         mask=mask & (pid_n == 0) & (pid_k == 0))
+            xf = xr.to(tl.float32)
+            sumsq += tl.sum(xf * xf, axis=1)
+        rstd = tl.rsqrt(sumsq / K + eps)
+
     k_lo = pid_k * K_PER_SPLIT
     k_hi = tl.minimum(K, k_lo + K_PER_SPLIT)
     w_ptrs = w_ptr + offs_n.to(tl.int64)[:, None] * swn + (k_lo + offs_k)[None, :]
     x_ptrs = x_ptr + offs_m[:, None] * sxm + (k_lo + offs_k)[None, :]
+    r_ptrs = r_ptr + offs_m[:, None] * srm + (k_lo + offs_k)[None, :]
     if USE_MMA:
         acc = tl.zeros((BLOCK_N, M_PAD), dtype=tl.float32)
     else:
@@ -139,11 +199,9 @@ def _small_m_linear_kernel(
     for k in range(k_lo, k_hi, BLOCK_K):
         if EVEN_K:  # K_PER_SPLIT and K are multiples of BLOCK_K: no mask along K, the loads stay vectorised
             w = tl.load(w_ptrs, mask=mask_n[:, None], other=0.0)
-            xk = tl.load(x_ptrs, mask=mask_m[:, None], other=0.0)
         else:  # chunks never straddle a split boundary (K_PER_SPLIT % BLOCK_K == 0), only the end of K
-            mask_k = (k + offs_k) < K
-            w = tl.load(w_ptrs, mask=mask_n[:, None] & mask_k[None, :], other=0.0)
-            xk = tl.load(x_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+            w = tl.load(w_ptrs, mask=mask_n[:, None] & ((k + offs_k) < K)[None, :], other=0.0)
+        xk = _load_input_chunk(x_ptrs, r_ptrs, nw_ptr, k, offs_k, mask_m, K, rstd, PROLOGUE, HAS_RESIDUAL, EVEN_K)
         if USE_MMA:
             if UPCAST_DOT:  # the CPU interpreter multiplies bf16 tiles as raw integers: feed it fp32
                 w = w.to(tl.float32)
@@ -153,6 +211,7 @@ def _small_m_linear_kernel(
             acc += w.to(tl.float32)[None, :, :] * xk.to(tl.float32)[:, None, :]
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
+        r_ptrs += BLOCK_K
     if USE_MMA:
         res = tl.trans(acc)  # [M_PAD, BLOCK_N]
     else:
@@ -190,20 +249,48 @@ def _split_k_reduce_kernel(part_ptr, out_ptr, M, N, S, som, BLOCK: tl.constexpr)
     tl.store(out_ptr + m * som + offs, cast_rtne(total, out_ptr.dtype.element_ty), mask=mask)
 
 
-def small_m_linear_triton(x, weight, out=None, block_n=None, block_k=None, split_k=None, num_warps=None,
-                          num_stages=None, mma=None, split_reduce=None, workspace=None):
-    """Launch options left as None take default_launch's values. split_k is rounded to whole BLOCK_K chunks per
-    split (the effective number of splits may be lower). workspace: a SplitKWorkspace, used when split_k > 1."""
+def small_m_linear_triton(x, weight, out=None, **launch):
+    """Launch options (default_launch's values where None): block_n, block_k, split_k (rounded to whole BLOCK_K
+    chunks per split: the effective number of splits may be lower), num_warps, num_stages, mma, split_reduce;
+    workspace: a SplitKWorkspace, used when split_k > 1."""
     _validate(x, weight)
+    return _launch(x, weight, out, prologue=0, **launch)
+
+
+def silu_mul_linear_triton(gate_up, weight, out=None, **launch):
+    _validate(gate_up, weight, x_cols=2 * weight.shape[1] if weight.dim() == 2 else None)
+    return _launch(gate_up, weight, out, prologue=1, **launch)
+
+
+def rmsnorm_linear_triton(x, norm_weight, eps, weight, residual=None, out=None, residual_out=None, **launch):
+    _validate(x, weight)
+    _validate_norm(x, norm_weight, residual)
+    new_res = None
+    if residual is not None:
+        require_last_dim_contiguous("residual", residual)
+        new_res = output(residual_out, x.shape, x.dtype, x.device, "residual_out")
+        require_last_dim_contiguous("residual_out", new_res)
+        check(new_res.data_ptr() not in (x.data_ptr(), residual.data_ptr()),
+              "residual_out must not alias x or residual: other programs still read them while it is written")
+    y = _launch(x, weight, out, prologue=2, residual=residual, norm_weight=norm_weight, eps=eps,
+                residual_out=new_res, **launch)
+    return y if residual is None else (y, new_res)
+
+
+def _launch(x, weight, out, prologue, residual=None, norm_weight=None, eps=0.0, residual_out=None,
+            block_n=None, block_k=None, split_k=None, num_warps=None, num_stages=None, mma=None,
+            split_reduce=None, workspace=None):
     require_last_dim_contiguous("x", x)
     require_last_dim_contiguous("weight", weight)
-    M, K = x.shape
-    N = weight.shape[0]
+    M = x.shape[0]
+    N, K = weight.shape
     y = output(out, (M, N), x.dtype, x.device)
     require_last_dim_contiguous("out", y)
     if M == 0 or N == 0:
         return y
     if K == 0:
+        if residual_out is not None:
+            residual_out.copy_(residual)
         return y.zero_()
     d = default_launch(N, K, x.dtype, x.device)
     BLOCK_N = block_n or d["block_n"]
@@ -232,14 +319,16 @@ def small_m_linear_triton(x, weight, out=None, block_n=None, block_k=None, split
         check(parts.device == x.device and counters.device == x.device, "workspace must be on x's device")
     else:
         parts, counters = y, y  # unused
+    res = residual if residual is not None else x  # unused pointers when there is no residual / norm
+    new_res = residual_out if residual_out is not None else x
     m_pad = max(16, next_pow2(M)) if use_mma else next_pow2(M)
     _small_m_linear_kernel[(n_tiles, S)](
-        x, weight, y, parts, counters,
-        M, N, K, k_per_split,
-        x.stride(0), weight.stride(0), y.stride(0),
+        x, weight, y, parts, counters, res, norm_weight if norm_weight is not None else x, new_res,
+        M, N, K, k_per_split, float(eps),
+        x.stride(0), weight.stride(0), y.stride(0), res.stride(0), new_res.stride(0),
         M_PAD=m_pad, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, EVEN_K=K % BLOCK_K == 0,
         USE_MMA=use_mma, SPLIT=mode, DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-        UPCAST_DOT=not x.is_cuda,
+        UPCAST_DOT=not x.is_cuda, PROLOGUE=prologue, HAS_RESIDUAL=residual is not None,
         num_warps=num_warps or d["num_warps"], num_stages=num_stages or d["num_stages"],
     )
     if mode == 2:
@@ -254,3 +343,18 @@ def small_m_linear(x, weight, out=None, **launch):
     if use_triton(x):
         return small_m_linear_triton(x, weight, out, **launch)
     return small_m_linear_ref(x, weight, out)
+
+
+def silu_mul_linear(gate_up, weight, out=None, **launch):
+    """silu(gate) * up @ weight.T for gate_up = [gate | up] [M <= 16, 2K], weight [N, K]; `launch` as small_m_linear."""
+    if use_triton(gate_up):
+        return silu_mul_linear_triton(gate_up, weight, out, **launch)
+    return silu_mul_linear_ref(gate_up, weight, out)
+
+
+def rmsnorm_linear(x, norm_weight, eps, weight, residual=None, out=None, residual_out=None, **launch):
+    """rmsnorm(x [+ residual]) @ weight.T, x [M <= 16, K]; with a residual, returns (y, x + residual) like
+    kernels/rmsnorm (residual_out: where the new residual goes; never residual itself). `launch` as small_m_linear."""
+    if use_triton(x):
+        return rmsnorm_linear_triton(x, norm_weight, eps, weight, residual, out, residual_out, **launch)
+    return rmsnorm_linear_ref(x, norm_weight, eps, weight, residual, out, residual_out)

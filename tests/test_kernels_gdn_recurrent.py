@@ -50,6 +50,34 @@ def test_triton_matches_ref(T, dtype, block_v):
     assert torch.equal(inter_tri[live, -1], s_tri[[3, 0]]), "last intermediate state must equal the final state"
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_raw_gates_match_glue(dtype):
+    """raw_gates=(A_log, dt_bias): the kernel computes g and beta from the raw a, b projections (strided views of
+    one [B, 2*Hv] tensor, as the engine passes them), like the model's glue does before the plain kernel."""
+    from engine.models.glue import gdn_gates
+
+    require_interpreted(_gdn_recurrent_kernel)
+    B, T, Hv = 3, 1, 6
+    q, k, v, _, _, state = make_inputs(B=B, T=T, dtype=dtype, seed=21)
+    gen = torch.Generator().manual_seed(5)
+    ba = (torch.randn(B, 2 * Hv, generator=gen) * 4).to(dtype)
+    ba[0, Hv] = 30.0  # a past softplus's linear threshold
+    A_log, dt_bias = torch.randn(Hv, generator=gen), torch.randn(Hv, generator=gen)
+    idx = torch.tensor(STATE_IDX, dtype=torch.int32)
+    g, beta = gdn_gates(ba, A_log, dt_bias)
+    s_ref, s_tri = state.clone(), state.clone()
+    o_ref = gdn_recurrent_ref(q, k, v, g[:, None], beta[:, None], s_ref, idx)
+    o_tri = gdn_recurrent_triton(q, k, v, ba[:, None, Hv:], ba[:, None, :Hv], s_tri, idx, raw_gates=(A_log, dt_bias),
+                                 out=poisoned(v.shape, dtype))
+    assert_close(o_tri, o_ref, dtype)
+    assert_close(s_tri, s_ref, torch.float32, rtol=1e-4, atol=1e-4)
+    o_ref2 = gdn_recurrent_ref(q, k, v, ba[:, None, Hv:], ba[:, None, :Hv], state.clone(), idx,
+                               raw_gates=(A_log, dt_bias))
+    assert torch.equal(o_ref2, o_ref)
+    with pytest.raises(ValueError, match="raw_gates"):
+        gdn_recurrent_triton(q, k, v, g[:, None], beta[:, None], state.clone(), idx, raw_gates=(A_log[:2], dt_bias))
+
+
 def test_real_head_dims():
     """dk = dv = 128 as in the 4B model (fewer heads to keep the interpreter quick)."""
     q, k, v, g, beta, state = make_inputs(B=2, T=1, Hk=1, Hv=2, dk=128, dv=128, seed=7)

@@ -5,9 +5,9 @@ becomes one or two fused kernels instead of a dozen launches per layer; on CPU t
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from engine.rope import apply_rotary
+from kernels.gdn_recurrent import gates_from_raw
 
 
 def rms_norm_zero_centred(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -33,7 +33,7 @@ def gated_output(o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
 def gdn_gates(ba: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor):
     """[b | a] projections -> (g = -exp(A_log) * softplus(a + dt_bias) in fp32 (log decay), beta = sigmoid(b))."""
     b, a = ba.chunk(2, dim=-1)
-    return -A_log.exp() * F.softplus(a.float() + dt_bias), torch.sigmoid(b)
+    return gates_from_raw(a, b, A_log, dt_bias)
 
 
 class Glue:
