@@ -1,6 +1,7 @@
 """Where the device time of one decode step of the native engine goes (Qwen3.5-4B shape, random weights, bf16).
 
-For each variant (EngineOptions(fused_decode=False / True)) and batch size, in one process:
+For each variant (jobs.benchmark.VARIANTS without its "native" prefix: default, cublas, norm_unfused, fused) and batch
+size, in one process:
   1. `--batch-sizes` text requests (random `--prompt`-token prompts) are stepped until all of them decode;
   2. the engine's normal path (CUDA graph replay) is timed over `--graph-steps` steps, as jobs/benchmark.py does;
   3. `--steps` more steps run EAGERLY (the graphs are set aside, so the same kernels launch one by one) under
@@ -48,7 +49,7 @@ from jobs import benchmark as bench  # noqa: E402
 
 SCOPE = "prof::"  # prefix of our profiler ranges
 GEMM_OPS = {"aten::mm", "aten::addmm", "aten::linear", "aten::matmul"}
-GEMM_NAME = re.compile(r"gemm|gemv|nvjet|cutlass|xmma|splitkreduce|cublas", re.IGNORECASE)  # cuBLAS(Lt) kernels
+GEMM_NAME = re.compile(r"gemm|gemv|nvjet|cutlass|xmma|splitkreduce|cublas|small_m_linear", re.IGNORECASE)  # cuBLAS(Lt), ours
 # CPU fallback only: aten ops doing no work of their own (views, allocations, no-op casts); GEMM ops stand for their
 # kernel there (their children are bookkeeping)
 NO_WORK = {"aten::" + n for n in NO_DEVICE_WORK}
@@ -345,8 +346,9 @@ def main(argv=None):
     args.steps = args.steps or (8 if args.tiny else 20)
     args.graph_steps = args.graph_steps or (10 if args.tiny else 50)
     batches, variants = [int(b) for b in args.batch_sizes.split(",")], args.variants.split(",")
-    if not set(variants) <= {"default", "fused"}:
-        ap.error(f"--variants: default and/or fused, got {args.variants}")
+    names = {"default": "native", **{v.removeprefix("native_"): v for v in bench.VARIANTS if v != "native"}}
+    if not set(variants) <= set(names):
+        ap.error(f"--variants: some of {', '.join(names)}, got {args.variants}")
     if args.graph_steps < 3 or args.steps < 1:
         ap.error("--graph-steps must be >= 3 (a median over step periods) and --steps >= 1")
     device = torch.device(args.device)
@@ -368,7 +370,7 @@ def main(argv=None):
     for variant in variants:
         t = time.perf_counter()
         engine = Engine(cfg, weights.items(), device=device, dtype=dtype,
-                        options=EngineOptions(**opts, fused_decode=variant == "fused"))
+                        options=EngineOptions(**opts, **bench.VARIANTS[names[variant]]))
         meta[f"engine_build_s_{variant}"] = time.perf_counter() - t
         for b in batches:
             runs.append(dict(variant=variant, **profile_batch(engine, b, args, cfg, dtype, bw, rng, ours)))

@@ -14,6 +14,7 @@ import torch
 
 from engine.config import ModelConfig
 from engine.models.glue import Glue
+from engine.models.layers import DecodeProjections
 from engine.models.qwen3_5 import Qwen3_5Model
 from engine.step_metadata import DecodeInputs, PrefillChunk, build_prefill_metadata, to_device
 
@@ -53,9 +54,11 @@ class ModelRunner:
                  max_num_seqs: int, max_model_len: int, max_num_batched_tokens: int, block_size: int = 16,
                  num_blocks: int | None = None, kv_cache_memory_gb: float | None = None,
                  gpu_memory_utilization: float = 0.9, use_cuda_graphs: bool = True, compile_glue: bool = True,
-                 fused_decode: bool = False):
+                 fused_decode: bool = False, decode_gemv: bool = True, fuse_norm: bool = True):
         self.model, self.cfg, self.device, self.dtype = model, cfg, device, dtype
         model.language_model.set_fused_decode(fused_decode)
+        if decode_gemv:
+            model.set_projections(DecodeProjections.for_model(self._projection_weights(), fuse_norm))
         if compile_glue and device.type == "cuda":
             model.language_model.set_glue(self._compiled_glue())
         t = cfg.text
@@ -115,6 +118,12 @@ class ModelRunner:
             warnings.warn(f"torch.compile of the glue ops failed, running them eagerly: {e!r}")
             return eager
         return glue
+
+    def _projection_weights(self) -> list[torch.Tensor]:
+        """Every weight a decode step multiplies by (the split-K workspace is sized from them)."""
+        names = ("gate_up_proj", "down_proj", "qkv_proj", "o_proj", "in_proj", "out_proj")
+        return [m.weight for n, m in self.model.language_model.named_modules() if n.rsplit(".", 1)[-1] in names] + \
+            [self.model.head_weight]
 
     # ------------------------------------------------------------------ caches
     def kv_bytes_per_block(self) -> int:

@@ -9,8 +9,9 @@ move (weights + KV read + GDN state read/write) over the device-to-device copy b
 
     python jobs/benchmark.py --device cuda --out $OUT/bench            # real Qwen3.5-4B shape, bf16 (H200)
     python jobs/benchmark.py --device cpu --tiny --out /tmp/bench      # tiny shapes on CPU (exercises the code)
-    --fused-decode: the native engine runs again with EngineOptions(fused_decode=True) (engine "native_fused"), and
-    the greedy tokens / logits of both native variants are compared on a few requests ("fused_check" in meta).
+    --variants native,native_cublas,...: the native engine once per variant (VARIANTS: EngineOptions overrides), so
+    each change is timed against its baseline in the same run; the greedy tokens / logits of every other variant are
+    compared with the first on a few requests ("output_checks" in meta). --fused-decode adds "native_fused".
 
 Writes <out>/benchmark.json and <out>/benchmark.png.
 """
@@ -38,6 +39,14 @@ from engine.interface import SamplingParams  # noqa: E402
 from engine.llm_engine import Engine, EngineOptions  # noqa: E402
 from engine.model_runner import resolve_dtype  # noqa: E402
 from engine.models.gdn_prefill import fla_available  # noqa: E402
+
+# native engine variants (EngineOptions overrides): the default, and the paths it replaced
+VARIANTS = {
+    "native": {},
+    "native_cublas": dict(decode_gemv=False),  # decode projections on cuBLAS, RMSNorm and SwiGLU as their own kernels
+    "native_norm_unfused": dict(fuse_norm=False),  # GEMV with SwiGLU fused in, RMSNorm its own kernel
+    "native_fused": dict(fused_decode=True),  # + the fused GDN / attention-input decode kernels
+}
 
 # Qwen3.5-4B (docs/model-architecture.md section 2)
 REAL_TEXT = dict(vocab_size=248320, hidden_size=2560, intermediate_size=9216, num_hidden_layers=32,
@@ -261,8 +270,9 @@ def plot(results: list[dict], path: Path) -> None:
     groups = sorted({(r["scenario"], r["batch"]) for r in results})
     series = [("native", "decode_step_ms", (31, 119, 180)), ("transformers", "decode_step_ms", (255, 127, 14)),
               ("roofline", "roofline_ms", (44, 160, 44))]
-    if any(r["engine"] == "native_fused" for r in results):
-        series.append(("native_fused", "decode_step_ms", (148, 103, 189)))
+    colors = [(148, 103, 189), (140, 86, 75), (227, 119, 194)]
+    for name in [v for v in VARIANTS if v != "native" and any(r["engine"] == v for r in results)]:
+        series.append((name, "decode_step_ms", colors[len(series) - 3]))
     W, H, pad = 200 + 90 * len(groups), 760, 60
     img = Image.new("RGB", (W, H), "white")
     d = ImageDraw.Draw(img)
@@ -324,8 +334,9 @@ def main(argv=None):
     ap.add_argument("--skip-transformers", action="store_true")
     ap.add_argument("--enforce-eager", action="store_true", help="native engine without CUDA graphs")
     ap.add_argument("--no-compile", action="store_true", help="native engine without torch.compile'd glue ops")
-    ap.add_argument("--fused-decode", action="store_true",
-                    help="also run the native engine with fused decode kernels (EngineOptions(fused_decode=True))")
+    ap.add_argument("--variants", default="native",
+                    help=f"native engine variants, the first is the reference of the output checks: {', '.join(VARIANTS)}")
+    ap.add_argument("--fused-decode", action="store_true", help="add the variant native_fused")
     args = ap.parse_args(argv)
     tiny = args.tiny
     defaults = dict(text_prompt=(40, 512), text_gen=(16, 256), page_image_tokens=(16, 1296), page_gen=(12, 750))
@@ -364,15 +375,20 @@ def main(argv=None):
         print(json.dumps({k: v for k, v in r.items() if k != "roofline_bytes"}), flush=True)
         (out / "benchmark.json").write_text(json.dumps(dict(meta=meta, results=results), indent=2))
 
-    variants = [("native", False)] + ([("native_fused", True)] if args.fused_decode else [])
+    variants = args.variants.split(",") + (["native_fused"] if args.fused_decode else [])
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        raise SystemExit(f"unknown --variants {unknown}; choose from {list(VARIANTS)}")
+    if variants[0] != "native":  # the engine built above is the default one
+        engine = None
     check_reqs = [dict(r, ignore_eos=True, keep_logits=True, sampling=SamplingParams(max_tokens=min(32, args.text_gen)))
                   for r in make_requests("text", 4, args, cfg, np.random.default_rng(1))]
     checks = {}
-    for name, fused in variants:
+    for name in variants:
         if engine is None:
             engine = Engine(cfg, hf.state_dict().items(), device=device, dtype=dtype,
-                            options=EngineOptions(**opts, fused_decode=fused))
-        if args.fused_decode:
+                            options=EngineOptions(**opts, **VARIANTS[name]))
+        if len(variants) > 1:
             checks[name] = engine.generate([dict(r) for r in check_reqs])
         for kind in scenarios:  # warm-up: compiles kernels and autotunes for this scenario's shapes
             engine.generate([dict(r, ignore_eos=True, sampling=SamplingParams(max_tokens=4))
@@ -383,9 +399,10 @@ def main(argv=None):
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    if args.fused_decode:
-        meta["fused_check"] = compare_outputs(checks["native"], checks["native_fused"])
-        print("fused_check", json.dumps(meta["fused_check"]), flush=True)
+    if len(variants) > 1:
+        meta["output_checks"] = {f"{variants[0]} vs {v}": compare_outputs(checks[variants[0]], checks[v])
+                                 for v in variants[1:]}
+        print("output_checks", json.dumps(meta["output_checks"]), flush=True)
         (out / "benchmark.json").write_text(json.dumps(dict(meta=meta, results=results), indent=2))
     if not args.skip_transformers:
         for kind in scenarios:
@@ -397,9 +414,9 @@ def main(argv=None):
                     record(dict(engine="transformers", scenario=kind, batch=b, error=f"out of memory: {e}"[:300]))
                     torch.cuda.empty_cache()
                     continue
-                nat = next(x for x in results if x["engine"] == "native" and x["scenario"] == kind and x["batch"] == b)
-                nat["speedup_step_vs_transformers"] = r["decode_step_ms"] / nat["decode_step_ms"]
-                nat["speedup_total_tok_s_vs_transformers"] = nat["total_tok_s"] / r["total_tok_s_at_full_gen"]
+                for nat in [x for x in results if x["engine"] in VARIANTS and (x["scenario"], x["batch"]) == (kind, b)]:
+                    nat["speedup_step_vs_transformers"] = r["decode_step_ms"] / nat["decode_step_ms"]
+                    nat["speedup_total_tok_s_vs_transformers"] = nat["total_tok_s"] / r["total_tok_s_at_full_gen"]
                 record(r)
     plot(results, out / "benchmark.png")
     print(f"wrote {out / 'benchmark.json'} and {out / 'benchmark.png'}")

@@ -20,3 +20,14 @@ def test_benchmark_tiny_cpu(tmp_path):
             assert r["roofline_ms"] > 0 and r["speedup_step_vs_transformers"] > 0
             assert r["prompt_tokens"] > (16 if r["scenario"] == "page" else 39)
     assert (tmp_path / "benchmark.png").stat().st_size > 1000
+
+
+def test_benchmark_variants_cpu(tmp_path):
+    """--variants: each native variant runs the scenarios, and its greedy outputs are compared with the first's
+    (fp32 on CPU: the GEMV path's references and the plain torch path give the same tokens)."""
+    benchmark.main(["--device", "cpu", "--tiny", "--out", str(tmp_path), "--batch-sizes", "2", "--text-gen", "5",
+                    "--scenarios", "text", "--skip-transformers", "--variants", "native,native_cublas"])
+    data = json.loads((tmp_path / "benchmark.json").read_text())
+    assert [r["engine"] for r in data["results"]] == ["native", "native_cublas"]
+    check = data["meta"]["output_checks"]["native vs native_cublas"]
+    assert check["all_equal"] and check["max_abs_logit_diff"] < 1e-4

@@ -1,8 +1,14 @@
 """Small building blocks shared by the text and vision models."""
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
+import torch.nn.functional as F
 from torch import nn
+
+from engine import ops
+from kernels.small_m_linear import MAX_M, SplitKWorkspace, default_launch, split_ranges
 
 
 def fused_weight(shard_sizes: list[int], in_features: int, **factory) -> nn.Parameter:
@@ -14,3 +20,59 @@ def fused_weight(shard_sizes: list[int], in_features: int, **factory) -> nn.Para
 
 def param(*shape, **factory) -> nn.Parameter:
     return nn.Parameter(torch.empty(*shape, **factory), requires_grad=False)
+
+
+class NormedInput(NamedTuple):
+    """rmsnorm(x [+ residual]) not computed yet: the decode projection that reads it applies the norm on load
+    (kernels/small_m_linear.rmsnorm_linear) and, with a residual, writes x + residual into residual_out, which the
+    layer already holds as its new residual stream. Consumed by exactly one projection."""
+    x: torch.Tensor
+    residual: torch.Tensor | None
+    weight: torch.Tensor
+    eps: float
+    residual_out: torch.Tensor | None
+
+
+class DecodeProjections:
+    """How decode steps of at most MAX_M rows run their projections: kernels/small_m_linear's GEMV (faster than
+    cuBLAS at these shapes on the H200: bench/results/h200_small_m_linear.json) with the elementwise op before it
+    fused in (SwiGLU before down_proj; with fuse_norm, the RMSNorm before every layer's first projection and its MLP).
+    One split-K workspace serves every projection: a step's launches run one after another on one stream.
+    Prefill and larger decode batches keep the plain torch ops (F.linear, cuBLAS)."""
+
+    def __init__(self, workspace: SplitKWorkspace | None = None, fuse_norm: bool = False):
+        self.workspace, self.fuse_norm = workspace, fuse_norm
+
+    @classmethod
+    def for_model(cls, weights: list[torch.Tensor], fuse_norm: bool) -> DecodeProjections:
+        """Sized for the largest split-K launch among `weights` at MAX_M rows."""
+        w = weights[0]
+        parts, tiles = 1, 1
+        for wt in weights:
+            N, K = wt.shape
+            d = default_launch(N, K, wt.dtype, wt.device)
+            S = split_ranges(K, d["block_k"], d["split_k"])[1]
+            if S > 1:
+                parts, tiles = max(parts, S * MAX_M * N), max(tiles, -(-N // d["block_n"]))
+        return cls(SplitKWorkspace(torch.empty(parts, dtype=torch.float32, device=w.device),
+                                   torch.zeros(tiles, dtype=torch.int32, device=w.device)), fuse_norm)
+
+    def on(self, rows: int, is_prefill: bool) -> bool:
+        return self.workspace is not None and not is_prefill and rows <= MAX_M
+
+    def defer_norm(self, rows: int, is_prefill: bool) -> bool:
+        return self.fuse_norm and self.on(rows, is_prefill)
+
+    def linear(self, x, weight: torch.Tensor) -> torch.Tensor:
+        if isinstance(x, NormedInput):
+            y = ops.rmsnorm_linear(x.x, x.weight, x.eps, weight, x.residual, residual_out=x.residual_out,
+                                   workspace=self.workspace)
+            return y if x.residual is None else y[0]
+        if self.workspace is not None and x.shape[0] <= MAX_M:
+            return ops.small_m_linear(x, weight, workspace=self.workspace)
+        return F.linear(x, weight)
+
+    def silu_mul_linear(self, gate_up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        if self.workspace is not None and gate_up.shape[0] <= MAX_M:
+            return ops.silu_mul_linear(gate_up, weight, workspace=self.workspace)
+        return F.linear(ops.silu_mul(gate_up), weight)

@@ -2,11 +2,10 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from engine.config import ModelConfig
-from engine.models.layers import param
+from engine.models.layers import DecodeProjections, param
 from engine.models.qwen3_5_text import TextModel
 from engine.models.qwen3_5_vision import VisionModel
 from engine.rope import inv_frequencies, mrope_cos_sin
@@ -24,6 +23,11 @@ class Qwen3_5Model(nn.Module):
             self.lm_head = nn.Module()
             self.lm_head.weight = param(t.vocab_size, t.hidden_size, dtype=dtype, device=device)
         self.register_buffer("inv_freq", inv_frequencies(t.rotary_dim, t.rope_theta, device), persistent=False)
+        self.proj = DecodeProjections()
+
+    def set_projections(self, proj: DecodeProjections) -> None:
+        self.proj = proj
+        self.language_model.set_projections(proj)
 
     @property
     def head_weight(self) -> torch.Tensor:
@@ -44,4 +48,4 @@ class Qwen3_5Model(nn.Module):
 
     @torch.no_grad()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden, self.head_weight)
+        return self.proj.linear(hidden, self.head_weight)

@@ -13,7 +13,7 @@ from engine import ops
 from engine.config import TextConfig
 from engine.models.gdn_prefill import conv1d_prefill_varlen, delta_rule_prefill
 from engine.models.glue import Glue
-from engine.models.layers import fused_weight, param
+from engine.models.layers import DecodeProjections, NormedInput, fused_weight, param
 from engine.step_metadata import StepMetadata
 
 
@@ -28,6 +28,12 @@ class RMSNorm(nn.Module):
     def forward(self, x, residual=None):
         return ops.rmsnorm(x, self.weight, self.eps, residual)
 
+    def deferred(self, x, residual=None):
+        """(NormedInput, new residual): the norm is left to the projection that reads it (DecodeProjections); the
+        new residual is a buffer that projection fills (or x itself when there is no residual to add)."""
+        new_res = x if residual is None else torch.empty_like(x)
+        return NormedInput(x, residual, self.weight, self.eps, None if residual is None else new_res), new_res
+
 
 class MLP(nn.Module):
     def __init__(self, cfg: TextConfig, **factory):
@@ -36,9 +42,10 @@ class MLP(nn.Module):
         self.gate_up_proj.weight = fused_weight([cfg.intermediate_size] * 2, cfg.hidden_size, **factory)
         self.down_proj = nn.Module()
         self.down_proj.weight = param(cfg.hidden_size, cfg.intermediate_size, **factory)
+        self.proj = DecodeProjections()
 
     def forward(self, x):
-        return F.linear(ops.silu_mul(F.linear(x, self.gate_up_proj.weight)), self.down_proj.weight)
+        return self.proj.silu_mul_linear(self.proj.linear(x, self.gate_up_proj.weight), self.down_proj.weight)
 
 
 class GatedAttention(nn.Module):
@@ -58,13 +65,14 @@ class GatedAttention(nn.Module):
         self.k_norm = RMSNorm(self.hd, cfg.rms_norm_eps, **factory)
         self.k_cache = self.v_cache = torch.empty(0)
         self.glue = Glue()
+        self.proj = DecodeProjections()
 
     fused_decode = False  # decode: one fused kernel for q/k norm + rotary + KV store (TextModel.set_fused_decode)
 
     def forward(self, x, meta: StepMetadata, cos, sin):
         if self.fused_decode and not meta.is_prefill:
             return self._fused_decode(x, meta, cos, sin)
-        q, k, v, gate = self.glue.attention_inputs(F.linear(x, self.qkv_proj.weight), self.q_norm.weight,
+        q, k, v, gate = self.glue.attention_inputs(self.proj.linear(x, self.qkv_proj.weight), self.q_norm.weight,
                                                    self.k_norm.weight, cos, sin, self.q_norm.eps, self.nh, self.nkv,
                                                    self.hd)
         ops.store_kvcache(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
@@ -73,15 +81,15 @@ class GatedAttention(nn.Module):
         else:
             o = ops.paged_decode_attention(q, self.k_cache, self.v_cache, meta.block_tables, meta.context_lens,
                                            self.scale)
-        return F.linear(self.glue.gated_output(o, gate), self.o_proj.weight)
+        return self.proj.linear(self.glue.gated_output(o, gate), self.o_proj.weight)
 
     def _fused_decode(self, x, meta: StepMetadata, cos, sin):
-        qkv = F.linear(x, self.qkv_proj.weight)
+        qkv = self.proj.linear(x, self.qkv_proj.weight)
         q = ops.fused_attn_decode_inputs(qkv, self.q_norm.weight, self.k_norm.weight, cos, sin, self.q_norm.eps,
                                          self.nh, self.nkv, self.hd, self.k_cache, self.v_cache, meta.slot_mapping)
         o = ops.paged_decode_attention(q, self.k_cache, self.v_cache, meta.block_tables, meta.context_lens, self.scale)
         gate = qkv[:, :self.nh * 2 * self.hd].view(-1, self.nh, 2 * self.hd)[..., self.hd:]  # a view, no copy
-        return F.linear(self.glue.gated_output(o, gate).reshape(x.shape[0], -1), self.o_proj.weight)
+        return self.proj.linear(self.glue.gated_output(o, gate).reshape(qkv.shape[0], -1), self.o_proj.weight)
 
     def _prefill_attention(self, q, meta: StepMetadata):
         """Each sequence's chunk attends causally to its whole cached context (earlier chunks + itself)."""
@@ -126,19 +134,21 @@ class GatedDeltaNet(nn.Module):
         self.out_proj.weight = param(H, self.value_dim, **factory)
         self.conv_state = self.ssm_state = torch.empty(0)
         self.glue = Glue()
+        self.proj = DecodeProjections()
 
     fused_decode = False  # decode: one fused kernel from conv to gated norm (TextModel.set_fused_decode)
 
     def forward(self, x, meta: StepMetadata, cos=None, sin=None):
-        N = x.shape[0]
-        qkv, z, ba = F.linear(x, self.in_proj.weight).split([self.conv_dim, self.value_dim, 2 * self.hv], dim=-1)
+        projected = self.proj.linear(x, self.in_proj.weight)
+        N = projected.shape[0]
+        qkv, z, ba = projected.split([self.conv_dim, self.value_dim, 2 * self.hv], dim=-1)
         if self.fused_decode and not meta.is_prefill:
             o = ops.fused_gdn_decode(qkv, z.view(N, self.hv, self.dv), ba[:, :self.hv], ba[:, self.hv:],
                                      self.conv_state, self.conv1d.weight, self.A_log, self.dt_bias, self.norm.weight,
                                      self.ssm_state, meta.state_idx, self.eps)
-            return F.linear(o.reshape(N, self.value_dim), self.out_proj.weight)
-        g, beta = self.glue.gdn_gates(ba, self.A_log, self.dt_bias)
+            return self.proj.linear(o.reshape(N, self.value_dim), self.out_proj.weight)
         if meta.is_prefill:
+            g, beta = self.glue.gdn_gates(ba, self.A_log, self.dt_bias)
             y = conv1d_prefill_varlen(qkv, self.conv1d.weight, self.conv_state, meta.state_slots, meta.query_lens)
         else:
             y = ops.causal_conv1d_update(qkv, self.conv_state, self.conv1d.weight, meta.state_idx, "silu")
@@ -149,10 +159,11 @@ class GatedDeltaNet(nn.Module):
         if meta.is_prefill:
             o = delta_rule_prefill(q, k, v, g, beta, self.ssm_state, meta)
         else:
-            o = ops.gdn_recurrent(q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None],
-                                  self.ssm_state, meta.state_idx)[:, 0]
+            # the gates are computed inside the recurrent kernel from the raw [b | a] projections
+            o = ops.gdn_recurrent(q[:, None], k[:, None], v[:, None], ba[:, None, self.hv:], ba[:, None, :self.hv],
+                                  self.ssm_state, meta.state_idx, raw_gates=(self.A_log, self.dt_bias))[:, 0]
         o = ops.gated_rmsnorm(o, z.reshape(N, self.hv, self.dv), self.norm.weight, self.eps)
-        return F.linear(o.reshape(N, self.value_dim), self.out_proj.weight)
+        return self.proj.linear(o.reshape(N, self.value_dim), self.out_proj.weight)
 
 
 class DecoderLayer(nn.Module):
@@ -172,6 +183,10 @@ class DecoderLayer(nn.Module):
         return self.self_attn if self.kind == "full_attention" else self.linear_attn
 
     def forward(self, x, residual, meta, cos, sin):
+        if self.mlp.proj.defer_norm(x.shape[0], meta.is_prefill):  # each norm runs inside the projection after it
+            h, residual = self.input_layernorm.deferred(x, residual)
+            h, residual = self.post_attention_layernorm.deferred(self.mixer(h, meta, cos, sin), residual)
+            return self.mlp(h), residual
         if residual is None:
             residual = x
             h = self.input_layernorm(x)
@@ -198,6 +213,10 @@ class TextModel(nn.Module):
     def set_glue(self, glue: Glue) -> None:
         for layer in self.layers:
             layer.mixer.glue = glue
+
+    def set_projections(self, proj: DecodeProjections) -> None:
+        for layer in self.layers:
+            layer.mixer.proj = layer.mlp.proj = proj
 
     def set_fused_decode(self, on: bool) -> None:
         """Decode steps through the fused kernels (kernels/fused_*.py) instead of the per-op path."""
