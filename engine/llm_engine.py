@@ -93,6 +93,7 @@ class EngineOptions:
     enforce_eager: bool = False  # no CUDA graphs
     compile: bool = True  # torch.compile the element-wise glue ops (CUDA only)
     fused_decode: bool = False  # fused decode kernels (kernels/fused_*.py): fewer launches, but slower on the H200
+    fused_attention_decode: bool = False  # only the attention layers' fused kernel (q/k norm + rotary + KV store)
     decode_gemv: bool = True  # decode projections (<= 16 rows) through kernels/small_m_linear instead of cuBLAS
     fuse_norm: bool = True  # ... with each RMSNorm applied inside the projection that reads it
     text_only: bool = False
@@ -120,7 +121,8 @@ class Engine:
                                   kv_cache_memory_gb=opts.kv_cache_memory_gb,
                                   gpu_memory_utilization=opts.gpu_memory_utilization,
                                   use_cuda_graphs=not opts.enforce_eager, compile_glue=opts.compile,
-                                  fused_decode=opts.fused_decode, decode_gemv=opts.decode_gemv,
+                                  fused_decode=opts.fused_decode, fused_attention_decode=opts.fused_attention_decode,
+                                  decode_gemv=opts.decode_gemv,
                                   fuse_norm=opts.fuse_norm)
         self.block_manager = BlockManager(self.runner.cache.num_blocks, opts.block_size)
         self.scheduler = Scheduler(self.block_manager, StatePool(opts.max_num_seqs), opts.max_num_seqs, mnbt)

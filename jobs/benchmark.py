@@ -46,6 +46,7 @@ VARIANTS = {
     "native_cublas": dict(decode_gemv=False),  # decode projections on cuBLAS, RMSNorm and SwiGLU as their own kernels
     "native_norm_unfused": dict(fuse_norm=False),  # GEMV with SwiGLU fused in, RMSNorm its own kernel
     "native_fused": dict(fused_decode=True),  # + the fused GDN / attention-input decode kernels
+    "native_fused_attn": dict(fused_attention_decode=True),  # + the fused attention-input kernel only
 }
 
 # Qwen3.5-4B (docs/model-architecture.md section 2)
@@ -270,7 +271,7 @@ def plot(results: list[dict], path: Path) -> None:
     groups = sorted({(r["scenario"], r["batch"]) for r in results})
     series = [("native", "decode_step_ms", (31, 119, 180)), ("transformers", "decode_step_ms", (255, 127, 14)),
               ("roofline", "roofline_ms", (44, 160, 44))]
-    colors = [(148, 103, 189), (140, 86, 75), (227, 119, 194)]
+    colors = [(148, 103, 189), (140, 86, 75), (227, 119, 194), (127, 127, 127), (188, 189, 34)]
     for name in [v for v in VARIANTS if v != "native" and any(r["engine"] == v for r in results)]:
         series.append((name, "decode_step_ms", colors[len(series) - 3]))
     W, H, pad = 200 + 90 * len(groups), 760, 60

@@ -166,6 +166,10 @@ def decode_cases(batch_sizes=(1, 64)):
             cases.append((f"silu_mul_linear M={B}", small_m_linear,
                           lambda B=B: small_m_linear.silu_mul_linear_triton(
                               torch.empty(B, 2 * inter, dtype=bf16), torch.empty(hidden, inter, dtype=bf16))))
+            cases.append((f"gated_rmsnorm_linear M={B}", small_m_linear,
+                          lambda B=B: small_m_linear.gated_rmsnorm_linear_triton(
+                              torch.empty(B, Hv, dv, dtype=bf16), torch.empty(B, Hv, dv, dtype=bf16),
+                              torch.empty(dv, dtype=bf16), 1e-6, torch.empty(hidden, Hv * dv, dtype=bf16))))
             for N in (2 * inter, 12352):
                 cases.append((f"rmsnorm_linear M={B} {N}x{hidden}", small_m_linear,
                               lambda B=B, N=N: small_m_linear.rmsnorm_linear_triton(

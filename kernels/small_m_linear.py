@@ -24,7 +24,9 @@ Fused input prologues (the producer's elementwise kernel disappears; its output 
   * rmsnorm_linear: x (+ residual, rounded to the dtype) is RMS-normalised with a zero-centred weight before the
     product, as kernels/rmsnorm would (every program first sums the squares of its M rows over all of K: a few KB
     from L2); with a residual, program (0, 0) also writes the new residual stream x + residual to residual_out,
-    which must not alias residual or x (other programs are still reading them).
+    which must not alias residual or x (other programs are still reading them);
+  * gated_rmsnorm_linear: x is the GDN output [M, H*D] and each BLOCK_K = D chunk is one head, normalised and gated
+    by silu(z) as kernels/gated_rmsnorm would (the GDN out_proj).
 
 Default launch (default_launch): BLOCK_N=32, BLOCK_K = 256 bytes of a weight row (128 bf16), 4 warps, 4 stages,
 MMA path; no split of K when the N tiles alone give every SM a program, otherwise splits of MIN_CHUNKS_PER_SPLIT
@@ -47,6 +49,7 @@ import triton
 import triton.language as tl
 
 from kernels._common import cast_rtne, cdiv, check, next_pow2, output, require_last_dim_contiguous, sm_count, use_triton
+from kernels.gated_rmsnorm import gated_rmsnorm_ref
 from kernels.rmsnorm import rmsnorm_ref
 from kernels.silu_mul import silu_mul_ref
 
@@ -99,6 +102,21 @@ def silu_mul_linear_ref(gate_up, weight, out=None):
     return small_m_linear_ref(silu_mul_ref(gate_up), weight, out)
 
 
+def _validate_gated(o, z, norm_weight, weight):
+    check(o.dim() == 3 and z.shape == o.shape, f"o, z must be equal [M, H, D], got {tuple(o.shape)}, {tuple(z.shape)}")
+    check(o.is_contiguous(), "o must be contiguous [M, H, D]")
+    D = o.shape[2]
+    check(norm_weight.shape == (D,), f"norm_weight must be [D={D}], got {tuple(norm_weight.shape)}")
+    check(D >= 16 and D == next_pow2(D), f"the head size must be a power of two >= 16 (one K chunk), got {D}")
+    _validate(o.reshape(o.shape[0], -1), weight)
+
+
+def gated_rmsnorm_linear_ref(o, z, norm_weight, eps, weight, out=None):
+    """kernels/gated_rmsnorm (rounded to the dtype), then the fp32 linear."""
+    _validate_gated(o, z, norm_weight, weight)
+    return small_m_linear_ref(gated_rmsnorm_ref(o, z, norm_weight, eps).reshape(o.shape[0], -1), weight, out)
+
+
 def rmsnorm_linear_ref(x, norm_weight, eps, weight, residual=None, out=None, residual_out=None):
     """kernels/rmsnorm (rounded to the dtype), then the fp32 linear."""
     _validate(x, weight)
@@ -131,10 +149,12 @@ def default_launch(N, K, dtype, device) -> dict:
 
 
 @triton.jit
-def _load_input_chunk(x_ptrs, r_ptrs, nw_ptr, k, offs_k, mask_m, K, rstd,
-                      PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, EVEN_K: tl.constexpr):
+def _load_input_chunk(x_ptrs, r_ptrs, nw_ptr, k, offs_k, mask_m, K, rstd, eps,
+                      PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, EVEN_K: tl.constexpr,
+                      ROUND_PRODUCT: tl.constexpr, BLOCK_K: tl.constexpr):
     """The [M_PAD, BLOCK_K] chunk of the GEMV input at K offset k, after the prologue (0: x as is; 1: silu(gate) * up,
-    the up half K elements to the right; 2: RMSNorm of x [+ residual] with 1/rms = rstd)."""
+    the up half K elements to the right; 2: RMSNorm of x [+ residual] with 1/rms = rstd; 3: the chunk is one head,
+    RMS-normalised and gated by silu(z), z read through r_ptrs)."""
     if EVEN_K:
         mask = mask_m[:, None]
     else:
@@ -150,6 +170,15 @@ def _load_input_chunk(x_ptrs, r_ptrs, nw_ptr, k, offs_k, mask_m, K, rstd,
             xk = cast_rtne(xk.to(tl.float32) + r.to(tl.float32), x_ptrs.dtype.element_ty)
         nw = tl.load(nw_ptr + k + offs_k, mask=(k + offs_k) < K, other=0.0).to(tl.float32)
         xk = cast_rtne(xk.to(tl.float32) * rstd[:, None] * (1.0 + nw[None, :]), x_ptrs.dtype.element_ty)
+    if PROLOGUE == 3:  # rounding as kernels/gated_rmsnorm: normed value, then (with a low-precision weight) w * normed
+        xf = xk.to(tl.float32)
+        head_rstd = tl.rsqrt(tl.sum(xf * xf, axis=1) / BLOCK_K + eps)
+        y = cast_rtne(xf * head_rstd[:, None], x_ptrs.dtype.element_ty).to(tl.float32)
+        y = y * tl.load(nw_ptr + offs_k).to(tl.float32)[None, :]
+        if ROUND_PRODUCT:
+            y = cast_rtne(y, x_ptrs.dtype.element_ty).to(tl.float32)
+        z = tl.load(r_ptrs, mask=mask, other=0.0).to(tl.float32)
+        xk = cast_rtne(y * (z * tl.sigmoid(z)), x_ptrs.dtype.element_ty)
     return xk
 
 
@@ -160,10 +189,11 @@ def _small_m_linear_kernel(
     sxm, swn, som, srm, snrm,
     M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
     USE_MMA: tl.constexpr, SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr,
-    PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+    PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, ROUND_PRODUCT: tl.constexpr,
 ):
     """SPLIT: 0 = one program per N tile writes y; 1 = split-K, the last program of a tile reduces; 2 = split-K,
-    partials only (a second kernel reduces). PROLOGUE: 0 none, 1 silu_mul, 2 rmsnorm (see _load_input_chunk)."""
+    partials only (a second kernel reduces). PROLOGUE: 0 none, 1 silu_mul, 2 rmsnorm, 3 gated head norm
+    (see _load_input_chunk)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -201,7 +231,8 @@ def _small_m_linear_kernel(
             w = tl.load(w_ptrs, mask=mask_n[:, None], other=0.0)
         else:  # chunks never straddle a split boundary (K_PER_SPLIT % BLOCK_K == 0), only the end of K
             w = tl.load(w_ptrs, mask=mask_n[:, None] & ((k + offs_k) < K)[None, :], other=0.0)
-        xk = _load_input_chunk(x_ptrs, r_ptrs, nw_ptr, k, offs_k, mask_m, K, rstd, PROLOGUE, HAS_RESIDUAL, EVEN_K)
+        xk = _load_input_chunk(x_ptrs, r_ptrs, nw_ptr, k, offs_k, mask_m, K, rstd, eps, PROLOGUE, HAS_RESIDUAL, EVEN_K,
+                               ROUND_PRODUCT, BLOCK_K)
         if USE_MMA:
             if UPCAST_DOT:  # the CPU interpreter multiplies bf16 tiles as raw integers: feed it fp32
                 w = w.to(tl.float32)
@@ -277,9 +308,20 @@ def rmsnorm_linear_triton(x, norm_weight, eps, weight, residual=None, out=None, 
     return y if residual is None else (y, new_res)
 
 
+def gated_rmsnorm_linear_triton(o, z, norm_weight, eps, weight, out=None, **launch):
+    _validate_gated(o, z, norm_weight, weight)
+    require_last_dim_contiguous("z", z)
+    D = norm_weight.shape[0]
+    check(launch.get("block_k") in (None, D), f"gated_rmsnorm_linear reads one head per chunk: block_k must be {D}")
+    M = o.shape[0]
+    return _launch(o.view(M, -1), weight, out, prologue=3, residual=z.reshape(M, -1), norm_weight=norm_weight,
+                   eps=eps, round_product=torch.promote_types(o.dtype, norm_weight.dtype) != torch.float32,
+                   **dict(launch, block_k=D))
+
+
 def _launch(x, weight, out, prologue, residual=None, norm_weight=None, eps=0.0, residual_out=None,
-            block_n=None, block_k=None, split_k=None, num_warps=None, num_stages=None, mma=None,
-            split_reduce=None, workspace=None):
+            round_product=False, block_n=None, block_k=None, split_k=None, num_warps=None, num_stages=None,
+            mma=None, split_reduce=None, workspace=None):
     require_last_dim_contiguous("x", x)
     require_last_dim_contiguous("weight", weight)
     M = x.shape[0]
@@ -328,7 +370,8 @@ def _launch(x, weight, out, prologue, residual=None, norm_weight=None, eps=0.0, 
         x.stride(0), weight.stride(0), y.stride(0), res.stride(0), new_res.stride(0),
         M_PAD=m_pad, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, EVEN_K=K % BLOCK_K == 0,
         USE_MMA=use_mma, SPLIT=mode, DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-        UPCAST_DOT=not x.is_cuda, PROLOGUE=prologue, HAS_RESIDUAL=residual is not None,
+        UPCAST_DOT=not x.is_cuda, PROLOGUE=prologue, HAS_RESIDUAL=prologue == 2 and residual is not None,
+        ROUND_PRODUCT=round_product,
         num_warps=num_warps or d["num_warps"], num_stages=num_stages or d["num_stages"],
     )
     if mode == 2:
@@ -350,6 +393,14 @@ def silu_mul_linear(gate_up, weight, out=None, **launch):
     if use_triton(gate_up):
         return silu_mul_linear_triton(gate_up, weight, out, **launch)
     return silu_mul_linear_ref(gate_up, weight, out)
+
+
+def gated_rmsnorm_linear(o, z, norm_weight, eps, weight, out=None, **launch):
+    """gated_rmsnorm(o, z) @ weight.T for the GDN output o [M <= 16, H, D] and gate z [M, H, D] (rows may be strided,
+    heads contiguous), weight [N, H*D]; `launch` as small_m_linear (block_k is the head size D)."""
+    if use_triton(o):
+        return gated_rmsnorm_linear_triton(o, z, norm_weight, eps, weight, out, **launch)
+    return gated_rmsnorm_linear_ref(o, z, norm_weight, eps, weight, out)
 
 
 def rmsnorm_linear(x, norm_weight, eps, weight, residual=None, out=None, residual_out=None, **launch):

@@ -78,9 +78,9 @@ def test_fused_decode_reference_path_matches_unfused(ckpt):
 
 
 def test_kernel_count_script():
-    """bench/decode_kernel_count.py on a 4-layer stack (3 GDN + 1 attention). Default path: a GDN layer is 7 kernels,
-    its 4 projections (kernels/small_m_linear, the two RMSNorms and the SwiGLU fused in), conv, recurrence (the gates
-    computed inside it) and gated norm. The fused path launches the GDN mixer as 1 kernel instead of 3 and the
+    """bench/decode_kernel_count.py on a 4-layer stack (3 GDN + 1 attention). Default path: a GDN layer is 6 kernels,
+    its 4 projections (kernels/small_m_linear, with the two RMSNorms, the gated norm and the SwiGLU fused in), conv
+    and recurrence (the gates computed inside it). The fused path launches conv to gated norm as 1 kernel and the
     attention inputs as 1 instead of 2 (glue + KV store), everything else unchanged."""
     import os
 
@@ -91,11 +91,31 @@ def test_kernel_count_script():
     d, f = r["default"], r["fused"]
     assert d["linear_attention"]["layers"] == 3 and d["full_attention"]["layers"] == 1
     assert d["linear_attention"]["per_layer"] == {
-        "triton _small_m_linear_kernel": 4, "triton _conv1d_update_kernel": 1, "triton _gdn_recurrent_kernel": 1,
-        "triton _gated_rmsnorm_kernel": 1}
+        "triton _small_m_linear_kernel": 4, "triton _conv1d_update_kernel": 1, "triton _gdn_recurrent_kernel": 1}
     assert d["full_attention"]["per_layer"]["triton _small_m_linear_kernel"] == 4
     assert "triton _rmsnorm_kernel" not in d["full_attention"]["per_layer"]
     assert f["linear_attention"]["per_layer"]["triton _fused_gdn_decode_kernel"] == 1
-    assert f["linear_attention"]["per_layer_total"] == d["linear_attention"]["per_layer_total"] - 2
+    assert f["linear_attention"]["per_layer_total"] == d["linear_attention"]["per_layer_total"] - 1
     assert f["full_attention"]["per_layer_total"] == d["full_attention"]["per_layer_total"] - 1
-    assert f["step_total"] == d["step_total"] - 3 * 2 - 1
+    assert f["step_total"] == d["step_total"] - 3 * 1 - 1
+
+
+def test_fused_attention_decode_only(ckpt, monkeypatch):
+    """EngineOptions(fused_attention_decode=True): the attention layers decode through their fused kernel, the GDN
+    layers keep the per-op path; greedy outputs as the default path's."""
+    unfused = run(ckpt, fused=False, padded=False)
+    monkeypatch.setenv("OCRIA_FORCE_TRITON", "1")
+    import kernels.fused_attn_decode as fa
+    import kernels.fused_gdn_decode as fg
+
+    calls = []
+    for mod, name in ((fa, "fused_attn_decode_inputs_triton"), (fg, "fused_gdn_decode_triton")):
+        fn = getattr(mod, name)
+        monkeypatch.setattr(mod, name, lambda *a, _fn=fn, _n=name, **k: (calls.append(_n), _fn(*a, **k))[1])
+    eng = Engine.from_checkpoint(ckpt, dtype="float32", max_num_seqs=4, num_blocks=48, block_size=16,
+                                 fused_attention_decode=True)
+    outs = eng.generate(requests())
+    assert calls and set(calls) == {"fused_attn_decode_inputs_triton"}
+    for a, b in zip(outs, unfused):
+        assert a.output_token_ids == b.output_token_ids
+        torch.testing.assert_close(a.logits, b.logits, atol=LOGITS_ATOL, rtol=0)

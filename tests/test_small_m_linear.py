@@ -13,7 +13,8 @@ import torch
 
 from kernels.testing import assert_close, poisoned, require_interpreted  # sets TRITON_INTERPRET first
 from kernels.small_m_linear import (  # noqa: I001
-    _small_m_linear_kernel, default_launch, pick_split_k, rmsnorm_linear, rmsnorm_linear_ref, rmsnorm_linear_triton,
+    _small_m_linear_kernel, default_launch, gated_rmsnorm_linear, gated_rmsnorm_linear_ref,
+    gated_rmsnorm_linear_triton, pick_split_k, rmsnorm_linear, rmsnorm_linear_ref, rmsnorm_linear_triton,
     silu_mul_linear, silu_mul_linear_ref, silu_mul_linear_triton, small_m_linear, small_m_linear_ref,
     small_m_linear_triton, small_m_linear_workspace,
 )
@@ -84,6 +85,24 @@ def test_rmsnorm_prologue_matches_ref(M, N, K, dtype, launch, with_residual):
     assert_close(got, want, dtype)
 
 
+@pytest.mark.parametrize("launch", ["default", "split3_fused", "split2_kernel"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("M,N,H", [(1, 40, 3), (7, 130, 5)])
+def test_gated_rmsnorm_prologue_matches_ref(M, N, H, dtype, launch):
+    """gated_rmsnorm_linear: each K chunk is one head of the GDN output, normalised and gated by silu(z) (z a strided
+    slice of a wider projection, as in the engine) like kernels/gated_rmsnorm, then the GEMV."""
+    D = 16
+    gen = torch.Generator().manual_seed(M + N + H)
+    o = (torch.randn(M, H, D, generator=gen) * 2).to(dtype)
+    wide = (torch.randn(M, H * D + 9, generator=gen) * 2).to(dtype)
+    z = wide[:, 4:4 + H * D].view(M, H, D)
+    nw = (1 + torch.randn(D, generator=gen) * 0.2).to(dtype)
+    w = (torch.randn(N, H * D, generator=gen) * (H * D) ** -0.5).to(dtype)
+    launch = {k: v for k, v in LAUNCHES[launch].items() if k != "block_k"}
+    y = gated_rmsnorm_linear_triton(o, z, nw, 1e-6, w, out=poisoned((M, N), dtype), **launch)
+    assert_close(y, gated_rmsnorm_linear_ref(o, z, nw, 1e-6, w), dtype)
+
+
 def test_prologue_errors_and_dispatch(monkeypatch):
     x, w = make_inputs(2, 40, 48, torch.float32)
     with pytest.raises(ValueError, match="needs 96 columns"):
@@ -92,7 +111,14 @@ def test_prologue_errors_and_dispatch(monkeypatch):
         rmsnorm_linear_triton(x, torch.zeros(47), 1e-6, w)
     with pytest.raises(ValueError, match="must not alias"):
         rmsnorm_linear_triton(x, torch.zeros(48), 1e-6, w, residual=x.clone(), residual_out=x)
+    o = torch.randn(2, 3, 16)
+    with pytest.raises(ValueError, match="block_k must be 16"):
+        gated_rmsnorm_linear_triton(o, o, torch.ones(16), 1e-6, torch.zeros(5, 48), block_k=32)
+    with pytest.raises(ValueError, match="power of two"):
+        gated_rmsnorm_linear_triton(o[..., :12].contiguous(), o[..., :12], torch.ones(12), 1e-6, torch.zeros(5, 36))
     monkeypatch.delenv("OCRIA_FORCE_TRITON", raising=False)
+    assert torch.equal(gated_rmsnorm_linear(o, o, torch.ones(16), 1e-6, torch.ones(5, 48)),
+                       gated_rmsnorm_linear_ref(o, o, torch.ones(16), 1e-6, torch.ones(5, 48)))
     gate_up = torch.randn(2, 96)
     assert torch.equal(silu_mul_linear(gate_up, w), silu_mul_linear_ref(gate_up, w))
     assert torch.equal(rmsnorm_linear(x, torch.zeros(48), 1e-6, w), rmsnorm_linear_ref(x, torch.zeros(48), 1e-6, w))

@@ -36,7 +36,8 @@ class NormedInput(NamedTuple):
 class DecodeProjections:
     """How decode steps of at most MAX_M rows run their projections: kernels/small_m_linear's GEMV (faster than
     cuBLAS at these shapes on the H200: bench/results/h200_small_m_linear.json) with the elementwise op before it
-    fused in (SwiGLU before down_proj; with fuse_norm, the RMSNorm before every layer's first projection and its MLP).
+    fused in (SwiGLU before down_proj, the GDN's gated norm before its out_proj; with fuse_norm, the RMSNorm before
+every layer's first projection and its MLP).
     One split-K workspace serves every projection: a step's launches run one after another on one stream.
     Prefill and larger decode batches keep the plain torch ops (F.linear, cuBLAS)."""
 
@@ -71,6 +72,13 @@ class DecodeProjections:
         if self.workspace is not None and x.shape[0] <= MAX_M:
             return ops.small_m_linear(x, weight, workspace=self.workspace)
         return F.linear(x, weight)
+
+    def gated_rmsnorm_linear(self, o: torch.Tensor, z: torch.Tensor, norm_weight: torch.Tensor, eps: float,
+                             weight: torch.Tensor) -> torch.Tensor:
+        """out_proj(gated_rmsnorm(o, z)) of a GDN layer, o and z [N, heads, head_dim]."""
+        if self.workspace is not None and o.shape[0] <= MAX_M:
+            return ops.gated_rmsnorm_linear(o, z, norm_weight, eps, weight, workspace=self.workspace)
+        return F.linear(ops.gated_rmsnorm(o, z, norm_weight, eps).reshape(o.shape[0], -1), weight)
 
     def silu_mul_linear(self, gate_up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         if self.workspace is not None and gate_up.shape[0] <= MAX_M:

@@ -162,8 +162,8 @@ class GatedDeltaNet(nn.Module):
             # the gates are computed inside the recurrent kernel from the raw [b | a] projections
             o = ops.gdn_recurrent(q[:, None], k[:, None], v[:, None], ba[:, None, self.hv:], ba[:, None, :self.hv],
                                   self.ssm_state, meta.state_idx, raw_gates=(self.A_log, self.dt_bias))[:, 0]
-        o = ops.gated_rmsnorm(o, z.reshape(N, self.hv, self.dv), self.norm.weight, self.eps)
-        return self.proj.linear(o.reshape(N, self.value_dim), self.out_proj.weight)
+        return self.proj.gated_rmsnorm_linear(o, z.reshape(N, self.hv, self.dv), self.norm.weight, self.eps,
+                                              self.out_proj.weight)
 
 
 class DecoderLayer(nn.Module):
@@ -218,10 +218,11 @@ class TextModel(nn.Module):
         for layer in self.layers:
             layer.mixer.proj = layer.mlp.proj = proj
 
-    def set_fused_decode(self, on: bool) -> None:
-        """Decode steps through the fused kernels (kernels/fused_*.py) instead of the per-op path."""
+    def set_fused_decode(self, on: bool, kinds=("linear_attention", "full_attention")) -> None:
+        """Decode steps of these layer kinds through the fused kernels (kernels/fused_*.py) instead of the per-op path."""
         for layer in self.layers:
-            layer.mixer.fused_decode = on
+            if layer.kind in kinds:
+                layer.mixer.fused_decode = on
 
     def forward(self, x: torch.Tensor, meta: StepMetadata, cos, sin) -> torch.Tensor:
         residual = None
