@@ -96,6 +96,7 @@ class EngineOptions:
     fused_attention_decode: bool = False  # only the attention layers' fused kernel (q/k norm + rotary + KV store)
     decode_gemv: bool = True  # decode projections (<= 16 rows) through kernels/small_m_linear instead of cuBLAS
     fuse_norm: bool = True  # ... with each RMSNorm applied inside the projection that reads it
+    decode_pdl: bool = False  # ... launched with programmatic dependent launch (CUDA, sm_90+)
     text_only: bool = False
 
 
@@ -123,7 +124,7 @@ class Engine:
                                   use_cuda_graphs=not opts.enforce_eager, compile_glue=opts.compile,
                                   fused_decode=opts.fused_decode, fused_attention_decode=opts.fused_attention_decode,
                                   decode_gemv=opts.decode_gemv,
-                                  fuse_norm=opts.fuse_norm)
+                                  fuse_norm=opts.fuse_norm, decode_pdl=opts.decode_pdl)
         self.block_manager = BlockManager(self.runner.cache.num_blocks, opts.block_size)
         self.scheduler = Scheduler(self.block_manager, StatePool(opts.max_num_seqs), opts.max_num_seqs, mnbt)
         self.sampler = Sampler()

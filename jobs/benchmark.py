@@ -47,6 +47,7 @@ VARIANTS = {
     "native_norm_unfused": dict(fuse_norm=False),  # GEMV with SwiGLU fused in, RMSNorm its own kernel
     "native_fused": dict(fused_decode=True),  # + the fused GDN / attention-input decode kernels
     "native_fused_attn": dict(fused_attention_decode=True),  # + the fused attention-input kernel only
+    "native_pdl": dict(decode_pdl=True),  # GEMVs with programmatic dependent launch
 }
 
 # Qwen3.5-4B (docs/model-architecture.md section 2)
@@ -271,7 +272,7 @@ def plot(results: list[dict], path: Path) -> None:
     groups = sorted({(r["scenario"], r["batch"]) for r in results})
     series = [("native", "decode_step_ms", (31, 119, 180)), ("transformers", "decode_step_ms", (255, 127, 14)),
               ("roofline", "roofline_ms", (44, 160, 44))]
-    colors = [(148, 103, 189), (140, 86, 75), (227, 119, 194), (127, 127, 127), (188, 189, 34)]
+    colors = [(148, 103, 189), (140, 86, 75), (227, 119, 194), (127, 127, 127), (188, 189, 34), (23, 190, 207)]
     for name in [v for v in VARIANTS if v != "native" and any(r["engine"] == v for r in results)]:
         series.append((name, "decode_step_ms", colors[len(series) - 3]))
     W, H, pad = 200 + 90 * len(groups), 760, 60

@@ -11,6 +11,13 @@ def use_triton(x: torch.Tensor) -> bool:
     return x.is_cuda or os.environ.get("OCRIA_FORCE_TRITON") == "1"
 
 
+def interpreted() -> bool:
+    """Whether Triton kernels run in the CPU interpreter (TRITON_INTERPRET=1)."""
+    from triton import knobs
+
+    return bool(knobs.runtime.interpret)
+
+
 def next_pow2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 

@@ -73,7 +73,7 @@ def _signature(kernel, args, kwargs):
             signature[param.name] = "fp32"
         else:
             raise TypeError(f"{kernel.__name__}: cannot type argument {param.name}={value!r}")
-    options = {k: kwargs[k] for k in ("num_warps", "num_stages") if k in kwargs}
+    options = {k: kwargs[k] for k in ("num_warps", "num_stages", "launch_pdl") if k in kwargs}
     return signature, constexprs, attrs, options
 
 
@@ -170,6 +170,9 @@ def decode_cases(batch_sizes=(1, 64)):
                           lambda B=B: small_m_linear.gated_rmsnorm_linear_triton(
                               torch.empty(B, Hv, dv, dtype=bf16), torch.empty(B, Hv, dv, dtype=bf16),
                               torch.empty(dv, dtype=bf16), 1e-6, torch.empty(hidden, Hv * dv, dtype=bf16))))
+            cases.append((f"small_m_linear M={B} pdl", small_m_linear,
+                          lambda B=B: small_m_linear.small_m_linear_triton(
+                              torch.empty(B, inter, dtype=bf16), torch.empty(hidden, inter, dtype=bf16), pdl=True)))
             for N in (2 * inter, 12352):
                 cases.append((f"rmsnorm_linear M={B} {N}x{hidden}", small_m_linear,
                               lambda B=B, N=N: small_m_linear.rmsnorm_linear_triton(

@@ -36,6 +36,12 @@ shapes the fastest configs were no split with narrow tiles where N is large (gat
 of ~8 chunks where it is small (down 2560x9216 -> 9 splits, out_proj 2560x4096 -> 4); the first default (64-row
 tiles, split to 4 programs per SM) split too much and lost to cuBLAS everywhere but the lm_head.
 
+pdl=True (sm_90+): the kernel is launched with programmatic dependent launch. Its programs start while the kernel
+before is still finishing, prefetch their first `prefetch_lines` 128-byte lines of each weight row into L2 (the
+weights do not depend on that kernel), then wait for it (griddepcontrol.wait) before reading any input; each then
+lets the next PDL launch start. In a chain of GEMVs (out_proj -> gate_up -> down -> the next in_proj) this overlaps
+each one's ramp-up with the tail of the one before. Needs a GPU (the interpreter has no inline PTX).
+
 CUDA graphs: no host syncs and allocation from shapes only. Split-K needs a workspace (fp32 partials + int32
 counters that must start at 0; the fused path leaves them at 0 again). Without one, each call allocates partials and
 zeroes counters (an extra memset kernel); callers that care (the engine, graphs) pass a preallocated
@@ -48,7 +54,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import cast_rtne, cdiv, check, next_pow2, output, require_last_dim_contiguous, sm_count, use_triton
+from kernels._common import (
+    cast_rtne, cdiv, check, interpreted, next_pow2, output, require_last_dim_contiguous, sm_count, use_triton)
 from kernels.gated_rmsnorm import gated_rmsnorm_ref
 from kernels.rmsnorm import rmsnorm_ref
 from kernels.silu_mul import silu_mul_ref
@@ -190,6 +197,7 @@ def _small_m_linear_kernel(
     M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
     USE_MMA: tl.constexpr, SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr,
     PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, ROUND_PRODUCT: tl.constexpr,
+    USE_PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr,
 ):
     """SPLIT: 0 = one program per N tile writes y; 1 = split-K, the last program of a tile reduces; 2 = split-K,
     partials only (a second kernel reduces). PROLOGUE: 0 none, 1 silu_mul, 2 rmsnorm, 3 gated head norm
@@ -201,6 +209,19 @@ def _small_m_linear_kernel(
     offs_k = tl.arange(0, BLOCK_K)
     mask_n = offs_n < N
     mask_m = offs_m < M
+    k_lo = pid_k * K_PER_SPLIT
+    k_hi = tl.minimum(K, k_lo + K_PER_SPLIT)
+
+    if USE_PDL:  # launched early, while the kernel before finishes (programmatic dependent launch, sm_90+)
+        # the weights do not depend on that kernel: pull this program's first lines of them into L2 meanwhile
+        line = 128 // w_ptr.dtype.element_ty.primitive_bitwidth * 8
+        cols = tl.minimum(k_lo + tl.arange(0, PREFETCH_LINES) * line, k_hi - 1)
+        rows = tl.minimum(offs_n, N - 1).to(tl.int64)
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l",
+                                  [w_ptr + rows[:, None] * swn + cols[None, :]], dtype=tl.int32, is_pure=False,
+                                  pack=1)
+        tl.extra.cuda.gdc_wait()  # the inputs (and the split-K workspace) are the kernel before's to finish
+        tl.extra.cuda.gdc_launch_dependents()  # the next GEMV may launch once every program got here
 
     rstd = tl.zeros((M_PAD,), dtype=tl.float32)
     if PROLOGUE == 2:  # 1/rms of each row over all of K; program (0, 0) writes the new residual on the way
@@ -217,8 +238,6 @@ def _small_m_linear_kernel(
             sumsq += tl.sum(xf * xf, axis=1)
         rstd = tl.rsqrt(sumsq / K + eps)
 
-    k_lo = pid_k * K_PER_SPLIT
-    k_hi = tl.minimum(K, k_lo + K_PER_SPLIT)
     w_ptrs = w_ptr + offs_n.to(tl.int64)[:, None] * swn + (k_lo + offs_k)[None, :]
     x_ptrs = x_ptr + offs_m[:, None] * sxm + (k_lo + offs_k)[None, :]
     r_ptrs = r_ptr + offs_m[:, None] * srm + (k_lo + offs_k)[None, :]
@@ -321,7 +340,7 @@ def gated_rmsnorm_linear_triton(o, z, norm_weight, eps, weight, out=None, **laun
 
 def _launch(x, weight, out, prologue, residual=None, norm_weight=None, eps=0.0, residual_out=None,
             round_product=False, block_n=None, block_k=None, split_k=None, num_warps=None, num_stages=None,
-            mma=None, split_reduce=None, workspace=None):
+            mma=None, split_reduce=None, workspace=None, pdl=False, prefetch_lines=8):
     require_last_dim_contiguous("x", x)
     require_last_dim_contiguous("weight", weight)
     M = x.shape[0]
@@ -342,6 +361,9 @@ def _launch(x, weight, out, prologue, residual=None, norm_weight=None, eps=0.0, 
     check(BLOCK_N >= 16 and BLOCK_N == next_pow2(BLOCK_N), f"block_n must be a power of two >= 16, got {BLOCK_N}")
     check(BLOCK_K >= 16 and BLOCK_K == next_pow2(BLOCK_K), f"block_k must be a power of two >= 16, got {BLOCK_K}")
     check(reduce_mode in ("fused", "kernel"), f"split_reduce must be 'fused' or 'kernel', got {reduce_mode!r}")
+    check(not pdl or not interpreted(), "pdl (programmatic dependent launch) needs a GPU, not the Triton interpreter")
+    check(prefetch_lines >= 1 and prefetch_lines == next_pow2(prefetch_lines),
+          f"prefetch_lines must be a power of two, got {prefetch_lines}")
     split = pick_split_k(N, K, BLOCK_N, BLOCK_K, sm_count(x.device)) if split_k is None else split_k
     check(isinstance(split, int) and 1 <= split <= MAX_SPLIT_K,
           f"split_k must be an int in [1, {MAX_SPLIT_K}], got {split!r}")
@@ -371,7 +393,7 @@ def _launch(x, weight, out, prologue, residual=None, norm_weight=None, eps=0.0, 
         M_PAD=m_pad, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, EVEN_K=K % BLOCK_K == 0,
         USE_MMA=use_mma, SPLIT=mode, DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         UPCAST_DOT=not x.is_cuda, PROLOGUE=prologue, HAS_RESIDUAL=prologue == 2 and residual is not None,
-        ROUND_PRODUCT=round_product,
+        ROUND_PRODUCT=round_product, USE_PDL=bool(pdl), PREFETCH_LINES=prefetch_lines, launch_pdl=bool(pdl),
         num_warps=num_warps or d["num_warps"], num_stages=num_stages or d["num_stages"],
     )
     if mode == 2:

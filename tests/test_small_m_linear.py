@@ -111,6 +111,8 @@ def test_prologue_errors_and_dispatch(monkeypatch):
         rmsnorm_linear_triton(x, torch.zeros(47), 1e-6, w)
     with pytest.raises(ValueError, match="must not alias"):
         rmsnorm_linear_triton(x, torch.zeros(48), 1e-6, w, residual=x.clone(), residual_out=x)
+    with pytest.raises(ValueError, match="needs a GPU"):
+        small_m_linear_triton(x, w, pdl=True)
     o = torch.randn(2, 3, 16)
     with pytest.raises(ValueError, match="block_k must be 16"):
         gated_rmsnorm_linear_triton(o, o, torch.ones(16), 1e-6, torch.zeros(5, 48), block_k=32)

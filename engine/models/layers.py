@@ -39,13 +39,16 @@ class DecodeProjections:
     fused in (SwiGLU before down_proj, the GDN's gated norm before its out_proj; with fuse_norm, the RMSNorm before
 every layer's first projection and its MLP).
     One split-K workspace serves every projection: a step's launches run one after another on one stream.
+    pdl (CUDA): the GEMVs use programmatic dependent launch (kernels/small_m_linear), overlapping each one's start
+    with the end of the kernel before.
     Prefill and larger decode batches keep the plain torch ops (F.linear, cuBLAS)."""
 
-    def __init__(self, workspace: SplitKWorkspace | None = None, fuse_norm: bool = False):
+    def __init__(self, workspace: SplitKWorkspace | None = None, fuse_norm: bool = False, pdl: bool = False):
         self.workspace, self.fuse_norm = workspace, fuse_norm
+        self.launch = dict(workspace=workspace, pdl=True) if pdl else dict(workspace=workspace)
 
     @classmethod
-    def for_model(cls, weights: list[torch.Tensor], fuse_norm: bool) -> DecodeProjections:
+    def for_model(cls, weights: list[torch.Tensor], fuse_norm: bool, pdl: bool = False) -> DecodeProjections:
         """Sized for the largest split-K launch among `weights` at MAX_M rows."""
         w = weights[0]
         parts, tiles = 1, 1
@@ -56,7 +59,8 @@ every layer's first projection and its MLP).
             if S > 1:
                 parts, tiles = max(parts, S * MAX_M * N), max(tiles, -(-N // d["block_n"]))
         return cls(SplitKWorkspace(torch.empty(parts, dtype=torch.float32, device=w.device),
-                                   torch.zeros(tiles, dtype=torch.int32, device=w.device)), fuse_norm)
+                                   torch.zeros(tiles, dtype=torch.int32, device=w.device)), fuse_norm,
+                   pdl and w.is_cuda)
 
     def on(self, rows: int, is_prefill: bool) -> bool:
         return self.workspace is not None and not is_prefill and rows <= MAX_M
@@ -67,20 +71,20 @@ every layer's first projection and its MLP).
     def linear(self, x, weight: torch.Tensor) -> torch.Tensor:
         if isinstance(x, NormedInput):
             y = ops.rmsnorm_linear(x.x, x.weight, x.eps, weight, x.residual, residual_out=x.residual_out,
-                                   workspace=self.workspace)
+                                   **self.launch)
             return y if x.residual is None else y[0]
         if self.workspace is not None and x.shape[0] <= MAX_M:
-            return ops.small_m_linear(x, weight, workspace=self.workspace)
+            return ops.small_m_linear(x, weight, **self.launch)
         return F.linear(x, weight)
 
     def gated_rmsnorm_linear(self, o: torch.Tensor, z: torch.Tensor, norm_weight: torch.Tensor, eps: float,
                              weight: torch.Tensor) -> torch.Tensor:
         """out_proj(gated_rmsnorm(o, z)) of a GDN layer, o and z [N, heads, head_dim]."""
         if self.workspace is not None and o.shape[0] <= MAX_M:
-            return ops.gated_rmsnorm_linear(o, z, norm_weight, eps, weight, workspace=self.workspace)
+            return ops.gated_rmsnorm_linear(o, z, norm_weight, eps, weight, **self.launch)
         return F.linear(ops.gated_rmsnorm(o, z, norm_weight, eps).reshape(o.shape[0], -1), weight)
 
     def silu_mul_linear(self, gate_up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         if self.workspace is not None and gate_up.shape[0] <= MAX_M:
-            return ops.silu_mul_linear(gate_up, weight, workspace=self.workspace)
+            return ops.silu_mul_linear(gate_up, weight, **self.launch)
         return F.linear(ops.silu_mul(gate_up), weight)
