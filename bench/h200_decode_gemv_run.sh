@@ -9,12 +9,12 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 step() { local s=$1; shift; local t0=$SECONDS; timeout "$s" "$@" 2>&1 | grep -v -i warn | tail -n 40; echo "== rc ${PIPESTATUS[0]} in $((SECONDS - t0)) s: $*"; }
 # 1. correctness on CUDA: native vs transformers, fp32 token-for-token and bf16 ocria-tiny
-step 150 python3 bench/gpu_check.py --out "$out/gpu_check.json"
+step 110 python3 bench/gpu_check.py --out "$out/gpu_check.json"
 # 2. the engine at the 4B shape: new default vs the old cuBLAS path, the other candidates, and transformers (text
 #    decode at b1 / b8; PDL last: the newest code)
-step 300 python3 jobs/benchmark.py --device cuda --out "$out/bench" --scenarios text --batch-sizes 1,8 \
+step 280 python3 jobs/benchmark.py --device cuda --out "$out/bench" --scenarios text --batch-sizes 1,8 \
   --variants native,native_cublas,native_norm_unfused,native_fused_attn,native_pdl --hf-max-new 32
 # 3. each projection alone: the new launch rule and the fused prologues' cost vs cuBLAS
-step 60 python3 bench/small_m_linear_bench.py --out "$out/small_m_linear.json" --budget-s 40
+step 50 python3 bench/small_m_linear_bench.py --out "$out/small_m_linear.json" --budget-s 30
 # 4. where a step's time goes now
-step 100 python3 bench/decode_profile.py --out "$out/prof" --variants default --batch-sizes 1,8 --steps 10 --graph-steps 30
+step 90 python3 bench/decode_profile.py --out "$out/prof" --variants default --batch-sizes 1,8 --steps 10 --graph-steps 30
