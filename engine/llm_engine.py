@@ -94,8 +94,11 @@ class EngineOptions:
     compile: bool = True  # torch.compile the element-wise glue ops (CUDA only)
     fused_decode: bool = False  # fused decode kernels (kernels/fused_*.py): fewer launches, but slower on the H200
     fused_attention_decode: bool = False  # only the attention layers' fused kernel (q/k norm + rotary + KV store)
-    decode_gemv: bool = True  # decode projections (<= 16 rows) through kernels/small_m_linear instead of cuBLAS
-    fuse_norm: bool = True  # ... with each RMSNorm applied inside the projection that reads it
+    # decode projections (<= 16 rows) through kernels/small_m_linear instead of cuBLAS: 5 % faster decode steps on
+    # the H200 (bench/results/h200_decode_gemv.json)
+    decode_gemv: bool = True
+    gemv_prologues: bool = False  # ... with SwiGLU / the GDN gated norm computed inside the GEMV: slower (same file)
+    fuse_norm: bool = True  # ... and, with gemv_prologues, each RMSNorm applied inside the projection that reads it
     decode_pdl: bool = False  # ... launched with programmatic dependent launch (CUDA, sm_90+)
     text_only: bool = False
 
@@ -124,7 +127,8 @@ class Engine:
                                   use_cuda_graphs=not opts.enforce_eager, compile_glue=opts.compile,
                                   fused_decode=opts.fused_decode, fused_attention_decode=opts.fused_attention_decode,
                                   decode_gemv=opts.decode_gemv,
-                                  fuse_norm=opts.fuse_norm, decode_pdl=opts.decode_pdl)
+                                  fuse_norm=opts.fuse_norm, decode_pdl=opts.decode_pdl,
+                                  gemv_prologues=opts.gemv_prologues)
         self.block_manager = BlockManager(self.runner.cache.num_blocks, opts.block_size)
         self.scheduler = Scheduler(self.block_manager, StatePool(opts.max_num_seqs), opts.max_num_seqs, mnbt)
         self.sampler = Sampler()

@@ -55,13 +55,14 @@ class ModelRunner:
                  num_blocks: int | None = None, kv_cache_memory_gb: float | None = None,
                  gpu_memory_utilization: float = 0.9, use_cuda_graphs: bool = True, compile_glue: bool = True,
                  fused_decode: bool = False, fused_attention_decode: bool = False, decode_gemv: bool = True,
-                 fuse_norm: bool = True, decode_pdl: bool = False):
+                 fuse_norm: bool = True, decode_pdl: bool = False, gemv_prologues: bool = False):
         self.model, self.cfg, self.device, self.dtype = model, cfg, device, dtype
         model.language_model.set_fused_decode(fused_decode)
         if fused_attention_decode:
             model.language_model.set_fused_decode(True, kinds=("full_attention",))
         if decode_gemv:
-            model.set_projections(DecodeProjections.for_model(self._projection_weights(), fuse_norm, decode_pdl))
+            model.set_projections(DecodeProjections.for_model(self._projection_weights(), fuse_norm, decode_pdl,
+                                                              gemv_prologues))
         if compile_glue and device.type == "cuda":
             model.language_model.set_glue(self._compiled_glue())
         t = cfg.text

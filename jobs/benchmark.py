@@ -42,12 +42,13 @@ from engine.models.gdn_prefill import fla_available  # noqa: E402
 
 # native engine variants (EngineOptions overrides): the default, and the paths it replaced
 VARIANTS = {
-    "native": {},
-    "native_cublas": dict(decode_gemv=False),  # decode projections on cuBLAS, RMSNorm and SwiGLU as their own kernels
-    "native_norm_unfused": dict(fuse_norm=False),  # GEMV with SwiGLU fused in, RMSNorm its own kernel
-    "native_fused": dict(fused_decode=True),  # + the fused GDN / attention-input decode kernels
-    "native_fused_attn": dict(fused_attention_decode=True),  # + the fused attention-input kernel only
-    "native_pdl": dict(decode_pdl=True),  # GEMVs with programmatic dependent launch
+    "native": {},  # decode projections on kernels/small_m_linear (EngineOptions defaults)
+    "native_cublas": dict(decode_gemv=False),  # ... on cuBLAS
+    "native_gemv_fused": dict(gemv_prologues=True),  # ... RMSNorm, SwiGLU and GDN gated norm fused into the GEMVs
+    "native_norm_unfused": dict(gemv_prologues=True, fuse_norm=False),  # ... SwiGLU and gated norm only
+    "native_pdl": dict(decode_pdl=True),  # ... GEMVs with programmatic dependent launch
+    "native_fused": dict(fused_decode=True),  # the fused GDN / attention-input decode kernels
+    "native_fused_attn": dict(fused_attention_decode=True),  # the fused attention-input kernel only
 }
 
 # Qwen3.5-4B (docs/model-architecture.md section 2)
@@ -266,28 +267,31 @@ def run_transformers(model, kind, batch, args, rng, cfg, device, dtype) -> dict:
 # ---------------------------------------------------------------------------------------------------- report
 
 def plot(results: list[dict], path: Path) -> None:
-    """Two bar panels drawn with PIL: decode ms/step (native, transformers, roofline) and total tokens/s."""
+    """Two bar panels drawn with PIL: decode ms/step (each native engine variant in the order run, transformers, the
+    roofline of the first) and total tokens/s (the first native variant, transformers)."""
     from PIL import Image, ImageDraw
 
     groups = sorted({(r["scenario"], r["batch"]) for r in results})
-    series = [("native", "decode_step_ms", (31, 119, 180)), ("transformers", "decode_step_ms", (255, 127, 14)),
-              ("roofline", "roofline_ms", (44, 160, 44))]
-    colors = [(148, 103, 189), (140, 86, 75), (227, 119, 194), (127, 127, 127), (188, 189, 34), (23, 190, 207)]
-    for name in [v for v in VARIANTS if v != "native" and any(r["engine"] == v for r in results)]:
-        series.append((name, "decode_step_ms", colors[len(series) - 3]))
-    W, H, pad = 200 + 90 * len(groups), 760, 60
+    engines = list(dict.fromkeys(r["engine"] for r in results if r["engine"] != "transformers"))
+    first = engines[0] if engines else "native"
+    palette = [(31, 119, 180), (148, 103, 189), (140, 86, 75), (227, 119, 194), (127, 127, 127), (188, 189, 34),
+               (23, 190, 207), (214, 39, 40)]
+    series = [(e, "decode_step_ms", palette[i % len(palette)]) for i, e in enumerate(engines)]
+    series += [("transformers", "decode_step_ms", (255, 127, 14)), ("roofline", "roofline_ms", (44, 160, 44))]
+    step = 90 + 25 * max(0, len(series) - 3)
+    W, H, pad = 200 + step * len(groups), 760, 60
     img = Image.new("RGB", (W, H), "white")
     d = ImageDraw.Draw(img)
 
     def value(engine, key, g):
-        src = "native" if engine == "roofline" else engine
+        src = first if engine == "roofline" else engine
         r = next((r for r in results if r["engine"] == src and (r["scenario"], r["batch"]) == g), None)
         v = r.get(key) if r else None
         return v if isinstance(v, (int, float)) and v == v and v > 0 else None
 
     panels = [("decode ms/step (log)", series),
               ("total tokens/s (log; transformers extrapolated to the full output length)",
-               [("native", "total_tok_s", series[0][2]), ("transformers", "total_tok_s_at_full_gen", series[1][2])])]
+               [(first, "total_tok_s", series[0][2]), ("transformers", "total_tok_s_at_full_gen", (255, 127, 14))])]
     for p, (title, ser) in enumerate(panels):
         top, bottom = pad + p * (H // 2), (p + 1) * (H // 2) - 40
         vals = [value(e, k, g) for e, k, _ in ser for g in groups]
@@ -298,7 +302,7 @@ def plot(results: list[dict], path: Path) -> None:
         d.text((pad, top - 40), title, fill="black")
         d.line([(pad, bottom), (W - 20, bottom)], fill="black")
         for gi, g in enumerate(groups):
-            x0 = pad + 10 + gi * 90
+            x0 = pad + 10 + gi * step
             d.text((x0, bottom + 5), f"{g[0]} b{g[1]}", fill="black")
             for si, (e, k, color) in enumerate(ser):
                 v = value(e, k, g)
@@ -368,7 +372,8 @@ def main(argv=None):
                 copy_bandwidth_GBps=bw / 1e9, cuda_graphs=bool(engine.runner.graphs), engine_build_s=build_s,
                 compiled_glue=engine.model.language_model.layers[0].mixer.glue.compiled,
                 kv_blocks=engine.runner.cache.num_blocks, block_size=block, max_model_len=max_len,
-                args=vars(args), torch=torch.__version__, host=platform.node())
+                args=vars(args), torch=torch.__version__, host=platform.node(),
+                variant_options={v: VARIANTS[v] for v in args.variants.split(",") if v in VARIANTS})
     results = []
     rng = np.random.default_rng(0)
 

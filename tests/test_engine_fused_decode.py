@@ -78,10 +78,10 @@ def test_fused_decode_reference_path_matches_unfused(ckpt):
 
 
 def test_kernel_count_script():
-    """bench/decode_kernel_count.py on a 4-layer stack (3 GDN + 1 attention). Default path: a GDN layer is 6 kernels,
-    its 4 projections (kernels/small_m_linear, with the two RMSNorms, the gated norm and the SwiGLU fused in), conv
-    and recurrence (the gates computed inside it). The fused path launches conv to gated norm as 1 kernel and the
-    attention inputs as 1 instead of 2 (glue + KV store), everything else unchanged."""
+    """bench/decode_kernel_count.py on a 4-layer stack (3 GDN + 1 attention). Default path: a GDN layer is 10
+    kernels: its 4 projections (kernels/small_m_linear), two RMSNorms, SwiGLU, conv, recurrence (the gates computed
+    inside it) and gated norm. The fused path launches conv to gated norm as 1 kernel instead of 3 and the attention
+    inputs as 1 instead of 2 (glue + KV store), everything else unchanged."""
     import os
 
     from bench import decode_kernel_count
@@ -91,13 +91,13 @@ def test_kernel_count_script():
     d, f = r["default"], r["fused"]
     assert d["linear_attention"]["layers"] == 3 and d["full_attention"]["layers"] == 1
     assert d["linear_attention"]["per_layer"] == {
-        "triton _small_m_linear_kernel": 4, "triton _conv1d_update_kernel": 1, "triton _gdn_recurrent_kernel": 1}
+        "triton _small_m_linear_kernel": 4, "triton _conv1d_update_kernel": 1, "triton _gdn_recurrent_kernel": 1,
+        "triton _gated_rmsnorm_kernel": 1, "triton _rmsnorm_kernel": 2, "triton _silu_mul_kernel": 1}
     assert d["full_attention"]["per_layer"]["triton _small_m_linear_kernel"] == 4
-    assert "triton _rmsnorm_kernel" not in d["full_attention"]["per_layer"]
     assert f["linear_attention"]["per_layer"]["triton _fused_gdn_decode_kernel"] == 1
-    assert f["linear_attention"]["per_layer_total"] == d["linear_attention"]["per_layer_total"] - 1
+    assert f["linear_attention"]["per_layer_total"] == d["linear_attention"]["per_layer_total"] - 2
     assert f["full_attention"]["per_layer_total"] == d["full_attention"]["per_layer_total"] - 1
-    assert f["step_total"] == d["step_total"] - 3 * 1 - 1
+    assert f["step_total"] == d["step_total"] - 3 * 2 - 1
 
 
 def test_fused_attention_decode_only(ckpt, monkeypatch):

@@ -15,14 +15,24 @@ def ckpt(tmp_path_factory):
     return build_checkpoint(tmp_path_factory.mktemp("vl"), seed=8)
 
 
-def test_triton_kernels_in_engine_match_transformers(ckpt, monkeypatch):
+@pytest.mark.parametrize("options", [{}, dict(gemv_prologues=True)], ids=["default", "gemv_prologues"])
+def test_triton_kernels_in_engine_match_transformers(ckpt, monkeypatch, options):
+    """Default decode path (GEMVs on kernels/small_m_linear) and the one with RMSNorm / SwiGLU / gated norm fused
+    into the GEMVs."""
     from transformers import Qwen3_5ForConditionalGeneration
 
     from kernels.rmsnorm import _rmsnorm_kernel
 
     kernels.testing.require_interpreted(_rmsnorm_kernel)
     monkeypatch.setenv("OCRIA_FORCE_TRITON", "1")
-    eng = Engine.from_checkpoint(ckpt, dtype="float32", max_num_seqs=2, num_blocks=32, block_size=16)
+    import kernels.small_m_linear as sml
+
+    calls = []
+    for name in ("small_m_linear_triton", "rmsnorm_linear_triton", "silu_mul_linear_triton",
+                 "gated_rmsnorm_linear_triton"):
+        fn = getattr(sml, name)
+        monkeypatch.setattr(sml, name, lambda *a, _fn=fn, _n=name, **k: (calls.append(_n), _fn(*a, **k))[1])
+    eng = Engine.from_checkpoint(ckpt, dtype="float32", max_num_seqs=2, num_blocks=32, block_size=16, **options)
     img = np.random.default_rng(0).integers(0, 256, (70, 90, 3), dtype=np.uint8)
     sp = SamplingParams(max_tokens=5)
     outs = eng.generate([dict(prompt="Read.", image=img, sampling=sp, keep_logits=True, ignore_eos=True),
@@ -39,3 +49,6 @@ def test_triton_kernels_in_engine_match_transformers(ckpt, monkeypatch):
                           attention_mask=torch.ones(1, o.prompt_tokens, dtype=torch.long), **kw)
         assert o.output_token_ids == ref.sequences[0, o.prompt_tokens:].tolist()
         torch.testing.assert_close(o.logits, torch.stack([x[0] for x in ref.logits]), atol=2e-4, rtol=0)
+    fused = {"rmsnorm_linear_triton", "silu_mul_linear_triton", "gated_rmsnorm_linear_triton"}
+    assert "small_m_linear_triton" in calls  # decode projections went through the GEMV
+    assert (fused <= set(calls)) == bool(options), sorted(set(calls))

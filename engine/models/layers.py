@@ -34,21 +34,24 @@ class NormedInput(NamedTuple):
 
 
 class DecodeProjections:
-    """How decode steps of at most MAX_M rows run their projections: kernels/small_m_linear's GEMV (faster than
-    cuBLAS at these shapes on the H200: bench/results/h200_small_m_linear.json) with the elementwise op before it
-    fused in (SwiGLU before down_proj, the GDN's gated norm before its out_proj; with fuse_norm, the RMSNorm before
-every layer's first projection and its MLP).
+    """How decode steps of at most MAX_M rows run their projections: kernels/small_m_linear's GEMV, which beats cuBLAS
+    at these shapes on the H200 (bench/results/h200_small_m_linear.json; 5 % per decode step: h200_decode_gemv.json).
     One split-K workspace serves every projection: a step's launches run one after another on one stream.
-    pdl (CUDA): the GEMVs use programmatic dependent launch (kernels/small_m_linear), overlapping each one's start
-    with the end of the kernel before.
-    Prefill and larger decode batches keep the plain torch ops (F.linear, cuBLAS)."""
+    Prefill and larger decode batches keep the plain torch ops (F.linear, cuBLAS).
+    Options, measured slower on the H200 and so off by default:
+    - prologues: the elementwise op before a projection computed inside the GEMV (SwiGLU before down_proj, the GDN's
+      gated norm before its out_proj; with fuse_norm also the RMSNorm before each layer's first projection and MLP);
+    - pdl (CUDA): the GEMVs use programmatic dependent launch (kernels/small_m_linear), overlapping each one's start
+      with the end of the kernel before."""
 
-    def __init__(self, workspace: SplitKWorkspace | None = None, fuse_norm: bool = False, pdl: bool = False):
-        self.workspace, self.fuse_norm = workspace, fuse_norm
+    def __init__(self, workspace: SplitKWorkspace | None = None, fuse_norm: bool = False, pdl: bool = False,
+                 prologues: bool = False):
+        self.workspace, self.fuse_norm, self.prologues = workspace, fuse_norm and prologues, prologues
         self.launch = dict(workspace=workspace, pdl=True) if pdl else dict(workspace=workspace)
 
     @classmethod
-    def for_model(cls, weights: list[torch.Tensor], fuse_norm: bool, pdl: bool = False) -> DecodeProjections:
+    def for_model(cls, weights: list[torch.Tensor], fuse_norm: bool, pdl: bool = False,
+                  prologues: bool = False) -> DecodeProjections:
         """Sized for the largest split-K launch among `weights` at MAX_M rows."""
         w = weights[0]
         parts, tiles = 1, 1
@@ -60,7 +63,7 @@ every layer's first projection and its MLP).
                 parts, tiles = max(parts, S * MAX_M * N), max(tiles, -(-N // d["block_n"]))
         return cls(SplitKWorkspace(torch.empty(parts, dtype=torch.float32, device=w.device),
                                    torch.zeros(tiles, dtype=torch.int32, device=w.device)), fuse_norm,
-                   pdl and w.is_cuda)
+                   pdl and w.is_cuda, prologues)
 
     def on(self, rows: int, is_prefill: bool) -> bool:
         return self.workspace is not None and not is_prefill and rows <= MAX_M
@@ -80,11 +83,11 @@ every layer's first projection and its MLP).
     def gated_rmsnorm_linear(self, o: torch.Tensor, z: torch.Tensor, norm_weight: torch.Tensor, eps: float,
                              weight: torch.Tensor) -> torch.Tensor:
         """out_proj(gated_rmsnorm(o, z)) of a GDN layer, o and z [N, heads, head_dim]."""
-        if self.workspace is not None and o.shape[0] <= MAX_M:
+        if self.prologues and self.workspace is not None and o.shape[0] <= MAX_M:
             return ops.gated_rmsnorm_linear(o, z, norm_weight, eps, weight, **self.launch)
-        return F.linear(ops.gated_rmsnorm(o, z, norm_weight, eps).reshape(o.shape[0], -1), weight)
+        return self.linear(ops.gated_rmsnorm(o, z, norm_weight, eps).reshape(o.shape[0], -1), weight)
 
     def silu_mul_linear(self, gate_up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        if self.workspace is not None and gate_up.shape[0] <= MAX_M:
+        if self.prologues and self.workspace is not None and gate_up.shape[0] <= MAX_M:
             return ops.silu_mul_linear(gate_up, weight, **self.launch)
-        return F.linear(ops.silu_mul(gate_up), weight)
+        return self.linear(ops.silu_mul(gate_up), weight)
