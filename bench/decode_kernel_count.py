@@ -68,12 +68,26 @@ class StepCounter(TorchDispatchMode):
 
 
 @contextmanager
+def forced_triton():
+    """Every kernel forced to Triton (OCRIA_FORCE_TRITON=1) for the duration: the engine built in it takes its GPU
+    code path (e.g. the decode GEMVs) and its kernels run in the interpreter."""
+    forced = os.environ.get("OCRIA_FORCE_TRITON")
+    os.environ["OCRIA_FORCE_TRITON"] = "1"
+    try:
+        yield
+    finally:
+        if forced is None:
+            os.environ.pop("OCRIA_FORCE_TRITON")
+        else:
+            os.environ["OCRIA_FORCE_TRITON"] = forced
+
+
+@contextmanager
 def count_triton_launches(counter: StepCounter):
-    """Every kernel forced to Triton (OCRIA_FORCE_TRITON=1) for the duration; each interpreted launch counted."""
+    """Each interpreted Triton launch counted, with every kernel forced to Triton for the duration."""
     from triton.runtime.interpreter import InterpretedFunction
 
-    run, forced = InterpretedFunction.run, os.environ.get("OCRIA_FORCE_TRITON")
-    os.environ["OCRIA_FORCE_TRITON"] = "1"
+    run = InterpretedFunction.run
 
     def counted(self, *args, **kwargs):
         if not kwargs.get("warmup"):
@@ -83,13 +97,10 @@ def count_triton_launches(counter: StepCounter):
 
     InterpretedFunction.run = counted
     try:
-        yield
+        with forced_triton():
+            yield
     finally:
         InterpretedFunction.run = run
-        if forced is None:
-            os.environ.pop("OCRIA_FORCE_TRITON")
-        else:
-            os.environ["OCRIA_FORCE_TRITON"] = forced
 
 
 class CountedGlue:
@@ -153,7 +164,8 @@ def build_engine(batch: int, fused: bool, layers: int):
 
 
 def count_decode_step(batch: int, fused: bool, layers: int, glue_kernels: dict) -> tuple[Counter, list[str]]:
-    eng, cfg = build_engine(batch, fused, layers)
+    with forced_triton():
+        eng, cfg = build_engine(batch, fused, layers)
     runner, lm = eng.runner, eng.model.language_model
     per_seq = runner.cache.max_blocks_per_seq
     ctx = 600  # a context past the first attention partition

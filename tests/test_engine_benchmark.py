@@ -23,11 +23,12 @@ def test_benchmark_tiny_cpu(tmp_path):
 
 
 def test_benchmark_variants_cpu(tmp_path):
-    """--variants: each native variant runs the scenarios, and its greedy outputs are compared with the first's
-    (fp32 on CPU: the GEMV path's references and the plain torch path give the same tokens)."""
+    """--variants: each native variant runs the scenarios, its options are recorded, and its greedy outputs are
+    compared with the first's (on CPU the decode GEMV is off, so both run the torch ops and agree exactly)."""
     benchmark.main(["--device", "cpu", "--tiny", "--out", str(tmp_path), "--batch-sizes", "2", "--text-gen", "5",
                     "--scenarios", "text", "--skip-transformers", "--variants", "native,native_cublas"])
     data = json.loads((tmp_path / "benchmark.json").read_text())
     assert [r["engine"] for r in data["results"]] == ["native", "native_cublas"]
     check = data["meta"]["output_checks"]["native vs native_cublas"]
     assert check["all_equal"] and check["max_abs_logit_diff"] < 1e-4
+    assert data["meta"]["variant_options"] == {"native": {}, "native_cublas": {"decode_gemv": False}}

@@ -52,8 +52,11 @@ class DecodeProjections:
     @classmethod
     def for_model(cls, weights: list[torch.Tensor], fuse_norm: bool, pdl: bool = False,
                   prologues: bool = False) -> DecodeProjections:
-        """Sized for the largest split-K launch among `weights` at MAX_M rows."""
+        """Sized for the largest split-K launch among `weights` at MAX_M rows. Disabled (the torch ops) where the
+        kernels would run their torch references anyway (CPU, unless OCRIA_FORCE_TRITON=1)."""
         w = weights[0]
+        if not ops.use_triton(w):
+            return cls()
         parts, tiles = 1, 1
         for wt in weights:
             N, K = wt.shape
