@@ -531,6 +531,10 @@ def train(cfg: dict, synth: Path, model_dir: Path, out: Path, resume: Path | Non
         torch.backends.cuda.enable_cudnn_sdp(False)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"params {n_params / 1e6:.2f} M (vision {sum(p.numel() for p in model.model.visual.parameters()) / 1e6:.2f} M)", flush=True)
+    # transformers takes fla's chunked gated delta rule (Triton, forward and backward) when fla is importable
+    import importlib.util
+
+    print(f"gated delta rule: {'fla' if importlib.util.find_spec('fla') else 'torch (fla not installed)'}", flush=True)
 
     builder = PromptBuilder(model_dir, cfg["prompt"])
     loader = torch.utils.data.DataLoader(
