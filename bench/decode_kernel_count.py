@@ -13,7 +13,7 @@ instrumented.
 
 The model is the tiny config with the 4B's layer stack (32 layers, 24 GDN + 8 attention) and the benchmark's context
 size, so the attention split into partitions matches the 4B shape too. Prints a table per layer kind for the default
-path and for EngineOptions(fused_decode=True).
+path (EngineOptions defaults) and for EngineOptions(fused_decode=True).
 
     python bench/decode_kernel_count.py [--batch 1] [--json OUT.json] [--inductor]
 """

@@ -92,8 +92,10 @@ class EngineOptions:
     gpu_memory_utilization: float = 0.9
     enforce_eager: bool = False  # no CUDA graphs
     compile: bool = True  # torch.compile the element-wise glue ops (CUDA only)
-    fused_decode: bool = False  # fused decode kernels (kernels/fused_*.py): fewer launches, but slower on the H200
-    fused_attention_decode: bool = False  # only the attention layers' fused kernel (q/k norm + rotary + KV store)
+    fused_decode: bool = False  # all fused decode kernels (kernels/fused_*.py): the GDN one is slower on the H200
+    # the attention layers' fused decode kernel (q/k norm + rotary + KV store in one launch): 0.10 ms (b1) and
+    # 0.12 ms (b8) less per step than the compiled glue + KV store (bench/results/h200_decode_gemv_variants.json)
+    fused_attention_decode: bool = True
     # decode projections (<= 16 rows) through kernels/small_m_linear instead of cuBLAS: 5 % faster decode steps on
     # the H200 (bench/results/h200_decode_gemv.json)
     decode_gemv: bool = True

@@ -54,7 +54,7 @@ class ModelRunner:
                  max_num_seqs: int, max_model_len: int, max_num_batched_tokens: int, block_size: int = 16,
                  num_blocks: int | None = None, kv_cache_memory_gb: float | None = None,
                  gpu_memory_utilization: float = 0.9, use_cuda_graphs: bool = True, compile_glue: bool = True,
-                 fused_decode: bool = False, fused_attention_decode: bool = False, decode_gemv: bool = True,
+                 fused_decode: bool = False, fused_attention_decode: bool = True, decode_gemv: bool = True,
                  fuse_norm: bool = True, decode_pdl: bool = False, gemv_prologues: bool = False):
         self.model, self.cfg, self.device, self.dtype = model, cfg, device, dtype
         model.language_model.set_fused_decode(fused_decode)

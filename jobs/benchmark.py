@@ -47,8 +47,8 @@ VARIANTS = {
     "native_gemv_fused": dict(gemv_prologues=True),  # ... RMSNorm, SwiGLU and GDN gated norm fused into the GEMVs
     "native_norm_unfused": dict(gemv_prologues=True, fuse_norm=False),  # ... SwiGLU and gated norm only
     "native_pdl": dict(decode_pdl=True),  # ... GEMVs with programmatic dependent launch
-    "native_fused": dict(fused_decode=True),  # the fused GDN / attention-input decode kernels
-    "native_fused_attn": dict(fused_attention_decode=True),  # the fused attention-input kernel only
+    "native_fused": dict(fused_decode=True),  # the fused GDN decode kernel too
+    "native_unfused_attn": dict(fused_attention_decode=False),  # attention inputs by the compiled glue + KV store
 }
 
 # Qwen3.5-4B (docs/model-architecture.md section 2)

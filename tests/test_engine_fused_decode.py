@@ -27,7 +27,7 @@ def requests():
 
 def run(ckpt, fused: bool, padded: bool):
     eng = Engine.from_checkpoint(ckpt, dtype="float32", max_num_seqs=4, num_blocks=48, block_size=16,
-                                 fused_decode=fused)
+                                 fused_decode=fused, fused_attention_decode=fused)
     if padded:
         eng.runner.decode_sizes = graph_batch_sizes(4)  # 3 sequences decode as a batch of 4: one padding row
     return eng.generate(requests())
@@ -80,8 +80,8 @@ def test_fused_decode_reference_path_matches_unfused(ckpt):
 def test_kernel_count_script():
     """bench/decode_kernel_count.py on a 4-layer stack (3 GDN + 1 attention). Default path: a GDN layer is 10
     kernels: its 4 projections (kernels/small_m_linear), two RMSNorms, SwiGLU, conv, recurrence (the gates computed
-    inside it) and gated norm. The fused path launches conv to gated norm as 1 kernel instead of 3 and the attention
-    inputs as 1 instead of 2 (glue + KV store), everything else unchanged."""
+    inside it) and gated norm; the attention inputs are one fused kernel (q/k norm, rotary, KV store). fused_decode
+    also launches GDN conv to gated norm as 1 kernel instead of 3, everything else unchanged."""
     import os
 
     from bench import decode_kernel_count
@@ -94,15 +94,17 @@ def test_kernel_count_script():
         "triton _small_m_linear_kernel": 4, "triton _conv1d_update_kernel": 1, "triton _gdn_recurrent_kernel": 1,
         "triton _gated_rmsnorm_kernel": 1, "triton _rmsnorm_kernel": 2, "triton _silu_mul_kernel": 1}
     assert d["full_attention"]["per_layer"]["triton _small_m_linear_kernel"] == 4
+    assert d["full_attention"]["per_layer"]["triton _fused_attn_inputs_kernel"] == 1
+    assert "triton _store_kvcache_kernel" not in d["full_attention"]["per_layer"]
     assert f["linear_attention"]["per_layer"]["triton _fused_gdn_decode_kernel"] == 1
     assert f["linear_attention"]["per_layer_total"] == d["linear_attention"]["per_layer_total"] - 2
-    assert f["full_attention"]["per_layer_total"] == d["full_attention"]["per_layer_total"] - 1
-    assert f["step_total"] == d["step_total"] - 3 * 2 - 1
+    assert f["full_attention"] == d["full_attention"]
+    assert f["step_total"] == d["step_total"] - 3 * 2
 
 
 def test_fused_attention_decode_only(ckpt, monkeypatch):
-    """EngineOptions(fused_attention_decode=True): the attention layers decode through their fused kernel, the GDN
-    layers keep the per-op path; greedy outputs as the default path's."""
+    """EngineOptions(fused_attention_decode=True), the default: the attention layers decode through their fused
+    kernel, the GDN layers keep the per-op path; greedy outputs as the fully unfused path's."""
     unfused = run(ckpt, fused=False, padded=False)
     monkeypatch.setenv("OCRIA_FORCE_TRITON", "1")
     import kernels.fused_attn_decode as fa
