@@ -27,6 +27,10 @@ Fused input prologues (the producer's elementwise kernel disappears; its output 
     which must not alias residual or x (other programs are still reading them);
   * gated_rmsnorm_linear: x is the GDN output [M, H*D] and each BLOCK_K = D chunk is one head, normalised and gated
     by silu(z) as kernels/gated_rmsnorm would (the GDN out_proj).
+  On the H200 these made the 4B decode step slower, not faster (3.2 -> 5.6 ms at M=1,
+  bench/results/h200_decode_gemv_variants.json, h200_decode_profile_gemv_fused.json): the prologue math runs on the
+  16-row tile the MMA needs in every K step, whatever M is, and costs more than the kernels it saves. The engine
+  keeps them off (EngineOptions.gemv_prologues).
 
 Default launch (default_launch): BLOCK_N=32, BLOCK_K = 256 bytes of a weight row (128 bf16), 4 warps, 4 stages,
 MMA path; no split of K when the N tiles alone give every SM a program, otherwise splits of MIN_CHUNKS_PER_SPLIT
@@ -40,7 +44,8 @@ pdl=True (sm_90+): the kernel is launched with programmatic dependent launch. It
 before is still finishing, prefetch their first `prefetch_lines` 128-byte lines of each weight row into L2 (the
 weights do not depend on that kernel), then wait for it (griddepcontrol.wait) before reading any input; each then
 lets the next PDL launch start. In a chain of GEMVs (out_proj -> gate_up -> down -> the next in_proj) this overlaps
-each one's ramp-up with the tail of the one before. Needs a GPU (the interpreter has no inline PTX).
+each one's ramp-up with the tail of the one before. Needs a GPU (the interpreter has no inline PTX). Measured only
+with the prologues on, where it added 0.2-0.3 ms per 4B decode step (same file); off in the engine (decode_pdl).
 
 CUDA graphs: no host syncs and allocation from shapes only. Split-K needs a workspace (fp32 partials + int32
 counters that must start at 0; the fused path leaves them at 0 again). Without one, each call allocates partials and

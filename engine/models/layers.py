@@ -37,7 +37,7 @@ class DecodeProjections:
     """How decode steps of at most MAX_M rows run their projections: kernels/small_m_linear's GEMV, which beats cuBLAS
     at these shapes on the H200 (bench/results/h200_small_m_linear.json; 5 % per decode step: h200_decode_gemv.json).
     One split-K workspace serves every projection: a step's launches run one after another on one stream.
-    Prefill and larger decode batches keep the plain torch ops (F.linear, cuBLAS).
+    Products of more than MAX_M rows (prefill chunks, larger decode batches) keep the plain torch ops (cuBLAS).
     Options, measured slower on the H200 and so off by default:
     - prologues: the elementwise op before a projection computed inside the GEMV (SwiGLU before down_proj, the GDN's
       gated norm before its out_proj; with fuse_norm also the RMSNorm before each layer's first projection and MLP);
