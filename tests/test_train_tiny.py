@@ -376,3 +376,20 @@ def test_line_ctc_training_logs_its_reading_and_a_resumed_run_keeps_its_head(poo
     cfg4 = {**cfg, "train": {**cfg["train"], "ctc_subframes": 4}}
     train(cfg4, synth, model_dir, tmp_path / "run3", ckpt, "cpu")
     assert torch.load(tmp_path / "run3" / "ckpt" / LineCTC.HEAD_FILE)["weight"].shape[0] == 4 * 96
+
+
+def test_datagen_bench_times_every_page_kind(pool, tmp_path):
+    """bench/ocria_tiny_datagen_bench.py: the real page generator and encoder, one page of each kind, timed."""
+    import importlib.util
+
+    synth = tmp_path / "synth"
+    (synth / "fonts").mkdir(parents=True)
+    pool.to_json_gz(synth / "pool_train.json.gz")
+    spec = importlib.util.spec_from_file_location("datagen", ROOT / "bench" / "ocria_tiny_datagen_bench.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "datagen.json"
+    res = bench.main(["--synth", str(synth), "--model-dir", str(MODEL), "--pages", "1", "--out", str(out)])
+    assert set(res["stages"]) == set(bench.STAGES)
+    assert all(r["pages_per_s_per_core"] > 0 and r["make_ms"] > 0 and r["encode_ms"] > 0 for r in res["stages"].values())
+    assert json.loads(out.read_text())["stages"] == res["stages"]
