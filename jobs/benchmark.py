@@ -372,8 +372,7 @@ def main(argv=None):
                 copy_bandwidth_GBps=bw / 1e9, cuda_graphs=bool(engine.runner.graphs), engine_build_s=build_s,
                 compiled_glue=engine.model.language_model.layers[0].mixer.glue.compiled,
                 kv_blocks=engine.runner.cache.num_blocks, block_size=block, max_model_len=max_len,
-                args=vars(args), torch=torch.__version__, host=platform.node(),
-                variant_options={v: VARIANTS[v] for v in args.variants.split(",") if v in VARIANTS})
+                args=vars(args), torch=torch.__version__, host=platform.node())
     results = []
     rng = np.random.default_rng(0)
 
@@ -386,6 +385,7 @@ def main(argv=None):
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         raise SystemExit(f"unknown --variants {unknown}; choose from {list(VARIANTS)}")
+    meta["variant_options"] = {v: VARIANTS[v] for v in variants}
     if variants[0] != "native":  # the engine built above is the default one
         engine = None
     check_reqs = [dict(r, ignore_eos=True, keep_logits=True, sampling=SamplingParams(max_tokens=min(32, args.text_gen)))
