@@ -12,6 +12,10 @@
 #   mkdir -p /tmp/stage && cp -r build/run_d/ckpt3 /tmp/stage/ckpt          # carry build/run_d/ckpt3 only
 #   RECIPE=E TOTAL_S=2240 bash bench/ocria_tiny_gpu_run.sh $OUT build/ocria-tiny-next2 /tmp/stage/ckpt   # twice
 #   (2 x 450 s on top of run D's 1,337 s: the page boundaries below fit that, ~170 pages/s)
+# RECIPE=F: continues run E (408,448 pages, 2,243 s) on the final pages only, 20 % line pages mixed in. Stage run E's
+#   checkpoint first as above (carry build/run_e/call3/run/ckpt, copy it to /tmp/stage/ckpt), then per 450 s command
+#   RECIPE=F TOTAL_S=<2243 + 450 x commands> bash bench/ocria_tiny_gpu_run.sh $OUT build/ocria-tiny-next2 /tmp/stage/ckpt
+#   (carry .gpu/wheels as well for fla).
 set -euo pipefail
 out=${1:?out}; model=${2:?model dir}; resume=${3:-}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
@@ -36,7 +40,9 @@ case ${RECIPE:-D} in
          mix: {share: 0.3, font_px: [12, 20], max_chars: [8, 80], crop: true, strict_chars: true}},
        {until_page: 100000000, font_px: [10, 18], max_chars: [150, 1300],
          mix: {share: 0.2, font_px: [10, 18], max_chars: [8, 80], crop: true, strict_chars: true}}]' ;;
-  *) echo "RECIPE must be D or E" >&2; exit 2 ;;
+  F) CURR='data.curriculum=[{until_page: 100000000, font_px: [10, 18], max_chars: [150, 1300],
+         mix: {share: 0.2, font_px: [10, 18], max_chars: [8, 80], crop: true, strict_chars: true}}]' ;;
+  *) echo "RECIPE must be D, E or F" >&2; exit 2 ;;
 esac
 timeout ${TIMEOUT_S:-565} python3 -m jobs.train_tiny train --model-dir "$model" --out "$out/run" ${resume:+--resume "$resume"} \
   "${RUN[@]}" --set "$CURR" 2>&1 | grep -v -i "warn" | tail -n 70
