@@ -154,7 +154,8 @@ def read_safetensors_header(path: Path) -> tuple[dict, bytes]:
     return header, blob
 
 
-def _safetensors_files(root: Path) -> list[Path]:
+def safetensors_files(root: Path) -> list[Path]:
+    """The checkpoint's weight files: the shards its index names (all present), else every *.safetensors."""
     index = root / "model.safetensors.index.json"
     if index.is_file():
         weight_map = json.loads(index.read_text()).get("weight_map", {})
@@ -181,7 +182,7 @@ def inspect_checkpoint(path: str | Path, text_only: bool = False, require_tokeni
 
     digest = hashlib.sha256((root / "config.json").read_bytes())
     found: dict[str, TensorEntry] = {}
-    for f in _safetensors_files(root):
+    for f in safetensors_files(root):
         header, blob = read_safetensors_header(f)
         digest.update(blob)
         digest.update(str(f.stat().st_size).encode())

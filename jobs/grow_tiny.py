@@ -59,11 +59,10 @@ def grow(weights: dict, layer_types: list[str], blocks: int) -> tuple[dict, list
 def load_weights(ckpt: Path) -> dict:
     from safetensors.torch import load_file
 
-    files = sorted(ckpt.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no *.safetensors in {ckpt}")
+    from engine.checkpoint import safetensors_files
+
     weights = {}
-    for f in files:
+    for f in safetensors_files(ckpt):
         weights |= load_file(f)
     return weights
 

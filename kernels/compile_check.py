@@ -182,9 +182,9 @@ def decode_cases(batch_sizes=(1, 64)):
 
 
 def run(batch_sizes=(1, 64)):
-    from triton import knobs
+    from kernels._common import interpreted
 
-    if knobs.runtime.interpret:
+    if interpreted():
         raise RuntimeError("compile_check needs TRITON_INTERPRET unset: it compiles for the GPU, not the interpreter")
     rows = []
     for name, module, thunk in decode_cases(batch_sizes):
