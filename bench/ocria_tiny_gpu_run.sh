@@ -15,7 +15,8 @@
 # RECIPE=F: continues run E (408,448 pages, 2,243 s) on the final pages only, 20 % line pages mixed in. Stage run E's
 #   checkpoint first as above (carry build/run_e/call3/run/ckpt, copy it to /tmp/stage/ckpt), then per 450 s command
 #   RECIPE=F TOTAL_S=<2243 + 450 x commands> bash bench/ocria_tiny_gpu_run.sh $OUT build/ocria-tiny-next2 /tmp/stage/ckpt
-#   (carry .gpu/wheels as well for fla).
+#   (carry .gpu/wheels as well for fla). Session 12 ran it on run E grown to 12 layers (jobs.grow_tiny, build/grown_e
+#   staged instead), BATCH=128.
 set -euo pipefail
 out=${1:?out}; model=${2:?model dir}; resume=${3:-}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
@@ -26,7 +27,7 @@ if compgen -G ".gpu/wheels/*.whl" > /dev/null; then
 fi
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 RUN=(--set image.image_mean=1.0 --set model.text.partial_rotary_factor=1.0 --set "model.text.mrope_section=[11,11,10]"
-  --set train.batch_size=64 --set train.lr=1e-3 --set train.warmup_steps=100 --set train.total_train_s=${TOTAL_S:-1350}
+  --set train.batch_size=${BATCH:-64} --set train.lr=1e-3 --set train.warmup_steps=100 --set train.total_train_s=${TOTAL_S:-1350}
   --set train.run_train_s=${RUN_S:-450} --set train.ctc_weight=1.0 --set train.ctc_subframes=6 --set train.num_workers=14
   --set train.image_check_every=100 --set train.eval_pages=16)
 case ${RECIPE:-D} in
