@@ -16,7 +16,9 @@
 #   checkpoint first as above (carry build/run_e/call3/run/ckpt, copy it to /tmp/stage/ckpt), then per 450 s command
 #   RECIPE=F TOTAL_S=<2243 + 450 x commands> bash bench/ocria_tiny_gpu_run.sh $OUT build/ocria-tiny-next2 /tmp/stage/ckpt
 #   (carry .gpu/wheels as well for fla). Session 12 ran it on run E grown to 12 layers (jobs.grow_tiny, build/grown_e
-#   staged instead), BATCH=128.
+#   staged instead), BATCH=128: killed twice about 110 s into its first step (rc 137, no output), most likely the host's
+#   memory: 14 workers x 4 prefetched batches x 128 pages x ~11 MB of fp32 patches ~ 80 GB of the 128 GiB while the
+#   first step waited (fla compiling). The prefetch is 2 batches a worker now (train.prefetch_factor).
 set -euo pipefail
 out=${1:?out}; model=${2:?model dir}; resume=${3:-}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl

@@ -542,7 +542,7 @@ def train(cfg: dict, synth: Path, model_dir: Path, out: Path, resume: Path | Non
         batch_size=tc["batch_size"],
         num_workers=tc["num_workers"],
         collate_fn=lambda items: collate(items, builder.ids.endoftext, builder.ids.image_pad),
-        prefetch_factor=4 if tc["num_workers"] else None,
+        prefetch_factor=tc["prefetch_factor"] if tc["num_workers"] else None,
         pin_memory=device.startswith("cuda"),  # pageable host-to-device copies cost ~1 ms per tensor (profile)
         persistent_workers=False,
     )
