@@ -15,19 +15,19 @@
 # RECIPE=F: continues run E (408,448 pages, 2,243 s) on the final pages only, 20 % line pages mixed in. Stage run E's
 #   checkpoint first as above (carry build/run_e/call3/run/ckpt, copy it to /tmp/stage/ckpt), then per 450 s command
 #   RECIPE=F TOTAL_S=<2243 + 450 x commands> bash bench/ocria_tiny_gpu_run.sh $OUT build/ocria-tiny-next2 /tmp/stage/ckpt
-#   (carry .gpu/wheels as well for fla). Session 12 ran it on run E grown to 12 layers (jobs.grow_tiny, build/grown_e
-#   staged instead), BATCH=128: killed twice about 110 s into its first step (rc 137, no output), most likely the host's
+#   Session 12 ran it on run E grown to 12 layers (jobs.grow_tiny, build/grown_e staged instead), BATCH=128. With fla
+#   installed it was first killed twice about 110 s into its first step (rc 137, no output), most likely the host's
 #   memory: 14 workers x 4 prefetched batches x 128 pages x ~11 MB of fp32 patches ~ 80 GB of the 128 GiB while the
-#   first step waited (fla compiling). The prefetch is 2 batches a worker now (train.prefetch_factor).
+#   first step waited (fla compiling); the prefetch is 2 batches a worker now (train.prefetch_factor, 69 GB peak).
+#   Then fla stopped the first backward pass (below).
 set -euo pipefail
 out=${1:?out}; model=${2:?model dir}; resume=${3:-}
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-# optional: carry .gpu/wheels (fla, 1.5 MB) too and transformers trains the GDN layers with fla's chunked Triton kernels
-# instead of its torch fallback (the whole carry is then ~66.4 of the 67.1 MB allowed)
-if compgen -G ".gpu/wheels/*.whl" > /dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .gpu/wheels/*.whl
-fi
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+# Its own site folder, without fla: fla 0.6.0 refuses its gated delta rule backward on Hopper with this image's
+# Triton 3.6 ("Triton >= 3.4.0 and < 3.7.1 on Hopper GPUs produces incorrect results for gated chunk_bwd_dqkwg",
+# session 12), so transformers trains the GDN layers with its torch fallback, as runs D and E did. (The benchmark
+# scripts install fla into /tmp/site on the same machine: inference only.)
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site_train .whl/*.whl
+export PYTHONPATH=/tmp/site_train PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 RUN=(--set image.image_mean=1.0 --set model.text.partial_rotary_factor=1.0 --set "model.text.mrope_section=[11,11,10]"
   --set train.batch_size=${BATCH:-64} --set train.lr=1e-3 --set train.warmup_steps=100 --set train.total_train_s=${TOTAL_S:-1350}
   --set train.run_train_s=${RUN_S:-450} --set train.ctc_weight=1.0 --set train.ctc_subframes=6 --set train.num_workers=14
