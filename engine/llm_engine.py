@@ -14,7 +14,7 @@ from engine.block_manager import BlockManager, blocks_for
 from engine.checkpoint import expected_tensors, inspect_checkpoint, iter_checkpoint_tensors, load_weights
 from engine.config import ModelConfig
 from engine.interface import SamplingParams, seed_for_request
-from engine.model_runner import ModelRunner, resolve_dtype
+from engine.model_runner import DecodePath, ModelRunner, resolve_dtype
 from engine.models.qwen3_5 import Qwen3_5Model
 from engine.processor import Processor
 from engine.rope import mrope_positions
@@ -102,7 +102,13 @@ class EngineOptions:
     gemv_prologues: bool = False  # ... with SwiGLU / the GDN gated norm computed inside the GEMV: slower (same file)
     fuse_norm: bool = True  # ... and, with gemv_prologues, each RMSNorm applied inside the projection that reads it
     decode_pdl: bool = False  # ... launched with programmatic dependent launch (CUDA, sm_90+)
+    swiglu_epilogue: bool = True  # ... with the MLP's SwiGLU applied by the gate_up GEMV to its output
+    norm_epilogue: bool = True  # ... with the residual add + RMSNorm after each layer's output projections in them
     text_only: bool = False
+
+    def decode_path(self) -> DecodePath:
+        return DecodePath(self.fused_decode, self.fused_attention_decode, self.decode_gemv, self.gemv_prologues,
+                          self.fuse_norm, self.decode_pdl, self.swiglu_epilogue, self.norm_epilogue)
 
 
 
@@ -127,10 +133,7 @@ class Engine:
                                   kv_cache_memory_gb=opts.kv_cache_memory_gb,
                                   gpu_memory_utilization=opts.gpu_memory_utilization,
                                   use_cuda_graphs=not opts.enforce_eager, compile_glue=opts.compile,
-                                  fused_decode=opts.fused_decode, fused_attention_decode=opts.fused_attention_decode,
-                                  decode_gemv=opts.decode_gemv,
-                                  fuse_norm=opts.fuse_norm, decode_pdl=opts.decode_pdl,
-                                  gemv_prologues=opts.gemv_prologues)
+                                  decode=opts.decode_path())
         self.block_manager = BlockManager(self.runner.cache.num_blocks, opts.block_size)
         self.scheduler = Scheduler(self.block_manager, StatePool(opts.max_num_seqs), opts.max_num_seqs, mnbt)
         self.sampler = Sampler()

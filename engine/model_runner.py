@@ -37,6 +37,19 @@ def graph_batch_sizes(max_batch: int) -> list[int]:
     return [s for s in sizes if s < max_batch] + [max_batch]
 
 
+@dataclass(frozen=True)
+class DecodePath:
+    """Which kernels decode steps run (EngineOptions says why each default is what it is)."""
+    fused_decode: bool = False  # every layer kind through kernels/fused_*.py
+    fused_attention_decode: bool = True  # the attention layers only
+    gemv: bool = True  # projections of <= 16 rows through kernels/small_m_linear (DecodeProjections)
+    gemv_prologues: bool = False
+    fuse_norm: bool = True
+    pdl: bool = False
+    swiglu_epilogue: bool = True
+    norm_epilogue: bool = True
+
+
 @dataclass
 class CacheConfig:
     block_size: int
@@ -54,15 +67,15 @@ class ModelRunner:
                  max_num_seqs: int, max_model_len: int, max_num_batched_tokens: int, block_size: int = 16,
                  num_blocks: int | None = None, kv_cache_memory_gb: float | None = None,
                  gpu_memory_utilization: float = 0.9, use_cuda_graphs: bool = True, compile_glue: bool = True,
-                 fused_decode: bool = False, fused_attention_decode: bool = True, decode_gemv: bool = True,
-                 fuse_norm: bool = True, decode_pdl: bool = False, gemv_prologues: bool = False):
+                 decode: DecodePath = DecodePath()):
         self.model, self.cfg, self.device, self.dtype = model, cfg, device, dtype
-        model.language_model.set_fused_decode(fused_decode)
-        if fused_attention_decode:
+        model.language_model.set_fused_decode(decode.fused_decode)
+        if decode.fused_attention_decode:
             model.language_model.set_fused_decode(True, kinds=("full_attention",))
-        if decode_gemv:
-            model.set_projections(DecodeProjections.for_model(self._projection_weights(), fuse_norm, decode_pdl,
-                                                              gemv_prologues))
+        if decode.gemv:
+            model.set_projections(DecodeProjections.for_model(
+                self._projection_weights(), decode.fuse_norm, decode.pdl, decode.gemv_prologues,
+                decode.swiglu_epilogue, decode.norm_epilogue))
         if compile_glue and device.type == "cuda":
             model.language_model.set_glue(self._compiled_glue())
         t = cfg.text

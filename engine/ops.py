@@ -9,9 +9,16 @@ from kernels.gdn_recurrent import gdn_recurrent, l2norm_ref
 from kernels.paged_attention import paged_decode_attention, store_kvcache
 from kernels.rmsnorm import rmsnorm
 from kernels.silu_mul import silu_mul
-from kernels.small_m_linear import gated_rmsnorm_linear, rmsnorm_linear, silu_mul_linear, small_m_linear
+from kernels.small_m_linear import (
+    gated_rmsnorm_linear,
+    linear_add_rmsnorm,
+    linear_silu_mul,
+    rmsnorm_linear,
+    silu_mul_linear,
+    small_m_linear,
+)
 
 __all__ = ["causal_conv1d_update", "fused_attn_decode_inputs", "fused_gdn_decode", "gated_rmsnorm",
-           "gated_rmsnorm_linear", "gdn_recurrent",
-           "l2norm_ref", "paged_decode_attention", "store_kvcache", "rmsnorm", "rmsnorm_linear", "silu_mul",
-           "silu_mul_linear", "small_m_linear", "use_triton"]
+           "gated_rmsnorm_linear", "gdn_recurrent", "l2norm_ref", "linear_add_rmsnorm", "linear_silu_mul",
+           "paged_decode_attention", "store_kvcache", "rmsnorm", "rmsnorm_linear", "silu_mul", "silu_mul_linear",
+           "small_m_linear", "use_triton"]
