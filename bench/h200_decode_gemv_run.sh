@@ -4,16 +4,16 @@
 #   bash bench/h200_decode_gemv_run.sh $OUT          # carry .gpu/wheels (fla)
 # Each step has its own time limit, so a slow one leaves the others' results under $OUT.
 # (bench/results/h200_decode_gemv_variants.json came from this script at commit d8e8a65, with other variants;
-#  session 12 timed the SwiGLU epilogue against the separate SwiGLU kernel, PDL on the plain GEMVs and cuBLAS.)
+#  session 12 timed the output epilogues: both on (the default), the SwiGLU one only, neither.)
 set -uo pipefail
 out=${1:?out}
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu/wheels/*.whl
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 step() { local s=$1; shift; local t0=$SECONDS; timeout "$s" "$@" 2>&1 | grep -v -i warn | tail -n 40; echo "== rc ${PIPESTATUS[0]} in $((SECONDS - t0)) s: $*"; }
 # 1. correctness on CUDA: native vs transformers, fp32 token-for-token and bf16 ocria-tiny (~2-3 min)
-step 190 python3 bench/gpu_check.py --out "$out/gpu_check.json"
+step 180 python3 bench/gpu_check.py --out "$out/gpu_check.json"
 # 2. the engine at the 4B shape, default vs its alternatives, and transformers: text decode at b1 / b8
-step 300 python3 jobs/benchmark.py --device cuda --out "$out/bench" --scenarios text --batch-sizes 1,8 \
-  --variants native,native_swiglu_unfused,native_pdl,native_cublas --hf-max-new 32
+step 250 python3 jobs/benchmark.py --device cuda --out "$out/bench" --scenarios text --batch-sizes 1,8 \
+  --variants native,native_norm_separate,native_no_epilogues --hf-max-new 32
 # 3. where a step's time goes now
-step 80 python3 bench/decode_profile.py --out "$out/prof" --variants default --batch-sizes 1,8 --steps 10 --graph-steps 30
+step 60 python3 bench/decode_profile.py --out "$out/prof" --variants default --batch-sizes 1 --steps 10 --graph-steps 30
