@@ -177,25 +177,14 @@ def count_decode_step(batch: int, fused: bool, layers: int, glue_kernels: dict) 
     counter = StepCounter()
     kinds = [layer.kind for layer in lm.layers]
     hooks = []
-    # A layer owns its mixer, its MLP and the RMSNorm after it (the next layer's input norm, or the final norm): with
-    # the norm epilogue its last projection runs inside that norm's call (DecodeProjections.output).
-    last = len(lm.layers) - 1
-
-    def scope(name):
-        return lambda m, a: setattr(counter, "scope", name)
-
     for i, layer in enumerate(lm.layers):
         layer.mixer.glue = CountedGlue(layer.mixer.glue, counter, glue_kernels)
-        hooks.append(layer.input_layernorm.register_forward_pre_hook(scope(f"layer {i - 1}" if i else "embed+rope")))
-        hooks.append(layer.mixer.register_forward_pre_hook(scope(f"layer {i}")))
-    hooks.append(lm.norm.register_forward_pre_hook(scope(f"layer {last}")))
-    model = eng.model
-    model.compute_logits = lambda h: (scope("head")(None, None), type(model).compute_logits(model, h))[1]
+        hooks.append(layer.register_forward_pre_hook(lambda m, a, i=i: setattr(counter, "scope", f"layer {i}")))
+    hooks.append(lm.norm.register_forward_pre_hook(lambda m, a: setattr(counter, "scope", "final norm + head")))
     with torch.no_grad(), count_triton_launches(counter), counter:
         runner._decode_forward(batch)  # exactly what capture_decode_graphs records in the graph
     for h in hooks:
         h.remove()
-    del model.compute_logits
     return counter.counts, kinds
 
 

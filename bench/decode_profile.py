@@ -1,8 +1,7 @@
 """Where the device time of one decode step of the native engine goes (Qwen3.5-4B shape, random weights, bf16).
 
 For each variant (jobs.benchmark.VARIANTS without its "native_" prefix, "native" being "default": default, cublas,
-gemv_fused, norm_unfused, pdl, swiglu_unfused, norm_separate, no_epilogues, fused,
-unfused_attn) and batch size, in one process:
+gemv_fused, norm_unfused, pdl, swiglu_unfused, fused, unfused_attn) and batch size, in one process:
   1. `--batch-sizes` text requests (random `--prompt`-token prompts) are stepped until all of them decode;
   2. the engine's normal path (CUDA graph replay) is timed over `--graph-steps` steps, as jobs/benchmark.py does;
   3. `--steps` more steps run EAGERLY (the graphs are set aside, so the same kernels launch one by one) under

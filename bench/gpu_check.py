@@ -54,24 +54,34 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
     ap.add_argument("--requests", type=int, default=12)
+    ap.add_argument("--dtypes", default="float32,bfloat16",
+                    help="float32: the tiny random checkpoint; bfloat16: the shipped models/ocria-tiny")
     args = ap.parse_args()
     assert torch.cuda.is_available(), "needs a GPU"
     torch.backends.cuda.matmul.allow_tf32 = False  # cuDNN's default TF32 would make the reference the imprecise side
     torch.backends.cudnn.allow_tf32 = False
     results = []
-    with tempfile.TemporaryDirectory() as tmp:
-        ckpt = build_tiny_checkpoint(Path(tmp) / "tiny-float32", seed=0, dtype="float32")
-        results.append(compare(ckpt, "float32", args.requests, seed=1))
     trained = Path(__file__).resolve().parents[1] / "models" / "ocria-tiny"
-    if (trained / "model.safetensors").exists():
-        results.append(compare(trained, "bfloat16", args.requests, seed=2))
-    print(f"{'dtype':<10}{'identical':>12}{'errors':>8}{'native s':>10}")
-    for r in results:
-        print(f"{r['dtype']:<10}{r['identical']:>5} / {r['requests']:<4}{len(r['native_errors']):>8}{r['native_s']:>10.2f}")
-    if args.out:
-        Path(args.out).write_text(json.dumps({"command": "python3 bench/gpu_check.py", "results": results}, indent=2))
-    fp32 = results[0]
-    if fp32["identical"] != fp32["requests"] or fp32["native_errors"]:
+    print(f"{'dtype':<10}{'identical':>12}{'errors':>8}{'native s':>10}{'total s':>10}", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        for dtype in args.dtypes.split(","):
+            t = time.perf_counter()
+            if dtype == "float32":
+                r = compare(build_tiny_checkpoint(Path(tmp) / "tiny-float32", seed=0, dtype="float32"), dtype,
+                            args.requests, seed=1)
+            elif (trained / "model.safetensors").exists():
+                r = compare(trained, dtype, args.requests, seed=2)
+            else:
+                continue
+            r["total_s"] = time.perf_counter() - t
+            results.append(r)
+            print(f"{r['dtype']:<10}{r['identical']:>5} / {r['requests']:<4}{len(r['native_errors']):>8}"
+                  f"{r['native_s']:>10.2f}{r['total_s']:>10.2f}", flush=True)
+            if args.out:  # after each comparison, so a time limit keeps what was checked
+                Path(args.out).write_text(json.dumps({"command": "python3 bench/gpu_check.py " + " ".join(sys.argv[1:]),
+                                                      "results": results}, indent=2))
+    fp32 = next((r for r in results if r["dtype"] == "float32"), None)
+    if fp32 is not None and (fp32["identical"] != fp32["requests"] or fp32["native_errors"]):
         sys.exit("fp32 outputs differ from transformers")
 
 

@@ -4,7 +4,7 @@
 #   bash bench/h200_decode_gemv_run.sh $OUT          # carry .gpu/wheels (fla)
 # Each step has its own time limit, so a slow one leaves the others' results under $OUT.
 # (bench/results/h200_decode_gemv_variants.json came from this script at commit d8e8a65, with other variants;
-#  session 12 timed the output epilogues: both on (the default), the SwiGLU one only, neither.)
+#  session 12 timed the output epilogues at commit 27ae302: h200_decode_epilogues.json.)
 set -uo pipefail
 out=${1:?out}
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu/wheels/*.whl
@@ -14,6 +14,6 @@ step() { local s=$1; shift; local t0=$SECONDS; timeout "$s" "$@" 2>&1 | grep -v 
 step 180 python3 bench/gpu_check.py --out "$out/gpu_check.json"
 # 2. the engine at the 4B shape, default vs its alternatives, and transformers: text decode at b1 / b8
 step 250 python3 jobs/benchmark.py --device cuda --out "$out/bench" --scenarios text --batch-sizes 1,8 \
-  --variants native,native_norm_separate,native_no_epilogues --hf-max-new 32
+  --variants native,native_swiglu_unfused --hf-max-new 32
 # 3. where a step's time goes now
 step 60 python3 bench/decode_profile.py --out "$out/prof" --variants default --batch-sizes 1 --steps 10 --graph-steps 30

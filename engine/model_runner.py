@@ -47,7 +47,6 @@ class DecodePath:
     fuse_norm: bool = True
     pdl: bool = False
     swiglu_epilogue: bool = True
-    norm_epilogue: bool = True
 
 
 @dataclass
@@ -75,7 +74,7 @@ class ModelRunner:
         if decode.gemv:
             model.set_projections(DecodeProjections.for_model(
                 self._projection_weights(), decode.fuse_norm, decode.pdl, decode.gemv_prologues,
-                decode.swiglu_epilogue, decode.norm_epilogue))
+                decode.swiglu_epilogue))
         if compile_glue and device.type == "cuda":
             model.language_model.set_glue(self._compiled_glue())
         t = cfg.text

@@ -48,8 +48,6 @@ VARIANTS = {
     "native_norm_unfused": dict(gemv_prologues=True, fuse_norm=False),  # ... SwiGLU and gated norm only
     "native_pdl": dict(decode_pdl=True),  # ... GEMVs with programmatic dependent launch
     "native_swiglu_unfused": dict(swiglu_epilogue=False),  # ... SwiGLU as its own kernel after the gate_up GEMV
-    "native_norm_separate": dict(norm_epilogue=False),  # ... residual add + RMSNorm as their own kernel
-    "native_no_epilogues": dict(swiglu_epilogue=False, norm_epilogue=False),  # session 11's default
     "native_fused": dict(fused_decode=True),  # the fused GDN decode kernel too
     "native_unfused_attn": dict(fused_attention_decode=False),  # attention inputs by the compiled glue + KV store
 }

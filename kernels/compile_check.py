@@ -176,11 +176,6 @@ def decode_cases(batch_sizes=(1, 64)):
             cases.append((f"linear_silu_mul M={B} split", small_m_linear,  # ... with the in-kernel split-K reduction
                           lambda B=B: small_m_linear.linear_silu_mul_triton(
                               torch.empty(B, hidden, dtype=bf16), torch.empty(512, hidden, dtype=bf16))))
-            for K_in in (inter, 4096):  # the norm epilogue on down_proj and the out_proj / o_proj (split-K)
-                cases.append((f"linear_add_rmsnorm M={B} {hidden}x{K_in}", small_m_linear,
-                              lambda B=B, K_in=K_in: small_m_linear.linear_add_rmsnorm_triton(
-                                  torch.empty(B, K_in, dtype=bf16), torch.empty(hidden, K_in, dtype=bf16),
-                                  torch.empty(B, hidden, dtype=bf16), torch.empty(hidden, dtype=bf16), 1e-6)))
             cases.append((f"small_m_linear M={B} pdl", small_m_linear,
                           lambda B=B: small_m_linear.small_m_linear_triton(
                               torch.empty(B, inter, dtype=bf16), torch.empty(hidden, inter, dtype=bf16), pdl=True)))

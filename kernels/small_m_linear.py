@@ -37,12 +37,11 @@ Fused output epilogue:
     (x @ up.T) [M, N] (the MLP's gate_up projection, with kernels/silu_mul folded in). A program's BLOCK_N-row weight
     tile holds BLOCK_N/2 gate rows and the BLOCK_N/2 up rows that pair with them, so loads and MMAs are those of the
     plain kernel and the SwiGLU runs once per output element, after the K loop (after the split-K reduction). Both
-    sums are rounded to the dtype first, as the unfused gate_up output would be.
-  * linear_add_rmsnorm: y = x @ weight.T, then the residual add and RMSNorm that follow a layer's output projection
-    (kernels/rmsnorm with a residual): new residual = y + residual, normed = rmsnorm(new residual). A norm needs whole
-    rows, so each tile, once its y is stored (after the split-K reduction), counts itself done on a counter in the
-    workspace; the last tile of the launch finishes the rows (M x N elements, a few KB) and re-arms the counter.
-    The separate RMSNorm kernel and its launch disappear; the cost is that one program's serial tail.
+    sums are rounded to the dtype first, as the unfused gate_up output would be. On the H200 it took 0.05 ms off a 4B
+    decode step (1.6 % at b1 and b8, bench/results/h200_decode_epilogues.json).
+  The residual add + RMSNorm after an output projection was tried as an epilogue too (the launch's last tile to
+  finish normalising the rows): slower, +0.08 ms at b1 and +1.2 ms at b8 (same file), as that one program's serial
+  pass over the rows costs more than the RMSNorm kernel it replaces. Removed.
 
 Default launch (default_launch): BLOCK_N=32, BLOCK_K = 256 bytes of a weight row (128 bf16), 4 warps, 4 stages,
 MMA path; no split of K when the N tiles alone give every SM a program, otherwise splits of MIN_CHUNKS_PER_SPLIT
@@ -85,13 +84,13 @@ MAX_SPLIT_K = 32
 
 class SplitKWorkspace(NamedTuple):
     partials: torch.Tensor  # fp32, >= split_k * M * N elements
-    counters: torch.Tensor  # int32, >= cdiv(N, block_n) (+ 1 for linear_add_rmsnorm) elements, all 0 between launches
+    counters: torch.Tensor  # int32, >= cdiv(N, block_n) elements, all 0 between launches
 
 
 def small_m_linear_workspace(N, device, max_m=MAX_M, max_split_k=MAX_SPLIT_K, min_block_n=16) -> SplitKWorkspace:
     """A workspace valid for any launch with M <= max_m, split_k <= max_split_k, block_n >= min_block_n."""
     return SplitKWorkspace(torch.empty(max_split_k * max_m * N, dtype=torch.float32, device=device),
-                           torch.zeros(cdiv(N, min_block_n) + 1, dtype=torch.int32, device=device))
+                           torch.zeros(cdiv(N, min_block_n), dtype=torch.int32, device=device))
 
 
 def _validate(x, weight, x_cols=None):
@@ -135,21 +134,6 @@ def linear_silu_mul_ref(x, weight, out=None):
     """The fp32 linear rounded to the dtype (the gate_up projection), then kernels/silu_mul."""
     _validate_swiglu(x, weight)
     return silu_mul_ref(small_m_linear_ref(x, weight), out)
-
-
-def _validate_add_norm(x, weight, residual, norm_weight):
-    _validate(x, weight)
-    shape = (x.shape[0], weight.shape[0])
-    check(residual.shape == shape and residual.dtype == x.dtype,
-          f"residual must be {x.dtype} {shape} (the linear's output shape), got {residual.dtype} {tuple(residual.shape)}")
-    check(norm_weight.shape == (weight.shape[0],), f"norm_weight must be [{weight.shape[0]}], got {tuple(norm_weight.shape)}")
-
-
-def linear_add_rmsnorm_ref(x, weight, residual, norm_weight, eps, out=None, residual_out=None):
-    """The fp32 linear rounded to the dtype (a layer's output projection), then kernels/rmsnorm with the residual:
-    returns (normed, new residual)."""
-    _validate_add_norm(x, weight, residual, norm_weight)
-    return rmsnorm_ref(small_m_linear_ref(x, weight), norm_weight, eps, residual, out, residual_out)
 
 
 def _validate_gated(o, z, norm_weight, weight):
@@ -234,20 +218,18 @@ def _load_input_chunk(x_ptrs, r_ptrs, nw_ptr, k, offs_k, mask_m, K, rstd, eps,
 
 @triton.jit(do_not_specialize=["M"])  # M=1 and M=8 share one binary (the JIT would specialise M == 1)
 def _small_m_linear_kernel(
-    x_ptr, w_ptr, out_ptr, part_ptr, count_ptr, r_ptr, nw_ptr, nr_ptr, h_ptr, done_ptr,
+    x_ptr, w_ptr, out_ptr, part_ptr, count_ptr, r_ptr, nw_ptr, nr_ptr,
     M, N, K, K_PER_SPLIT, eps,
-    sxm, swn, som, srm, snrm, shm,
+    sxm, swn, som, srm, snrm,
     M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
     USE_MMA: tl.constexpr, SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr,
     PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, ROUND_PRODUCT: tl.constexpr,
     USE_PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr, SWIGLU: tl.constexpr,
-    NORM_EPILOGUE: tl.constexpr, BLOCK_ROW: tl.constexpr,
 ):
     """SPLIT: 0 = one program per N tile writes y; 1 = split-K, the last program of a tile reduces; 2 = split-K,
     partials only (a second kernel reduces). PROLOGUE: 0 none, 1 silu_mul, 2 rmsnorm, 3 gated head norm
     (see _load_input_chunk). SWIGLU: N is the number of output columns and the weight has 2N rows [gate | up]; tile
-    row r < BLOCK_N/2 is gate row j, the others up row N + j (j = the output column). NORM_EPILOGUE: the last tile
-    to finish adds the residual (r_ptr) to y, writes it to nr_ptr and its RMSNorm (weight nw_ptr) to h_ptr."""
+    row r < BLOCK_N/2 is gate row j, the others up row N + j (j = the output column)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     if SWIGLU:
@@ -325,9 +307,6 @@ def _small_m_linear_kernel(
     mask = mask_m[:, None] & mask_n[None, :]
     if SPLIT == 0:
         _store_output(out_ptr, res, offs_m, offs_n, mask_m, pid_n, N, som, BLOCK_N, SWIGLU)
-        if NORM_EPILOGUE:
-            _norm_rows_when_last(out_ptr, r_ptr, nr_ptr, h_ptr, nw_ptr, done_ptr, M, N, som, srm, snrm, shm, eps,
-                                 BLOCK_ROW)
     else:
         p_ptrs = part_ptr + offs_m[:, None] * W_ROWS + offs_n[None, :]  # partials [S, M, W_ROWS] fp32
         tl.store(p_ptrs + pid_k * M * W_ROWS, res, mask=mask)
@@ -343,40 +322,6 @@ def _small_m_linear_kernel(
                     total += tl.load(p_ptrs + s * M * W_ROWS, mask=mask, other=0.0, cache_modifier=".cg")
                 _store_output(out_ptr, total, offs_m, offs_n, mask_m, pid_n, N, som, BLOCK_N, SWIGLU)
                 tl.store(count_ptr + pid_n, 0)  # re-arm for the next launch (kernel boundaries order it)
-                if NORM_EPILOGUE:
-                    _norm_rows_when_last(out_ptr, r_ptr, nr_ptr, h_ptr, nw_ptr, done_ptr, M, N, som, srm, snrm, shm,
-                                         eps, BLOCK_ROW)
-
-
-@triton.jit
-def _norm_rows_when_last(y_ptr, r_ptr, nr_ptr, h_ptr, nw_ptr, done_ptr, M, N, sym, srm, snrm, shm, eps,
-                         BLOCK_ROW: tl.constexpr):
-    """Called by each tile's program once the tile's y is stored: the last of the launch's tiles to get here
-    computes, row by row, new_residual = y + residual (rounded, as kernels/rmsnorm) and RMSNorm(new_residual); the
-    ordering is the split-K reduction's (barrier + release atomic, acquire, L2 loads)."""
-    tl.debug_barrier()
-    done = tl.atomic_add(done_ptr, 1, sem="acq_rel", scope="gpu")
-    if done == tl.num_programs(0) - 1:
-        dtype = y_ptr.dtype.element_ty
-        for m in range(M):  # rows in BLOCK_ROW chunks (few registers: they are the whole kernel's allocation)
-            sumsq = tl.zeros((BLOCK_ROW,), dtype=tl.float32)
-            for n in range(0, N, BLOCK_ROW):
-                offs = n + tl.arange(0, BLOCK_ROW)
-                mask = offs < N
-                y = tl.load(y_ptr + m * sym + offs, mask=mask, other=0.0, cache_modifier=".cg")
-                r = tl.load(r_ptr + m * srm + offs, mask=mask, other=0.0)
-                x = cast_rtne(y.to(tl.float32) + r.to(tl.float32), dtype)
-                tl.store(nr_ptr + m * snrm + offs, x, mask=mask)
-                sumsq += x.to(tl.float32) * x.to(tl.float32)
-            rstd = tl.rsqrt(tl.sum(sumsq, axis=0) / N + eps)
-            tl.debug_barrier()  # this program's new-residual stores, read back below by other threads of it
-            for n in range(0, N, BLOCK_ROW):
-                offs = n + tl.arange(0, BLOCK_ROW)
-                mask = offs < N
-                x = tl.load(nr_ptr + m * snrm + offs, mask=mask, other=0.0).to(tl.float32)
-                w = tl.load(nw_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-                tl.store(h_ptr + m * shm + offs, cast_rtne(x * rstd * (1.0 + w), dtype), mask=mask)
-        tl.store(done_ptr, 0)  # re-arm for the next launch
 
 
 @triton.jit
@@ -424,24 +369,6 @@ def linear_silu_mul_triton(x, weight, out=None, **launch):
     return _launch(x, weight, out, prologue=0, swiglu=True, **launch)
 
 
-def linear_add_rmsnorm_triton(x, weight, residual, norm_weight, eps, out=None, residual_out=None, **launch):
-    """Launch options as small_m_linear_triton (split_reduce "fused" only) and norm_block: the chunk of a row the
-    last program works on at a time (default min(1024, N rounded up to a power of two)). residual_out may be residual
-    itself."""
-    _validate_add_norm(x, weight, residual, norm_weight)
-    M, N = residual.shape
-    require_last_dim_contiguous("residual", residual)
-    h = output(out, (M, N), x.dtype, x.device)
-    new_res = output(residual_out, (M, N), x.dtype, x.device, "residual_out")
-    for name, t in (("out", h), ("residual_out", new_res)):
-        require_last_dim_contiguous(name, t)
-    check(h.data_ptr() not in (residual.data_ptr(), new_res.data_ptr()), "out must not alias residual or residual_out")
-    y = torch.empty(M, N, dtype=x.dtype, device=x.device)  # the linear's own output, read back by the last program
-    _launch(x, weight, y, prologue=0, residual=residual, norm_weight=norm_weight, eps=eps, residual_out=new_res,
-            normed_out=h, **launch)
-    return h, new_res
-
-
 def silu_mul_linear_triton(gate_up, weight, out=None, **launch):
     _validate(gate_up, weight, x_cols=2 * weight.shape[1] if weight.dim() == 2 else None)
     return _launch(gate_up, weight, out, prologue=1, **launch)
@@ -475,8 +402,7 @@ def gated_rmsnorm_linear_triton(o, z, norm_weight, eps, weight, out=None, **laun
 
 def _launch(x, weight, out, prologue, residual=None, norm_weight=None, eps=0.0, residual_out=None,
             round_product=False, block_n=None, block_k=None, split_k=None, num_warps=None, num_stages=None,
-            mma=None, split_reduce=None, workspace=None, pdl=False, prefetch_lines=8, swiglu=False, normed_out=None,
-            norm_block=None):
+            mma=None, split_reduce=None, workspace=None, pdl=False, prefetch_lines=8, swiglu=False):
     require_last_dim_contiguous("x", x)
     require_last_dim_contiguous("weight", weight)
     M = x.shape[0]
@@ -507,39 +433,33 @@ def _launch(x, weight, out, prologue, residual=None, norm_weight=None, eps=0.0, 
           f"split_k must be an int in [1, {MAX_SPLIT_K}], got {split!r}")
     k_per_split, S = split_ranges(K, BLOCK_K, split)
     mode = 0 if S == 1 else (1 if reduce_mode == "fused" else 2)
-    norm_epilogue = normed_out is not None
-    check(not ((swiglu or norm_epilogue) and mode == 2),
-          "the output epilogues need the split-K reduction in the kernel: split_reduce='fused'")
-    n_counters = n_tiles + 1 if norm_epilogue else n_tiles  # the last one: linear_add_rmsnorm's tiles-done count
-    if mode or norm_epilogue:
-        n_parts = S * M * W_ROWS if mode else 0
+    check(not (swiglu and mode == 2), "linear_silu_mul reduces split-K partials in the kernel: split_reduce='fused'")
+    if mode:
+        n_parts = S * M * W_ROWS
         if workspace is None:
             workspace = SplitKWorkspace(torch.empty(n_parts, dtype=torch.float32, device=x.device),
-                                        torch.zeros(n_counters, dtype=torch.int32, device=x.device))
+                                        torch.zeros(n_tiles, dtype=torch.int32, device=x.device))
         parts, counters = workspace
         check(parts.dtype == torch.float32 and parts.is_contiguous() and parts.numel() >= n_parts,
               f"workspace.partials must be contiguous fp32 with >= {n_parts} elements, "
               f"got {parts.dtype} {parts.numel()}")
-        check(counters.dtype == torch.int32 and counters.numel() >= n_counters,
-              f"workspace.counters must be int32 with >= {n_counters} elements, got {counters.dtype} "
-              f"{counters.numel()}")
+        check(counters.dtype == torch.int32 and counters.numel() >= n_tiles,
+              f"workspace.counters must be int32 with >= {n_tiles} elements, got {counters.dtype} {counters.numel()}")
         check(parts.device == x.device and counters.device == x.device, "workspace must be on x's device")
     else:
         parts, counters = y, y  # unused
-    done = counters[n_tiles:] if norm_epilogue else counters
     res = residual if residual is not None else x  # unused pointers when there is no residual / norm
     new_res = residual_out if residual_out is not None else x
     m_pad = max(16, next_pow2(M)) if use_mma else next_pow2(M)
-    h = normed_out if norm_epilogue else y
     _small_m_linear_kernel[(n_tiles, S)](
-        x, weight, y, parts, counters, res, norm_weight if norm_weight is not None else x, new_res, h, done,
+        x, weight, y, parts, counters, res, norm_weight if norm_weight is not None else x, new_res,
         M, N, K, k_per_split, float(eps),
-        x.stride(0), weight.stride(0), y.stride(0), res.stride(0), new_res.stride(0), h.stride(0),
+        x.stride(0), weight.stride(0), y.stride(0), res.stride(0), new_res.stride(0),
         M_PAD=m_pad, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, EVEN_K=K % BLOCK_K == 0,
         USE_MMA=use_mma, SPLIT=mode, DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         UPCAST_DOT=not x.is_cuda, PROLOGUE=prologue, HAS_RESIDUAL=prologue == 2 and residual is not None,
         ROUND_PRODUCT=round_product, USE_PDL=bool(pdl), PREFETCH_LINES=prefetch_lines, SWIGLU=bool(swiglu),
-        NORM_EPILOGUE=norm_epilogue, BLOCK_ROW=norm_block or min(1024, next_pow2(N)), launch_pdl=bool(pdl),
+        launch_pdl=bool(pdl),
         num_warps=num_warps or d["num_warps"], num_stages=num_stages or d["num_stages"],
     )
     if mode == 2:
@@ -562,15 +482,6 @@ def linear_silu_mul(x, weight, out=None, **launch):
     if use_triton(x):
         return linear_silu_mul_triton(x, weight, out, **launch)
     return linear_silu_mul_ref(x, weight, out)
-
-
-def linear_add_rmsnorm(x, weight, residual, norm_weight, eps, out=None, residual_out=None, **launch):
-    """(rmsnorm(x @ weight.T + residual), x @ weight.T + residual) for x [M <= 16, K], weight [N, K], residual
-    [M, N]: a layer's output projection followed by the next RMSNorm with its residual add, as kernels/rmsnorm.
-    residual_out may be residual itself (updated in place). `launch` as small_m_linear (split_reduce "fused")."""
-    if use_triton(x):
-        return linear_add_rmsnorm_triton(x, weight, residual, norm_weight, eps, out, residual_out, **launch)
-    return linear_add_rmsnorm_ref(x, weight, residual, norm_weight, eps, out, residual_out)
 
 
 def silu_mul_linear(gate_up, weight, out=None, **launch):

@@ -15,12 +15,12 @@ def ckpt(tmp_path_factory):
     return build_checkpoint(tmp_path_factory.mktemp("vl"), seed=8)
 
 
-@pytest.mark.parametrize("options", [{}, dict(gemv_prologues=True), dict(swiglu_epilogue=False, norm_epilogue=False)],
-                         ids=["default", "gemv_prologues", "no_epilogues"])
+@pytest.mark.parametrize("options", [{}, dict(gemv_prologues=True), dict(swiglu_epilogue=False)],
+                         ids=["default", "gemv_prologues", "swiglu_unfused"])
 def test_triton_kernels_in_engine_match_transformers(ckpt, monkeypatch, options):
-    """Default decode path (GEMVs on kernels/small_m_linear; SwiGLU applied by the gate_up GEMV, residual add +
-    RMSNorm by the output projections), the one with RMSNorm / SwiGLU / gated norm fused into the GEMVs that read
-    them instead, and the plain GEMVs with every elementwise op in its own kernel."""
+    """Default decode path (GEMVs on kernels/small_m_linear, SwiGLU applied by the gate_up GEMV), the one with
+    RMSNorm / SwiGLU / gated norm fused into the GEMVs that read them instead, and the plain GEMVs with SwiGLU as its
+    own kernel."""
     from transformers import Qwen3_5ForConditionalGeneration
 
     from kernels.rmsnorm import _rmsnorm_kernel
@@ -31,7 +31,7 @@ def test_triton_kernels_in_engine_match_transformers(ckpt, monkeypatch, options)
 
     calls = []
     for name in ("small_m_linear_triton", "rmsnorm_linear_triton", "silu_mul_linear_triton",
-                 "gated_rmsnorm_linear_triton", "linear_silu_mul_triton", "linear_add_rmsnorm_triton"):
+                 "gated_rmsnorm_linear_triton", "linear_silu_mul_triton"):
         fn = getattr(sml, name)
         monkeypatch.setattr(sml, name, lambda *a, _fn=fn, _n=name, **k: (calls.append(_n), _fn(*a, **k))[1])
     eng = Engine.from_checkpoint(ckpt, dtype="float32", max_num_seqs=2, num_blocks=32, block_size=16, **options)
@@ -57,5 +57,3 @@ def test_triton_kernels_in_engine_match_transformers(ckpt, monkeypatch, options)
     assert (fused <= set(calls)) == prologues, sorted(set(calls))
     # the epilogue takes the MLP's plain input: with the RMSNorm deferred into gate_up (prologues) it steps aside
     assert ("linear_silu_mul_triton" in calls) == (options.get("swiglu_epilogue", True) and not prologues)
-    # the norm epilogue steps aside for the RMSNorm prologue, which moves the same norms into the next GEMV
-    assert ("linear_add_rmsnorm_triton" in calls) == (options.get("norm_epilogue", True) and not prologues)

@@ -14,8 +14,7 @@ import torch
 from kernels.testing import assert_close, poisoned, require_interpreted  # sets TRITON_INTERPRET first
 from kernels.small_m_linear import (  # noqa: I001
     _small_m_linear_kernel, default_launch, gated_rmsnorm_linear, gated_rmsnorm_linear_ref,
-    gated_rmsnorm_linear_triton, linear_add_rmsnorm, linear_add_rmsnorm_ref, linear_add_rmsnorm_triton,
-    linear_silu_mul, linear_silu_mul_ref, linear_silu_mul_triton, pick_split_k,
+    gated_rmsnorm_linear_triton, linear_silu_mul, linear_silu_mul_ref, linear_silu_mul_triton, pick_split_k,
     rmsnorm_linear, rmsnorm_linear_ref, rmsnorm_linear_triton,
     silu_mul_linear, silu_mul_linear_ref, silu_mul_linear_triton, small_m_linear, small_m_linear_ref,
     small_m_linear_triton, small_m_linear_workspace,
@@ -89,59 +88,6 @@ def test_swiglu_epilogue_rows_and_errors(monkeypatch):
         linear_silu_mul_triton(x, w, block_k=16, split_k=2, split_reduce="kernel")
     monkeypatch.delenv("OCRIA_FORCE_TRITON", raising=False)
     assert torch.equal(linear_silu_mul(x, w), linear_silu_mul_ref(x, w))
-
-
-def add_norm_inputs(M, N, K, dtype, seed):
-    x, w = make_inputs(M, N, K, dtype, seed=seed)
-    gen = torch.Generator().manual_seed(seed + 1)
-    res = (torch.randn(M, N, generator=gen) * 3).to(dtype)
-    nw = (torch.randn(N, generator=gen) * 0.2).to(dtype)
-    return x, w, res, nw
-
-
-@pytest.mark.parametrize("launch", ["default", "no_split", "split3_fused", "fma", "fma_split"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("M,N,K", [(1, 40, 48), (5, 130, 200), (16, 33, 96)])
-def test_norm_epilogue_matches_ref(M, N, K, dtype, launch):
-    """linear_add_rmsnorm: the last tile to finish adds the residual to the whole y and RMS-normalises each row,
-    as the GEMV followed by kernels/rmsnorm would; the counters are left at 0 for the next launch."""
-    x, w, res, nw = add_norm_inputs(M, N, K, dtype, seed=M * 13 + N + K)
-    ws = small_m_linear_workspace(N, x.device)
-    h, new_res = linear_add_rmsnorm_triton(x, w, res, nw, 1e-6, out=poisoned((M, N), dtype),
-                                           residual_out=poisoned((M, N), dtype), workspace=ws, **LAUNCHES[launch])
-    want_h, want_res = linear_add_rmsnorm_ref(x, w, res, nw, 1e-6)
-    assert_close(new_res, want_res, dtype)
-    assert_close(h, want_h, dtype)
-    assert not ws.counters.any()
-
-
-def test_norm_epilogue_in_place_repeatable_and_errors(monkeypatch):
-    """residual_out = residual updates the residual stream in place; repeated launches on one workspace give the
-    same bits; rows normalised in chunks (norm_block) give the reference's values; misuse fails with a message."""
-    x, w, res, nw = add_norm_inputs(3, 130, 200, torch.bfloat16, seed=4)
-    ws = small_m_linear_workspace(130, x.device)
-    launch = dict(block_n=32, block_k=32, split_k=3, workspace=ws)
-    h1, r1 = linear_add_rmsnorm_triton(x, w, res, nw, 1e-6, **launch)
-    stream = res.clone()
-    h2, r2 = linear_add_rmsnorm_triton(x, w, stream, nw, 1e-6, residual_out=stream, **launch)
-    assert r2 is stream and torch.equal(r2, r1) and torch.equal(h2, h1)
-    h3, r3 = linear_add_rmsnorm_triton(x, w, res, nw, 1e-6, norm_block=32, **launch)  # 5 chunks, the last partial
-    assert torch.equal(r3, r1)
-    assert_close(h3, linear_add_rmsnorm_ref(x, w, res, nw, 1e-6)[0])
-    with pytest.raises(ValueError, match="residual must be"):
-        linear_add_rmsnorm_triton(x, w, res[:, :129], nw, 1e-6)
-    with pytest.raises(ValueError, match="norm_weight must be"):
-        linear_add_rmsnorm_triton(x, w, res, nw[:7], 1e-6)
-    with pytest.raises(ValueError, match="must not alias"):
-        linear_add_rmsnorm_triton(x, w, res, nw, 1e-6, out=res)
-    with pytest.raises(ValueError, match="split_reduce='fused'"):
-        linear_add_rmsnorm_triton(x, w, res, nw, 1e-6, block_k=32, split_k=2, split_reduce="kernel")
-    with pytest.raises(ValueError, match="counters"):  # no room for the tiles-done count
-        linear_add_rmsnorm_triton(x, w, res, nw, 1e-6, block_n=32, workspace=small_m_linear_workspace(
-            130, x.device, min_block_n=32)._replace(counters=torch.zeros(5, dtype=torch.int32)))
-    monkeypatch.delenv("OCRIA_FORCE_TRITON", raising=False)
-    got, want = linear_add_rmsnorm(x, w, res, nw, 1e-6), linear_add_rmsnorm_ref(x, w, res, nw, 1e-6)
-    assert all(torch.equal(a, b) for a, b in zip(got, want))
 
 
 @pytest.mark.parametrize("launch", ["default", "split3_fused", "split2_kernel", "fma"])

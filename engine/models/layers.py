@@ -33,32 +33,14 @@ class NormedInput(NamedTuple):
     residual_out: torch.Tensor | None
 
 
-class PendingLinear(NamedTuple):
-    """x @ weight.T not computed yet: a layer's output projection, left to the RMSNorm that reads it next, which runs
-    both in one kernel together with its residual add (kernels/small_m_linear.linear_add_rmsnorm). Consumed by
-    exactly one RMSNorm."""
-    x: torch.Tensor
-    weight: torch.Tensor
-    proj: DecodeProjections
-
-    def add_rmsnorm(self, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float):
-        """What ops.rmsnorm(x @ weight.T, norm_weight, eps, residual) returns."""
-        if residual is None:
-            return ops.rmsnorm(self.proj.linear(self.x, self.weight), norm_weight, eps)
-        return ops.linear_add_rmsnorm(self.x, self.weight, residual, norm_weight, eps, **self.proj.launch)
-
-
 class DecodeProjections:
     """How decode steps of at most MAX_M rows run their projections: kernels/small_m_linear's GEMV, which beats cuBLAS
     at these shapes on the H200 (bench/results/h200_small_m_linear.json; 5 % per decode step: h200_decode_gemv.json).
     One split-K workspace serves every projection: a step's launches run one after another on one stream.
     Products of more than MAX_M rows (prefill chunks, larger decode batches) keep the plain torch ops (cuBLAS).
     swiglu_epilogue: the MLP's gate_up GEMV applies silu(gate) * up to its own output (kernels/small_m_linear.
-    linear_silu_mul), so no SwiGLU kernel runs and the [M, 2I] gate_up output is never stored.
-    norm_epilogue: each layer's output projections (the mixer's out_proj / o_proj and the MLP's down_proj) run with
-    the residual add and RMSNorm after them (PendingLinear, kernels/small_m_linear.linear_add_rmsnorm), so no
-    RMSNorm kernel runs between layers. Not with the RMSNorm prologue (fuse_norm), which moves the same norm the
-    other way.
+    linear_silu_mul), so no SwiGLU kernel runs and the [M, 2I] gate_up output is never stored (1.6 % faster decode
+    steps on the H200, bench/results/h200_decode_epilogues.json).
     Options, measured slower on the H200 and so off by default:
     - prologues: the elementwise op before a projection computed inside the GEMV (SwiGLU before down_proj, the GDN's
       gated norm before its out_proj; with fuse_norm also the RMSNorm before each layer's first projection and MLP);
@@ -66,15 +48,14 @@ class DecodeProjections:
       with the end of the kernel before."""
 
     def __init__(self, workspace: SplitKWorkspace | None = None, fuse_norm: bool = False, pdl: bool = False,
-                 prologues: bool = False, swiglu_epilogue: bool = False, norm_epilogue: bool = False):
+                 prologues: bool = False, swiglu_epilogue: bool = False):
         self.workspace, self.fuse_norm, self.prologues = workspace, fuse_norm and prologues, prologues
-        self.swiglu_epilogue, self.norm_epilogue = swiglu_epilogue, norm_epilogue and not self.fuse_norm
+        self.swiglu_epilogue = swiglu_epilogue
         self.launch = dict(workspace=workspace, pdl=True) if pdl else dict(workspace=workspace)
 
     @classmethod
     def for_model(cls, weights: list[torch.Tensor], fuse_norm: bool, pdl: bool = False,
-                  prologues: bool = False, swiglu_epilogue: bool = False,
-                  norm_epilogue: bool = False) -> DecodeProjections:
+                  prologues: bool = False, swiglu_epilogue: bool = False) -> DecodeProjections:
         """Sized for the largest split-K launch among `weights` at MAX_M rows. Disabled (the torch ops) where the
         kernels would run their torch references anyway (CPU, unless OCRIA_FORCE_TRITON=1)."""
         w = weights[0]
@@ -86,13 +67,11 @@ class DecodeProjections:
             d = default_launch(N, K, wt.dtype, wt.device)
             S = split_ranges(K, d["block_k"], d["split_k"])[1]
             if S > 1:
-                parts = max(parts, S * MAX_M * N)
-            tiles = max(tiles, -(-N // d["block_n"]))
-        # (linear_silu_mul launches gate_up with the plain launch's tiles and splits: the same workspace fits it;
-        # linear_add_rmsnorm needs one counter more than its tiles)
+                parts, tiles = max(parts, S * MAX_M * N), max(tiles, -(-N // d["block_n"]))
+        # (linear_silu_mul launches gate_up with the plain launch's tiles and splits: the same workspace fits it)
         return cls(SplitKWorkspace(torch.empty(parts, dtype=torch.float32, device=w.device),
-                                   torch.zeros(tiles + 1, dtype=torch.int32, device=w.device)), fuse_norm,
-                   pdl and w.is_cuda, prologues, swiglu_epilogue, norm_epilogue)
+                                   torch.zeros(tiles, dtype=torch.int32, device=w.device)), fuse_norm,
+                   pdl and w.is_cuda, prologues, swiglu_epilogue)
 
     def on(self, rows: int, is_prefill: bool) -> bool:
         return self.workspace is not None and not is_prefill and rows <= MAX_M
@@ -109,28 +88,21 @@ class DecodeProjections:
             return ops.small_m_linear(x, weight, **self.launch)
         return F.linear(x, weight)
 
-    def output(self, x: torch.Tensor, weight: torch.Tensor):
-        """A layer's last projection, whose result only the next RMSNorm reads: a PendingLinear that norm computes
-        (norm_epilogue), or the product now."""
-        if self.norm_epilogue and self.workspace is not None and x.shape[0] <= MAX_M:
-            return PendingLinear(x, weight, self)
-        return self.linear(x, weight)
-
     def gated_rmsnorm_linear(self, o: torch.Tensor, z: torch.Tensor, norm_weight: torch.Tensor, eps: float,
-                             weight: torch.Tensor):
-        """out_proj(gated_rmsnorm(o, z)) of a GDN layer, o and z [N, heads, head_dim] (as `output`)."""
+                             weight: torch.Tensor) -> torch.Tensor:
+        """out_proj(gated_rmsnorm(o, z)) of a GDN layer, o and z [N, heads, head_dim]."""
         if self.prologues and self.workspace is not None and o.shape[0] <= MAX_M:
             return ops.gated_rmsnorm_linear(o, z, norm_weight, eps, weight, **self.launch)
-        return self.output(ops.gated_rmsnorm(o, z, norm_weight, eps).reshape(o.shape[0], -1), weight)
+        return self.linear(ops.gated_rmsnorm(o, z, norm_weight, eps).reshape(o.shape[0], -1), weight)
 
-    def mlp(self, x, gate_up_weight: torch.Tensor, down_weight: torch.Tensor):
-        """down(silu(gate) * up) of a SwiGLU MLP with a fused [gate | up] weight (as `output`)."""
+    def mlp(self, x, gate_up_weight: torch.Tensor, down_weight: torch.Tensor) -> torch.Tensor:
+        """down(silu(gate) * up) of a SwiGLU MLP with a fused [gate | up] weight."""
         if (self.swiglu_epilogue and self.workspace is not None and not isinstance(x, NormedInput)
                 and x.shape[0] <= MAX_M):
-            return self.output(ops.linear_silu_mul(x, gate_up_weight, **self.launch), down_weight)
+            return self.linear(ops.linear_silu_mul(x, gate_up_weight, **self.launch), down_weight)
         return self.silu_mul_linear(self.linear(x, gate_up_weight), down_weight)
 
-    def silu_mul_linear(self, gate_up: torch.Tensor, weight: torch.Tensor):
+    def silu_mul_linear(self, gate_up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         if self.prologues and self.workspace is not None and gate_up.shape[0] <= MAX_M:
             return ops.silu_mul_linear(gate_up, weight, **self.launch)
-        return self.output(ops.silu_mul(gate_up), weight)
+        return self.linear(ops.silu_mul(gate_up), weight)

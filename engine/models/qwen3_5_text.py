@@ -13,7 +13,7 @@ from engine import ops
 from engine.config import TextConfig
 from engine.models.gdn_prefill import conv1d_prefill_varlen, delta_rule_prefill
 from engine.models.glue import Glue
-from engine.models.layers import DecodeProjections, NormedInput, PendingLinear, fused_weight, param
+from engine.models.layers import DecodeProjections, NormedInput, fused_weight, param
 from engine.step_metadata import StepMetadata
 
 
@@ -26,8 +26,6 @@ class RMSNorm(nn.Module):
         self.weight = param(dim, **factory)
 
     def forward(self, x, residual=None):
-        if isinstance(x, PendingLinear):  # the projection before runs with this norm (DecodeProjections.output)
-            return x.add_rmsnorm(residual, self.weight, self.eps)
         return ops.rmsnorm(x, self.weight, self.eps, residual)
 
     def deferred(self, x, residual=None):
@@ -83,7 +81,7 @@ class GatedAttention(nn.Module):
         else:
             o = ops.paged_decode_attention(q, self.k_cache, self.v_cache, meta.block_tables, meta.context_lens,
                                            self.scale)
-        return self.proj.output(self.glue.gated_output(o, gate), self.o_proj.weight)
+        return self.proj.linear(self.glue.gated_output(o, gate), self.o_proj.weight)
 
     def _fused_decode(self, x, meta: StepMetadata, cos, sin):
         qkv = self.proj.linear(x, self.qkv_proj.weight)
@@ -91,7 +89,7 @@ class GatedAttention(nn.Module):
                                          self.nh, self.nkv, self.hd, self.k_cache, self.v_cache, meta.slot_mapping)
         o = ops.paged_decode_attention(q, self.k_cache, self.v_cache, meta.block_tables, meta.context_lens, self.scale)
         gate = qkv[:, :self.nh * 2 * self.hd].view(-1, self.nh, 2 * self.hd)[..., self.hd:]  # a view, no copy
-        return self.proj.output(self.glue.gated_output(o, gate).reshape(qkv.shape[0], -1), self.o_proj.weight)
+        return self.proj.linear(self.glue.gated_output(o, gate).reshape(qkv.shape[0], -1), self.o_proj.weight)
 
     def _prefill_attention(self, q, meta: StepMetadata):
         """Each sequence's chunk attends causally to its whole cached context (earlier chunks + itself)."""
@@ -148,7 +146,7 @@ class GatedDeltaNet(nn.Module):
             o = ops.fused_gdn_decode(qkv, z.view(N, self.hv, self.dv), ba[:, :self.hv], ba[:, self.hv:],
                                      self.conv_state, self.conv1d.weight, self.A_log, self.dt_bias, self.norm.weight,
                                      self.ssm_state, meta.state_idx, self.eps)
-            return self.proj.output(o.reshape(N, self.value_dim), self.out_proj.weight)
+            return self.proj.linear(o.reshape(N, self.value_dim), self.out_proj.weight)
         if meta.is_prefill:
             g, beta = self.glue.gdn_gates(ba, self.A_log, self.dt_bias)
             y = conv1d_prefill_varlen(qkv, self.conv1d.weight, self.conv_state, meta.state_slots, meta.query_lens)
@@ -185,8 +183,7 @@ class DecoderLayer(nn.Module):
         return self.self_attn if self.kind == "full_attention" else self.linear_attn
 
     def forward(self, x, residual, meta, cos, sin):
-        rows = (x if residual is None else residual).shape[0]  # x may be a PendingLinear (DecodeProjections.output)
-        if self.mlp.proj.defer_norm(rows, meta.is_prefill):  # each norm runs inside the projection after it
+        if self.mlp.proj.defer_norm(x.shape[0], meta.is_prefill):  # each norm runs inside the projection after it
             h, residual = self.input_layernorm.deferred(x, residual)
             h, residual = self.post_attention_layernorm.deferred(self.mixer(h, meta, cos, sin), residual)
             return self.mlp(h), residual
