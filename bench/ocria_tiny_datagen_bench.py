@@ -1,6 +1,6 @@
 """How fast one CPU core makes ocria-tiny training pages (pipeline.synthetic.make_page, then train_tiny.encode_page:
-HF image processor + prompt/answer ids) for each kind of page the curricula use. Tells whether the H200's data
-loader workers (train.num_workers, 14 of its 16 cores) can keep up with a faster training step.
+the engine's image processor's uint8 patches + prompt/answer ids) for each kind of page the curricula use. Tells
+whether the H200's data loader workers (train.num_workers, 14 of its 16 cores) can keep up with the training step.
 
     .venv/bin/python bench/ocria_tiny_datagen_bench.py --out bench/results/ocria_tiny_datagen_cpu.json
 """

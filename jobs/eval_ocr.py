@@ -140,7 +140,8 @@ class HFPageReader:
                 input_ids=ids.to(self.device),
                 attention_mask=mask.to(self.device),
                 mm_token_type_ids=(ids == self.builder.ids.image_pad).to(torch.int32).to(self.device),
-                pixel_values=torch.cat([x["pixel_values"] for x in items]).to(self.device),
+                pixel_values=self.processor.expand_patches(
+                    torch.cat([x["pixel_bytes"] for x in items]).to(self.device)),
                 image_grid_thw=torch.stack([x["grid"] for x in items]).to(self.device),
                 max_new_tokens=max_new_tokens,
                 do_sample=False,

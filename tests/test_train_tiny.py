@@ -18,7 +18,7 @@ from PIL import Image
 
 from engine.hf_format import special_token_ids
 from jobs.train_tiny import (PromptBuilder, collate, curriculum_stage, encode_page, hf_config, image_use,
-                             load_config, load_image_processor, param_groups, synth_config)
+                             load_config, load_image_processor, model_batch, param_groups, synth_config)
 from pipeline.synthetic import TextPool, make_page
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,7 +56,8 @@ def test_batch_has_image_tokens_types_labels_and_answer(small_pages, parts):
     items = [encode_page(p.image, p.markdown, processor, builder, 2, 448) for p in small_pages]
     batch = collate(items, builder.ids.endoftext, builder.ids.image_pad)
     assert batch["image_grid_thw"].shape == (3, 3)
-    assert batch["pixel_values"].shape[0] == int(batch["image_grid_thw"].prod(-1).sum())
+    assert batch["pixel_bytes"].dtype == torch.uint8  # shipped as bytes, made float on the device (model_batch)
+    assert batch["pixel_bytes"].shape[0] == int(batch["image_grid_thw"].prod(-1).sum())
     for i, (page, item) in enumerate(zip(small_pages, items)):
         t, h, w = batch["image_grid_thw"][i].tolist()
         is_image = batch["input_ids"][i] == builder.ids.image_pad
@@ -72,13 +73,19 @@ def test_batch_has_image_tokens_types_labels_and_answer(small_pages, parts):
 
 
 def test_pixel_values_are_the_normalised_page_in_merge_order(small_pages, parts):
-    """Re-derive the page from the patch rows: rows go merge-window by merge-window (2x2 patches of 16x16), each row
-    is (channel, time, y, x), both time frames equal, values (px/255 - 0.5) / 0.5."""
+    """Re-derive the page from the model's pixel_values: rows go merge-window by merge-window (2x2 patches of
+    16x16), each row is (channel, time, y, x), both time frames equal, values (px/255 - 0.5) / 0.5; and they are the
+    HF Qwen2-VL processor's, bit for bit."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
     processor, builder = parts
     page = small_pages[0]
     item = encode_page(page.image, page.markdown, processor, builder, 2, 448)
+    pixel_values = model_batch(collate([item], builder.ids.endoftext, builder.ids.image_pad), processor)["pixel_values"]
+    hf = Qwen2VLImageProcessorPil.from_pretrained(str(MODEL))(images=[page.image], return_tensors="pt")
+    assert torch.equal(pixel_values, hf["pixel_values"]) and torch.equal(item["grid"], hf["image_grid_thw"][0])
     _, h, w = item["grid"].tolist()
-    x = item["pixel_values"].view(h // 2, w // 2, 2, 2, 3, 2, 16, 16)
+    x = pixel_values.view(h // 2, w // 2, 2, 2, 3, 2, 16, 16)
     assert torch.equal(x[..., 0, :, :], x[..., 1, :, :])
     image = x[..., 0, :, :].permute(4, 0, 2, 5, 1, 3, 6).reshape(3, h * 16, w * 16).permute(1, 2, 0).numpy()
     resized = Image.fromarray(page.image).resize((w * 16, h * 16), Image.BICUBIC)
@@ -114,10 +121,10 @@ def test_white_paper_normalises_to_zero(tmp_path):
 
     write_preprocessor_config(tmp_path, 16384, 589824, image_mean=1.0, image_std=0.5)
     assert json.loads((tmp_path / "video_preprocessor_config.json").read_text())["image_mean"] == [1.0] * 3
-    px = load_image_processor(tmp_path)(images=[np.full((64, 64, 3), 255, np.uint8)], return_tensors="pt")
-    assert px["pixel_values"].abs().max() < 1e-6
-    px = load_image_processor(tmp_path)(images=[np.zeros((64, 64, 3), np.uint8)], return_tensors="pt")
-    assert torch.allclose(px["pixel_values"], torch.tensor(-2.0))
+    px, _ = load_image_processor(tmp_path)(np.full((64, 64, 3), 255, np.uint8))
+    assert np.abs(px).max() < 1e-6
+    px, _ = load_image_processor(tmp_path)(np.zeros((64, 64, 3), np.uint8))
+    assert np.allclose(px, -2.0)
 
 
 def _mini_model(cfg, builder):
@@ -132,15 +139,15 @@ def test_image_reaches_the_loss_of_a_fresh_model(small_pages, parts):
     cfg = load_config(CONFIG, MINI)
     model = _mini_model(cfg, builder)
     items = [encode_page(p.image, p.markdown, processor, builder, 2, 448) for p in small_pages]
-    batch = collate(items, builder.ids.endoftext, builder.ids.image_pad)
+    batch = model_batch(collate(items, builder.ids.endoftext, builder.ids.image_pad), processor)
     batch["pixel_values"].requires_grad_(True)
     model(**batch).loss.backward()
     assert batch["pixel_values"].grad.abs().mean() > 1e-6
     for name, p in model.model.visual.named_parameters():
         assert p.grad is not None and p.grad.abs().sum() > 0, name
-    swapped = collate([encode_page(q.image, p.markdown, processor, builder, 2, 448)
-                       for p, q in zip(small_pages, small_pages[1:] + small_pages[:1])],
-                      builder.ids.endoftext, builder.ids.image_pad)
+    swapped = model_batch(collate([encode_page(q.image, p.markdown, processor, builder, 2, 448)
+                                   for p, q in zip(small_pages, small_pages[1:] + small_pages[:1])],
+                                  builder.ids.endoftext, builder.ids.image_pad), processor)
     use = image_use(model, {k: v.detach() for k, v in batch.items()}, swapped)
     assert abs(use["img_gain"]) > 1e-4 and use["img_var"] > 0.05, use
 
@@ -160,7 +167,7 @@ def test_line_ctc_reads_line_characters_left_to_right_and_trains_the_vision_towe
     lines = [make_page(s, pool, synth_config(cfg, 0)) for s in range(3)]
     page = make_page(3, pool, dataclasses.replace(synth_config(cfg), max_chars=(300, 400)))  # a full page: skipped
     items = [encode_page(p.image, p.markdown, processor, builder, 2, 448) for p in lines + [page]]
-    batch = collate(items, builder.ids.endoftext, builder.ids.image_pad)
+    batch = model_batch(collate(items, builder.ids.endoftext, builder.ids.image_pad), processor)
     rows = (batch["image_grid_thw"][:, 1] // 2).tolist()
     assert max(rows[:3]) <= 3 < rows[3], rows
     model = _mini_model(cfg, builder)
@@ -193,9 +200,10 @@ def test_line_ctc_reads_line_characters_left_to_right_and_trains_the_vision_towe
     expected_cer = sum(levenshtein(r, t) for r, (_, t) in zip(reads, alignable)) / sum(len(t) for _, t in alignable)
     assert ctc.reading_cer(model, batch) == pytest.approx(expected_cer) and expected_cer > 0.5  # untrained: no reading
     model.zero_grad()
-    model(**collate(items[3:], builder.ids.endoftext, builder.ids.image_pad))
+    model(**model_batch(collate(items[3:], builder.ids.endoftext, builder.ids.image_pad), processor))
     assert ctc.loss(batch["image_grid_thw"][3:], batch["labels"][3:]) is None  # no line page in the batch
-    assert ctc.reading_cer(model, collate(items[3:], builder.ids.endoftext, builder.ids.image_pad)) is None
+    assert ctc.reading_cer(model, model_batch(collate(items[3:], builder.ids.endoftext, builder.ids.image_pad),
+                                              processor)) is None
 
 
 def test_line_ctc_leaves_out_line_pages_it_cannot_align(pool, parts):
@@ -209,7 +217,7 @@ def test_line_ctc_leaves_out_line_pages_it_cannot_align(pool, parts):
                                        "crop: true, strict_chars: true}]")])
     items = [encode_page(p.image, p.markdown, processor, builder, 2, 448)
              for p in (make_page(s, pool, synth_config(cfg, 0)) for s in range(6))]
-    batch = collate(items, builder.ids.endoftext, builder.ids.image_pad)
+    batch = model_batch(collate(items, builder.ids.endoftext, builder.ids.image_pad), processor)
     model = _mini_model(cfg, builder)
     scored = {}
     for subframes in (1, 4):
@@ -254,8 +262,8 @@ def test_image_use_flags_the_image_blind_run1_checkpoint(small_pages, parts):
     items = [encode_page(p.image, p.markdown, processor, builder, 2, 448) for p in small_pages]
     swapped = [encode_page(q.image, p.markdown, processor, builder, 2, 448)
                for p, q in zip(small_pages, small_pages[1:] + small_pages[:1])]
-    use = image_use(model, collate(items, builder.ids.endoftext, builder.ids.image_pad),
-                    collate(swapped, builder.ids.endoftext, builder.ids.image_pad))
+    use = image_use(model, model_batch(collate(items, builder.ids.endoftext, builder.ids.image_pad), processor),
+                    model_batch(collate(swapped, builder.ids.endoftext, builder.ids.image_pad), processor))
     assert abs(use["img_gain"]) < 0.01 and use["img_var"] < 1e-3, use
 
 
