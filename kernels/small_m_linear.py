@@ -235,9 +235,9 @@ def _small_m_linear_kernel(
     if SWIGLU:
         HALF: tl.constexpr = BLOCK_N // 2
         r = tl.arange(0, BLOCK_N)
-        cols = pid_n * HALF + r % HALF
-        offs_n = tl.where(r < HALF, cols, N + cols)  # weight rows (and split-K partial columns, 2N wide)
-        mask_n = cols < N
+        out_cols = pid_n * HALF + r % HALF
+        offs_n = tl.where(r < HALF, out_cols, N + out_cols)  # weight rows (and split-K partial columns, 2N wide)
+        mask_n = out_cols < N
         W_ROWS = 2 * N
     else:
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
