@@ -188,7 +188,7 @@ def load_image_processor(model_dir: Path):
     """The engine's image processor for the checkpoint: the HF Qwen2-VL processor's pixels bit for bit
     (tests/test_engine_processor.py, test_train_tiny.py). Its uint8 patches make a loader worker's full page 3x
     cheaper to encode than the HF processor's float patches (18-19 -> 6 ms, with the ids) and 8x smaller to ship
-    (bench/results/ocria_tiny_datagen_cpu_uint8.json)."""
+    (bench/results/ocria_tiny_datagen_cpu_s12.json)."""
     from engine.processor import ImageProcessor
 
     return ImageProcessor.from_file(model_dir / "preprocessor_config.json")

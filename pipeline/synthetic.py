@@ -353,11 +353,14 @@ def layout_pdf(blocks: list[Block], s: PageStyle, archive: pymupdf.Archive | Non
 
 def crop_to_ink(image: np.ndarray, pad: int = 12, ink_below: int = 200) -> np.ndarray:
     """The image cut to the bounding box of its non-white pixels plus `pad` pixels of paper on each side."""
-    rows, cols = np.nonzero(image.min(axis=2) < ink_below)
+    # channel minimum as two elementwise minimums, and row/column projections instead of np.nonzero: ~10x faster than
+    # image.min(axis=2) (a strided reduction over 3 values), which was most of a line page's making time
+    ink = np.minimum(np.minimum(image[..., 0], image[..., 1]), image[..., 2]) < ink_below
+    rows, cols = np.flatnonzero(ink.any(axis=1)), np.flatnonzero(ink.any(axis=0))
     if rows.size == 0:
         return image
-    y0, y1 = max(rows.min() - pad, 0), min(rows.max() + 1 + pad, image.shape[0])
-    x0, x1 = max(cols.min() - pad, 0), min(cols.max() + 1 + pad, image.shape[1])
+    y0, y1 = max(rows[0] - pad, 0), min(rows[-1] + 1 + pad, image.shape[0])
+    x0, x1 = max(cols[0] - pad, 0), min(cols[-1] + 1 + pad, image.shape[1])
     return np.ascontiguousarray(image[y0:y1, x0:x1])
 
 
