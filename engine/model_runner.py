@@ -75,6 +75,8 @@ class ModelRunner:
             model.set_projections(DecodeProjections.for_model(
                 self._projection_weights(), decode.fuse_norm, decode.pdl, decode.gemv_prologues,
                 decode.swiglu_epilogue))
+        if decode.pdl and device.type == "cuda":
+            model.language_model.set_pdl(True)
         if compile_glue and device.type == "cuda":
             model.language_model.set_glue(self._compiled_glue())
         t = cfg.text

@@ -51,6 +51,20 @@ def output(out, shape, dtype, device, name="out"):
     return out
 
 
+def check_pdl(pdl: bool) -> None:
+    check(not pdl or not interpreted(), "pdl (programmatic dependent launch) needs a GPU, not the Triton interpreter")
+
+
+@triton.jit
+def pdl_enter(PDL: tl.constexpr):
+    """Programmatic dependent launch (sm_90+; the kernel launched with launch_pdl=True): the kernel may start while
+    the one before it finishes. Wait for that kernel to complete (its outputs are our inputs, and it may still read
+    what we write), then let the next PDL launch start early in turn. The overlap hides the launch and ramp-up."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+
+
 @triton.jit
 def cast_rtne(x, dtype: tl.constexpr):
     """fp32 -> dtype with round-to-nearest-even. For bf16 the rounding is done on the bits: GPUs round this way

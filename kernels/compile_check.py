@@ -106,14 +106,17 @@ def compile_recorded(name, recorder):
                                   target=GPUTarget("cuda", 90, 32), options=options)
         row = {"case": name, "kernel": recorder.kernel.__name__, "grid": tuple(grid), **options,
                "compile_s": round(time.time() - t0, 2), **_ptxas_report(compiled.asm["ptx"]),
-               "smem": compiled.metadata.shared}  # dynamic shared memory (ptxas only sees static)
+               "smem": compiled.metadata.shared,  # dynamic shared memory (ptxas only sees static)
+               "griddepcontrol": "griddepcontrol.wait" in compiled.asm["ptx"]}  # programmatic dependent launch
         rows.append(row)
     return rows
 
 
 def decode_cases(batch_sizes=(1, 64)):
     """(name, module, thunk calling the launcher) at the 4B model's decode shapes."""
-    from kernels import conv1d_update, gated_rmsnorm, gdn_recurrent, paged_attention, rmsnorm, silu_mul, small_m_linear
+    from kernels import (
+        conv1d_update, fused_attn_decode, gated_rmsnorm, gdn_recurrent, paged_attention, rmsnorm, silu_mul,
+        small_m_linear)
 
     bf16, f32, i32 = torch.bfloat16, torch.float32, torch.int32
     Hk, Hv, dk, dv, C, K, Hq, Hkv, D, hidden, inter = 16, 32, 128, 128, 8192, 4, 16, 4, 256, 2560, 9216
@@ -155,6 +158,13 @@ def decode_cases(batch_sizes=(1, 64)):
         cases.append((f"rmsnorm+residual N={B}", rmsnorm,
                       lambda B=B: rmsnorm.rmsnorm_triton(torch.empty(B, hidden, dtype=bf16), torch.empty(hidden, dtype=bf16),
                                                          1e-6, residual=torch.empty(B, hidden, dtype=bf16))))
+        for launch in ({}, dict(pdl=True)):  # the attention layers' fused inputs (q/k norm, rotary, KV store)
+            cases.append((f"fused_attn_decode_inputs N={B}" + (" pdl" if launch else ""), fused_attn_decode,
+                          lambda B=B, launch=launch: fused_attn_decode.fused_attn_decode_inputs_triton(
+                              torch.empty(B, (2 * Hq + 2 * Hkv) * D, dtype=bf16), torch.empty(D, dtype=bf16),
+                              torch.empty(D, dtype=bf16), torch.empty(B, 64, dtype=bf16),
+                              torch.empty(B, 64, dtype=bf16), 1e-6, Hq, Hkv, D, torch.empty(2, 16, Hkv, D, dtype=bf16),
+                              torch.empty(2, 16, Hkv, D, dtype=bf16), torch.zeros(B, dtype=torch.int64), **launch)))
         cases.append((f"silu_mul N={B}", silu_mul,
                       lambda B=B: silu_mul.silu_mul_triton(torch.empty(B, 2 * inter, dtype=bf16))))
         if B <= small_m_linear.MAX_M:  # decode projections (N, K): gate_up, GDN in_proj, down, GDN out_proj, lm_head
@@ -176,6 +186,30 @@ def decode_cases(batch_sizes=(1, 64)):
             cases.append((f"linear_silu_mul M={B} split", small_m_linear,  # ... with the in-kernel split-K reduction
                           lambda B=B: small_m_linear.linear_silu_mul_triton(
                               torch.empty(B, hidden, dtype=bf16), torch.empty(512, hidden, dtype=bf16))))
+            # programmatic dependent launch (EngineOptions.decode_pdl) for every kernel of the decode step
+            pdl = dict(pdl=True)
+            cases += [
+                (f"rmsnorm+residual N={B} pdl", rmsnorm, lambda B=B: rmsnorm.rmsnorm_triton(
+                    torch.empty(B, hidden, dtype=bf16), torch.empty(hidden, dtype=bf16), 1e-6,
+                    residual=torch.empty(B, hidden, dtype=bf16), **pdl)),
+                (f"gated_rmsnorm N={B} pdl", gated_rmsnorm, lambda B=B: gated_rmsnorm.gated_rmsnorm_triton(
+                    torch.empty(B, Hv, dv, dtype=bf16), torch.empty(B, Hv, dv, dtype=bf16), torch.empty(dv, dtype=bf16),
+                    1e-6, **pdl)),
+                (f"conv1d_update B={B} pdl", conv1d_update, lambda B=B, idx=idx: conv1d_update.causal_conv1d_update_triton(
+                    torch.empty(B, C, dtype=bf16), torch.empty(1, C, K - 1, dtype=bf16), torch.empty(C, K, dtype=bf16),
+                    idx, **pdl)),
+                (f"gdn_recurrent B={B} raw gates pdl", gdn_recurrent,
+                 lambda B=B, idx=idx, ba=ba: gdn_recurrent.gdn_recurrent_triton(
+                     torch.empty(B, 1, Hk, dk, dtype=bf16), torch.empty(B, 1, Hk, dk, dtype=bf16),
+                     torch.empty(B, 1, Hv, dv, dtype=bf16), ba[:, None, Hv:], ba[:, None, :Hv],
+                     torch.empty(1, Hv, dk, dv, dtype=f32), idx,
+                     raw_gates=(torch.empty(Hv, dtype=f32), torch.empty(Hv, dtype=f32)), **pdl)),
+                (f"paged_decode_attention B={B} ctx<=4096 pdl", paged_attention,
+                 lambda B=B: paged_attention.paged_decode_attention_triton(
+                     torch.empty(B, Hq, D, dtype=bf16), torch.empty(2, 16, Hkv, D, dtype=bf16),
+                     torch.empty(2, 16, Hkv, D, dtype=bf16), torch.zeros(B, 256, dtype=i32),
+                     torch.empty(B, dtype=i32), D ** -0.5, **pdl)),
+            ]
             cases.append((f"small_m_linear M={B} pdl", small_m_linear,
                           lambda B=B: small_m_linear.small_m_linear_triton(
                               torch.empty(B, inter, dtype=bf16), torch.empty(hidden, inter, dtype=bf16), pdl=True)))

@@ -9,7 +9,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from kernels._common import cast_rtne, cdiv, check, next_pow2, output, require_last_dim_contiguous, use_triton
+from kernels._common import (
+    cast_rtne, cdiv, check, check_pdl, next_pow2, output, pdl_enter, require_last_dim_contiguous, use_triton)
 
 ACTIVATIONS = (None, "silu")
 
@@ -72,8 +73,9 @@ def causal_conv1d_prefill_ref(x, weight, initial_state=None, activation="silu"):
 def _conv1d_update_kernel(
     x_ptr, state_ptr, w_ptr, idx_ptr, y_ptr,
     C, sx_b, ss_n, ss_c, sw_c, sy_b,
-    K: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr, SILU: tl.constexpr,
+    K: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr, SILU: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     b = tl.program_id(0)
     offs_c = tl.program_id(1) * BC + tl.arange(0, BC)
     offs_k = tl.arange(0, BK)
@@ -100,8 +102,9 @@ def _conv1d_update_kernel(
 
 
 def causal_conv1d_update_triton(x, conv_state, weight, state_idx, activation="silu", out=None, block_c=None,
-                                num_warps=None):
+                                num_warps=None, pdl=False):
     weight = _weight_2d(weight)
+    check_pdl(pdl)
     _validate(x, conv_state, weight, state_idx)
     check(activation in ACTIVATIONS, f"activation must be one of {ACTIVATIONS}, got {activation!r}")
     require_last_dim_contiguous("x", x)
@@ -116,14 +119,15 @@ def causal_conv1d_update_triton(x, conv_state, weight, state_idx, activation="si
     _conv1d_update_kernel[grid](
         x, conv_state, weight, state_idx, y,
         C, x.stride(0), conv_state.stride(0), conv_state.stride(1), weight.stride(0), y.stride(0),
-        K=K, BK=next_pow2(K), BC=BC, SILU=activation == "silu", num_warps=num_warps or 4,
+        K=K, BK=next_pow2(K), BC=BC, SILU=activation == "silu", PDL=bool(pdl), launch_pdl=bool(pdl),
+        num_warps=num_warps or 4,
     )
     return y
 
 
 def causal_conv1d_update(x, conv_state, weight, state_idx, activation="silu", out=None, **launch):
     """y [B, C] (x.dtype, written to `out` if given); shifts x into conv_state rows state_idx in place.
-    `launch`: block_c, num_warps (Triton only)."""
+    `launch`: block_c, num_warps, pdl (Triton only)."""
     if use_triton(x):
         return causal_conv1d_update_triton(x, conv_state, weight, state_idx, activation, out, **launch)
     return causal_conv1d_update_ref(x, conv_state, weight, state_idx, activation, out)

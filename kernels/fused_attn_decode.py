@@ -11,7 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import cast_rtne, check, next_pow2, output, require_last_dim_contiguous, use_triton
+from kernels._common import (
+    cast_rtne, check, check_pdl, next_pow2, output, pdl_enter, require_last_dim_contiguous, use_triton)
 from kernels.paged_attention import store_kvcache_ref
 from kernels.rmsnorm import rmsnorm_ref
 
@@ -59,7 +60,9 @@ def _fused_attn_inputs_kernel(
     block_size, eps,
     s_qkv, s_cos, s_sin, sq_n, sq_h, skc_blk, skc_off, skc_h, svc_blk, svc_off, svc_h,
     NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr, RD: tl.constexpr, BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     # One program = (token, head); heads [0, NH) are query heads, [NH, NH + NKV) key/value heads.
     n = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
@@ -105,8 +108,9 @@ def _fused_attn_inputs_kernel(
 
 
 def fused_attn_decode_inputs_triton(qkv, q_norm_w, k_norm_w, cos, sin, eps, nh, nkv, hd, k_cache, v_cache,
-                                    slot_mapping, out=None, num_warps=None):
+                                    slot_mapping, out=None, num_warps=None, pdl=False):
     _validate(qkv, q_norm_w, k_norm_w, cos, sin, nh, nkv, hd, k_cache, v_cache, slot_mapping)
+    check_pdl(pdl)
     for name, t in (("qkv", qkv), ("cos", cos), ("sin", sin), ("q_norm_w", q_norm_w), ("k_norm_w", k_norm_w),
                     ("k_cache", k_cache), ("v_cache", v_cache)):
         require_last_dim_contiguous(name, t)
@@ -120,7 +124,8 @@ def fused_attn_decode_inputs_triton(qkv, q_norm_w, k_norm_w, cos, sin, eps, nh, 
         k_cache.shape[1], float(eps),
         qkv.stride(0), cos.stride(0), sin.stride(0), q.stride(0), q.stride(1),
         *k_cache.stride()[:3], *v_cache.stride()[:3],
-        NH=nh, NKV=nkv, HD=hd, RD=cos.shape[1], BLOCK_D=next_pow2(hd), num_warps=num_warps or 4,
+        NH=nh, NKV=nkv, HD=hd, RD=cos.shape[1], BLOCK_D=next_pow2(hd), PDL=bool(pdl), launch_pdl=bool(pdl),
+        num_warps=num_warps or 4,
     )
     return q
 
@@ -128,7 +133,7 @@ def fused_attn_decode_inputs_triton(qkv, q_norm_w, k_norm_w, cos, sin, eps, nh, 
 def fused_attn_decode_inputs(qkv, q_norm_w, k_norm_w, cos, sin, eps, nh, nkv, hd, k_cache, v_cache, slot_mapping,
                              out=None, **launch):
     """q [N, nh, hd] in qkv.dtype (normed + rotated; written to `out` if given); k (normed + rotated) and v are
-    written into k_cache / v_cache at slot_mapping. `launch`: num_warps (Triton only)."""
+    written into k_cache / v_cache at slot_mapping. `launch`: num_warps, pdl (Triton only)."""
     if use_triton(qkv):
         return fused_attn_decode_inputs_triton(qkv, q_norm_w, k_norm_w, cos, sin, eps, nh, nkv, hd, k_cache,
                                                v_cache, slot_mapping, out, **launch)

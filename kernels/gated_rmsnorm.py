@@ -8,7 +8,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from kernels._common import cast_rtne, cdiv, check, next_pow2, output, require_last_dim_contiguous, use_triton
+from kernels._common import (
+    cast_rtne, cdiv, check, check_pdl, next_pow2, output, pdl_enter, require_last_dim_contiguous, use_triton)
 
 
 def _validate(o, z, weight):
@@ -30,8 +31,9 @@ def _gated_rmsnorm_kernel(
     o_ptr, z_ptr, w_ptr, y_ptr,
     R, H, eps,
     so_n, so_h, sz_n, sz_h, sy_n, sy_h,
-    D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, ROUND_PRODUCT: tl.constexpr,
+    D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, ROUND_PRODUCT: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     n = (rows // H).to(tl.int64)
     h = rows % H
@@ -50,8 +52,9 @@ def _gated_rmsnorm_kernel(
     tl.store(y_ptr + (n * sy_n + h * sy_h)[:, None] + offs_d[None, :], cast_rtne(y, y_ptr.dtype.element_ty), mask=mask)
 
 
-def gated_rmsnorm_triton(o, z, weight, eps, out=None, block_rows=None, num_warps=None):
+def gated_rmsnorm_triton(o, z, weight, eps, out=None, block_rows=None, num_warps=None, pdl=False):
     _validate(o, z, weight)
+    check_pdl(pdl)
     require_last_dim_contiguous("o", o)
     require_last_dim_contiguous("z", z)
     require_last_dim_contiguous("weight", weight)
@@ -67,14 +70,14 @@ def gated_rmsnorm_triton(o, z, weight, eps, out=None, block_rows=None, num_warps
     _gated_rmsnorm_kernel[(cdiv(R, BLOCK_R),)](
         o, z, weight, y, R, H, float(eps),
         o.stride(0), o.stride(1), z.stride(0), z.stride(1), y.stride(0), y.stride(1),
-        D=D, BLOCK_R=BLOCK_R, BLOCK_D=BLOCK_D, ROUND_PRODUCT=product_dtype != torch.float32,
-        num_warps=num_warps or 4,
+        D=D, BLOCK_R=BLOCK_R, BLOCK_D=BLOCK_D, ROUND_PRODUCT=product_dtype != torch.float32, PDL=bool(pdl),
+        launch_pdl=bool(pdl), num_warps=num_warps or 4,
     )
     return y
 
 
 def gated_rmsnorm(o, z, weight, eps, out=None, **launch):
-    """y [N, H, dv] in o.dtype (written to `out` if given). `launch`: block_rows, num_warps (Triton only)."""
+    """y [N, H, dv] in o.dtype (written to `out` if given). `launch`: block_rows, num_warps, pdl (Triton only)."""
     if use_triton(o):
         return gated_rmsnorm_triton(o, z, weight, eps, out, **launch)
     return gated_rmsnorm_ref(o, z, weight, eps, out)

@@ -16,7 +16,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from kernels._common import cast_rtne, cdiv, check, next_pow2, output, require_last_dim_contiguous, use_triton
+from kernels._common import (
+    cast_rtne, cdiv, check, check_pdl, next_pow2, output, pdl_enter, require_last_dim_contiguous, use_triton)
 
 L2NORM_EPS = 1e-6
 
@@ -95,9 +96,10 @@ def _gdn_recurrent_kernel(
     sg_b, sg_t, sg_h, sbeta_b, sbeta_t, sbeta_h, so_b, so_t, so_h,
     ss_n, ss_h, ss_k, si_b, si_t, si_h, si_k,
     GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    STORE_INTERMEDIATE: tl.constexpr, RAW_GATES: tl.constexpr,
+    STORE_INTERMEDIATE: tl.constexpr, RAW_GATES: tl.constexpr, PDL: tl.constexpr,
 ):
     # One program = (sequence, value head, dv tile); the [dk, BV] state tile stays in registers across the T steps.
+    pdl_enter(PDL)
     b = tl.program_id(0)
     hv = tl.program_id(1)
     vt = tl.program_id(2)
@@ -146,8 +148,9 @@ def _gdn_recurrent_kernel(
 
 
 def gdn_recurrent_triton(q, k, v, g, beta, state, state_idx, scale=None, intermediate_states=None, out=None,
-                         raw_gates=None, block_v=None, num_warps=None):
+                         raw_gates=None, block_v=None, num_warps=None, pdl=False):
     _validate(q, k, v, g, beta, state, state_idx, intermediate_states)
+    check_pdl(pdl)
     if raw_gates is not None:
         _check_raw_gates(raw_gates, v.shape[2])
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -173,7 +176,7 @@ def gdn_recurrent_triton(q, k, v, g, beta, state, state_idx, scale=None, interme
         *g.stride(), *beta.stride(), *o.stride()[:3],
         *state.stride()[:3], *si,
         GROUP=Hv // Hk, DK=dk, DV=dv, BK=BK, BV=BV, STORE_INTERMEDIATE=store_inter, RAW_GATES=raw_gates is not None,
-        num_warps=num_warps or 4,
+        PDL=bool(pdl), launch_pdl=bool(pdl), num_warps=num_warps or 4,
     )
     return o
 
@@ -182,7 +185,7 @@ def gdn_recurrent(q, k, v, g, beta, state, state_idx, scale=None, intermediate_s
                   **launch):
     """o [B, T, Hv, dv] (v.dtype, written to `out` if given); updates `state` rows `state_idx` in place.
     raw_gates=(A_log, dt_bias): g, beta are the raw a, b projections (module docstring).
-    `launch`: block_v, num_warps (Triton only)."""
+    `launch`: block_v, num_warps, pdl (Triton only)."""
     if use_triton(q):
         return gdn_recurrent_triton(q, k, v, g, beta, state, state_idx, scale, intermediate_states, out, raw_gates,
                                     **launch)

@@ -13,7 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import cast_rtne, cdiv, check, next_pow2, output, require_last_dim_contiguous, sm_count, use_triton
+from kernels._common import (
+    cast_rtne, cdiv, check, check_pdl, next_pow2, output, pdl_enter, require_last_dim_contiguous, sm_count, use_triton)
 
 LOG2E = 1.4426950408889634
 
@@ -70,8 +71,9 @@ def _paged_decode_partition_kernel(
     so_b, so_h, so_p, sml_b, sml_h,
     D: tl.constexpr, BLOCK_D: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, PARTITION: tl.constexpr,
-    SINGLE: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr,
+    SINGLE: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     b = tl.program_id(0)
     hk = tl.program_id(1)
     p = tl.program_id(2)
@@ -131,8 +133,9 @@ def _paged_decode_reduce_kernel(
     part_ptr, m_ptr, l_ptr, out_ptr,
     num_parts,
     sp_b, sp_h, sp_p, sml_b, sml_h, so_b, so_h,
-    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     b = tl.program_id(0)
     h = tl.program_id(1)
     offs_d = tl.arange(0, BLOCK_D)
@@ -174,10 +177,11 @@ def pick_partition_size(batch: int, kv_heads: int, max_len: int, block_n: int, s
 
 def paged_decode_attention_triton(q, k_cache, v_cache, block_tables, context_lens, scale, out=None,
                                   max_context_len=None, partition_size=None, block_n=None, num_warps=None,
-                                  num_stages=None):
+                                  num_stages=None, pdl=False):
     """max_context_len: host-known bound on context_lens (default: the block table's capacity); it only sizes the
-    launch grid. partition_size must be a multiple of block_n."""
+    launch grid. partition_size must be a multiple of block_n. pdl: programmatic dependent launch, both passes."""
     _validate(q, k_cache, v_cache, block_tables, context_lens)
+    check_pdl(pdl)
     require_last_dim_contiguous("q", q)
     require_last_dim_contiguous("k_cache", k_cache)
     require_last_dim_contiguous("v_cache", v_cache)
@@ -211,21 +215,22 @@ def paged_decode_attention_triton(q, k_cache, v_cache, block_tables, context_len
         q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], block_tables.stride(0),
         *so, *sml,
         D=D, BLOCK_D=BLOCK_D, GROUP=group, BLOCK_G=BLOCK_G, BLOCK_SIZE=block_size, BLOCK_N=BLOCK_N,
-        PARTITION=part, SINGLE=single, DOT_PRECISION=precision, UPCAST_DOT=not q.is_cuda,
-        num_warps=num_warps or 4, num_stages=num_stages or 2,
+        PARTITION=part, SINGLE=single, DOT_PRECISION=precision, UPCAST_DOT=not q.is_cuda, PDL=bool(pdl),
+        launch_pdl=bool(pdl), num_warps=num_warps or 4, num_stages=num_stages or 2,
     )
     if not single:
         _paged_decode_reduce_kernel[(B, Hq)](
             part_out, m, l, out, num_parts,
             *part_out.stride()[:3], *m.stride()[:2], out.stride(0), out.stride(1),
-            D=D, BLOCK_D=BLOCK_D, BLOCK_P=min(16, next_pow2(num_parts)), num_warps=4,
+            D=D, BLOCK_D=BLOCK_D, BLOCK_P=min(16, next_pow2(num_parts)), PDL=bool(pdl), launch_pdl=bool(pdl),
+            num_warps=4,
         )
     return out
 
 
 def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, out=None, **launch):
     """o [B, Hq, D] (q.dtype, written to `out` if given).
-    `launch` (Triton only): max_context_len, partition_size, block_n, num_warps, num_stages."""
+    `launch` (Triton only): max_context_len, partition_size, block_n, num_warps, num_stages, pdl."""
     if use_triton(q):
         return paged_decode_attention_triton(q, k_cache, v_cache, block_tables, context_lens, scale, out, **launch)
     return paged_decode_attention_ref(q, k_cache, v_cache, block_tables, context_lens, scale, out)

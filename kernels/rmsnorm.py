@@ -7,7 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import cast_rtne, cdiv, check, next_pow2, output, use_triton
+from kernels._common import cast_rtne, cdiv, check, check_pdl, next_pow2, output, pdl_enter, use_triton
 
 
 def _validate(x, weight, residual):
@@ -36,8 +36,9 @@ def _rmsnorm_kernel(
     x_ptr, r_ptr, w_ptr, y_ptr, nr_ptr,
     R, eps,
     sx, sr, sy, snr,
-    D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+    D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, HAS_RESIDUAL: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
     offs_d = tl.arange(0, BLOCK_D)
     mask = (rows < R)[:, None] & (offs_d < D)[None, :]
@@ -63,9 +64,12 @@ def _rows(name, t):
                          "cannot be flattened into one row stride") from None
 
 
-def rmsnorm_triton(x, weight, eps, residual=None, out=None, residual_out=None, block_rows=None, num_warps=None):
-    """residual_out may be `residual` itself (in-place update of the residual stream)."""
+def rmsnorm_triton(x, weight, eps, residual=None, out=None, residual_out=None, block_rows=None, num_warps=None,
+                   pdl=False):
+    """residual_out may be `residual` itself (in-place update of the residual stream). pdl: programmatic dependent
+    launch (kernels/_common.pdl_enter; GPU only)."""
     _validate(x, weight, residual)
+    check_pdl(pdl)
     D = x.shape[-1]
     x2 = _rows("x", x)
     R = x2.shape[0]
@@ -84,7 +88,7 @@ def rmsnorm_triton(x, weight, eps, residual=None, out=None, residual_out=None, b
         _rmsnorm_kernel[(cdiv(R, BLOCK_R),)](
             x2, r2, weight, y2, nr2, R, float(eps),
             x2.stride(0), r2.stride(0), y2.stride(0), nr2.stride(0),
-            D=D, BLOCK_R=BLOCK_R, BLOCK_D=BLOCK_D, HAS_RESIDUAL=has_res,
+            D=D, BLOCK_R=BLOCK_R, BLOCK_D=BLOCK_D, HAS_RESIDUAL=has_res, PDL=bool(pdl), launch_pdl=bool(pdl),
             num_warps=num_warps or (8 if BLOCK_D >= 2048 else 4),
         )
     return (y, new_res) if has_res else y
@@ -92,7 +96,7 @@ def rmsnorm_triton(x, weight, eps, residual=None, out=None, residual_out=None, b
 
 def rmsnorm(x, weight, eps, residual=None, out=None, residual_out=None, **launch):
     """y (x.dtype, x.shape) or, with residual, (y, new_residual = x + residual); outputs go to out / residual_out if
-    given (residual_out=residual updates the residual in place). `launch`: block_rows, num_warps (Triton only)."""
+    given (residual_out=residual updates the residual in place). `launch`: block_rows, num_warps, pdl (Triton only)."""
     if use_triton(x):
         return rmsnorm_triton(x, weight, eps, residual, out, residual_out, **launch)
     return rmsnorm_ref(x, weight, eps, residual, out, residual_out)

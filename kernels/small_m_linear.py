@@ -71,7 +71,7 @@ import triton
 import triton.language as tl
 
 from kernels._common import (
-    cast_rtne, cdiv, check, interpreted, next_pow2, output, require_last_dim_contiguous, sm_count, use_triton)
+    cast_rtne, cdiv, check, check_pdl, next_pow2, output, require_last_dim_contiguous, sm_count, use_triton)
 from kernels.gated_rmsnorm import gated_rmsnorm_ref
 from kernels.rmsnorm import rmsnorm_ref
 from kernels.silu_mul import silu_mul_ref
@@ -424,7 +424,7 @@ def _launch(x, weight, out, prologue, residual=None, norm_weight=None, eps=0.0, 
     check(BLOCK_N >= 16 and BLOCK_N == next_pow2(BLOCK_N), f"block_n must be a power of two >= 16, got {BLOCK_N}")
     check(BLOCK_K >= 16 and BLOCK_K == next_pow2(BLOCK_K), f"block_k must be a power of two >= 16, got {BLOCK_K}")
     check(reduce_mode in ("fused", "kernel"), f"split_reduce must be 'fused' or 'kernel', got {reduce_mode!r}")
-    check(not pdl or not interpreted(), "pdl (programmatic dependent launch) needs a GPU, not the Triton interpreter")
+    check_pdl(pdl)
     check(prefetch_lines >= 1 and prefetch_lines == next_pow2(prefetch_lines),
           f"prefetch_lines must be a power of two, got {prefetch_lines}")
     n_tiles = cdiv(W_ROWS, BLOCK_N)  # with swiglu: cdiv(N, BLOCK_N // 2), the same number

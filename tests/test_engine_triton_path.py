@@ -57,3 +57,40 @@ def test_triton_kernels_in_engine_match_transformers(ckpt, monkeypatch, options)
     assert (fused <= set(calls)) == prologues, sorted(set(calls))
     # the epilogue takes the MLP's plain input: with the RMSNorm deferred into gate_up (prologues) it steps aside
     assert ("linear_silu_mul_triton" in calls) == (options.get("swiglu_epilogue", True) and not prologues)
+
+
+def test_decode_pdl_reaches_every_decode_kernel(ckpt, monkeypatch):
+    """EngineOptions(decode_pdl=True) on a GPU launches every decode kernel with programmatic dependent launch. The
+    interpreter has no griddepcontrol, so each Triton launcher is replaced here by a recorder of its pdl flag that
+    runs the torch reference, and PDL is switched on as the model runner does on CUDA."""
+    import kernels.conv1d_update as conv
+    import kernels.fused_attn_decode as fa
+    import kernels.gated_rmsnorm as gn
+    import kernels.gdn_recurrent as gdn
+    import kernels.paged_attention as pa
+    import kernels.rmsnorm as rn
+    import kernels.small_m_linear as sml
+
+    monkeypatch.setenv("OCRIA_FORCE_TRITON", "1")
+    calls = []
+    launchers = [(rn, "rmsnorm_triton", rn.rmsnorm_ref), (gn, "gated_rmsnorm_triton", gn.gated_rmsnorm_ref),
+                 (conv, "causal_conv1d_update_triton", conv.causal_conv1d_update_ref),
+                 (gdn, "gdn_recurrent_triton", gdn.gdn_recurrent_ref),
+                 (pa, "paged_decode_attention_triton", pa.paged_decode_attention_ref),
+                 (fa, "fused_attn_decode_inputs_triton", fa.fused_attn_decode_inputs_ref),
+                 (sml, "small_m_linear_triton", sml.small_m_linear_ref),
+                 (sml, "linear_silu_mul_triton", sml.linear_silu_mul_ref)]
+    for mod, name, ref in launchers:  # launch options (workspace, pdl, ...) are keywords; the op's inputs positional
+        monkeypatch.setattr(mod, name, lambda *a, _n=name, _ref=ref, pdl=False, **launch: (calls.append((_n, pdl)),
+                                                                                           _ref(*a))[1])
+    eng = Engine.from_checkpoint(ckpt, dtype="float32", max_num_seqs=2, num_blocks=32, block_size=16, decode_pdl=True)
+    eng.model.language_model.set_pdl(True)  # what ModelRunner does when the device is CUDA
+    eng.model.proj.launch["pdl"] = True
+    img = np.random.default_rng(0).integers(0, 256, (70, 90, 3), dtype=np.uint8)
+    reqs = [dict(prompt="Read.", image=img, sampling=SamplingParams(max_tokens=4), ignore_eos=True)]
+    got = eng.generate(reqs)[0].output_token_ids
+    assert {n for n, _ in calls} == {name for _, name, _ in launchers}, sorted({n for n, _ in calls})
+    assert all(pdl for _, pdl in calls), sorted({n for n, p in calls if not p})
+    monkeypatch.delenv("OCRIA_FORCE_TRITON")
+    plain = Engine.from_checkpoint(ckpt, dtype="float32", max_num_seqs=2, num_blocks=32, block_size=16)
+    assert got == plain.generate(reqs)[0].output_token_ids

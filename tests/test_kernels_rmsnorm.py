@@ -80,3 +80,10 @@ def test_bad_inputs_raise_clear_errors():
         rmsnorm_triton(x, weight, EPS, residual=residual.to(torch.bfloat16))
     with pytest.raises(ValueError, match="last dimension must be contiguous"):
         rmsnorm_triton(x.t(), torch.zeros(2), EPS)
+
+
+def test_pdl_needs_a_gpu():
+    """Programmatic dependent launch is PTX (griddepcontrol) the interpreter cannot run: a clear error, not a crash
+    (kernels.compile_check compiles every pdl variant for sm_90 instead)."""
+    with pytest.raises(ValueError, match="needs a GPU"):
+        rmsnorm_triton(torch.zeros(2, 8), torch.zeros(8), 1e-6, pdl=True)

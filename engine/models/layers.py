@@ -45,7 +45,7 @@ class DecodeProjections:
     - prologues: the elementwise op before a projection computed inside the GEMV (SwiGLU before down_proj, the GDN's
       gated norm before its out_proj; with fuse_norm also the RMSNorm before each layer's first projection and MLP);
     - pdl (CUDA): the GEMVs use programmatic dependent launch (kernels/small_m_linear), overlapping each one's start
-      with the end of the kernel before."""
+      with the end of the kernel before (TextModel.set_pdl does the same for the other decode kernels)."""
 
     def __init__(self, workspace: SplitKWorkspace | None = None, fuse_norm: bool = False, pdl: bool = False,
                  prologues: bool = False, swiglu_epilogue: bool = False):
@@ -93,7 +93,8 @@ class DecodeProjections:
         """out_proj(gated_rmsnorm(o, z)) of a GDN layer, o and z [N, heads, head_dim]."""
         if self.prologues and self.workspace is not None and o.shape[0] <= MAX_M:
             return ops.gated_rmsnorm_linear(o, z, norm_weight, eps, weight, **self.launch)
-        return self.linear(ops.gated_rmsnorm(o, z, norm_weight, eps).reshape(o.shape[0], -1), weight)
+        gated = ops.gated_rmsnorm(o, z, norm_weight, eps, pdl=self.launch.get("pdl", False))
+        return self.linear(gated.reshape(o.shape[0], -1), weight)
 
     def mlp(self, x, gate_up_weight: torch.Tensor, down_weight: torch.Tensor) -> torch.Tensor:
         """down(silu(gate) * up) of a SwiGLU MLP with a fused [gate | up] weight."""

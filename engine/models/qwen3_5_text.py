@@ -20,13 +20,15 @@ from engine.step_metadata import StepMetadata
 class RMSNorm(nn.Module):
     """Zero-centred RMSNorm: x * rsqrt(mean(x^2) + eps) * (1 + w)."""
 
+    pdl = False  # launched with programmatic dependent launch (TextModel.set_pdl)
+
     def __init__(self, dim: int, eps: float, **factory):
         super().__init__()
         self.eps = eps
         self.weight = param(dim, **factory)
 
     def forward(self, x, residual=None):
-        return ops.rmsnorm(x, self.weight, self.eps, residual)
+        return ops.rmsnorm(x, self.weight, self.eps, residual, pdl=self.pdl)
 
     def deferred(self, x, residual=None):
         """(NormedInput, new residual): the norm is left to the projection that reads it (DecodeProjections); the
@@ -68,6 +70,7 @@ class GatedAttention(nn.Module):
         self.proj = DecodeProjections()
 
     fused_decode = False  # decode: one fused kernel for q/k norm + rotary + KV store (TextModel.set_fused_decode)
+    pdl = False  # decode kernels launched with programmatic dependent launch (TextModel.set_pdl)
 
     def forward(self, x, meta: StepMetadata, cos, sin):
         if self.fused_decode and not meta.is_prefill:
@@ -80,14 +83,16 @@ class GatedAttention(nn.Module):
             o = self._prefill_attention(q, meta)
         else:
             o = ops.paged_decode_attention(q, self.k_cache, self.v_cache, meta.block_tables, meta.context_lens,
-                                           self.scale)
+                                           self.scale, pdl=self.pdl)
         return self.proj.linear(self.glue.gated_output(o, gate), self.o_proj.weight)
 
     def _fused_decode(self, x, meta: StepMetadata, cos, sin):
         qkv = self.proj.linear(x, self.qkv_proj.weight)
         q = ops.fused_attn_decode_inputs(qkv, self.q_norm.weight, self.k_norm.weight, cos, sin, self.q_norm.eps,
-                                         self.nh, self.nkv, self.hd, self.k_cache, self.v_cache, meta.slot_mapping)
-        o = ops.paged_decode_attention(q, self.k_cache, self.v_cache, meta.block_tables, meta.context_lens, self.scale)
+                                         self.nh, self.nkv, self.hd, self.k_cache, self.v_cache, meta.slot_mapping,
+                                         pdl=self.pdl)
+        o = ops.paged_decode_attention(q, self.k_cache, self.v_cache, meta.block_tables, meta.context_lens, self.scale,
+                                       pdl=self.pdl)
         gate = qkv[:, :self.nh * 2 * self.hd].view(-1, self.nh, 2 * self.hd)[..., self.hd:]  # a view, no copy
         return self.proj.linear(self.glue.gated_output(o, gate).reshape(qkv.shape[0], -1), self.o_proj.weight)
 
@@ -137,6 +142,7 @@ class GatedDeltaNet(nn.Module):
         self.proj = DecodeProjections()
 
     fused_decode = False  # decode: one fused kernel from conv to gated norm (TextModel.set_fused_decode)
+    pdl = False  # decode kernels launched with programmatic dependent launch (TextModel.set_pdl)
 
     def forward(self, x, meta: StepMetadata, cos=None, sin=None):
         projected = self.proj.linear(x, self.in_proj.weight)
@@ -151,7 +157,7 @@ class GatedDeltaNet(nn.Module):
             g, beta = self.glue.gdn_gates(ba, self.A_log, self.dt_bias)
             y = conv1d_prefill_varlen(qkv, self.conv1d.weight, self.conv_state, meta.state_slots, meta.query_lens)
         else:
-            y = ops.causal_conv1d_update(qkv, self.conv_state, self.conv1d.weight, meta.state_idx, "silu")
+            y = ops.causal_conv1d_update(qkv, self.conv_state, self.conv1d.weight, meta.state_idx, "silu", pdl=self.pdl)
         q, k, v = y.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
         q = q.reshape(N, self.hk, self.dk)
         k = k.reshape(N, self.hk, self.dk)
@@ -161,7 +167,8 @@ class GatedDeltaNet(nn.Module):
         else:
             # the gates are computed inside the recurrent kernel from the raw [b | a] projections
             o = ops.gdn_recurrent(q[:, None], k[:, None], v[:, None], ba[:, None, self.hv:], ba[:, None, :self.hv],
-                                  self.ssm_state, meta.state_idx, raw_gates=(self.A_log, self.dt_bias))[:, 0]
+                                  self.ssm_state, meta.state_idx, raw_gates=(self.A_log, self.dt_bias),
+                                  pdl=self.pdl)[:, 0]
         return self.proj.gated_rmsnorm_linear(o, z.reshape(N, self.hv, self.dv), self.norm.weight, self.eps,
                                               self.out_proj.weight)
 
@@ -223,6 +230,13 @@ class TextModel(nn.Module):
         for layer in self.layers:
             if layer.kind in kinds:
                 layer.mixer.fused_decode = on
+
+    def set_pdl(self, on: bool) -> None:
+        """Launch the norms', GDN and attention decode kernels with programmatic dependent launch (CUDA, sm_90+;
+        the GEMVs follow DecodeProjections' own flag): each may start while the kernel before it finishes."""
+        for m in self.modules():
+            if isinstance(m, (RMSNorm, GatedDeltaNet, GatedAttention)):
+                m.pdl = on
 
     def forward(self, x: torch.Tensor, meta: StepMetadata, cos, sin) -> torch.Tensor:
         residual = None
