@@ -13,8 +13,9 @@ step() { local s=$1; shift; local t0=$SECONDS; timeout "$s" "$@" 2>&1 | grep -v 
 # 1. correctness on CUDA: native vs transformers, fp32 token-for-token (112 s in session 12; with the bf16 ocria-tiny
 #    comparison too it ran past 180 s)
 step 150 python3 bench/gpu_check.py --dtypes float32 --requests 8 --out "$out/gpu_check.json"
-# 2. the engine at the 4B shape, default vs its alternatives, and transformers: text decode at b1 / b8 (next: PDL on
-#    the plain GEMVs, only ever timed together with the prologues)
+# 2. the engine at the 4B shape, default vs its alternatives, and transformers: text decode at b1 / b8. Next: every
+#    decode kernel with PDL (decode_pdl). It changes scheduling only, so its output check against the default must
+#    show identical tokens and a logit difference of 0 (a missing wait would show up there).
 step 250 python3 jobs/benchmark.py --device cuda --out "$out/bench" --scenarios text --batch-sizes 1,8 \
   --variants native,native_pdl --hf-max-new 32
 # 3. where a step's time goes now
