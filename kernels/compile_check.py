@@ -195,9 +195,10 @@ def decode_cases(batch_sizes=(1, 64)):
                 (f"gated_rmsnorm N={B} pdl", gated_rmsnorm, lambda B=B: gated_rmsnorm.gated_rmsnorm_triton(
                     torch.empty(B, Hv, dv, dtype=bf16), torch.empty(B, Hv, dv, dtype=bf16), torch.empty(dv, dtype=bf16),
                     1e-6, **pdl)),
-                (f"conv1d_update B={B} pdl", conv1d_update, lambda B=B, idx=idx: conv1d_update.causal_conv1d_update_triton(
-                    torch.empty(B, C, dtype=bf16), torch.empty(1, C, K - 1, dtype=bf16), torch.empty(C, K, dtype=bf16),
-                    idx, **pdl)),
+                (f"conv1d_update B={B} pdl", conv1d_update,
+                 lambda B=B, idx=idx: conv1d_update.causal_conv1d_update_triton(
+                     torch.empty(B, C, dtype=bf16), torch.empty(1, C, K - 1, dtype=bf16), torch.empty(C, K, dtype=bf16),
+                     idx, **pdl)),
                 (f"gdn_recurrent B={B} raw gates pdl", gdn_recurrent,
                  lambda B=B, idx=idx, ba=ba: gdn_recurrent.gdn_recurrent_triton(
                      torch.empty(B, 1, Hk, dk, dtype=bf16), torch.empty(B, 1, Hk, dk, dtype=bf16),
