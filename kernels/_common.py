@@ -55,6 +55,12 @@ def check_pdl(pdl: bool) -> None:
     check(not pdl or not interpreted(), "pdl (programmatic dependent launch) needs a GPU, not the Triton interpreter")
 
 
+def pdl_launch(pdl: bool) -> dict:
+    """The launch arguments of a kernel that starts with pdl_enter(PDL), after check_pdl."""
+    check_pdl(pdl)
+    return dict(PDL=bool(pdl), launch_pdl=bool(pdl))
+
+
 @triton.jit
 def pdl_enter(PDL: tl.constexpr):
     """Programmatic dependent launch (sm_90+; the kernel launched with launch_pdl=True): the kernel may start while

@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from kernels._common import (
-    cast_rtne, cdiv, check, check_pdl, next_pow2, output, pdl_enter, require_last_dim_contiguous, use_triton)
+    cast_rtne, cdiv, check, next_pow2, output, pdl_enter, pdl_launch, require_last_dim_contiguous, use_triton)
 
 ACTIVATIONS = (None, "silu")
 
@@ -104,7 +104,7 @@ def _conv1d_update_kernel(
 def causal_conv1d_update_triton(x, conv_state, weight, state_idx, activation="silu", out=None, block_c=None,
                                 num_warps=None, pdl=False):
     weight = _weight_2d(weight)
-    check_pdl(pdl)
+    pdl_args = pdl_launch(pdl)
     _validate(x, conv_state, weight, state_idx)
     check(activation in ACTIVATIONS, f"activation must be one of {ACTIVATIONS}, got {activation!r}")
     require_last_dim_contiguous("x", x)
@@ -119,7 +119,7 @@ def causal_conv1d_update_triton(x, conv_state, weight, state_idx, activation="si
     _conv1d_update_kernel[grid](
         x, conv_state, weight, state_idx, y,
         C, x.stride(0), conv_state.stride(0), conv_state.stride(1), weight.stride(0), y.stride(0),
-        K=K, BK=next_pow2(K), BC=BC, SILU=activation == "silu", PDL=bool(pdl), launch_pdl=bool(pdl),
+        K=K, BK=next_pow2(K), BC=BC, SILU=activation == "silu", **pdl_args,
         num_warps=num_warps or 4,
     )
     return y

@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from kernels._common import (
-    cast_rtne, check, check_pdl, next_pow2, output, pdl_enter, require_last_dim_contiguous, use_triton)
+    cast_rtne, check, next_pow2, output, pdl_enter, pdl_launch, require_last_dim_contiguous, use_triton)
 from kernels.paged_attention import store_kvcache_ref
 from kernels.rmsnorm import rmsnorm_ref
 
@@ -110,7 +110,7 @@ def _fused_attn_inputs_kernel(
 def fused_attn_decode_inputs_triton(qkv, q_norm_w, k_norm_w, cos, sin, eps, nh, nkv, hd, k_cache, v_cache,
                                     slot_mapping, out=None, num_warps=None, pdl=False):
     _validate(qkv, q_norm_w, k_norm_w, cos, sin, nh, nkv, hd, k_cache, v_cache, slot_mapping)
-    check_pdl(pdl)
+    pdl_args = pdl_launch(pdl)
     for name, t in (("qkv", qkv), ("cos", cos), ("sin", sin), ("q_norm_w", q_norm_w), ("k_norm_w", k_norm_w),
                     ("k_cache", k_cache), ("v_cache", v_cache)):
         require_last_dim_contiguous(name, t)
@@ -124,7 +124,7 @@ def fused_attn_decode_inputs_triton(qkv, q_norm_w, k_norm_w, cos, sin, eps, nh, 
         k_cache.shape[1], float(eps),
         qkv.stride(0), cos.stride(0), sin.stride(0), q.stride(0), q.stride(1),
         *k_cache.stride()[:3], *v_cache.stride()[:3],
-        NH=nh, NKV=nkv, HD=hd, RD=cos.shape[1], BLOCK_D=next_pow2(hd), PDL=bool(pdl), launch_pdl=bool(pdl),
+        NH=nh, NKV=nkv, HD=hd, RD=cos.shape[1], BLOCK_D=next_pow2(hd), **pdl_args,
         num_warps=num_warps or 4,
     )
     return q

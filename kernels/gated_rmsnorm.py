@@ -9,7 +9,7 @@ import triton
 import triton.language as tl
 
 from kernels._common import (
-    cast_rtne, cdiv, check, check_pdl, next_pow2, output, pdl_enter, require_last_dim_contiguous, use_triton)
+    cast_rtne, cdiv, check, next_pow2, output, pdl_enter, pdl_launch, require_last_dim_contiguous, use_triton)
 
 
 def _validate(o, z, weight):
@@ -54,7 +54,7 @@ def _gated_rmsnorm_kernel(
 
 def gated_rmsnorm_triton(o, z, weight, eps, out=None, block_rows=None, num_warps=None, pdl=False):
     _validate(o, z, weight)
-    check_pdl(pdl)
+    pdl_args = pdl_launch(pdl)
     require_last_dim_contiguous("o", o)
     require_last_dim_contiguous("z", z)
     require_last_dim_contiguous("weight", weight)
@@ -70,8 +70,8 @@ def gated_rmsnorm_triton(o, z, weight, eps, out=None, block_rows=None, num_warps
     _gated_rmsnorm_kernel[(cdiv(R, BLOCK_R),)](
         o, z, weight, y, R, H, float(eps),
         o.stride(0), o.stride(1), z.stride(0), z.stride(1), y.stride(0), y.stride(1),
-        D=D, BLOCK_R=BLOCK_R, BLOCK_D=BLOCK_D, ROUND_PRODUCT=product_dtype != torch.float32, PDL=bool(pdl),
-        launch_pdl=bool(pdl), num_warps=num_warps or 4,
+        D=D, BLOCK_R=BLOCK_R, BLOCK_D=BLOCK_D, ROUND_PRODUCT=product_dtype != torch.float32, **pdl_args,
+        num_warps=num_warps or 4,
     )
     return y
 

@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from kernels._common import (
-    cast_rtne, cdiv, check, check_pdl, next_pow2, output, pdl_enter, require_last_dim_contiguous, use_triton)
+    cast_rtne, cdiv, check, next_pow2, output, pdl_enter, pdl_launch, require_last_dim_contiguous, use_triton)
 
 L2NORM_EPS = 1e-6
 
@@ -150,7 +150,7 @@ def _gdn_recurrent_kernel(
 def gdn_recurrent_triton(q, k, v, g, beta, state, state_idx, scale=None, intermediate_states=None, out=None,
                          raw_gates=None, block_v=None, num_warps=None, pdl=False):
     _validate(q, k, v, g, beta, state, state_idx, intermediate_states)
-    check_pdl(pdl)
+    pdl_args = pdl_launch(pdl)
     if raw_gates is not None:
         _check_raw_gates(raw_gates, v.shape[2])
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -176,7 +176,7 @@ def gdn_recurrent_triton(q, k, v, g, beta, state, state_idx, scale=None, interme
         *g.stride(), *beta.stride(), *o.stride()[:3],
         *state.stride()[:3], *si,
         GROUP=Hv // Hk, DK=dk, DV=dv, BK=BK, BV=BV, STORE_INTERMEDIATE=store_inter, RAW_GATES=raw_gates is not None,
-        PDL=bool(pdl), launch_pdl=bool(pdl), num_warps=num_warps or 4,
+        **pdl_args, num_warps=num_warps or 4,
     )
     return o
 

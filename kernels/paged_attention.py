@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from kernels._common import (
-    cast_rtne, cdiv, check, check_pdl, next_pow2, output, pdl_enter, require_last_dim_contiguous, sm_count, use_triton)
+    cast_rtne, cdiv, check, next_pow2, output, pdl_enter, pdl_launch, require_last_dim_contiguous, sm_count, use_triton)
 
 LOG2E = 1.4426950408889634
 
@@ -181,7 +181,7 @@ def paged_decode_attention_triton(q, k_cache, v_cache, block_tables, context_len
     """max_context_len: host-known bound on context_lens (default: the block table's capacity); it only sizes the
     launch grid. partition_size must be a multiple of block_n. pdl: programmatic dependent launch, both passes."""
     _validate(q, k_cache, v_cache, block_tables, context_lens)
-    check_pdl(pdl)
+    pdl_args = pdl_launch(pdl)
     require_last_dim_contiguous("q", q)
     require_last_dim_contiguous("k_cache", k_cache)
     require_last_dim_contiguous("v_cache", v_cache)
@@ -215,14 +215,14 @@ def paged_decode_attention_triton(q, k_cache, v_cache, block_tables, context_len
         q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], block_tables.stride(0),
         *so, *sml,
         D=D, BLOCK_D=BLOCK_D, GROUP=group, BLOCK_G=BLOCK_G, BLOCK_SIZE=block_size, BLOCK_N=BLOCK_N,
-        PARTITION=part, SINGLE=single, DOT_PRECISION=precision, UPCAST_DOT=not q.is_cuda, PDL=bool(pdl),
-        launch_pdl=bool(pdl), num_warps=num_warps or 4, num_stages=num_stages or 2,
+        PARTITION=part, SINGLE=single, DOT_PRECISION=precision, UPCAST_DOT=not q.is_cuda, **pdl_args,
+        num_warps=num_warps or 4, num_stages=num_stages or 2,
     )
     if not single:
         _paged_decode_reduce_kernel[(B, Hq)](
             part_out, m, l, out, num_parts,
             *part_out.stride()[:3], *m.stride()[:2], out.stride(0), out.stride(1),
-            D=D, BLOCK_D=BLOCK_D, BLOCK_P=min(16, next_pow2(num_parts)), PDL=bool(pdl), launch_pdl=bool(pdl),
+            D=D, BLOCK_D=BLOCK_D, BLOCK_P=min(16, next_pow2(num_parts)), **pdl_args,
             num_warps=4,
         )
     return out

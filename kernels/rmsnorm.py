@@ -7,7 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import cast_rtne, cdiv, check, check_pdl, next_pow2, output, pdl_enter, use_triton
+from kernels._common import cast_rtne, cdiv, check, next_pow2, output, pdl_enter, pdl_launch, use_triton
 
 
 def _validate(x, weight, residual):
@@ -69,7 +69,7 @@ def rmsnorm_triton(x, weight, eps, residual=None, out=None, residual_out=None, b
     """residual_out may be `residual` itself (in-place update of the residual stream). pdl: programmatic dependent
     launch (kernels/_common.pdl_enter; GPU only)."""
     _validate(x, weight, residual)
-    check_pdl(pdl)
+    pdl_args = pdl_launch(pdl)
     D = x.shape[-1]
     x2 = _rows("x", x)
     R = x2.shape[0]
@@ -88,7 +88,7 @@ def rmsnorm_triton(x, weight, eps, residual=None, out=None, residual_out=None, b
         _rmsnorm_kernel[(cdiv(R, BLOCK_R),)](
             x2, r2, weight, y2, nr2, R, float(eps),
             x2.stride(0), r2.stride(0), y2.stride(0), nr2.stride(0),
-            D=D, BLOCK_R=BLOCK_R, BLOCK_D=BLOCK_D, HAS_RESIDUAL=has_res, PDL=bool(pdl), launch_pdl=bool(pdl),
+            D=D, BLOCK_R=BLOCK_R, BLOCK_D=BLOCK_D, HAS_RESIDUAL=has_res, **pdl_args,
             num_warps=num_warps or (8 if BLOCK_D >= 2048 else 4),
         )
     return (y, new_res) if has_res else y
