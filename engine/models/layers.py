@@ -73,8 +73,12 @@ class DecodeProjections:
                                    torch.zeros(tiles, dtype=torch.int32, device=w.device)), fuse_norm,
                    pdl and w.is_cuda, prologues, swiglu_epilogue)
 
+    def gemv(self, rows: int) -> bool:
+        """Whether a product of `rows` rows runs on the GEMV (else the torch op)."""
+        return self.workspace is not None and rows <= MAX_M
+
     def on(self, rows: int, is_prefill: bool) -> bool:
-        return self.workspace is not None and not is_prefill and rows <= MAX_M
+        return not is_prefill and self.gemv(rows)
 
     def defer_norm(self, rows: int, is_prefill: bool) -> bool:
         return self.fuse_norm and self.on(rows, is_prefill)
@@ -84,26 +88,25 @@ class DecodeProjections:
             y = ops.rmsnorm_linear(x.x, x.weight, x.eps, weight, x.residual, residual_out=x.residual_out,
                                    **self.launch)
             return y if x.residual is None else y[0]
-        if self.workspace is not None and x.shape[0] <= MAX_M:
+        if self.gemv(x.shape[0]):
             return ops.small_m_linear(x, weight, **self.launch)
         return F.linear(x, weight)
 
     def gated_rmsnorm_linear(self, o: torch.Tensor, z: torch.Tensor, norm_weight: torch.Tensor, eps: float,
                              weight: torch.Tensor) -> torch.Tensor:
         """out_proj(gated_rmsnorm(o, z)) of a GDN layer, o and z [N, heads, head_dim]."""
-        if self.prologues and self.workspace is not None and o.shape[0] <= MAX_M:
+        if self.prologues and self.gemv(o.shape[0]):
             return ops.gated_rmsnorm_linear(o, z, norm_weight, eps, weight, **self.launch)
         gated = ops.gated_rmsnorm(o, z, norm_weight, eps, pdl=self.launch.get("pdl", False))
         return self.linear(gated.reshape(o.shape[0], -1), weight)
 
     def mlp(self, x, gate_up_weight: torch.Tensor, down_weight: torch.Tensor) -> torch.Tensor:
         """down(silu(gate) * up) of a SwiGLU MLP with a fused [gate | up] weight."""
-        if (self.swiglu_epilogue and self.workspace is not None and not isinstance(x, NormedInput)
-                and x.shape[0] <= MAX_M):
+        if self.swiglu_epilogue and not isinstance(x, NormedInput) and self.gemv(x.shape[0]):
             return self.linear(ops.linear_silu_mul(x, gate_up_weight, **self.launch), down_weight)
         return self.silu_mul_linear(self.linear(x, gate_up_weight), down_weight)
 
     def silu_mul_linear(self, gate_up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        if self.prologues and self.workspace is not None and gate_up.shape[0] <= MAX_M:
+        if self.prologues and self.gemv(gate_up.shape[0]):
             return ops.silu_mul_linear(gate_up, weight, **self.launch)
         return self.linear(ops.silu_mul(gate_up), weight)
