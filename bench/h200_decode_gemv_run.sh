@@ -4,19 +4,20 @@
 #   bash bench/h200_decode_gemv_run.sh $OUT          # carry .gpu/wheels (fla)
 # Each step has its own time limit, so a slow one leaves the others' results under $OUT.
 # (bench/results/h200_decode_gemv_variants.json came from this script at commit d8e8a65, with other variants;
-#  session 12 timed the output epilogues at commit 27ae302: h200_decode_epilogues.json.)
+#  session 12 timed the output epilogues at commit 27ae302: h200_decode_epilogues.json; session 13 PDL at 3befff7:
+#  h200_decode_pdl.json and h200_decode_profile_pdl.json, with the variants then named native / native_pdl.)
 set -uo pipefail
 out=${1:?out}
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu/wheels/*.whl
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 step() { local s=$1; shift; local t0=$SECONDS; timeout "$s" "$@" 2>&1 | grep -v -i warn | tail -n 40; echo "== rc ${PIPESTATUS[0]} in $((SECONDS - t0)) s: $*"; }
-# 1. correctness on CUDA: native vs transformers, fp32 token-for-token (112 s in session 12; with the bf16 ocria-tiny
-#    comparison too it ran past 180 s)
-step 150 python3 bench/gpu_check.py --dtypes float32 --requests 8 --out "$out/gpu_check.json"
-# 2. the engine at the 4B shape, default vs its alternatives, and transformers: text decode at b1 / b8. Next: every
-#    decode kernel with PDL (decode_pdl). It changes scheduling only, so its output check against the default must
-#    show identical tokens and a logit difference of 0 (a missing wait would show up there).
+# 1. correctness on CUDA: native vs transformers, fp32 token-for-token (112 s in session 12 and 147 s in session 13,
+#    where the cold machine's first try ran past 150 s; with the bf16 ocria-tiny comparison too it ran past 180 s)
+step 180 python3 bench/gpu_check.py --dtypes float32 --requests 8 --out "$out/gpu_check.json"
+# 2. the engine at the 4B shape, default vs its alternatives, and transformers: text decode at b1 / b8. PDL changes
+#    scheduling only, so the output check of native_no_pdl against the default must show identical tokens and a logit
+#    difference of 0 (a missing wait would show up there).
 step 250 python3 jobs/benchmark.py --device cuda --out "$out/bench" --scenarios text --batch-sizes 1,8 \
-  --variants native,native_pdl --hf-max-new 32
+  --variants native,native_no_pdl --hf-max-new 32
 # 3. where a step's time goes now
-step 60 python3 bench/decode_profile.py --out "$out/prof" --variants default --batch-sizes 1 --steps 10 --graph-steps 30
+step 100 python3 bench/decode_profile.py --out "$out/prof" --variants default,no_pdl --batch-sizes 1 --steps 10 --graph-steps 30

@@ -101,9 +101,10 @@ class EngineOptions:
     decode_gemv: bool = True
     gemv_prologues: bool = False  # ... with SwiGLU / the GDN gated norm computed inside the GEMV: slower (same file)
     fuse_norm: bool = True  # ... and, with gemv_prologues, each RMSNorm applied inside the projection that reads it
-    # ... and every decode kernel (GEMVs, norms, GDN, attention) launched with programmatic dependent launch (CUDA,
-    # sm_90+): each starts while the one before finishes. Timed so far only with gemv_prologues (slower, same file)
-    decode_pdl: bool = False
+    # ... and every decode kernel (GEMVs, norms, GDN, attention) launched with programmatic dependent launch where
+    # the GPU has it (sm_90+): each starts while the one before finishes. 0.08-0.10 ms (2-3 %) less per 4B decode
+    # step at b1 and b8, same tokens and logits (bench/results/h200_decode_pdl.json, h200_engine_benchmark.json)
+    decode_pdl: bool = True
     # ... with the MLP's SwiGLU applied by the gate_up GEMV to its output: 0.05 ms (1.6 %) less per 4B decode step
     # at b1 and b8 than the separate SwiGLU kernel (bench/results/h200_decode_epilogues.json)
     swiglu_epilogue: bool = True

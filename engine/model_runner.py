@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from engine import ops
 from engine.config import ModelConfig
 from engine.models.glue import Glue
 from engine.models.layers import DecodeProjections
@@ -45,7 +46,7 @@ class DecodePath:
     gemv: bool = True  # projections of <= 16 rows through kernels/small_m_linear (DecodeProjections)
     gemv_prologues: bool = False
     fuse_norm: bool = True
-    pdl: bool = False
+    pdl: bool = True  # where the GPU has it (sm_90+)
     swiglu_epilogue: bool = True
 
 
@@ -71,12 +72,11 @@ class ModelRunner:
         model.language_model.set_fused_decode(decode.fused_decode)
         if decode.fused_attention_decode:
             model.language_model.set_fused_decode(True, kinds=("full_attention",))
+        pdl = decode.pdl and ops.pdl_supported(device)
         if decode.gemv:
             model.set_projections(DecodeProjections.for_model(
-                self._projection_weights(), decode.fuse_norm, decode.pdl, decode.gemv_prologues,
-                decode.swiglu_epilogue))
-        if decode.pdl and device.type == "cuda":
-            model.language_model.set_pdl(True)
+                self._projection_weights(), decode.fuse_norm, pdl, decode.gemv_prologues, decode.swiglu_epilogue))
+        model.language_model.set_pdl(pdl)
         if compile_glue and device.type == "cuda":
             model.language_model.set_glue(self._compiled_glue())
         t = cfg.text

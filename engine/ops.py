@@ -1,6 +1,6 @@
 """The engine's one door to the kernels package: each name dispatches to kernels/<op>.py, which runs Triton on CUDA
 tensors and its torch reference elsewhere (CPU)."""
-from kernels._common import use_triton
+from kernels._common import pdl_supported, use_triton
 from kernels.conv1d_update import causal_conv1d_update
 from kernels.fused_attn_decode import fused_attn_decode_inputs
 from kernels.fused_gdn_decode import fused_gdn_decode
@@ -19,5 +19,5 @@ from kernels.small_m_linear import (
 
 __all__ = ["causal_conv1d_update", "fused_attn_decode_inputs", "fused_gdn_decode", "gated_rmsnorm",
            "gated_rmsnorm_linear", "gdn_recurrent", "l2norm_ref", "linear_silu_mul",
-           "paged_decode_attention", "store_kvcache", "rmsnorm", "rmsnorm_linear", "silu_mul", "silu_mul_linear",
+           "paged_decode_attention", "pdl_supported", "store_kvcache", "rmsnorm", "rmsnorm_linear", "silu_mul", "silu_mul_linear",
            "small_m_linear", "use_triton"]

@@ -46,7 +46,7 @@ VARIANTS = {
     "native_cublas": dict(decode_gemv=False),  # ... on cuBLAS
     "native_gemv_fused": dict(gemv_prologues=True),  # ... RMSNorm, SwiGLU and GDN gated norm fused into the GEMVs
     "native_norm_unfused": dict(gemv_prologues=True, fuse_norm=False),  # ... SwiGLU and gated norm only
-    "native_pdl": dict(decode_pdl=True),  # ... every decode kernel with programmatic dependent launch
+    "native_no_pdl": dict(decode_pdl=False),  # ... without programmatic dependent launch
     "native_swiglu_unfused": dict(swiglu_epilogue=False),  # ... SwiGLU as its own kernel after the gate_up GEMV
     "native_fused": dict(fused_decode=True),  # the fused GDN decode kernel too
     "native_unfused_attn": dict(fused_attention_decode=False),  # attention inputs by the compiled glue + KV store

@@ -51,6 +51,11 @@ def output(out, shape, dtype, device, name="out"):
     return out
 
 
+def pdl_supported(device: torch.device) -> bool:
+    """Programmatic dependent launch needs a CUDA device of compute capability 9.0 (Hopper) or later."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+
+
 def check_pdl(pdl: bool) -> None:
     check(not pdl or not interpreted(), "pdl (programmatic dependent launch) needs a GPU, not the Triton interpreter")
 

@@ -55,8 +55,9 @@ pdl=True (sm_90+): the kernel is launched with programmatic dependent launch. It
 before is still finishing, prefetch their first `prefetch_lines` 128-byte lines of each weight row into L2 (the
 weights do not depend on that kernel), then wait for it (griddepcontrol.wait) before reading any input; each then
 lets the next PDL launch start. In a chain of GEMVs (out_proj -> gate_up -> down -> the next in_proj) this overlaps
-each one's ramp-up with the tail of the one before. Needs a GPU (the interpreter has no inline PTX). Measured only
-with the prologues on, where it added 0.2-0.3 ms per 4B decode step (same file); off in the engine (decode_pdl).
+each one's ramp-up with the tail of the one before. Needs a GPU (the interpreter has no inline PTX). With the
+prologues on it added 0.2-0.3 ms per 4B decode step (same file); with every decode kernel launched this way
+(the engine's default, EngineOptions.decode_pdl) it took 0.08-0.10 ms off at b1 and b8 (h200_decode_pdl.json).
 
 CUDA graphs: no host syncs and allocation from shapes only. Split-K needs a workspace (fp32 partials + int32
 counters that must start at 0; the fused path leaves them at 0 again). Without one, each call allocates partials and

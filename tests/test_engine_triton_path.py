@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 
+from engine import ops
 from engine.interface import SamplingParams
 from engine.llm_engine import Engine
 from engine.testing import build_checkpoint
@@ -94,3 +95,18 @@ def test_decode_pdl_reaches_every_decode_kernel(ckpt, monkeypatch):
     monkeypatch.delenv("OCRIA_FORCE_TRITON")
     plain = Engine.from_checkpoint(ckpt, dtype="float32", max_num_seqs=2, num_blocks=32, block_size=16)
     assert got == plain.generate(reqs)[0].output_token_ids
+
+
+def test_pdl_is_the_default_only_where_the_gpu_has_it(ckpt, monkeypatch):
+    """decode_pdl is on by default, but the model runner turns it on only for sm_90+ CUDA devices: on CPU (here with
+    the Triton interpreter forced, which would refuse a pdl launch) no module launches with it."""
+    from engine.models.qwen3_5_text import RMSNorm
+
+    monkeypatch.setenv("OCRIA_FORCE_TRITON", "1")
+    eng = Engine.from_checkpoint(ckpt, dtype="float32", max_num_seqs=2, num_blocks=32, block_size=16)
+    assert eng.options.decode_pdl
+    assert not ops.pdl_supported(torch.device("cpu"))
+    lm = eng.model.language_model
+    assert any(isinstance(m, RMSNorm) for m in lm.modules())
+    assert not any(getattr(m, "pdl", False) for m in lm.modules())
+    assert "pdl" not in eng.model.proj.launch

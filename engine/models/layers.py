@@ -41,11 +41,12 @@ class DecodeProjections:
     swiglu_epilogue: the MLP's gate_up GEMV applies silu(gate) * up to its own output (kernels/small_m_linear.
     linear_silu_mul), so no SwiGLU kernel runs and the [M, 2I] gate_up output is never stored (1.6 % faster decode
     steps on the H200, bench/results/h200_decode_epilogues.json).
-    Options, measured slower on the H200 and so off by default:
-    - prologues: the elementwise op before a projection computed inside the GEMV (SwiGLU before down_proj, the GDN's
-      gated norm before its out_proj; with fuse_norm also the RMSNorm before each layer's first projection and MLP);
-    - pdl (CUDA): the GEMVs use programmatic dependent launch (kernels/small_m_linear), overlapping each one's start
-      with the end of the kernel before (TextModel.set_pdl does the same for the other decode kernels)."""
+    pdl (sm_90+): the GEMVs use programmatic dependent launch (kernels/small_m_linear), overlapping each one's start
+    with the end of the kernel before (TextModel.set_pdl does the same for the other decode kernels; together 2-3 %
+    faster decode steps at b1-b8, bench/results/h200_decode_pdl.json).
+    Option measured slower on the H200 and so off by default: prologues, the elementwise op before a projection
+    computed inside the GEMV (SwiGLU before down_proj, the GDN's gated norm before its out_proj; with fuse_norm also
+    the RMSNorm before each layer's first projection and MLP)."""
 
     def __init__(self, workspace: SplitKWorkspace | None = None, fuse_norm: bool = False, pdl: bool = False,
                  prologues: bool = False, swiglu_epilogue: bool = False):
