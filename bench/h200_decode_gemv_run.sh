@@ -14,10 +14,10 @@ step() { local s=$1; shift; local t0=$SECONDS; timeout "$s" "$@" 2>&1 | grep -v 
 # 1. correctness on CUDA: native vs transformers, fp32 token-for-token (112 s in session 12 and 147 s in session 13,
 #    where the cold machine's first try ran past 150 s; with the bf16 ocria-tiny comparison too it ran past 180 s)
 step 180 python3 bench/gpu_check.py --dtypes float32 --requests 8 --out "$out/gpu_check.json"
-# 2. the engine at the 4B shape, default vs its alternatives, and transformers: text decode at b1 / b8. PDL changes
-#    scheduling only, so the output check of native_no_pdl against the default must show identical tokens and a logit
-#    difference of 0 (a missing wait would show up there).
-step 250 python3 jobs/benchmark.py --device cuda --out "$out/bench" --scenarios text --batch-sizes 1,8 \
-  --variants native,native_no_pdl --hf-max-new 32
+# 2. the engine at the 4B shape, default vs its alternatives, and transformers: text decode at b1 / b8. Next: the
+#    RMSNorms applied by the GEMVs that read them, in one pass (native_norm_fused; it rounds the GEMV inputs
+#    differently, so its bf16 greedy tokens may part from the default's after some tokens, as the epilogues' did).
+step 280 python3 jobs/benchmark.py --device cuda --out "$out/bench" --scenarios text --batch-sizes 1,8 \
+  --variants native,native_norm_fused --hf-max-new 32
 # 3. where a step's time goes now
-step 100 python3 bench/decode_profile.py --out "$out/prof" --variants default,no_pdl --batch-sizes 1 --steps 10 --graph-steps 30
+step 100 python3 bench/decode_profile.py --out "$out/prof" --variants default,norm_fused --batch-sizes 1 --steps 10 --graph-steps 30

@@ -100,7 +100,9 @@ class EngineOptions:
     # the H200 (bench/results/h200_decode_gemv.json)
     decode_gemv: bool = True
     gemv_prologues: bool = False  # ... with SwiGLU / the GDN gated norm computed inside the GEMV: slower (same file)
-    fuse_norm: bool = True  # ... and, with gemv_prologues, each RMSNorm applied inside the projection that reads it
+    # ... with each RMSNorm applied by the GEMV that reads it (one pass; not yet timed: with gemv_prologues, in its
+    # first form with a pass of its own over K, it was slower, h200_decode_gemv_variants.json)
+    fuse_norm: bool = False
     # ... and every decode kernel (GEMVs, norms, GDN, attention) launched with programmatic dependent launch where
     # the GPU has it (sm_90+): each starts while the one before finishes. 0.08-0.10 ms (2-3 %) less per 4B decode
     # step at b1 and b8, same tokens and logits (bench/results/h200_decode_pdl.json, h200_engine_benchmark.json)

@@ -45,7 +45,7 @@ class DecodePath:
     fused_attention_decode: bool = True  # the attention layers only
     gemv: bool = True  # projections of <= 16 rows through kernels/small_m_linear (DecodeProjections)
     gemv_prologues: bool = False
-    fuse_norm: bool = True
+    fuse_norm: bool = False
     pdl: bool = True  # where the GPU has it (sm_90+)
     swiglu_epilogue: bool = True
 

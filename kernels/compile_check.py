@@ -214,11 +214,12 @@ def decode_cases(batch_sizes=(1, 64)):
             cases.append((f"small_m_linear M={B} pdl", small_m_linear,
                           lambda B=B: small_m_linear.small_m_linear_triton(
                               torch.empty(B, inter, dtype=bf16), torch.empty(hidden, inter, dtype=bf16), pdl=True)))
-            for N in (2 * inter, 12352):
-                cases.append((f"rmsnorm_linear M={B} {N}x{hidden}", small_m_linear,
-                              lambda B=B, N=N: small_m_linear.rmsnorm_linear_triton(
+            for N, swiglu in ((2 * inter, True), (12352, False)):  # EngineOptions.fuse_norm: gate_up, in_proj (one pass)
+                cases.append((f"rmsnorm_linear M={B} {N}x{hidden}" + (" swiglu" if swiglu else ""), small_m_linear,
+                              lambda B=B, N=N, swiglu=swiglu: small_m_linear.rmsnorm_linear_triton(
                                   torch.empty(B, hidden, dtype=bf16), torch.empty(hidden, dtype=bf16), 1e-6,
-                                  torch.empty(N, hidden, dtype=bf16), residual=torch.empty(B, hidden, dtype=bf16))))
+                                  torch.empty(N, hidden, dtype=bf16), residual=torch.empty(B, hidden, dtype=bf16),
+                                  swiglu=swiglu)))
     return cases
 
 

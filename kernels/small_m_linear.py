@@ -22,15 +22,19 @@ Fused input prologues (the producer's elementwise kernel disappears; its output 
   * silu_mul_linear: x is a fused [gate | up] [M, 2K] projection and the GEMV reads silu(gate) * up, rounded to the
     dtype as kernels/silu_mul would store it (the MLP's down projection);
   * rmsnorm_linear: x (+ residual, rounded to the dtype) is RMS-normalised with a zero-centred weight before the
-    product, as kernels/rmsnorm would (every program first sums the squares of its M rows over all of K: a few KB
-    from L2); with a residual, program (0, 0) also writes the new residual stream x + residual to residual_out,
-    which must not alias residual or x (other programs are still reading them);
+    product. A program that covers all of K (no split) does it in one pass: it multiplies each chunk by (1 + w),
+    sums the squares of its rows on the way and scales its finished sums by 1/rms, working on next_pow2(M) rows,
+    not the MMA's 16 (so rounding differs from kernels/rmsnorm's by where the bf16 rounding falls). Split programs
+    first sum the squares over all of K in a pass of their own and round as kernels/rmsnorm. With a residual, the
+    first N tile's programs also write the new residual stream x + residual to residual_out, which must not alias
+    residual or x (other programs are still reading them). swiglu=True adds the linear_silu_mul epilogue (gate_up);
   * gated_rmsnorm_linear: x is the GDN output [M, H*D] and each BLOCK_K = D chunk is one head, normalised and gated
     by silu(z) as kernels/gated_rmsnorm would (the GDN out_proj).
   On the H200 these made the 4B decode step slower, not faster (3.2 -> 5.6 ms at M=1,
   bench/results/h200_decode_gemv_variants.json, h200_decode_profile_gemv_fused.json): the prologue math runs on the
-  16-row tile the MMA needs in every K step, whatever M is, and costs more than the kernels it saves. The engine
-  keeps them off (EngineOptions.gemv_prologues).
+  16-row tile the MMA needs in every K step, whatever M is, and costs more than the kernels it saves (and the
+  RMSNorm's extra pass over K came before any weight load). The engine keeps them off (EngineOptions.gemv_prologues);
+  the one-pass RMSNorm on next_pow2(M) rows (EngineOptions.fuse_norm) is not timed yet.
 
 Fused output epilogue:
   * linear_silu_mul: the weight is a fused [gate | up] projection [2N, K] and the output is silu(x @ gate.T) *
@@ -152,14 +156,15 @@ def gated_rmsnorm_linear_ref(o, z, norm_weight, eps, weight, out=None):
     return small_m_linear_ref(gated_rmsnorm_ref(o, z, norm_weight, eps).reshape(o.shape[0], -1), weight, out)
 
 
-def rmsnorm_linear_ref(x, norm_weight, eps, weight, residual=None, out=None, residual_out=None):
-    """kernels/rmsnorm (rounded to the dtype), then the fp32 linear."""
-    _validate(x, weight)
+def rmsnorm_linear_ref(x, norm_weight, eps, weight, residual=None, out=None, residual_out=None, swiglu=False):
+    """kernels/rmsnorm (rounded to the dtype), then the fp32 linear (swiglu: linear_silu_mul_ref)."""
+    (_validate_swiglu if swiglu else _validate)(x, weight)
     _validate_norm(x, norm_weight, residual)
+    project = linear_silu_mul_ref if swiglu else small_m_linear_ref
     if residual is None:
-        return small_m_linear_ref(rmsnorm_ref(x, norm_weight, eps), weight, out)
+        return project(rmsnorm_ref(x, norm_weight, eps), weight, out)
     h, new_res = rmsnorm_ref(x, norm_weight, eps, residual, residual_out=residual_out)
-    return small_m_linear_ref(h, weight, out), new_res
+    return project(h, weight, out), new_res
 
 
 def pick_split_k(N, K, block_n, block_k, num_sms) -> int:
@@ -217,6 +222,43 @@ def _load_input_chunk(x_ptrs, r_ptrs, nw_ptr, k, offs_k, mask_m, K, rstd, eps,
     return xk
 
 
+@triton.jit
+def _pad_rows(x, ROWS: tl.constexpr):
+    """x [P, C] (P a power of two <= ROWS) as ROWS rows, the added ones zero: the MMA's 16-row operand built from
+    the rows that exist, so elementwise work before it is not done on padding."""
+    P: tl.constexpr = x.shape[0]
+    C: tl.constexpr = x.shape[1]
+    if P == ROWS:
+        return x
+    else:
+        tiled = tl.reshape(tl.broadcast_to(x[None, :, :], (ROWS // P, P, C)), (ROWS, C))  # row i = x[i % P]
+        return tl.where((tl.arange(0, ROWS) < P)[:, None], tiled, tl.zeros_like(tiled))
+
+
+@triton.jit
+def _load_unscaled_norm_chunk(x_ptr, r_ptr, nw_ptr, nr_ptr, sxm, srm, snrm, k, M, K, write_residual,
+                              P_ROWS: tl.constexpr, M_PAD: tl.constexpr, BLOCK_K: tl.constexpr,
+                              HAS_RESIDUAL: tl.constexpr, EVEN_K: tl.constexpr):
+    """The one-pass RMSNorm prologue's chunk at K offset k: h = x [+ residual] (rounded, and written to the new
+    residual when write_residual) times (1 + w), rounded to the dtype but not yet divided by the row's rms, which
+    needs all of K (the caller scales the finished sums); and each row's sum of h^2 over the chunk, [M_PAD, 1].
+    Computed on P_ROWS = next_pow2(M) rows, then padded to M_PAD."""
+    offs_p = tl.arange(0, P_ROWS)
+    offs_k = k + tl.arange(0, BLOCK_K)
+    mask = (offs_p < M)[:, None]
+    if not EVEN_K:
+        mask = mask & (offs_k < K)[None, :]
+    h = tl.load(x_ptr + offs_p[:, None] * sxm + offs_k[None, :], mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        r = tl.load(r_ptr + offs_p[:, None] * srm + offs_k[None, :], mask=mask, other=0.0)
+        h = cast_rtne(h.to(tl.float32) + r.to(tl.float32), x_ptr.dtype.element_ty)
+        tl.store(nr_ptr + offs_p[:, None] * snrm + offs_k[None, :], h, mask=mask & write_residual)
+    hf = h.to(tl.float32)
+    nw = tl.load(nw_ptr + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)
+    xk = cast_rtne(hf * (1.0 + nw[None, :]), x_ptr.dtype.element_ty)
+    return _pad_rows(xk, M_PAD), _pad_rows(tl.sum(hf * hf, axis=1)[:, None], M_PAD)
+
+
 @triton.jit(do_not_specialize=["M"])  # M=1 and M=8 share one binary (the JIT would specialise M == 1)
 def _small_m_linear_kernel(
     x_ptr, w_ptr, out_ptr, part_ptr, count_ptr, r_ptr, nw_ptr, nr_ptr,
@@ -225,12 +267,13 @@ def _small_m_linear_kernel(
     M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
     USE_MMA: tl.constexpr, SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr,
     PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, ROUND_PRODUCT: tl.constexpr,
-    USE_PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr, SWIGLU: tl.constexpr,
+    USE_PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr, SWIGLU: tl.constexpr, P_ROWS: tl.constexpr,
 ):
     """SPLIT: 0 = one program per N tile writes y; 1 = split-K, the last program of a tile reduces; 2 = split-K,
     partials only (a second kernel reduces). PROLOGUE: 0 none, 1 silu_mul, 2 rmsnorm, 3 gated head norm
     (see _load_input_chunk). SWIGLU: N is the number of output columns and the weight has 2N rows [gate | up]; tile
-    row r < BLOCK_N/2 is gate row j, the others up row N + j (j = the output column)."""
+    row r < BLOCK_N/2 is gate row j, the others up row N + j (j = the output column). P_ROWS: next_pow2(M), the
+    rows the one-pass RMSNorm prologue works on."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     if SWIGLU:
@@ -261,8 +304,12 @@ def _small_m_linear_kernel(
         tl.extra.cuda.gdc_wait()  # the inputs (and the split-K workspace) are the kernel before's to finish
         tl.extra.cuda.gdc_launch_dependents()  # the next GEMV may launch once every program got here
 
+    # RMSNorm prologue: a program that sees all of K (no split) gathers each row's sum of squares in its main loop
+    # and scales its sums by 1/rms at the end (one pass); split programs see part of K, so they first make 1/rms of
+    # each row over all of K in a pass of their own, program (0, 0) writing the new residual on the way.
+    NORM_IN_LOOP: tl.constexpr = PROLOGUE == 2 and SPLIT == 0
     rstd = tl.zeros((M_PAD,), dtype=tl.float32)
-    if PROLOGUE == 2:  # 1/rms of each row over all of K; program (0, 0) writes the new residual on the way
+    if PROLOGUE == 2 and SPLIT != 0:
         sumsq = tl.zeros((M_PAD,), dtype=tl.float32)
         for k in range(0, K, BLOCK_K):
             mask = mask_m[:, None] & ((k + offs_k) < K)[None, :]
@@ -276,6 +323,7 @@ def _small_m_linear_kernel(
             sumsq += tl.sum(xf * xf, axis=1)
         rstd = tl.rsqrt(sumsq / K + eps)
 
+    row_sumsq = tl.zeros((M_PAD, 1), dtype=tl.float32)  # one pass: each row's sum of squares so far
     w_ptrs = w_ptr + offs_n.to(tl.int64)[:, None] * swn + (k_lo + offs_k)[None, :]
     x_ptrs = x_ptr + offs_m[:, None] * sxm + (k_lo + offs_k)[None, :]
     r_ptrs = r_ptr + offs_m[:, None] * srm + (k_lo + offs_k)[None, :]
@@ -288,8 +336,13 @@ def _small_m_linear_kernel(
             w = tl.load(w_ptrs, mask=mask_n[:, None], other=0.0)
         else:  # chunks never straddle a split boundary (K_PER_SPLIT % BLOCK_K == 0), only the end of K
             w = tl.load(w_ptrs, mask=mask_n[:, None] & ((k + offs_k) < K)[None, :], other=0.0)
-        xk = _load_input_chunk(x_ptrs, r_ptrs, nw_ptr, k, offs_k, mask_m, K, rstd, eps, PROLOGUE, HAS_RESIDUAL, EVEN_K,
-                               ROUND_PRODUCT, BLOCK_K)
+        if NORM_IN_LOOP:
+            xk, chunk_sumsq = _load_unscaled_norm_chunk(x_ptr, r_ptr, nw_ptr, nr_ptr, sxm, srm, snrm, k, M, K,
+                                                        pid_n == 0, P_ROWS, M_PAD, BLOCK_K, HAS_RESIDUAL, EVEN_K)
+            row_sumsq += chunk_sumsq
+        else:
+            xk = _load_input_chunk(x_ptrs, r_ptrs, nw_ptr, k, offs_k, mask_m, K, rstd, eps, PROLOGUE, HAS_RESIDUAL,
+                                   EVEN_K, ROUND_PRODUCT, BLOCK_K)
         if USE_MMA:
             if UPCAST_DOT:  # the CPU interpreter multiplies bf16 tiles as raw integers: feed it fp32
                 w = w.to(tl.float32)
@@ -304,6 +357,8 @@ def _small_m_linear_kernel(
         res = tl.trans(acc)  # [M_PAD, BLOCK_N]
     else:
         res = tl.sum(acc, axis=2)
+    if NORM_IN_LOOP:
+        res = res * tl.rsqrt(row_sumsq / K + eps)
 
     mask = mask_m[:, None] & mask_n[None, :]
     if SPLIT == 0:
@@ -375,8 +430,9 @@ def silu_mul_linear_triton(gate_up, weight, out=None, **launch):
     return _launch(gate_up, weight, out, prologue=1, **launch)
 
 
-def rmsnorm_linear_triton(x, norm_weight, eps, weight, residual=None, out=None, residual_out=None, **launch):
-    _validate(x, weight)
+def rmsnorm_linear_triton(x, norm_weight, eps, weight, residual=None, out=None, residual_out=None, swiglu=False,
+                          **launch):
+    (_validate_swiglu if swiglu else _validate)(x, weight)
     _validate_norm(x, norm_weight, residual)
     new_res = None
     if residual is not None:
@@ -386,7 +442,7 @@ def rmsnorm_linear_triton(x, norm_weight, eps, weight, residual=None, out=None, 
         check(new_res.data_ptr() not in (x.data_ptr(), residual.data_ptr()),
               "residual_out must not alias x or residual: other programs still read them while it is written")
     y = _launch(x, weight, out, prologue=2, residual=residual, norm_weight=norm_weight, eps=eps,
-                residual_out=new_res, **launch)
+                residual_out=new_res, swiglu=swiglu, **launch)
     return y if residual is None else (y, new_res)
 
 
@@ -460,7 +516,7 @@ def _launch(x, weight, out, prologue, residual=None, norm_weight=None, eps=0.0, 
         USE_MMA=use_mma, SPLIT=mode, DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         UPCAST_DOT=not x.is_cuda, PROLOGUE=prologue, HAS_RESIDUAL=prologue == 2 and residual is not None,
         ROUND_PRODUCT=round_product, USE_PDL=bool(pdl), PREFETCH_LINES=prefetch_lines, SWIGLU=bool(swiglu),
-        launch_pdl=bool(pdl),
+        P_ROWS=next_pow2(M) if prologue == 2 and mode == 0 else m_pad, launch_pdl=bool(pdl),
         num_warps=num_warps or d["num_warps"], num_stages=num_stages or d["num_stages"],
     )
     if mode == 2:
@@ -500,9 +556,10 @@ def gated_rmsnorm_linear(o, z, norm_weight, eps, weight, out=None, **launch):
     return gated_rmsnorm_linear_ref(o, z, norm_weight, eps, weight, out)
 
 
-def rmsnorm_linear(x, norm_weight, eps, weight, residual=None, out=None, residual_out=None, **launch):
+def rmsnorm_linear(x, norm_weight, eps, weight, residual=None, out=None, residual_out=None, swiglu=False, **launch):
     """rmsnorm(x [+ residual]) @ weight.T, x [M <= 16, K]; with a residual, returns (y, x + residual) like
-    kernels/rmsnorm (residual_out: where the new residual goes; never residual itself). `launch` as small_m_linear."""
+    kernels/rmsnorm (residual_out: where the new residual goes; never residual itself). swiglu: the weight is a fused
+    [gate | up] and the output silu(gate) * up, as linear_silu_mul. `launch` as small_m_linear."""
     if use_triton(x):
-        return rmsnorm_linear_triton(x, norm_weight, eps, weight, residual, out, residual_out, **launch)
-    return rmsnorm_linear_ref(x, norm_weight, eps, weight, residual, out, residual_out)
+        return rmsnorm_linear_triton(x, norm_weight, eps, weight, residual, out, residual_out, swiglu=swiglu, **launch)
+    return rmsnorm_linear_ref(x, norm_weight, eps, weight, residual, out, residual_out, swiglu)

@@ -16,12 +16,13 @@ def ckpt(tmp_path_factory):
     return build_checkpoint(tmp_path_factory.mktemp("vl"), seed=8)
 
 
-@pytest.mark.parametrize("options", [{}, dict(gemv_prologues=True), dict(swiglu_epilogue=False)],
-                         ids=["default", "gemv_prologues", "swiglu_unfused"])
+@pytest.mark.parametrize("options", [{}, dict(gemv_prologues=True, fuse_norm=True), dict(fuse_norm=True),
+                                     dict(swiglu_epilogue=False)],
+                         ids=["default", "gemv_prologues", "norm_fused", "swiglu_unfused"])
 def test_triton_kernels_in_engine_match_transformers(ckpt, monkeypatch, options):
     """Default decode path (GEMVs on kernels/small_m_linear, SwiGLU applied by the gate_up GEMV), the one with
-    RMSNorm / SwiGLU / gated norm fused into the GEMVs that read them instead, and the plain GEMVs with SwiGLU as its
-    own kernel."""
+    RMSNorm / SwiGLU / gated norm fused into the GEMVs that read them instead, the RMSNorms alone fused (one pass,
+    the gate_up GEMV also applying the SwiGLU), and the plain GEMVs with SwiGLU as its own kernel."""
     from transformers import Qwen3_5ForConditionalGeneration
 
     from kernels.rmsnorm import _rmsnorm_kernel
@@ -34,7 +35,8 @@ def test_triton_kernels_in_engine_match_transformers(ckpt, monkeypatch, options)
     for name in ("small_m_linear_triton", "rmsnorm_linear_triton", "silu_mul_linear_triton",
                  "gated_rmsnorm_linear_triton", "linear_silu_mul_triton"):
         fn = getattr(sml, name)
-        monkeypatch.setattr(sml, name, lambda *a, _fn=fn, _n=name, **k: (calls.append(_n), _fn(*a, **k))[1])
+        monkeypatch.setattr(sml, name, lambda *a, _fn=fn, _n=name, **k: (
+            calls.append(_n + ("+swiglu" if k.get("swiglu") else "")), _fn(*a, **k))[1])
     eng = Engine.from_checkpoint(ckpt, dtype="float32", max_num_seqs=2, num_blocks=32, block_size=16, **options)
     img = np.random.default_rng(0).integers(0, 256, (70, 90, 3), dtype=np.uint8)
     sp = SamplingParams(max_tokens=5)
@@ -52,12 +54,15 @@ def test_triton_kernels_in_engine_match_transformers(ckpt, monkeypatch, options)
                           attention_mask=torch.ones(1, o.prompt_tokens, dtype=torch.long), **kw)
         assert o.output_token_ids == ref.sequences[0, o.prompt_tokens:].tolist()
         torch.testing.assert_close(o.logits, torch.stack([x[0] for x in ref.logits]), atol=2e-4, rtol=0)
-    fused = {"rmsnorm_linear_triton", "silu_mul_linear_triton", "gated_rmsnorm_linear_triton"}
-    assert "small_m_linear_triton" in calls  # decode projections went through the GEMV
-    prologues = bool(options.get("gemv_prologues"))
-    assert (fused <= set(calls)) == prologues, sorted(set(calls))
-    # the epilogue takes the MLP's plain input: with the RMSNorm deferred into gate_up (prologues) it steps aside
-    assert ("linear_silu_mul_triton" in calls) == (options.get("swiglu_epilogue", True) and not prologues)
+    called = set(calls)
+    assert "small_m_linear_triton" in called  # decode projections went through the GEMV
+    prologues, norm = bool(options.get("gemv_prologues")), bool(options.get("fuse_norm"))
+    assert ({"silu_mul_linear_triton", "gated_rmsnorm_linear_triton"} <= called) == prologues, sorted(called)
+    assert ("rmsnorm_linear_triton" in called) == norm, sorted(called)  # the mixers' first projections
+    # the SwiGLU epilogue (unless down_proj's prologue computes it), on the plain or the normalised MLP input
+    epilogue = options.get("swiglu_epilogue", True) and not prologues
+    assert ("linear_silu_mul_triton" in called) == (epilogue and not norm), sorted(called)
+    assert ("rmsnorm_linear_triton+swiglu" in called) == (epilogue and norm), sorted(called)
 
 
 def test_decode_pdl_reaches_every_decode_kernel(ckpt, monkeypatch):

@@ -44,13 +44,15 @@ class DecodeProjections:
     pdl (sm_90+): the GEMVs use programmatic dependent launch (kernels/small_m_linear), overlapping each one's start
     with the end of the kernel before (TextModel.set_pdl does the same for the other decode kernels; together 2-3 %
     faster decode steps at b1-b8, bench/results/h200_decode_pdl.json).
+    fuse_norm (off, not yet timed in this form): the RMSNorm before each layer's first projection and its MLP is
+    applied by that projection's GEMV as it reads its input (kernels/small_m_linear.rmsnorm_linear, in one pass where
+    the launch does not split K), with the gate_up GEMV's SwiGLU epilogue too.
     Option measured slower on the H200 and so off by default: prologues, the elementwise op before a projection
-    computed inside the GEMV (SwiGLU before down_proj, the GDN's gated norm before its out_proj; with fuse_norm also
-    the RMSNorm before each layer's first projection and MLP)."""
+    computed inside the GEMV (SwiGLU before down_proj, the GDN's gated norm before its out_proj)."""
 
     def __init__(self, workspace: SplitKWorkspace | None = None, fuse_norm: bool = False, pdl: bool = False,
                  prologues: bool = False, swiglu_epilogue: bool = False):
-        self.workspace, self.fuse_norm, self.prologues = workspace, fuse_norm and prologues, prologues
+        self.workspace, self.fuse_norm, self.prologues = workspace, fuse_norm, prologues
         self.swiglu_epilogue = swiglu_epilogue
         self.launch = dict(workspace=workspace, pdl=True) if pdl else dict(workspace=workspace)
 
@@ -84,13 +86,14 @@ class DecodeProjections:
     def defer_norm(self, rows: int, is_prefill: bool) -> bool:
         return self.fuse_norm and self.on(rows, is_prefill)
 
-    def linear(self, x, weight: torch.Tensor) -> torch.Tensor:
+    def linear(self, x, weight: torch.Tensor, swiglu: bool = False) -> torch.Tensor:
+        """x @ weight.T; swiglu (GEMV only, see mlp): silu(gate) * up of a fused [gate | up] weight's product."""
         if isinstance(x, NormedInput):
             y = ops.rmsnorm_linear(x.x, x.weight, x.eps, weight, x.residual, residual_out=x.residual_out,
-                                   **self.launch)
+                                   swiglu=swiglu, **self.launch)
             return y if x.residual is None else y[0]
         if self.gemv(x.shape[0]):
-            return ops.small_m_linear(x, weight, **self.launch)
+            return (ops.linear_silu_mul if swiglu else ops.small_m_linear)(x, weight, **self.launch)
         return F.linear(x, weight)
 
     def gated_rmsnorm_linear(self, o: torch.Tensor, z: torch.Tensor, norm_weight: torch.Tensor, eps: float,
@@ -102,9 +105,11 @@ class DecodeProjections:
         return self.linear(gated.reshape(o.shape[0], -1), weight)
 
     def mlp(self, x, gate_up_weight: torch.Tensor, down_weight: torch.Tensor) -> torch.Tensor:
-        """down(silu(gate) * up) of a SwiGLU MLP with a fused [gate | up] weight."""
-        if self.swiglu_epilogue and not isinstance(x, NormedInput) and self.gemv(x.shape[0]):
-            return self.linear(ops.linear_silu_mul(x, gate_up_weight, **self.launch), down_weight)
+        """down(silu(gate) * up) of a SwiGLU MLP with a fused [gate | up] weight. The SwiGLU is the gate_up GEMV's
+        epilogue unless the prologues are on (then down_proj's prologue computes it)."""
+        rows = (x.x if isinstance(x, NormedInput) else x).shape[0]
+        if self.swiglu_epilogue and not self.prologues and self.gemv(rows):
+            return self.linear(self.linear(x, gate_up_weight, swiglu=True), down_weight)
         return self.silu_mul_linear(self.linear(x, gate_up_weight), down_weight)
 
     def silu_mul_linear(self, gate_up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
