@@ -20,6 +20,10 @@
 #   memory: 14 workers x 4 prefetched batches x 128 pages x ~11 MB of fp32 patches ~ 80 GB of the 128 GiB while the
 #   first step waited (fla compiling); the prefetch is 2 batches a worker now (train.prefetch_factor, 69 GB peak).
 #   Then fla stopped the first backward pass (below).
+# PROFILE_STEPS=3: profile that many steps after 5 warm-up steps instead of training (out/run/train_profile.*, no
+#   checkpoint); VISION_ATTENTION=packed|per_image (train.vision_attention). Session 13's A/B, from scratch:
+#   for a in packed per_image; do VISION_ATTENTION=$a PROFILE_STEPS=3 RECIPE=F BATCH=128 TIMEOUT_S=55 \
+#     bash bench/ocria_tiny_gpu_run.sh $OUT/$a build/ocria-tiny-next2; done
 set -euo pipefail
 out=${1:?out}; model=${2:?model dir}; resume=${3:-}
 # Its own site folder, without fla: fla 0.6.0 refuses its gated delta rule backward on Hopper with this image's
@@ -31,7 +35,7 @@ export PYTHONPATH=/tmp/site_train PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=fals
 RUN=(--set image.image_mean=1.0 --set model.text.partial_rotary_factor=1.0 --set "model.text.mrope_section=[11,11,10]"
   --set train.batch_size=${BATCH:-64} --set train.lr=1e-3 --set train.warmup_steps=100 --set train.total_train_s=${TOTAL_S:-1350}
   --set train.run_train_s=${RUN_S:-450} --set train.ctc_weight=1.0 --set train.ctc_subframes=6 --set train.num_workers=14
-  --set train.image_check_every=100 --set train.eval_pages=16)
+  --set train.image_check_every=100 --set train.eval_pages=16 --set train.vision_attention=${VISION_ATTENTION:-per_image})
 case ${RECIPE:-D} in
   D) CURR='data.curriculum=[{until_page: 100000, font_px: [22, 32], max_chars: [8, 40], crop: true, strict_chars: true},
        {until_page: 200000, font_px: [16, 28], max_chars: [20, 120], crop: true, strict_chars: true},
@@ -48,5 +52,5 @@ case ${RECIPE:-D} in
   *) echo "RECIPE must be D, E or F" >&2; exit 2 ;;
 esac
 timeout ${TIMEOUT_S:-565} python3 -m jobs.train_tiny train --model-dir "$model" --out "$out/run" ${resume:+--resume "$resume"} \
-  "${RUN[@]}" --set "$CURR" 2>&1 | grep -v -i "warn" | tail -n 70
-mkdir -p /tmp/stage && rm -rf /tmp/stage/ckpt && cp -r "$out/run/ckpt" /tmp/stage/ckpt
+  ${PROFILE_STEPS:+--profile-steps "$PROFILE_STEPS"} "${RUN[@]}" --set "$CURR" 2>&1 | grep -v -i "warn" | tail -n 70
+if [ -z "${PROFILE_STEPS:-}" ]; then mkdir -p /tmp/stage && rm -rf /tmp/stage/ckpt && cp -r "$out/run/ckpt" /tmp/stage/ckpt; fi

@@ -520,7 +520,11 @@ def train(cfg: dict, synth: Path, model_dir: Path, out: Path, resume: Path | Non
     import torch
     from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
 
+    from jobs.packed_vision_attention import use_packed_vision_attention
+
     tc = cfg["train"]
+    if tc["vision_attention"] not in ("per_image", "packed"):
+        raise ValueError(f"train.vision_attention must be per_image or packed, got {tc['vision_attention']!r}")
     torch.manual_seed(cfg["data"]["seed"])
     out.mkdir(parents=True, exist_ok=True)
     if resume is not None:
@@ -537,6 +541,8 @@ def train(cfg: dict, synth: Path, model_dir: Path, out: Path, resume: Path | Non
         state = {"step": 0, "pages": 0, "elapsed_s": 0.0, "runs": 0}
         log = []
     model.to(device).train()
+    if tc["vision_attention"] == "packed":
+        use_packed_vision_attention(model)
     if device.startswith("cuda"):
         # cuDNN's SDPA builds an execution plan for every new sequence length: ~5 ms of host time per attention call
         # with our variable page sizes, most of a step (bench/results/ocria_tiny_train_profile.txt). Flash attention

@@ -345,10 +345,11 @@ def _mini_training_setup(pool, tmp_path, overrides: list[str]):
 
 
 def test_profile_mode_times_steps_and_data_wait(pool, tmp_path):
-    """`train --profile-steps N`: real steps of a miniature model on real synthetic pages, profiled; no checkpoint."""
+    """`train --profile-steps N`: real steps of a miniature model on real synthetic pages, profiled; no checkpoint.
+    Here with the vision tower's attention packed into one call per block (train.vision_attention)."""
     from jobs.train_tiny import train
 
-    cfg, synth, model_dir = _mini_training_setup(pool, tmp_path, [])
+    cfg, synth, model_dir = _mini_training_setup(pool, tmp_path, ["train.vision_attention=packed"])
     out = tmp_path / "out"
     train(cfg, synth, model_dir, out, None, "cpu", profile_steps=2)
     res = json.loads((out / "train_profile.json").read_text())
@@ -356,6 +357,14 @@ def test_profile_mode_times_steps_and_data_wait(pool, tmp_path):
     assert 0 < res["data_wait_share"] < 1 and res["steps_per_s"] > 0
     assert "aten::" in (out / "train_profile.txt").read_text()
     assert not (out / "ckpt").exists()
+
+
+def test_an_unknown_vision_attention_fails_before_anything_loads(tmp_path):
+    from jobs.train_tiny import train
+
+    cfg = load_config(CONFIG, ["train.vision_attention=flash"])
+    with pytest.raises(ValueError, match="per_image or packed"):
+        train(cfg, tmp_path / "missing_synth", tmp_path / "missing_model", tmp_path / "out", None, "cpu")
 
 
 def test_line_ctc_training_logs_its_reading_and_a_resumed_run_keeps_its_head(pool, tmp_path):
