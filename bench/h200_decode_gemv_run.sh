@@ -14,10 +14,12 @@ step() { local s=$1; shift; local t0=$SECONDS; timeout "$s" "$@" 2>&1 | grep -v 
 # 1. correctness on CUDA: native vs transformers, fp32 token-for-token (112 s in session 12 and 147 s in session 13,
 #    where the cold machine's first try ran past 150 s; with the bf16 ocria-tiny comparison too it ran past 180 s)
 step 180 python3 bench/gpu_check.py --dtypes float32 --requests 8 --out "$out/gpu_check.json"
-# 2. the engine at the 4B shape, default vs its alternatives, and transformers: text decode at b1 / b8. Next: the
-#    RMSNorms applied by the GEMVs that read them, in one pass (native_norm_fused; it rounds the GEMV inputs
-#    differently, so its bf16 greedy tokens may part from the default's after some tokens, as the epilogues' did).
-step 280 python3 jobs/benchmark.py --device cuda --out "$out/bench" --scenarios text --batch-sizes 1,8 \
-  --variants native,native_norm_fused --hf-max-new 32
+# 2. the engine at the 4B shape, default vs its alternatives: text decode at b1 / b8 (transformers: measured in
+#    h200_engine_benchmark.json). Next: the RMSNorms applied by the GEMVs that read them, in one pass
+#    (native_norm_fused), and that with the GDN gated norm in out_proj's prologue too (native_gemv_fused), both now
+#    computing the prologue on next_pow2(M) rows instead of the MMA's 16. They round the GEMV inputs differently, so
+#    their bf16 greedy tokens may part from the default's after some tokens, as the epilogues' did.
+step 300 python3 jobs/benchmark.py --device cuda --out "$out/bench" --scenarios text --batch-sizes 1,8 \
+  --variants native,native_norm_fused,native_gemv_fused --skip-transformers
 # 3. where a step's time goes now
 step 100 python3 bench/decode_profile.py --out "$out/prof" --variants default,norm_fused --batch-sizes 1 --steps 10 --graph-steps 30

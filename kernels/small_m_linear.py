@@ -23,18 +23,21 @@ Fused input prologues (the producer's elementwise kernel disappears; its output 
     dtype as kernels/silu_mul would store it (the MLP's down projection);
   * rmsnorm_linear: x (+ residual, rounded to the dtype) is RMS-normalised with a zero-centred weight before the
     product. A program that covers all of K (no split) does it in one pass: it multiplies each chunk by (1 + w),
-    sums the squares of its rows on the way and scales its finished sums by 1/rms, working on next_pow2(M) rows,
-    not the MMA's 16 (so rounding differs from kernels/rmsnorm's by where the bf16 rounding falls). Split programs
+    sums the squares of its rows on the way and scales its finished sums by 1/rms (so rounding differs from
+    kernels/rmsnorm's by where the bf16 rounding falls). Split programs
     first sum the squares over all of K in a pass of their own and round as kernels/rmsnorm. With a residual, the
     first N tile's programs also write the new residual stream x + residual to residual_out, which must not alias
     residual or x (other programs are still reading them). swiglu=True adds the linear_silu_mul epilogue (gate_up);
   * gated_rmsnorm_linear: x is the GDN output [M, H*D] and each BLOCK_K = D chunk is one head, normalised and gated
     by silu(z) as kernels/gated_rmsnorm would (the GDN out_proj).
-  On the H200 these made the 4B decode step slower, not faster (3.2 -> 5.6 ms at M=1,
-  bench/results/h200_decode_gemv_variants.json, h200_decode_profile_gemv_fused.json): the prologue math runs on the
-  16-row tile the MMA needs in every K step, whatever M is, and costs more than the kernels it saves (and the
-  RMSNorm's extra pass over K came before any weight load). The engine keeps them off (EngineOptions.gemv_prologues);
-  the one-pass RMSNorm on next_pow2(M) rows (EngineOptions.fuse_norm) is not timed yet.
+  Each prologue works on next_pow2(M) input rows and pads the chunk to the MMA's 16 rows afterwards (_pad_rows).
+  In their first form, on the H200, they made the 4B decode step slower, not faster (3.2 -> 5.6 ms at M=1,
+  bench/results/h200_decode_gemv_variants.json, h200_decode_profile_gemv_fused.json): the prologue math ran on all
+  16 rows of the MMA tile in every K step, whatever M was, and cost more than the kernels it saved (and the
+  RMSNorm's extra pass over K came before any weight load). Since then they run on the rows that exist and the
+  RMSNorm in one pass (ptxas at M=1: 28 KB of shared memory instead of 49-53 KB; registers 76 instead of 108 with
+  the RMSNorm, but 127 instead of 108 at M=16: bench/results/small_m_linear_prologues_ptxas.json); not timed yet, so
+  the engine keeps them off (EngineOptions.gemv_prologues, fuse_norm).
 
 Fused output epilogue:
   * linear_silu_mul: the weight is a fused [gate | up] projection [2N, K] and the output is silu(x @ gate.T) *
@@ -189,16 +192,16 @@ def default_launch(N, K, dtype, device) -> dict:
 
 
 @triton.jit
-def _load_input_chunk(x_ptrs, r_ptrs, nw_ptr, k, offs_k, mask_m, K, rstd, eps,
+def _load_input_chunk(x_ptrs, r_ptrs, nw_ptr, k, offs_k, mask_p, K, rstd, eps,
                       PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, EVEN_K: tl.constexpr,
                       ROUND_PRODUCT: tl.constexpr, BLOCK_K: tl.constexpr):
     """The [M_PAD, BLOCK_K] chunk of the GEMV input at K offset k, after the prologue (0: x as is; 1: silu(gate) * up,
     the up half K elements to the right; 2: RMSNorm of x [+ residual] with 1/rms = rstd; 3: the chunk is one head,
     RMS-normalised and gated by silu(z), z read through r_ptrs)."""
     if EVEN_K:
-        mask = mask_m[:, None]
+        mask = mask_p[:, None]
     else:
-        mask = mask_m[:, None] & ((k + offs_k) < K)[None, :]
+        mask = mask_p[:, None] & ((k + offs_k) < K)[None, :]
     xk = tl.load(x_ptrs, mask=mask, other=0.0)
     if PROLOGUE == 1:
         gate = xk.to(tl.float32)
@@ -236,27 +239,23 @@ def _pad_rows(x, ROWS: tl.constexpr):
 
 
 @triton.jit
-def _load_unscaled_norm_chunk(x_ptr, r_ptr, nw_ptr, nr_ptr, sxm, srm, snrm, k, M, K, write_residual,
-                              P_ROWS: tl.constexpr, M_PAD: tl.constexpr, BLOCK_K: tl.constexpr,
+def _load_unscaled_norm_chunk(x_ptrs, r_ptrs, nr_ptrs, nw_ptr, k, offs_k, mask_p, K, write_residual,
                               HAS_RESIDUAL: tl.constexpr, EVEN_K: tl.constexpr):
     """The one-pass RMSNorm prologue's chunk at K offset k: h = x [+ residual] (rounded, and written to the new
     residual when write_residual) times (1 + w), rounded to the dtype but not yet divided by the row's rms, which
-    needs all of K (the caller scales the finished sums); and each row's sum of h^2 over the chunk, [M_PAD, 1].
-    Computed on P_ROWS = next_pow2(M) rows, then padded to M_PAD."""
-    offs_p = tl.arange(0, P_ROWS)
-    offs_k = k + tl.arange(0, BLOCK_K)
-    mask = (offs_p < M)[:, None]
-    if not EVEN_K:
-        mask = mask & (offs_k < K)[None, :]
-    h = tl.load(x_ptr + offs_p[:, None] * sxm + offs_k[None, :], mask=mask, other=0.0)
+    needs all of K (the caller scales the finished sums); and each row's sum of h^2 over the chunk, [P_ROWS, 1]."""
+    if EVEN_K:
+        mask = mask_p[:, None]
+    else:
+        mask = mask_p[:, None] & ((k + offs_k) < K)[None, :]
+    h = tl.load(x_ptrs, mask=mask, other=0.0)
     if HAS_RESIDUAL:
-        r = tl.load(r_ptr + offs_p[:, None] * srm + offs_k[None, :], mask=mask, other=0.0)
-        h = cast_rtne(h.to(tl.float32) + r.to(tl.float32), x_ptr.dtype.element_ty)
-        tl.store(nr_ptr + offs_p[:, None] * snrm + offs_k[None, :], h, mask=mask & write_residual)
+        r = tl.load(r_ptrs, mask=mask, other=0.0)
+        h = cast_rtne(h.to(tl.float32) + r.to(tl.float32), x_ptrs.dtype.element_ty)
+        tl.store(nr_ptrs, h, mask=mask & write_residual)
     hf = h.to(tl.float32)
-    nw = tl.load(nw_ptr + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)
-    xk = cast_rtne(hf * (1.0 + nw[None, :]), x_ptr.dtype.element_ty)
-    return _pad_rows(xk, M_PAD), _pad_rows(tl.sum(hf * hf, axis=1)[:, None], M_PAD)
+    nw = tl.load(nw_ptr + k + offs_k, mask=(k + offs_k) < K, other=0.0).to(tl.float32)
+    return cast_rtne(hf * (1.0 + nw[None, :]), x_ptrs.dtype.element_ty), tl.sum(hf * hf, axis=1)[:, None]
 
 
 @triton.jit(do_not_specialize=["M"])  # M=1 and M=8 share one binary (the JIT would specialise M == 1)
@@ -272,8 +271,8 @@ def _small_m_linear_kernel(
     """SPLIT: 0 = one program per N tile writes y; 1 = split-K, the last program of a tile reduces; 2 = split-K,
     partials only (a second kernel reduces). PROLOGUE: 0 none, 1 silu_mul, 2 rmsnorm, 3 gated head norm
     (see _load_input_chunk). SWIGLU: N is the number of output columns and the weight has 2N rows [gate | up]; tile
-    row r < BLOCK_N/2 is gate row j, the others up row N + j (j = the output column). P_ROWS: next_pow2(M), the
-    rows the one-pass RMSNorm prologue works on."""
+    row r < BLOCK_N/2 is gate row j, the others up row N + j (j = the output column). P_ROWS: the input rows a
+    prologue works on, next_pow2(M); each chunk is then padded to the MMA's M_PAD rows (_pad_rows)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     if SWIGLU:
@@ -290,6 +289,8 @@ def _small_m_linear_kernel(
     offs_m = tl.arange(0, M_PAD)
     offs_k = tl.arange(0, BLOCK_K)
     mask_m = offs_m < M
+    offs_p = tl.arange(0, P_ROWS)  # the input rows a prologue works on (M_PAD without a prologue)
+    mask_p = offs_p < M
     k_lo = pid_k * K_PER_SPLIT
     k_hi = tl.minimum(K, k_lo + K_PER_SPLIT)
 
@@ -308,25 +309,26 @@ def _small_m_linear_kernel(
     # and scales its sums by 1/rms at the end (one pass); split programs see part of K, so they first make 1/rms of
     # each row over all of K in a pass of their own, program (0, 0) writing the new residual on the way.
     NORM_IN_LOOP: tl.constexpr = PROLOGUE == 2 and SPLIT == 0
-    rstd = tl.zeros((M_PAD,), dtype=tl.float32)
+    rstd = tl.zeros((P_ROWS,), dtype=tl.float32)
     if PROLOGUE == 2 and SPLIT != 0:
-        sumsq = tl.zeros((M_PAD,), dtype=tl.float32)
+        sumsq = tl.zeros((P_ROWS,), dtype=tl.float32)
         for k in range(0, K, BLOCK_K):
-            mask = mask_m[:, None] & ((k + offs_k) < K)[None, :]
-            xr = tl.load(x_ptr + offs_m[:, None] * sxm + (k + offs_k)[None, :], mask=mask, other=0.0)
+            mask = mask_p[:, None] & ((k + offs_k) < K)[None, :]
+            xr = tl.load(x_ptr + offs_p[:, None] * sxm + (k + offs_k)[None, :], mask=mask, other=0.0)
             if HAS_RESIDUAL:
-                r = tl.load(r_ptr + offs_m[:, None] * srm + (k + offs_k)[None, :], mask=mask, other=0.0)
+                r = tl.load(r_ptr + offs_p[:, None] * srm + (k + offs_k)[None, :], mask=mask, other=0.0)
                 xr = cast_rtne(xr.to(tl.float32) + r.to(tl.float32), x_ptr.dtype.element_ty)
-                tl.store(nr_ptr + offs_m[:, None] * snrm + (k + offs_k)[None, :], xr,
+                tl.store(nr_ptr + offs_p[:, None] * snrm + (k + offs_k)[None, :], xr,
                          mask=mask & (pid_n == 0) & (pid_k == 0))
             xf = xr.to(tl.float32)
             sumsq += tl.sum(xf * xf, axis=1)
         rstd = tl.rsqrt(sumsq / K + eps)
 
-    row_sumsq = tl.zeros((M_PAD, 1), dtype=tl.float32)  # one pass: each row's sum of squares so far
+    row_sumsq = tl.zeros((P_ROWS, 1), dtype=tl.float32)  # one pass: each row's sum of squares so far
     w_ptrs = w_ptr + offs_n.to(tl.int64)[:, None] * swn + (k_lo + offs_k)[None, :]
-    x_ptrs = x_ptr + offs_m[:, None] * sxm + (k_lo + offs_k)[None, :]
-    r_ptrs = r_ptr + offs_m[:, None] * srm + (k_lo + offs_k)[None, :]
+    x_ptrs = x_ptr + offs_p[:, None] * sxm + (k_lo + offs_k)[None, :]
+    r_ptrs = r_ptr + offs_p[:, None] * srm + (k_lo + offs_k)[None, :]
+    nr_ptrs = nr_ptr + offs_p[:, None] * snrm + (k_lo + offs_k)[None, :]
     if USE_MMA:
         acc = tl.zeros((BLOCK_N, M_PAD), dtype=tl.float32)
     else:
@@ -337,12 +339,13 @@ def _small_m_linear_kernel(
         else:  # chunks never straddle a split boundary (K_PER_SPLIT % BLOCK_K == 0), only the end of K
             w = tl.load(w_ptrs, mask=mask_n[:, None] & ((k + offs_k) < K)[None, :], other=0.0)
         if NORM_IN_LOOP:
-            xk, chunk_sumsq = _load_unscaled_norm_chunk(x_ptr, r_ptr, nw_ptr, nr_ptr, sxm, srm, snrm, k, M, K,
-                                                        pid_n == 0, P_ROWS, M_PAD, BLOCK_K, HAS_RESIDUAL, EVEN_K)
+            xk, chunk_sumsq = _load_unscaled_norm_chunk(x_ptrs, r_ptrs, nr_ptrs, nw_ptr, k, offs_k, mask_p, K,
+                                                        pid_n == 0, HAS_RESIDUAL, EVEN_K)
             row_sumsq += chunk_sumsq
         else:
-            xk = _load_input_chunk(x_ptrs, r_ptrs, nw_ptr, k, offs_k, mask_m, K, rstd, eps, PROLOGUE, HAS_RESIDUAL,
+            xk = _load_input_chunk(x_ptrs, r_ptrs, nw_ptr, k, offs_k, mask_p, K, rstd, eps, PROLOGUE, HAS_RESIDUAL,
                                    EVEN_K, ROUND_PRODUCT, BLOCK_K)
+        xk = _pad_rows(xk, M_PAD)
         if USE_MMA:
             if UPCAST_DOT:  # the CPU interpreter multiplies bf16 tiles as raw integers: feed it fp32
                 w = w.to(tl.float32)
@@ -353,12 +356,13 @@ def _small_m_linear_kernel(
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
         r_ptrs += BLOCK_K
+        nr_ptrs += BLOCK_K
     if USE_MMA:
         res = tl.trans(acc)  # [M_PAD, BLOCK_N]
     else:
         res = tl.sum(acc, axis=2)
     if NORM_IN_LOOP:
-        res = res * tl.rsqrt(row_sumsq / K + eps)
+        res = res * _pad_rows(tl.rsqrt(row_sumsq / K + eps), M_PAD)
 
     mask = mask_m[:, None] & mask_n[None, :]
     if SPLIT == 0:
@@ -516,7 +520,7 @@ def _launch(x, weight, out, prologue, residual=None, norm_weight=None, eps=0.0, 
         USE_MMA=use_mma, SPLIT=mode, DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         UPCAST_DOT=not x.is_cuda, PROLOGUE=prologue, HAS_RESIDUAL=prologue == 2 and residual is not None,
         ROUND_PRODUCT=round_product, USE_PDL=bool(pdl), PREFETCH_LINES=prefetch_lines, SWIGLU=bool(swiglu),
-        P_ROWS=next_pow2(M) if prologue == 2 and mode == 0 else m_pad, launch_pdl=bool(pdl),
+        P_ROWS=next_pow2(M) if prologue else m_pad, launch_pdl=bool(pdl),
         num_warps=num_warps or d["num_warps"], num_stages=num_stages or d["num_stages"],
     )
     if mode == 2:
