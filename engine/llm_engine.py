@@ -99,7 +99,9 @@ class EngineOptions:
     # decode projections (<= 16 rows) through kernels/small_m_linear instead of cuBLAS: 5 % faster decode steps on
     # the H200 (bench/results/h200_decode_gemv.json)
     decode_gemv: bool = True
-    gemv_prologues: bool = False  # ... with SwiGLU / the GDN gated norm computed inside the GEMV: slower (same file)
+    # ... with SwiGLU / the GDN gated norm computed inside the GEMV: slower in its first form (same file); reworked
+    # since (the prologue math on the rows that exist, not the MMA's 16), not yet timed
+    gemv_prologues: bool = False
     # ... with each RMSNorm applied by the GEMV that reads it (one pass; not yet timed: with gemv_prologues, in its
     # first form with a pass of its own over K, it was slower, h200_decode_gemv_variants.json)
     fuse_norm: bool = False

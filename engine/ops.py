@@ -18,6 +18,6 @@ from kernels.small_m_linear import (
 )
 
 __all__ = ["causal_conv1d_update", "fused_attn_decode_inputs", "fused_gdn_decode", "gated_rmsnorm",
-           "gated_rmsnorm_linear", "gdn_recurrent", "l2norm_ref", "linear_silu_mul",
-           "paged_decode_attention", "pdl_supported", "store_kvcache", "rmsnorm", "rmsnorm_linear", "silu_mul", "silu_mul_linear",
+           "gated_rmsnorm_linear", "gdn_recurrent", "l2norm_ref", "linear_silu_mul", "paged_decode_attention",
+           "pdl_supported", "store_kvcache", "rmsnorm", "rmsnorm_linear", "silu_mul", "silu_mul_linear",
            "small_m_linear", "use_triton"]

@@ -47,8 +47,9 @@ class DecodeProjections:
     fuse_norm (off, not yet timed in this form): the RMSNorm before each layer's first projection and its MLP is
     applied by that projection's GEMV as it reads its input (kernels/small_m_linear.rmsnorm_linear, in one pass where
     the launch does not split K), with the gate_up GEMV's SwiGLU epilogue too.
-    Option measured slower on the H200 and so off by default: prologues, the elementwise op before a projection
-    computed inside the GEMV (SwiGLU before down_proj, the GDN's gated norm before its out_proj)."""
+    prologues (off): the elementwise op before a projection computed inside the GEMV (SwiGLU before down_proj, the
+    GDN's gated norm before its out_proj). Their first form measured slower on the H200; reworked since (the math on
+    the rows that exist), not yet timed."""
 
     def __init__(self, workspace: SplitKWorkspace | None = None, fuse_norm: bool = False, pdl: bool = False,
                  prologues: bool = False, swiglu_epilogue: bool = False):
