@@ -112,11 +112,16 @@ class EngineOptions:
     # ... with the MLP's SwiGLU applied by the gate_up GEMV to its output: 0.05 ms (1.6 %) less per 4B decode step
     # at b1 and b8 than the separate SwiGLU kernel (bench/results/h200_decode_epilogues.json)
     swiglu_epilogue: bool = True
+    # ... with PDL, each decode kernel lets the next one launch before it waits for the one before (launches run
+    # further ahead; kernels/_common.pdl_enter): not yet timed
+    pdl_early_trigger: bool = False
     text_only: bool = False
 
     def decode_path(self) -> DecodePath:
-        return DecodePath(self.fused_decode, self.fused_attention_decode, self.decode_gemv, self.gemv_prologues,
-                          self.fuse_norm, self.decode_pdl, self.swiglu_epilogue)
+        return DecodePath(fused_decode=self.fused_decode, fused_attention_decode=self.fused_attention_decode,
+                          gemv=self.decode_gemv, gemv_prologues=self.gemv_prologues, fuse_norm=self.fuse_norm,
+                          pdl=self.decode_pdl, pdl_early_trigger=self.pdl_early_trigger,
+                          swiglu_epilogue=self.swiglu_epilogue)
 
 
 

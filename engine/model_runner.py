@@ -47,6 +47,7 @@ class DecodePath:
     gemv_prologues: bool = False
     fuse_norm: bool = False
     pdl: bool = True  # where the GPU has it (sm_90+)
+    pdl_early_trigger: bool = False  # each kernel lets the next launch before it waits (kernels/_common.pdl_enter)
     swiglu_epilogue: bool = True
 
 
@@ -72,7 +73,7 @@ class ModelRunner:
         model.language_model.set_fused_decode(decode.fused_decode)
         if decode.fused_attention_decode:
             model.language_model.set_fused_decode(True, kinds=("full_attention",))
-        pdl = decode.pdl and ops.pdl_supported(device)
+        pdl = (2 if decode.pdl_early_trigger else 1) if decode.pdl and ops.pdl_supported(device) else 0
         if decode.gemv:
             model.set_projections(DecodeProjections.for_model(
                 self._projection_weights(), decode.fuse_norm, pdl, decode.gemv_prologues, decode.swiglu_epilogue))

@@ -48,6 +48,7 @@ VARIANTS = {
     "native_norm_unfused": dict(gemv_prologues=True),  # ... into the GEMVs; SwiGLU and gated norm only
     "native_norm_fused": dict(fuse_norm=True),  # ... the RMSNorms only, in one pass, SwiGLU as gate_up's epilogue
     "native_no_pdl": dict(decode_pdl=False),  # ... without programmatic dependent launch
+    "native_pdl_early": dict(pdl_early_trigger=True),  # ... each kernel letting the next launch before it waits
     "native_swiglu_unfused": dict(swiglu_epilogue=False),  # ... SwiGLU as its own kernel after the gate_up GEMV
     "native_fused": dict(fused_decode=True),  # the fused GDN decode kernel too
     "native_unfused_attn": dict(fused_attention_decode=False),  # attention inputs by the compiled glue + KV store

@@ -61,7 +61,7 @@ tiles, split to 4 programs per SM) split too much and lost to cuBLAS everywhere 
 pdl=True (sm_90+): the kernel is launched with programmatic dependent launch. Its programs start while the kernel
 before is still finishing, prefetch their first `prefetch_lines` 128-byte lines of each weight row into L2 (the
 weights do not depend on that kernel), then wait for it (griddepcontrol.wait) before reading any input; each then
-lets the next PDL launch start. In a chain of GEMVs (out_proj -> gate_up -> down -> the next in_proj) this overlaps
+lets the next PDL launch start (pdl=2: lets it start before waiting, kernels/_common.pdl_enter). In a chain of GEMVs (out_proj -> gate_up -> down -> the next in_proj) this overlaps
 each one's ramp-up with the tail of the one before. Needs a GPU (the interpreter has no inline PTX). With the
 prologues on it added 0.2-0.3 ms per 4B decode step (same file); with every decode kernel launched this way
 (the engine's default, EngineOptions.decode_pdl) it took 0.08-0.10 ms off at b1 and b8 (h200_decode_pdl.json).
@@ -79,7 +79,7 @@ import triton
 import triton.language as tl
 
 from kernels._common import (
-    cast_rtne, cdiv, check, check_pdl, next_pow2, output, require_last_dim_contiguous, sm_count, use_triton)
+    cast_rtne, cdiv, check, check_pdl, next_pow2, output, pdl_enter, require_last_dim_contiguous, sm_count, use_triton)
 from kernels.gated_rmsnorm import gated_rmsnorm_ref
 from kernels.rmsnorm import rmsnorm_ref
 from kernels.silu_mul import silu_mul_ref
@@ -302,8 +302,7 @@ def _small_m_linear_kernel(
         tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l",
                                   [w_ptr + rows[:, None] * swn + cols[None, :]], dtype=tl.int32, is_pure=False,
                                   pack=1)
-        tl.extra.cuda.gdc_wait()  # the inputs (and the split-K workspace) are the kernel before's to finish
-        tl.extra.cuda.gdc_launch_dependents()  # the next GEMV may launch once every program got here
+        pdl_enter(USE_PDL)  # the inputs (and the split-K workspace) are the kernel before's to finish
 
     # RMSNorm prologue: a program that sees all of K (no split) gathers each row's sum of squares in its main loop
     # and scales its sums by 1/rms at the end (one pass); split programs see part of K, so they first make 1/rms of
@@ -519,7 +518,7 @@ def _launch(x, weight, out, prologue, residual=None, norm_weight=None, eps=0.0, 
         M_PAD=m_pad, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, EVEN_K=K % BLOCK_K == 0,
         USE_MMA=use_mma, SPLIT=mode, DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         UPCAST_DOT=not x.is_cuda, PROLOGUE=prologue, HAS_RESIDUAL=prologue == 2 and residual is not None,
-        ROUND_PRODUCT=round_product, USE_PDL=bool(pdl), PREFETCH_LINES=prefetch_lines, SWIGLU=bool(swiglu),
+        ROUND_PRODUCT=round_product, USE_PDL=int(pdl), PREFETCH_LINES=prefetch_lines, SWIGLU=bool(swiglu),
         P_ROWS=next_pow2(M) if prologue else m_pad, launch_pdl=bool(pdl),
         num_warps=num_warps or d["num_warps"], num_stages=num_stages or d["num_stages"],
     )

@@ -65,10 +65,12 @@ def test_triton_kernels_in_engine_match_transformers(ckpt, monkeypatch, options)
     assert ("rmsnorm_linear_triton+swiglu" in called) == (epilogue and norm), sorted(called)
 
 
-def test_decode_pdl_reaches_every_decode_kernel(ckpt, monkeypatch):
-    """EngineOptions(decode_pdl=True) on a GPU launches every decode kernel with programmatic dependent launch. The
-    interpreter has no griddepcontrol, so each Triton launcher is replaced here by a recorder of its pdl flag that
-    runs the torch reference, and PDL is switched on as the model runner does on CUDA."""
+@pytest.mark.parametrize("mode", [1, 2], ids=["wait_first", "early_trigger"])
+def test_decode_pdl_reaches_every_decode_kernel(ckpt, monkeypatch, mode):
+    """EngineOptions(decode_pdl=True) on a GPU launches every decode kernel with programmatic dependent launch (mode 2
+    with pdl_early_trigger). The interpreter has no griddepcontrol, so each Triton launcher is replaced here by a
+    recorder of its pdl setting that runs the torch reference, and PDL is switched on as the model runner does on
+    CUDA."""
     import kernels.conv1d_update as conv
     import kernels.fused_attn_decode as fa
     import kernels.gated_rmsnorm as gn
@@ -90,13 +92,13 @@ def test_decode_pdl_reaches_every_decode_kernel(ckpt, monkeypatch):
         monkeypatch.setattr(mod, name, lambda *a, _n=name, _ref=ref, pdl=False, **launch: (calls.append((_n, pdl)),
                                                                                            _ref(*a))[1])
     eng = Engine.from_checkpoint(ckpt, dtype="float32", max_num_seqs=2, num_blocks=32, block_size=16, decode_pdl=True)
-    eng.model.language_model.set_pdl(True)  # what ModelRunner does when the device is CUDA
-    eng.model.proj.launch["pdl"] = True
+    eng.model.language_model.set_pdl(mode)  # what ModelRunner does when the device is CUDA
+    eng.model.proj.launch["pdl"] = mode
     img = np.random.default_rng(0).integers(0, 256, (70, 90, 3), dtype=np.uint8)
     reqs = [dict(prompt="Read.", image=img, sampling=SamplingParams(max_tokens=4), ignore_eos=True)]
     got = eng.generate(reqs)[0].output_token_ids
     assert {n for n, _ in calls} == {name for _, name, _ in launchers}, sorted({n for n, _ in calls})
-    assert all(pdl for _, pdl in calls), sorted({n for n, p in calls if not p})
+    assert all(pdl == mode for _, pdl in calls), sorted({(n, p) for n, p in calls if p != mode})
     monkeypatch.delenv("OCRIA_FORCE_TRITON")
     plain = Engine.from_checkpoint(ckpt, dtype="float32", max_num_seqs=2, num_blocks=32, block_size=16)
     assert got == plain.generate(reqs)[0].output_token_ids

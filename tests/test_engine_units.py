@@ -131,3 +131,18 @@ def test_runner_glue_check_accepts_a_working_compiler(tmp_path):
     eng.model.language_model.set_glue(glue)
     out = eng.generate([dict(prompt_token_ids=list(range(3, 30)), sampling=SamplingParams(max_tokens=6))])
     assert out[0].output_token_ids == ref[0].output_token_ids
+
+
+def test_each_engine_option_reaches_its_decode_path_field():
+    """EngineOptions.decode_path: flipping one option flips exactly its DecodePath field (no positional mix-ups)."""
+    from dataclasses import fields
+
+    from engine.llm_engine import EngineOptions
+    from engine.model_runner import DecodePath
+
+    option = {"gemv": "decode_gemv", "pdl": "decode_pdl"}  # DecodePath field -> EngineOptions name where they differ
+    base = EngineOptions().decode_path()
+    for f in fields(DecodePath):
+        flipped = EngineOptions(**{option.get(f.name, f.name): not getattr(base, f.name)}).decode_path()
+        assert [getattr(flipped, g.name) != getattr(base, g.name) for g in fields(DecodePath)] == \
+            [g.name == f.name for g in fields(DecodePath)], f.name

@@ -51,14 +51,14 @@ class DecodeProjections:
     GDN's gated norm before its out_proj). Their first form measured slower on the H200; reworked since (the math on
     the rows that exist), not yet timed."""
 
-    def __init__(self, workspace: SplitKWorkspace | None = None, fuse_norm: bool = False, pdl: bool = False,
+    def __init__(self, workspace: SplitKWorkspace | None = None, fuse_norm: bool = False, pdl: int = 0,
                  prologues: bool = False, swiglu_epilogue: bool = False):
         self.workspace, self.fuse_norm, self.prologues = workspace, fuse_norm, prologues
         self.swiglu_epilogue = swiglu_epilogue
-        self.launch = dict(workspace=workspace, pdl=True) if pdl else dict(workspace=workspace)
+        self.launch = dict(workspace=workspace, pdl=int(pdl)) if pdl else dict(workspace=workspace)
 
     @classmethod
-    def for_model(cls, weights: list[torch.Tensor], fuse_norm: bool, pdl: bool = False,
+    def for_model(cls, weights: list[torch.Tensor], fuse_norm: bool, pdl: int = 0,
                   prologues: bool = False, swiglu_epilogue: bool = False) -> DecodeProjections:
         """Sized for the largest split-K launch among `weights` at MAX_M rows. Disabled (the torch ops) where the
         kernels would run their torch references anyway (CPU, unless OCRIA_FORCE_TRITON=1)."""
@@ -75,7 +75,7 @@ class DecodeProjections:
         # (linear_silu_mul launches gate_up with the plain launch's tiles and splits: the same workspace fits it)
         return cls(SplitKWorkspace(torch.empty(parts, dtype=torch.float32, device=w.device),
                                    torch.zeros(tiles, dtype=torch.int32, device=w.device)), fuse_norm,
-                   pdl and w.is_cuda, prologues, swiglu_epilogue)
+                   pdl if w.is_cuda else 0, prologues, swiglu_epilogue)
 
     def gemv(self, rows: int) -> bool:
         """Whether a product of `rows` rows runs on the GEMV (else the torch op)."""
@@ -102,7 +102,7 @@ class DecodeProjections:
         """out_proj(gated_rmsnorm(o, z)) of a GDN layer, o and z [N, heads, head_dim]."""
         if self.prologues and self.gemv(o.shape[0]):
             return ops.gated_rmsnorm_linear(o, z, norm_weight, eps, weight, **self.launch)
-        gated = ops.gated_rmsnorm(o, z, norm_weight, eps, pdl=self.launch.get("pdl", False))
+        gated = ops.gated_rmsnorm(o, z, norm_weight, eps, pdl=self.launch.get("pdl", 0))
         return self.linear(gated.reshape(o.shape[0], -1), weight)
 
     def mlp(self, x, gate_up_weight: torch.Tensor, down_weight: torch.Tensor) -> torch.Tensor:

@@ -20,7 +20,7 @@ from engine.step_metadata import StepMetadata
 class RMSNorm(nn.Module):
     """Zero-centred RMSNorm: x * rsqrt(mean(x^2) + eps) * (1 + w)."""
 
-    pdl = False  # launched with programmatic dependent launch (TextModel.set_pdl)
+    pdl = 0  # launched with programmatic dependent launch, mode 1 or 2 (TextModel.set_pdl)
 
     def __init__(self, dim: int, eps: float, **factory):
         super().__init__()
@@ -70,7 +70,7 @@ class GatedAttention(nn.Module):
         self.proj = DecodeProjections()
 
     fused_decode = False  # decode: one fused kernel for q/k norm + rotary + KV store (TextModel.set_fused_decode)
-    pdl = False  # decode kernels launched with programmatic dependent launch (TextModel.set_pdl)
+    pdl = 0  # decode kernels launched with programmatic dependent launch, mode 1 or 2 (TextModel.set_pdl)
 
     def forward(self, x, meta: StepMetadata, cos, sin):
         if self.fused_decode and not meta.is_prefill:
@@ -142,7 +142,7 @@ class GatedDeltaNet(nn.Module):
         self.proj = DecodeProjections()
 
     fused_decode = False  # decode: one fused kernel from conv to gated norm (TextModel.set_fused_decode)
-    pdl = False  # decode kernels launched with programmatic dependent launch (TextModel.set_pdl)
+    pdl = 0  # decode kernels launched with programmatic dependent launch, mode 1 or 2 (TextModel.set_pdl)
 
     def forward(self, x, meta: StepMetadata, cos=None, sin=None):
         projected = self.proj.linear(x, self.in_proj.weight)
@@ -231,12 +231,13 @@ class TextModel(nn.Module):
             if layer.kind in kinds:
                 layer.mixer.fused_decode = on
 
-    def set_pdl(self, on: bool) -> None:
+    def set_pdl(self, mode: int) -> None:
         """Launch the norms', GDN and attention decode kernels with programmatic dependent launch (CUDA, sm_90+;
-        the GEMVs follow DecodeProjections' own flag): each may start while the kernel before it finishes."""
+        mode 1 or 2 as kernels/_common.pdl_enter, 0 off; the GEMVs follow DecodeProjections' own setting): each may
+        start while the kernel before it finishes."""
         for m in self.modules():
             if isinstance(m, (RMSNorm, GatedDeltaNet, GatedAttention)):
-                m.pdl = on
+                m.pdl = mode
 
     def forward(self, x: torch.Tensor, meta: StepMetadata, cos, sin) -> torch.Tensor:
         residual = None
