@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# One device command: the engine's decode path on the H200: its options timed against the default, the default
-# checked against transformers on CUDA, and a profile of where a step's time goes.
+# One device command: the engine's decode path on the H200: the GEMV prologues and PDL modes checked against their
+# references, the engine's options timed against the default, the default checked against transformers on CUDA.
+# (Where a step's time goes: python3 bench/decode_profile.py --out $OUT/prof --variants default,<winner>
+#  --batch-sizes 1 --steps 10 --graph-steps 30, ~90 s, in a call of its own.)
 #   bash bench/h200_decode_gemv_run.sh $OUT          # carry .gpu/wheels (fla)
 # Each step has its own time limit, so a slow one leaves the others' results under $OUT; the timing comes first
 # (on a cold machine the correctness check has taken over 150 s).
@@ -12,6 +14,9 @@ out=${1:?out}
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu/wheels/*.whl
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 step() { local s=$1; shift; local t0=$SECONDS; timeout "$s" "$@" 2>&1 | grep -v -i warn | tail -n 40; echo "== rc ${PIPESTATUS[0]} in $((SECONDS - t0)) s: $*"; }
+# 0. the reworked prologues and PDL mode 2 on the GPU, before timing them (the kernel tests run them in the CPU
+#    interpreter only)
+step 60 python3 bench/gemv_prologue_check.py --out "$out/gemv_prologue_check.json"
 # 1. the engine at the 4B shape, default vs its alternatives: text decode at b1 / b8 (transformers: measured in
 #    h200_engine_benchmark.json). Next: the RMSNorms applied by the GEMVs that read them, in one pass
 #    (native_norm_fused), and that with the GDN gated norm in out_proj's prologue too (native_gemv_fused), both now
@@ -24,5 +29,3 @@ step 330 python3 jobs/benchmark.py --device cuda --out "$out/bench" --scenarios 
 # 2. correctness on CUDA: native vs transformers, fp32 token-for-token (112 s in session 12 and 147 s in session 13,
 #    where the cold machine's first try ran past 150 s; with the bf16 ocria-tiny comparison too it ran past 180 s)
 step 160 python3 bench/gpu_check.py --dtypes float32 --requests 8 --out "$out/gpu_check.json"
-# 3. where a step's time goes now
-step 100 python3 bench/decode_profile.py --out "$out/prof" --variants default,norm_fused --batch-sizes 1 --steps 10 --graph-steps 30

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 NAME = "packed_sdpa_flash_api"  # "flash": transformers passes cu_seqlens (its flash-attention calling convention)
 
@@ -25,7 +26,7 @@ def packed_attention(module, query, key, value, attention_mask=None, scaling=Non
     lens = cu[1:] - cu[:-1]
     n = lens.numel()
     longest = int(max_length_q) if max_length_q is not None else int(lens.max())
-    image = torch.repeat_interleave(torch.arange(n, device=query.device), lens)
+    image = torch.repeat_interleave(torch.arange(n, device=query.device), lens, output_size=total)  # no host sync
     slot = image * longest + torch.arange(total, device=query.device) - cu[image]  # row in the padded [n * L] layout
 
     def padded(t):  # [1, heads, T, d] -> [n, heads, L, d]
@@ -33,8 +34,11 @@ def packed_attention(module, query, key, value, attention_mask=None, scaling=Non
         return rows.view(heads, n, longest, dim).transpose(0, 1)
 
     keep = (torch.arange(longest, device=query.device) < lens[:, None])[:, None, None, :]  # [n, 1, 1, L]
-    out = F.scaled_dot_product_attention(padded(query), padded(key), padded(value), attn_mask=keep,
-                                         dropout_p=dropout, scale=scaling)
+    # on CUDA only the memory-efficient kernel: the math fallback would hold n * heads * L^2 fp32 scores (GBs)
+    backends = [SDPBackend.EFFICIENT_ATTENTION] if query.is_cuda else [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+    with sdpa_kernel(backends):
+        out = F.scaled_dot_product_attention(padded(query), padded(key), padded(value), attn_mask=keep,
+                                             dropout_p=dropout, scale=scaling)
     return out.transpose(1, 2).reshape(n * longest, heads, dim).index_select(0, slot)[None], None
 
 

@@ -52,8 +52,9 @@ def output(out, shape, dtype, device, name="out"):
 
 
 def pdl_supported(device: torch.device) -> bool:
-    """Programmatic dependent launch needs a CUDA device of compute capability 9.0 (Hopper) or later."""
-    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+    """Programmatic dependent launch needs an NVIDIA GPU of compute capability 9.0 (Hopper) or later (ROCm devices
+    also report as "cuda", with capabilities of their own)."""
+    return device.type == "cuda" and torch.version.hip is None and torch.cuda.get_device_capability(device)[0] >= 9
 
 
 def check_pdl(pdl: int) -> None:
@@ -76,7 +77,8 @@ def pdl_enter(PDL: tl.constexpr):
     let the next PDL launch start early in turn.
     PDL 2: let the next launch start first, then wait: a kernel's successor launches as soon as all of its own
     programs are running, so launches run further ahead (several kernels resident, each waiting for the one before).
-    Still safe: every kernel completes only after its wait returned, i.e. after the kernel before it completed."""
+    Still safe: every kernel completes only after its wait returned, i.e. after the kernel before it completed.
+    Both rely on every program of a PDL-launched kernel calling this first, before any memory access or return."""
     if PDL == 2:
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()

@@ -24,7 +24,8 @@ Fused input prologues (the producer's elementwise kernel disappears; its output 
   * rmsnorm_linear: x (+ residual, rounded to the dtype) is RMS-normalised with a zero-centred weight before the
     product. A program that covers all of K (no split) does it in one pass: it multiplies each chunk by (1 + w),
     sums the squares of its rows on the way and scales its finished sums by 1/rms (so rounding differs from
-    kernels/rmsnorm's by where the bf16 rounding falls). Split programs
+    kernels/rmsnorm's by where the bf16 rounding falls; fp16, whose range the unnormalised product can exceed, always
+    takes the two-pass form). Split programs
     first sum the squares over all of K in a pass of their own and round as kernels/rmsnorm. With a residual, the
     first N tile's programs also write the new residual stream x + residual to residual_out, which must not alias
     residual or x (other programs are still reading them). swiglu=True adds the linear_silu_mul epilogue (gate_up);
@@ -267,6 +268,7 @@ def _small_m_linear_kernel(
     USE_MMA: tl.constexpr, SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr,
     PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, ROUND_PRODUCT: tl.constexpr,
     USE_PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr, SWIGLU: tl.constexpr, P_ROWS: tl.constexpr,
+    NORM_IN_LOOP: tl.constexpr,
 ):
     """SPLIT: 0 = one program per N tile writes y; 1 = split-K, the last program of a tile reduces; 2 = split-K,
     partials only (a second kernel reduces). PROLOGUE: 0 none, 1 silu_mul, 2 rmsnorm, 3 gated head norm
@@ -305,11 +307,10 @@ def _small_m_linear_kernel(
         pdl_enter(USE_PDL)  # the inputs (and the split-K workspace) are the kernel before's to finish
 
     # RMSNorm prologue: a program that sees all of K (no split) gathers each row's sum of squares in its main loop
-    # and scales its sums by 1/rms at the end (one pass); split programs see part of K, so they first make 1/rms of
-    # each row over all of K in a pass of their own, program (0, 0) writing the new residual on the way.
-    NORM_IN_LOOP: tl.constexpr = PROLOGUE == 2 and SPLIT == 0
+    # and scales its sums by 1/rms at the end (one pass, NORM_IN_LOOP); split programs see part of K, so they first
+    # make 1/rms of each row over all of K in a pass of their own, program (0, 0) writing the new residual on the way.
     rstd = tl.zeros((P_ROWS,), dtype=tl.float32)
-    if PROLOGUE == 2 and SPLIT != 0:
+    if PROLOGUE == 2 and not NORM_IN_LOOP:
         sumsq = tl.zeros((P_ROWS,), dtype=tl.float32)
         for k in range(0, K, BLOCK_K):
             mask = mask_p[:, None] & ((k + offs_k) < K)[None, :]
@@ -520,6 +521,9 @@ def _launch(x, weight, out, prologue, residual=None, norm_weight=None, eps=0.0, 
         UPCAST_DOT=not x.is_cuda, PROLOGUE=prologue, HAS_RESIDUAL=prologue == 2 and residual is not None,
         ROUND_PRODUCT=round_product, USE_PDL=int(pdl), PREFETCH_LINES=prefetch_lines, SWIGLU=bool(swiglu),
         P_ROWS=next_pow2(M) if prologue else m_pad, launch_pdl=bool(pdl),
+        # one pass rounds the unnormalised h * (1 + w) to the dtype: fp16's range overflows on the large activation
+        # channels residual streams have (~1e4), so fp16 keeps the pass over K that normalises first
+        NORM_IN_LOOP=prologue == 2 and mode == 0 and x.dtype != torch.float16,
         num_warps=num_warps or d["num_warps"], num_stages=num_stages or d["num_stages"],
     )
     if mode == 2:

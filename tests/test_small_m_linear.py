@@ -92,7 +92,7 @@ def test_swiglu_epilogue_rows_and_errors(monkeypatch):
 
 @pytest.mark.parametrize("launch", ["default", "split3_fused", "split2_kernel", "fma"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("M,N,K", [(1, 40, 48), (6, 130, 200)])
+@pytest.mark.parametrize("M,N,K", [(1, 40, 48), (6, 130, 200), (3, 72, 256)])  # K=256: whole chunks (EVEN_K)
 @pytest.mark.parametrize("with_residual", [False, True])
 def test_rmsnorm_prologue_matches_ref(M, N, K, dtype, launch, with_residual):
     """rmsnorm_linear normalises x (+ residual) with a zero-centred weight before the GEMV; with a residual the new
@@ -116,9 +116,28 @@ def test_rmsnorm_prologue_matches_ref(M, N, K, dtype, launch, with_residual):
     assert_close(got, want, dtype)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_rmsnorm_prologue_with_a_massive_activation_channel(dtype):
+    """Residual streams carry a few channels of ~1e3-1e4. The one-pass form rounds the unnormalised h * (1 + w) to
+    the dtype, which fp16 cannot hold there: fp16 keeps the normalise-first pass (finite, as the reference), bf16
+    takes the one pass."""
+    M, N, K = 3, 40, 256
+    gen = torch.Generator().manual_seed(3)
+    x, res = (torch.randn(M, K, generator=gen).to(dtype) for _ in range(2))
+    res[:, 7] = 3000.0
+    nw = (torch.randn(K, generator=gen) * 0.2).to(dtype)
+    nw[7] = 25.0
+    w = (torch.randn(N, K, generator=gen) * K ** -0.5).to(dtype)
+    for launch in ({}, dict(mma=False, block_n=16, block_k=32, split_k=1)):  # no split: where the one pass would run
+        got, new_res = rmsnorm_linear_triton(x, nw, 1e-6, w, residual=res, **launch)
+        want, want_res = rmsnorm_linear_ref(x, nw, 1e-6, w, residual=res)
+        assert torch.isfinite(got).all() and torch.equal(new_res, want_res)
+        assert_close(got, want, dtype)
+
+
 @pytest.mark.parametrize("launch", ["default", "split3_fused", "fma"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("M,N,K", [(1, 20, 48), (5, 65, 200)])
+@pytest.mark.parametrize("M,N,K", [(1, 20, 48), (5, 65, 200), (4, 33, 256)])
 def test_rmsnorm_prologue_with_swiglu_epilogue(M, N, K, dtype, launch):
     """rmsnorm_linear(swiglu=True): the MLP's gate_up GEMV reading the normalised input and writing silu(gate) * up,
     the 1/rms scale applied to both sums before the SwiGLU; the new residual as without the epilogue."""
@@ -280,3 +299,19 @@ def test_bench_dry_run_writes_json(tmp_path, monkeypatch):
         assert all(c["error"] is None and c["rel_err"] < 1e-2 and c["repeat_identical"] for c in r["configs"]), r
         assert not r["wrong_configs"]
         assert r["best"]["name"] in {c["name"] for c in r["configs"]}
+
+
+def test_gpu_prologue_check_script_passes_in_the_interpreter(tmp_path, monkeypatch):
+    """bench/gemv_prologue_check.py (run on the H200 before timing the prologues) on tiny shapes, every kernel forced
+    to Triton: each prologue as accurate as its bf16 reference, the new residual exact."""
+    import importlib.util
+
+    monkeypatch.setenv("OCRIA_FORCE_TRITON", "1")
+    path = os.path.join(ROOT, "bench", "gemv_prologue_check.py")
+    spec = importlib.util.spec_from_file_location("gemv_prologue_check", path)
+    check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check)
+    out = tmp_path / "check.json"
+    assert check.main(["--tiny", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert len(rows) == 4 * 5 and all(r["ok"] for r in rows)
