@@ -38,7 +38,8 @@ def cases(M, s, dtype, device, gen):
 
     H, I, D, nh = s["hidden"], s["inter"], s["head_dim"], s["heads"]
     x, res, nw = rand(M, H, scale=3), rand(M, H, scale=3), rand(H, scale=0.2)
-    w_in, w_gu, w_down = rand(s["in_proj"], H, scale=H ** -0.5), rand(2 * I, H, scale=H ** -0.5), rand(H, I, scale=I ** -0.5)
+    w_in, w_gu = rand(s["in_proj"], H, scale=H ** -0.5), rand(2 * I, H, scale=H ** -0.5)
+    w_down = rand(H, I, scale=I ** -0.5)
     o, z, gw, w_out = rand(M, nh, D), rand(M, nh, D), 1 + rand(D, scale=0.2), rand(H, nh * D, scale=(nh * D) ** -0.5)
     gate_up = rand(M, 2 * I, scale=2)
 

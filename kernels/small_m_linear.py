@@ -25,10 +25,10 @@ Fused input prologues (the producer's elementwise kernel disappears; its output 
     product. A program that covers all of K (no split) does it in one pass: it multiplies each chunk by (1 + w),
     sums the squares of its rows on the way and scales its finished sums by 1/rms (so rounding differs from
     kernels/rmsnorm's by where the bf16 rounding falls; fp16, whose range the unnormalised product can exceed, always
-    takes the two-pass form). Split programs
-    first sum the squares over all of K in a pass of their own and round as kernels/rmsnorm. With a residual, the
-    first N tile's programs also write the new residual stream x + residual to residual_out, which must not alias
-    residual or x (other programs are still reading them). swiglu=True adds the linear_silu_mul epilogue (gate_up);
+    takes the two-pass form). Split programs first sum the squares over all of K in a pass of their own and round as
+    kernels/rmsnorm. With a residual, the first N tile's programs also write the new residual stream x + residual
+    to residual_out, which must not alias residual or x (other programs are still reading them). swiglu=True adds
+    the linear_silu_mul epilogue (gate_up);
   * gated_rmsnorm_linear: x is the GDN output [M, H*D] and each BLOCK_K = D chunk is one head, normalised and gated
     by silu(z) as kernels/gated_rmsnorm would (the GDN out_proj).
   Each prologue works on next_pow2(M) input rows and pads the chunk to the MMA's 16 rows afterwards (_pad_rows).
@@ -62,10 +62,11 @@ tiles, split to 4 programs per SM) split too much and lost to cuBLAS everywhere 
 pdl=True (sm_90+): the kernel is launched with programmatic dependent launch. Its programs start while the kernel
 before is still finishing, prefetch their first `prefetch_lines` 128-byte lines of each weight row into L2 (the
 weights do not depend on that kernel), then wait for it (griddepcontrol.wait) before reading any input; each then
-lets the next PDL launch start (pdl=2: lets it start before waiting, kernels/_common.pdl_enter). In a chain of GEMVs (out_proj -> gate_up -> down -> the next in_proj) this overlaps
-each one's ramp-up with the tail of the one before. Needs a GPU (the interpreter has no inline PTX). With the
-prologues on it added 0.2-0.3 ms per 4B decode step (same file); with every decode kernel launched this way
-(the engine's default, EngineOptions.decode_pdl) it took 0.08-0.10 ms off at b1 and b8 (h200_decode_pdl.json).
+lets the next PDL launch start (pdl=2: lets it start before waiting, kernels/_common.pdl_enter). In a chain of
+GEMVs (out_proj -> gate_up -> down -> the next in_proj) this overlaps each one's ramp-up with the tail of the one
+before. Needs a GPU (the interpreter has no inline PTX). With the prologues on it added 0.2-0.3 ms per 4B decode
+step (same file); with every decode kernel launched this way (the engine's default, EngineOptions.decode_pdl) it
+took 0.08-0.10 ms off at b1 and b8 (h200_decode_pdl.json).
 
 CUDA graphs: no host syncs and allocation from shapes only. Split-K needs a workspace (fp32 partials + int32
 counters that must start at 0; the fused path leaves them at 0 again). Without one, each call allocates partials and
@@ -196,7 +197,7 @@ def default_launch(N, K, dtype, device) -> dict:
 def _load_input_chunk(x_ptrs, r_ptrs, nw_ptr, k, offs_k, mask_p, K, rstd, eps,
                       PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, EVEN_K: tl.constexpr,
                       ROUND_PRODUCT: tl.constexpr, BLOCK_K: tl.constexpr):
-    """The [M_PAD, BLOCK_K] chunk of the GEMV input at K offset k, after the prologue (0: x as is; 1: silu(gate) * up,
+    """The [P_ROWS, BLOCK_K] chunk of the GEMV input at K offset k, after the prologue (0: x as is; 1: silu(gate) * up,
     the up half K elements to the right; 2: RMSNorm of x [+ residual] with 1/rms = rstd; 3: the chunk is one head,
     RMS-normalised and gated by silu(z), z read through r_ptrs)."""
     if EVEN_K:
