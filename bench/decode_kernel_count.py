@@ -12,10 +12,10 @@ instrumented.
     (bench/results/h200_decode_profile.json: 521 kernels per default step at b1, not 370).
 
 The model is the tiny config with the 4B's layer stack (32 layers, 24 GDN + 8 attention) and the benchmark's context
-size, so the attention split into partitions matches the 4B shape too. Prints a table per layer kind for the default
-path (EngineOptions defaults) and for EngineOptions(fused_decode=True).
+size, so the attention split into partitions matches the 4B shape too. Prints a table per layer kind for each
+variant (jobs.benchmark.VARIANTS without "native_"; default: the EngineOptions defaults and fused_decode=True).
 
-    python bench/decode_kernel_count.py [--batch 1] [--json OUT.json] [--inductor]
+    python bench/decode_kernel_count.py [--batch 1] [--variants default,fused,...] [--json OUT.json] [--inductor]
 """
 from __future__ import annotations
 
@@ -147,7 +147,7 @@ def inductor_kernels_per_glue_call(cfg) -> dict:
     return out
 
 
-def build_engine(batch: int, fused: bool, layers: int):
+def build_engine(batch: int, options: dict, layers: int):
     from engine.config import parse_config
     from engine.llm_engine import Engine, EngineOptions
     from jobs.benchmark import build_hf_model, hf_config
@@ -159,13 +159,13 @@ def build_engine(batch: int, fused: bool, layers: int):
     hf = build_hf_model(hf_cfg, "cpu", torch.float32)
     max_len = 2080  # the 4B benchmark's max_model_len: sizes the block tables, hence the attention partitions
     opts = EngineOptions(max_num_seqs=max(batch, 1), max_model_len=max_len, block_size=32,
-                         num_blocks=batch * (max_len // 32) + 1, fused_decode=fused)
+                         num_blocks=batch * (max_len // 32) + 1, **options)
     return Engine(cfg, hf.state_dict().items(), device="cpu", dtype=torch.float32, options=opts), cfg
 
 
-def count_decode_step(batch: int, fused: bool, layers: int, glue_kernels: dict) -> tuple[Counter, list[str]]:
+def count_decode_step(batch: int, options: dict, layers: int, glue_kernels: dict) -> tuple[Counter, list[str]]:
     with forced_triton():
-        eng, cfg = build_engine(batch, fused, layers)
+        eng, cfg = build_engine(batch, options, layers)
     runner, lm = eng.runner, eng.model.language_model
     per_seq = runner.cache.max_blocks_per_seq
     ctx = 600  # a context past the first attention partition
@@ -221,10 +221,17 @@ def main(argv=None):
     ap.add_argument("--layers", type=int, default=32, help="decoder layers (every 4th is attention, as in the 4B)")
     ap.add_argument("--glue-kernels", type=int, default=1, help="launches per compiled glue call (lower bound 1)")
     ap.add_argument("--inductor", action="store_true", help="measure launches per glue call with inductor (CPU)")
+    ap.add_argument("--variants", default="default,fused",
+                    help="jobs.benchmark.VARIANTS without the native_ prefix (native: default), the first the baseline")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     from engine.config import parse_config
-    from jobs.benchmark import hf_config
+    from jobs.benchmark import VARIANTS, hf_config
+
+    names = {"default" if v == "native" else v.removeprefix("native_"): v for v in VARIANTS}
+    variants = args.variants.split(",")
+    if not set(variants) <= set(names):
+        ap.error(f"--variants: some of {', '.join(names)}, got {args.variants}")
 
     glue_kernels = {}
     if args.inductor:
@@ -235,13 +242,15 @@ def main(argv=None):
     else:
         glue_kernels = {n: args.glue_kernels for n in ("attention_inputs", "gated_output", "gdn_gates")}
     result = dict(batch=args.batch, layers=args.layers, glue_kernels_per_call=glue_kernels)
-    for fused in (False, True):
-        counts, kinds = count_decode_step(args.batch, fused, args.layers, glue_kernels)
-        s = summarise(counts, kinds)
-        result["fused" if fused else "default"] = s
-        print_table(f"fused_decode={fused}, batch {args.batch}", s)
-    d, f = result["default"]["step_total"], result["fused"]["step_total"]
-    print(f"\nkernels per decode step: default {d} -> fused_decode {f} ({d - f} fewer, {100 * (d - f) / d:.0f}%)")
+    for name in variants:
+        counts, kinds = count_decode_step(args.batch, VARIANTS[names[name]], args.layers, glue_kernels)
+        result[name] = summarise(counts, kinds)
+        print_table(f"{name} {VARIANTS[names[name]]}, batch {args.batch}", result[name])
+    base = result[variants[0]]["step_total"]
+    for name in variants[1:]:
+        n = result[name]["step_total"]
+        print(f"kernels per decode step: {variants[0]} {base} -> {name} {n} ({base - n} fewer, "
+              f"{100 * (base - n) / base:.0f}%)")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
     return result
