@@ -49,7 +49,11 @@ case ${RECIPE:-D} in
          mix: {share: 0.2, font_px: [10, 18], max_chars: [8, 80], crop: true, strict_chars: true}}]' ;;
   F) CURR='data.curriculum=[{until_page: 100000000, font_px: [10, 18], max_chars: [150, 1300],
          mix: {share: 0.2, font_px: [10, 18], max_chars: [8, 80], crop: true, strict_chars: true}}]' ;;
-  *) echo "RECIPE must be D, E or F" >&2; exit 2 ;;
+  # H (written in session 13, not run): the final font sizes on cropped blocks of 60-260 characters (one to a few
+  # lines; the line count is not measured), where session 13's evaluation says reading breaks down; 30 % full pages
+  H) CURR='data.curriculum=[{until_page: 100000000, font_px: [10, 18], max_chars: [60, 260], crop: true,
+         mix: {share: 0.3, font_px: [10, 18], max_chars: [150, 1300]}}]' ;;
+  *) echo "RECIPE must be D, E, F or H" >&2; exit 2 ;;
 esac
 timeout ${TIMEOUT_S:-565} python3 -m jobs.train_tiny train --model-dir "$model" --out "$out/run" ${resume:+--resume "$resume"} \
   ${PROFILE_STEPS:+--profile-steps "$PROFILE_STEPS"} "${RUN[@]}" --set "$CURR" 2>&1 | grep -v -i "warn" | tail -n 70
