@@ -13,7 +13,7 @@ instrumented.
 
 The model is the tiny config with the 4B's layer stack (32 layers, 24 GDN + 8 attention) and the benchmark's context
 size, so the attention split into partitions matches the 4B shape too. Prints a table per layer kind for each
-variant (jobs.benchmark.VARIANTS without "native_"; default: the EngineOptions defaults and fused_decode=True).
+variant (jobs.benchmark.variant_short_names; by default the EngineOptions defaults and fused_decode=True).
 
     python bench/decode_kernel_count.py [--batch 1] [--variants default,fused,...] [--json OUT.json] [--inductor]
 """
@@ -222,13 +222,13 @@ def main(argv=None):
     ap.add_argument("--glue-kernels", type=int, default=1, help="launches per compiled glue call (lower bound 1)")
     ap.add_argument("--inductor", action="store_true", help="measure launches per glue call with inductor (CPU)")
     ap.add_argument("--variants", default="default,fused",
-                    help="jobs.benchmark.VARIANTS without the native_ prefix (native: default), the first the baseline")
+                    help="names from jobs.benchmark.variant_short_names, the first the baseline")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     from engine.config import parse_config
-    from jobs.benchmark import VARIANTS, hf_config
+    from jobs.benchmark import VARIANTS, hf_config, variant_short_names
 
-    names = {"default" if v == "native" else v.removeprefix("native_"): v for v in VARIANTS}
+    names = variant_short_names()
     variants = args.variants.split(",")
     if not set(variants) <= set(names):
         ap.error(f"--variants: some of {', '.join(names)}, got {args.variants}")

@@ -1,7 +1,7 @@
 """Where the device time of one decode step of the native engine goes (Qwen3.5-4B shape, random weights, bf16).
 
-For each variant (jobs.benchmark.VARIANTS without its "native_" prefix, "native" being "default": default, cublas,
-gemv_fused, norm_unfused, pdl, swiglu_unfused, fused, unfused_attn) and batch size, in one process:
+For each variant (jobs.benchmark.variant_short_names: VARIANTS without the "native_" prefix, "native" being
+"default") and batch size, in one process:
   1. `--batch-sizes` text requests (random `--prompt`-token prompts) are stepped until all of them decode;
   2. the engine's normal path (CUDA graph replay) is timed over `--graph-steps` steps, as jobs/benchmark.py does;
   3. `--steps` more steps run EAGERLY (the graphs are set aside, so the same kernels launch one by one) under
@@ -346,7 +346,7 @@ def main(argv=None):
     args.steps = args.steps or (8 if args.tiny else 20)
     args.graph_steps = args.graph_steps or (10 if args.tiny else 50)
     batches, variants = [int(b) for b in args.batch_sizes.split(",")], args.variants.split(",")
-    names = {"default": "native", **{v.removeprefix("native_"): v for v in bench.VARIANTS if v != "native"}}
+    names = bench.variant_short_names()
     if not set(variants) <= set(names):
         ap.error(f"--variants: some of {', '.join(names)}, got {args.variants}")
     if args.graph_steps < 3 or args.steps < 1:

@@ -54,6 +54,12 @@ VARIANTS = {
     "native_unfused_attn": dict(fused_attention_decode=False),  # attention inputs by the compiled glue + KV store
 }
 
+
+def variant_short_names() -> dict[str, str]:
+    """VARIANTS by the names the profiling scripts take: without "native_", "native" itself being "default"."""
+    return {"default" if v == "native" else v.removeprefix("native_"): v for v in VARIANTS}
+
+
 # Qwen3.5-4B (docs/model-architecture.md section 2)
 REAL_TEXT = dict(vocab_size=248320, hidden_size=2560, intermediate_size=9216, num_hidden_layers=32,
                  num_attention_heads=16, num_key_value_heads=4, head_dim=256, linear_num_key_heads=16,
