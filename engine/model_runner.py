@@ -40,15 +40,15 @@ def graph_batch_sizes(max_batch: int) -> list[int]:
 
 @dataclass(frozen=True)
 class DecodePath:
-    """Which kernels decode steps run (EngineOptions says why each default is what it is)."""
-    fused_decode: bool = False  # every layer kind through kernels/fused_*.py
-    fused_attention_decode: bool = True  # the attention layers only
-    gemv: bool = True  # projections of <= 16 rows through kernels/small_m_linear (DecodeProjections)
-    gemv_prologues: bool = False
-    fuse_norm: bool = False
-    pdl: bool = True  # where the GPU has it (sm_90+)
-    pdl_early_trigger: bool = False  # each kernel lets the next launch before it waits (kernels/_common.pdl_enter)
-    swiglu_epilogue: bool = True
+    """Which kernels decode steps run: EngineOptions.decode_path(), where the defaults are and why."""
+    fused_decode: bool  # every layer kind through kernels/fused_*.py
+    fused_attention_decode: bool  # the attention layers only
+    gemv: bool  # projections of <= 16 rows through kernels/small_m_linear (DecodeProjections)
+    gemv_prologues: bool
+    fuse_norm: bool
+    pdl: bool  # where the GPU has it (sm_90+)
+    pdl_early_trigger: bool  # each kernel lets the next launch before it waits (kernels/_common.pdl_enter)
+    swiglu_epilogue: bool
 
 
 @dataclass
@@ -68,7 +68,7 @@ class ModelRunner:
                  max_num_seqs: int, max_model_len: int, max_num_batched_tokens: int, block_size: int = 16,
                  num_blocks: int | None = None, kv_cache_memory_gb: float | None = None,
                  gpu_memory_utilization: float = 0.9, use_cuda_graphs: bool = True, compile_glue: bool = True,
-                 decode: DecodePath = DecodePath()):
+                 *, decode: DecodePath):
         self.model, self.cfg, self.device, self.dtype = model, cfg, device, dtype
         model.language_model.set_fused_decode(decode.fused_decode)
         if decode.fused_attention_decode:

@@ -41,9 +41,10 @@ class DecodeProjections:
     swiglu_epilogue: the MLP's gate_up GEMV applies silu(gate) * up to its own output (kernels/small_m_linear.
     linear_silu_mul), so no SwiGLU kernel runs and the [M, 2I] gate_up output is never stored (1.6 % faster decode
     steps on the H200, bench/results/h200_decode_epilogues.json).
-    pdl (sm_90+): the GEMVs use programmatic dependent launch (kernels/small_m_linear), overlapping each one's start
-    with the end of the kernel before (TextModel.set_pdl does the same for the other decode kernels; together 2-3 %
-    faster decode steps at b1-b8, bench/results/h200_decode_pdl.json).
+    pdl (mode 1 or 2 of kernels/_common.pdl_enter; the model runner passes 0 where the GPU has no PDL): the GEMVs
+    use programmatic dependent launch (kernels/small_m_linear), overlapping each one's start with the end of the
+    kernel before (TextModel.set_pdl does the same for the other decode kernels; together 2-3 % faster decode steps
+    at b1-b8, bench/results/h200_decode_pdl.json).
     fuse_norm (off, not yet timed in this form): the RMSNorm before each layer's first projection and its MLP is
     applied by that projection's GEMV as it reads its input (kernels/small_m_linear.rmsnorm_linear, in one pass where
     the launch does not split K), with the gate_up GEMV's SwiGLU epilogue too.
@@ -75,7 +76,7 @@ class DecodeProjections:
         # (linear_silu_mul launches gate_up with the plain launch's tiles and splits: the same workspace fits it)
         return cls(SplitKWorkspace(torch.empty(parts, dtype=torch.float32, device=w.device),
                                    torch.zeros(tiles, dtype=torch.int32, device=w.device)), fuse_norm,
-                   pdl if w.is_cuda else 0, prologues, swiglu_epilogue)
+                   pdl, prologues, swiglu_epilogue)
 
     def gemv(self, rows: int) -> bool:
         """Whether a product of `rows` rows runs on the GEMV (else the torch op)."""
