@@ -6,8 +6,6 @@
 # --variants native,native_pdl): 551 s in all, and transformers' page b64 run did not fit the first step's 380 s.
 set -uo pipefail
 out=${1:?out}
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu/wheels/*.whl
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
-step() { local s=$1; shift; local t0=$SECONDS; timeout "$s" "$@" 2>&1 | grep -v -i warn | grep -v "^\[transformers\]" | tail -n 40; echo "== rc ${PIPESTATUS[0]} in $((SECONDS - t0)) s: $*"; }
+source bench/device_env.sh
 step 420 python3 jobs/benchmark.py --device cuda --out "$out/bench" --variants native,native_no_pdl --hf-max-new 64
 step 150 python3 bench/gpu_check.py --dtypes float32 --requests 8 --out "$out/gpu_check.json"

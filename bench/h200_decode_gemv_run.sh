@@ -11,9 +11,7 @@
 #  h200_decode_pdl.json and h200_decode_profile_pdl.json, with the variants then named native / native_pdl.)
 set -uo pipefail
 out=${1:?out}
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu/wheels/*.whl
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
-step() { local s=$1; shift; local t0=$SECONDS; timeout "$s" "$@" 2>&1 | grep -v -i warn | tail -n 40; echo "== rc ${PIPESTATUS[0]} in $((SECONDS - t0)) s: $*"; }
+source bench/device_env.sh
 # 0. the reworked prologues and PDL mode 2 on the GPU, before timing them (the kernel tests run them in the CPU
 #    interpreter only)
 step 60 python3 bench/gemv_prologue_check.py --out "$out/gemv_prologue_check.json"
