@@ -99,12 +99,6 @@ class EngineOptions:
     # decode projections (<= 16 rows) through kernels/small_m_linear instead of cuBLAS: 5 % faster decode steps on
     # the H200 (bench/results/h200_decode_gemv.json)
     decode_gemv: bool = True
-    # ... with SwiGLU / the GDN gated norm computed inside the GEMV: slower in its first form (same file); reworked
-    # since (the prologue math on the rows that exist, not the MMA's 16), not yet timed
-    gemv_prologues: bool = False
-    # ... with each RMSNorm applied by the GEMV that reads it (one pass; not yet timed: with gemv_prologues, in its
-    # first form with a pass of its own over K, it was slower, h200_decode_gemv_variants.json)
-    fuse_norm: bool = False
     # ... and every decode kernel (GEMVs, norms, GDN, attention) launched with programmatic dependent launch where
     # the GPU has it (sm_90+): each starts while the one before finishes. 0.08-0.10 ms (2-3 %) less per 4B decode
     # step at b1 and b8, same tokens and logits (bench/results/h200_decode_pdl.json, h200_engine_benchmark.json)
@@ -112,16 +106,13 @@ class EngineOptions:
     # ... with the MLP's SwiGLU applied by the gate_up GEMV to its output: 0.05 ms (1.6 %) less per 4B decode step
     # at b1 and b8 than the separate SwiGLU kernel (bench/results/h200_decode_epilogues.json)
     swiglu_epilogue: bool = True
-    # ... with PDL, each decode kernel lets the next one launch before it waits for the one before (launches run
-    # further ahead; kernels/_common.pdl_enter): not yet timed
-    pdl_early_trigger: bool = False
+    # (measured slower on the H200 and removed: the RMSNorms, SwiGLU and GDN gated norm computed by the GEMVs as they
+    # read their input, and PDL's early trigger; bench/results/h200_decode_norm_fused.json)
     text_only: bool = False
 
     def decode_path(self) -> DecodePath:
         return DecodePath(fused_decode=self.fused_decode, fused_attention_decode=self.fused_attention_decode,
-                          gemv=self.decode_gemv, gemv_prologues=self.gemv_prologues, fuse_norm=self.fuse_norm,
-                          pdl=self.decode_pdl, pdl_early_trigger=self.pdl_early_trigger,
-                          swiglu_epilogue=self.swiglu_epilogue)
+                          gemv=self.decode_gemv, pdl=self.decode_pdl, swiglu_epilogue=self.swiglu_epilogue)
 
 
 

@@ -44,10 +44,7 @@ class DecodePath:
     fused_decode: bool  # every layer kind through kernels/fused_*.py
     fused_attention_decode: bool  # the attention layers only
     gemv: bool  # projections of <= 16 rows through kernels/small_m_linear (DecodeProjections)
-    gemv_prologues: bool
-    fuse_norm: bool
     pdl: bool  # where the GPU has it (sm_90+)
-    pdl_early_trigger: bool  # each kernel lets the next launch before it waits (kernels/_common.pdl_enter)
     swiglu_epilogue: bool
 
 
@@ -73,10 +70,9 @@ class ModelRunner:
         model.language_model.set_fused_decode(decode.fused_decode)
         if decode.fused_attention_decode:
             model.language_model.set_fused_decode(True, kinds=("full_attention",))
-        pdl = (2 if decode.pdl_early_trigger else 1) if decode.pdl and ops.pdl_supported(device) else 0
+        pdl = decode.pdl and ops.pdl_supported(device)
         if decode.gemv:
-            model.set_projections(DecodeProjections.for_model(
-                self._projection_weights(), decode.fuse_norm, pdl, decode.gemv_prologues, decode.swiglu_epilogue))
+            model.set_projections(DecodeProjections.for_model(self._projection_weights(), pdl, decode.swiglu_epilogue))
         model.language_model.set_pdl(pdl)
         if compile_glue and device.type == "cuda":
             model.language_model.set_glue(self._compiled_glue())

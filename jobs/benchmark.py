@@ -44,11 +44,7 @@ from engine.models.gdn_prefill import fla_available  # noqa: E402
 VARIANTS = {
     "native": {},  # decode projections on kernels/small_m_linear (EngineOptions defaults)
     "native_cublas": dict(decode_gemv=False),  # ... on cuBLAS
-    "native_gemv_fused": dict(gemv_prologues=True, fuse_norm=True),  # ... RMSNorm, SwiGLU and GDN gated norm fused
-    "native_norm_unfused": dict(gemv_prologues=True),  # ... into the GEMVs; SwiGLU and gated norm only
-    "native_norm_fused": dict(fuse_norm=True),  # ... the RMSNorms only, in one pass, SwiGLU as gate_up's epilogue
     "native_no_pdl": dict(decode_pdl=False),  # ... without programmatic dependent launch
-    "native_pdl_early": dict(pdl_early_trigger=True),  # ... each kernel letting the next launch before it waits
     "native_swiglu_unfused": dict(swiglu_epilogue=False),  # ... SwiGLU as its own kernel after the gate_up GEMV
     "native_fused": dict(fused_decode=True),  # the fused GDN decode kernel too
     "native_unfused_attn": dict(fused_attention_decode=False),  # attention inputs by the compiled glue + KV store

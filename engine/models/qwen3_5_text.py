@@ -13,14 +13,14 @@ from engine import ops
 from engine.config import TextConfig
 from engine.models.gdn_prefill import conv1d_prefill_varlen, delta_rule_prefill
 from engine.models.glue import Glue
-from engine.models.layers import DecodeProjections, NormedInput, fused_weight, param
+from engine.models.layers import DecodeProjections, fused_weight, param
 from engine.step_metadata import StepMetadata
 
 
 class RMSNorm(nn.Module):
     """Zero-centred RMSNorm: x * rsqrt(mean(x^2) + eps) * (1 + w)."""
 
-    pdl = 0  # launched with programmatic dependent launch, mode 1 or 2 (TextModel.set_pdl)
+    pdl = False  # launched with programmatic dependent launch (TextModel.set_pdl)
 
     def __init__(self, dim: int, eps: float, **factory):
         super().__init__()
@@ -29,12 +29,6 @@ class RMSNorm(nn.Module):
 
     def forward(self, x, residual=None):
         return ops.rmsnorm(x, self.weight, self.eps, residual, pdl=self.pdl)
-
-    def deferred(self, x, residual=None):
-        """(NormedInput, new residual): the norm is left to the projection that reads it (DecodeProjections); the
-        new residual is a buffer that projection fills (or x itself when there is no residual to add)."""
-        new_res = x if residual is None else torch.empty_like(x)
-        return NormedInput(x, residual, self.weight, self.eps, None if residual is None else new_res), new_res
 
 
 class MLP(nn.Module):
@@ -70,7 +64,7 @@ class GatedAttention(nn.Module):
         self.proj = DecodeProjections()
 
     fused_decode = False  # decode: one fused kernel for q/k norm + rotary + KV store (TextModel.set_fused_decode)
-    pdl = 0  # decode kernels launched with programmatic dependent launch, mode 1 or 2 (TextModel.set_pdl)
+    pdl = False  # decode kernels launched with programmatic dependent launch (TextModel.set_pdl)
 
     def forward(self, x, meta: StepMetadata, cos, sin):
         if self.fused_decode and not meta.is_prefill:
@@ -142,7 +136,7 @@ class GatedDeltaNet(nn.Module):
         self.proj = DecodeProjections()
 
     fused_decode = False  # decode: one fused kernel from conv to gated norm (TextModel.set_fused_decode)
-    pdl = 0  # decode kernels launched with programmatic dependent launch, mode 1 or 2 (TextModel.set_pdl)
+    pdl = False  # decode kernels launched with programmatic dependent launch (TextModel.set_pdl)
 
     def forward(self, x, meta: StepMetadata, cos=None, sin=None):
         projected = self.proj.linear(x, self.in_proj.weight)
@@ -169,8 +163,8 @@ class GatedDeltaNet(nn.Module):
             o = ops.gdn_recurrent(q[:, None], k[:, None], v[:, None], ba[:, None, self.hv:], ba[:, None, :self.hv],
                                   self.ssm_state, meta.state_idx, raw_gates=(self.A_log, self.dt_bias),
                                   pdl=self.pdl)[:, 0]
-        return self.proj.gated_rmsnorm_linear(o, z.reshape(N, self.hv, self.dv), self.norm.weight, self.eps,
-                                              self.out_proj.weight)
+        o = ops.gated_rmsnorm(o, z.reshape(N, self.hv, self.dv), self.norm.weight, self.eps, pdl=self.pdl)
+        return self.proj.linear(o.reshape(N, self.value_dim), self.out_proj.weight)
 
 
 class DecoderLayer(nn.Module):
@@ -190,10 +184,6 @@ class DecoderLayer(nn.Module):
         return self.self_attn if self.kind == "full_attention" else self.linear_attn
 
     def forward(self, x, residual, meta, cos, sin):
-        if self.mlp.proj.defer_norm(x.shape[0], meta.is_prefill):  # each norm runs inside the projection after it
-            h, residual = self.input_layernorm.deferred(x, residual)
-            h, residual = self.post_attention_layernorm.deferred(self.mixer(h, meta, cos, sin), residual)
-            return self.mlp(h), residual
         if residual is None:
             residual = x
             h = self.input_layernorm(x)
@@ -231,13 +221,12 @@ class TextModel(nn.Module):
             if layer.kind in kinds:
                 layer.mixer.fused_decode = on
 
-    def set_pdl(self, mode: int) -> None:
+    def set_pdl(self, on: bool) -> None:
         """Launch the norms', GDN and attention decode kernels with programmatic dependent launch (CUDA, sm_90+;
-        mode 1 or 2 as kernels/_common.pdl_enter, 0 off; the GEMVs follow DecodeProjections' own setting): each may
-        start while the kernel before it finishes."""
+        the GEMVs follow DecodeProjections' own flag): each may start while the kernel before it finishes."""
         for m in self.modules():
             if isinstance(m, (RMSNorm, GatedDeltaNet, GatedAttention)):
-                m.pdl = mode
+                m.pdl = on
 
     def forward(self, x: torch.Tensor, meta: StepMetadata, cos, sin) -> torch.Tensor:
         residual = None
