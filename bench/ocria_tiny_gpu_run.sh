@@ -21,9 +21,11 @@
 #   first step waited (fla compiling); the prefetch is 2 batches a worker now (train.prefetch_factor, 69 GB peak).
 #   Then fla stopped the first backward pass (below).
 # PROFILE_STEPS=3: profile that many steps after 5 warm-up steps instead of training (out/run/train_profile.*, no
-#   checkpoint); VISION_ATTENTION=packed|per_image (train.vision_attention). Session 13's A/B, from scratch:
-#   for a in packed per_image; do VISION_ATTENTION=$a PROFILE_STEPS=3 RECIPE=F BATCH=128 TIMEOUT_S=55 \
-#     bash bench/ocria_tiny_gpu_run.sh $OUT/$a build/ocria-tiny-next2; done
+#   checkpoint). At batch 128 it ran past 120 s without writing its report (session 14).
+# VISION_ATTENTION=packed|per_image sets train.vision_attention (default: the config's, packed). Session 14's A/B,
+#   from scratch (bench/results/ocria_tiny_vision_attention_ab.json):
+#   for a in packed per_image; do VISION_ATTENTION=$a RECIPE=F BATCH=128 TOTAL_S=1000 RUN_S=60 TIMEOUT_S=115 \
+#     bash bench/ocria_tiny_gpu_run.sh $OUT/tp_$a build/ocria-tiny-next2; done
 set -euo pipefail
 out=${1:?out}; model=${2:?model dir}; resume=${3:-}
 # Its own site folder, without fla: fla 0.6.0 refuses its gated delta rule backward on Hopper with this image's
@@ -35,7 +37,7 @@ export PYTHONPATH=/tmp/site_train PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=fals
 RUN=(--set image.image_mean=1.0 --set model.text.partial_rotary_factor=1.0 --set "model.text.mrope_section=[11,11,10]"
   --set train.batch_size=${BATCH:-64} --set train.lr=1e-3 --set train.warmup_steps=100 --set train.total_train_s=${TOTAL_S:-1350}
   --set train.run_train_s=${RUN_S:-450} --set train.ctc_weight=1.0 --set train.ctc_subframes=6 --set train.num_workers=14
-  --set train.image_check_every=100 --set train.eval_pages=16 --set train.vision_attention=${VISION_ATTENTION:-per_image})
+  --set train.image_check_every=100 --set train.eval_pages=16 ${VISION_ATTENTION:+--set train.vision_attention=$VISION_ATTENTION})
 case ${RECIPE:-D} in
   D) CURR='data.curriculum=[{until_page: 100000, font_px: [22, 32], max_chars: [8, 40], crop: true, strict_chars: true},
        {until_page: 200000, font_px: [16, 28], max_chars: [20, 120], crop: true, strict_chars: true},
