@@ -51,8 +51,9 @@ case ${RECIPE:-D} in
          mix: {share: 0.2, font_px: [10, 18], max_chars: [8, 80], crop: true, strict_chars: true}}]' ;;
   F) CURR='data.curriculum=[{until_page: 100000000, font_px: [10, 18], max_chars: [150, 1300],
          mix: {share: 0.2, font_px: [10, 18], max_chars: [8, 80], crop: true, strict_chars: true}}]' ;;
-  # H (written in session 13, not run): the final font sizes on cropped blocks of 60-260 characters (one to a few
-  # lines; the line count is not measured), where session 13's evaluation says reading breaks down; 30 % full pages
+  # H: the final font sizes on cropped blocks of 60-260 characters (one to a few lines; the line count is not
+  # measured), where session 13's evaluation says reading breaks down; 30 % full pages. Run H (session 14, on run F):
+  # full pages no better, single lines much worse without line pages in the mix (ocria_tiny_commands.md)
   H) CURR='data.curriculum=[{until_page: 100000000, font_px: [10, 18], max_chars: [60, 260], crop: true,
          mix: {share: 0.3, font_px: [10, 18], max_chars: [150, 1300]}}]' ;;
   *) echo "RECIPE must be D, E, F or H" >&2; exit 2 ;;
