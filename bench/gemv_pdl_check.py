@@ -1,19 +1,12 @@
-"""On the GPU, before timing them: the decode GEMV's input prologues and PDL modes against their torch references at
-the Qwen3.5-4B shapes (the kernel tests run these paths only in the CPU interpreter).
+"""On the GPU: a chain of decode GEMVs at the Qwen3.5-4B shapes (out_proj -> gate_up with the SwiGLU epilogue ->
+down -> in_proj, each reading the one before's output, all sharing one split-K workspace) captured in a CUDA graph
+with programmatic dependent launch off and on: the outputs must be bit-identical and finite, after several replays
+(the split-K counters re-armed every time). PDL only changes when each kernel starts; the kernel tests cannot check
+that, as the interpreter has no griddepcontrol. For M in 1, 3, 8, 16, bf16. Prints a table, writes --out JSON,
+exits 1 on any failure.
 
-  * rmsnorm_linear (+ residual; one pass where K is not split), also with the SwiGLU epilogue (gate_up);
-  * gated_rmsnorm_linear (GDN out_proj), silu_mul_linear (down_proj);
-  * a chain of GEMVs captured in a CUDA graph with pdl = 0, 1 and 2 (mode 2: the next launch triggered before the
-    wait): the outputs must be bit-identical, each GEMV reading the one before's output and sharing one split-K
-    workspace.
-For M in 1, 3, 8, 16, bf16. A prologue passes when its output is finite, no further from the same computation in
-fp32 (the reference run on fp32 copies of the inputs) than 2x the bf16 reference's own distance plus 1e-3 (the
-one-pass RMSNorm rounds at other points than the reference, so the two bf16 results may differ by an ulp or two), and
-any new residual it writes equals the reference's bit for bit. Prints a table, writes --out JSON, exits 1 on any
-failure.
-
-    python3 bench/gemv_prologue_check.py --out $OUT/gemv_prologue_check.json       # GPU machine
-    python3 bench/gemv_prologue_check.py --tiny --out /tmp/check.json             # CPU smoke run (references only)
+    python3 bench/gemv_pdl_check.py --out $OUT/gemv_pdl_check.json       # GPU machine
+    python3 bench/gemv_pdl_check.py --tiny --out /tmp/check.json         # CPU smoke run (PDL off only)
 """
 import argparse
 import json
@@ -26,40 +19,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from kernels import small_m_linear as sml
 
-REAL = dict(hidden=2560, inter=9216, in_proj=12352, heads=32, head_dim=128)
-TINY = dict(hidden=64, inter=96, in_proj=80, heads=4, head_dim=16)
-
-
-def cases(M, s, dtype, device, gen):
-    """(name, triton thunk, reference thunk(dtype)), each returning a tuple of tensors; the reference thunk runs on
-    copies of the inputs in the given dtype."""
-    def rand(*shape, scale=1.0):
-        return (torch.randn(*shape, generator=gen) * scale).to(device, dtype)
-
-    H, I, D, nh = s["hidden"], s["inter"], s["head_dim"], s["heads"]
-    x, res, nw = rand(M, H, scale=3), rand(M, H, scale=3), rand(H, scale=0.2)
-    w_in, w_gu = rand(s["in_proj"], H, scale=H ** -0.5), rand(2 * I, H, scale=H ** -0.5)
-    w_down = rand(H, I, scale=I ** -0.5)
-    o, z, gw, w_out = rand(M, nh, D), rand(M, nh, D), 1 + rand(D, scale=0.2), rand(H, nh * D, scale=(nh * D) ** -0.5)
-    gate_up = rand(M, 2 * I, scale=2)
-
-    def ref(fn, *args, **kw):
-        return lambda dt: fn(*(a.to(dt) if torch.is_tensor(a) else a for a in args),
-                             **{k: v.to(dt) if torch.is_tensor(v) else v for k, v in kw.items()})
-
-    def one(fn):  # single-output ops as 1-tuples
-        return lambda *a, **k: (fn(*a, **k),)
-
-    return [
-        ("rmsnorm_linear+residual", lambda: sml.rmsnorm_linear(x, nw, 1e-6, w_in, residual=res),
-         ref(sml.rmsnorm_linear_ref, x, nw, 1e-6, w_in, residual=res)),
-        ("rmsnorm_linear+residual swiglu", lambda: sml.rmsnorm_linear(x, nw, 1e-6, w_gu, residual=res, swiglu=True),
-         ref(sml.rmsnorm_linear_ref, x, nw, 1e-6, w_gu, residual=res, swiglu=True)),
-        ("gated_rmsnorm_linear", lambda: (sml.gated_rmsnorm_linear(o, z, gw, 1e-6, w_out),),
-         ref(one(sml.gated_rmsnorm_linear_ref), o, z, gw, 1e-6, w_out)),
-        ("silu_mul_linear", lambda: (sml.silu_mul_linear(gate_up, w_down),),
-         ref(one(sml.silu_mul_linear_ref), gate_up, w_down)),
-    ]
+REAL = dict(hidden=2560, inter=9216, in_proj=12352)
+TINY = dict(hidden=64, inter=96, in_proj=80)
 
 
 def pdl_chain(M, s, dtype, device, gen, pdl):
@@ -92,29 +53,19 @@ def pdl_chain(M, s, dtype, device, gen, pdl):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--tiny", action="store_true", help="tiny shapes (CPU smoke run: references only)")
+    ap.add_argument("--tiny", action="store_true", help="tiny shapes (CPU smoke run: PDL off only)")
     args = ap.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     shapes, dtype = (TINY if args.tiny else REAL), torch.bfloat16
+    pdl_modes = (0, 1, 2) if device == "cuda" else (0,)
     rows = []
     for M in (1, 3, 8, 16):
-        gen = torch.Generator().manual_seed(M)
-        for name, run, ref in cases(M, shapes, dtype, device, gen):
-            got, want, exact = run(), ref(dtype), ref(torch.float32)
-            err = (got[0].float() - exact[0]).abs().max().item()
-            ref_err = (want[0].float() - exact[0]).abs().max().item()
-            ok = all(torch.isfinite(g).all().item() for g in got) and err <= 2 * ref_err + 1e-3
-            ok = ok and all(torch.equal(g, w) for g, w in zip(got[1:], want[1:]))  # the new residual: exact
-            rows.append(dict(check=name, M=M, max_abs_err=err, ref_max_abs_err=ref_err, ok=bool(ok)))
-        pdl_modes = (0, 1, 2) if device == "cuda" else (0,)
         outs = [pdl_chain(M, shapes, dtype, device, torch.Generator().manual_seed(100 + M), p) for p in pdl_modes]
         same = all(torch.equal(outs[0], o) for o in outs[1:])
-        rows.append(dict(check=f"pdl chain modes {pdl_modes} in a CUDA graph", M=M, max_abs_err=0.0 if same else None,
-                         ref_max_abs_err=None, ok=bool(same and torch.isfinite(outs[0]).all().item())))
-    print(f"{'check':45s} {'M':>3s} {'err vs fp32':>12s} {'ref err':>8s} ok")
+        rows.append(dict(check=f"pdl chain modes {pdl_modes} in a CUDA graph", M=M, identical=bool(same),
+                         ok=bool(same and torch.isfinite(outs[0]).all().item())))
     for r in rows:
-        err, ref_err = ("-" if r[k] is None else f"{r[k]:.3g}" for k in ("max_abs_err", "ref_max_abs_err"))
-        print(f"{r['check']:45s} {r['M']:3d} {err:>12s} {ref_err:>8s} {r['ok']}")
+        print(f"{r['check']:45s} M={r['M']:2d} identical={r['identical']} ok={r['ok']}")
     with open(args.out, "w") as f:
         json.dump(dict(device=torch.cuda.get_device_name() if device == "cuda" else "cpu", dtype=str(dtype),
                        shapes=shapes, rows=rows), f, indent=1)

@@ -9,15 +9,8 @@ from kernels.gdn_recurrent import gdn_recurrent, l2norm_ref
 from kernels.paged_attention import paged_decode_attention, store_kvcache
 from kernels.rmsnorm import rmsnorm
 from kernels.silu_mul import silu_mul
-from kernels.small_m_linear import (
-    gated_rmsnorm_linear,
-    linear_silu_mul,
-    rmsnorm_linear,
-    silu_mul_linear,
-    small_m_linear,
-)
+from kernels.small_m_linear import linear_silu_mul, small_m_linear
 
-__all__ = ["causal_conv1d_update", "fused_attn_decode_inputs", "fused_gdn_decode", "gated_rmsnorm",
-           "gated_rmsnorm_linear", "gdn_recurrent", "l2norm_ref", "linear_silu_mul", "paged_decode_attention",
-           "pdl_supported", "store_kvcache", "rmsnorm", "rmsnorm_linear", "silu_mul", "silu_mul_linear",
-           "small_m_linear", "use_triton"]
+__all__ = ["causal_conv1d_update", "fused_attn_decode_inputs", "fused_gdn_decode", "gated_rmsnorm", "gdn_recurrent",
+           "l2norm_ref", "linear_silu_mul", "paged_decode_attention", "pdl_supported", "store_kvcache", "rmsnorm",
+           "silu_mul", "small_m_linear", "use_triton"]

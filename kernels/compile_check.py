@@ -172,14 +172,6 @@ def decode_cases(batch_sizes=(1, 64)):
                 cases.append((f"small_m_linear M={B} {N}x{K_in}", small_m_linear,
                               lambda B=B, N=N, K_in=K_in: small_m_linear.small_m_linear_triton(
                                   torch.empty(B, K_in, dtype=bf16), torch.empty(N, K_in, dtype=bf16))))
-            # the fused prologues the engine uses: SwiGLU before down_proj, RMSNorm (+ residual) before in_proj/gate_up
-            cases.append((f"silu_mul_linear M={B}", small_m_linear,
-                          lambda B=B: small_m_linear.silu_mul_linear_triton(
-                              torch.empty(B, 2 * inter, dtype=bf16), torch.empty(hidden, inter, dtype=bf16))))
-            cases.append((f"gated_rmsnorm_linear M={B}", small_m_linear,
-                          lambda B=B: small_m_linear.gated_rmsnorm_linear_triton(
-                              torch.empty(B, Hv, dv, dtype=bf16), torch.empty(B, Hv, dv, dtype=bf16),
-                              torch.empty(dv, dtype=bf16), 1e-6, torch.empty(hidden, Hv * dv, dtype=bf16))))
             cases.append((f"linear_silu_mul M={B}", small_m_linear,  # the SwiGLU epilogue on gate_up
                           lambda B=B: small_m_linear.linear_silu_mul_triton(
                               torch.empty(B, hidden, dtype=bf16), torch.empty(2 * inter, hidden, dtype=bf16))))
@@ -219,12 +211,6 @@ def decode_cases(batch_sizes=(1, 64)):
             cases.append((f"rmsnorm+residual N={B} early pdl", rmsnorm, lambda B=B: rmsnorm.rmsnorm_triton(
                 torch.empty(B, hidden, dtype=bf16), torch.empty(hidden, dtype=bf16), 1e-6,
                 residual=torch.empty(B, hidden, dtype=bf16), pdl=2)))
-            for N, swiglu in ((2 * inter, True), (12352, False)):  # EngineOptions.fuse_norm: gate_up, in_proj (one pass)
-                cases.append((f"rmsnorm_linear M={B} {N}x{hidden}" + (" swiglu" if swiglu else ""), small_m_linear,
-                              lambda B=B, N=N, swiglu=swiglu: small_m_linear.rmsnorm_linear_triton(
-                                  torch.empty(B, hidden, dtype=bf16), torch.empty(hidden, dtype=bf16), 1e-6,
-                                  torch.empty(N, hidden, dtype=bf16), residual=torch.empty(B, hidden, dtype=bf16),
-                                  swiglu=swiglu)))
     return cases
 
 

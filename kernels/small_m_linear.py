@@ -18,28 +18,6 @@ The kernel is therefore built around streaming the weight:
     counter, release/acquire) sums the partials in fixed split order (deterministic), writes y and re-arms the
     counter to 0; split_reduce="kernel" leaves the sum to a second small kernel instead (like cuBLAS's splitKreduce).
 
-Fused input prologues (the producer's elementwise kernel disappears; its output is rebuilt per K chunk on load):
-  * silu_mul_linear: x is a fused [gate | up] [M, 2K] projection and the GEMV reads silu(gate) * up, rounded to the
-    dtype as kernels/silu_mul would store it (the MLP's down projection);
-  * rmsnorm_linear: x (+ residual, rounded to the dtype) is RMS-normalised with a zero-centred weight before the
-    product. A program that covers all of K (no split) does it in one pass: it multiplies each chunk by (1 + w),
-    sums the squares of its rows on the way and scales its finished sums by 1/rms (so rounding differs from
-    kernels/rmsnorm's by where the bf16 rounding falls; fp16, whose range the unnormalised product can exceed, always
-    takes the two-pass form). Split programs first sum the squares over all of K in a pass of their own and round as
-    kernels/rmsnorm. With a residual, the first N tile's programs also write the new residual stream x + residual
-    to residual_out, which must not alias residual or x (other programs are still reading them). swiglu=True adds
-    the linear_silu_mul epilogue (gate_up);
-  * gated_rmsnorm_linear: x is the GDN output [M, H*D] and each BLOCK_K = D chunk is one head, normalised and gated
-    by silu(z) as kernels/gated_rmsnorm would (the GDN out_proj).
-  Each prologue works on next_pow2(M) input rows and pads the chunk to the MMA's 16 rows afterwards (_pad_rows).
-  In their first form, on the H200, they made the 4B decode step slower, not faster (3.2 -> 5.6 ms at M=1,
-  bench/results/h200_decode_gemv_variants.json, h200_decode_profile_gemv_fused.json): the prologue math ran on all
-  16 rows of the MMA tile in every K step, whatever M was, and cost more than the kernels it saved (and the
-  RMSNorm's extra pass over K came before any weight load). Since then they run on the rows that exist and the
-  RMSNorm in one pass (ptxas at M=1: 28 KB of shared memory instead of 49-53 KB; registers 76 instead of 108 with
-  the RMSNorm, but 127 instead of 108 at M=16: bench/results/small_m_linear_prologues_ptxas.json); not timed yet, so
-  the engine keeps them off (EngineOptions.gemv_prologues, fuse_norm).
-
 Fused output epilogue:
   * linear_silu_mul: the weight is a fused [gate | up] projection [2N, K] and the output is silu(x @ gate.T) *
     (x @ up.T) [M, N] (the MLP's gate_up projection, with kernels/silu_mul folded in). A program's BLOCK_N-row weight
@@ -50,6 +28,9 @@ Fused output epilogue:
   The residual add + RMSNorm after an output projection was tried as an epilogue too (the launch's last tile to
   finish normalising the rows): slower, +0.08 ms at b1 and +1.2 ms at b8 (same file), as that one program's serial
   pass over the rows costs more than the RMSNorm kernel it replaces. Removed.
+Input prologues (the SiLU-mul, the RMSNorm (+ residual, also in one pass) and the GDN gated RMSNorm computed while
+loading x, so the kernel before disappears) were built and timed twice on the H200 and were slower both times
+(bench/results/h200_decode_gemv_variants.json, h200_decode_norm_fused.json): removed as well.
 
 Default launch (default_launch): BLOCK_N=32, BLOCK_K = 256 bytes of a weight row (128 bf16), 4 warps, 4 stages,
 MMA path; no split of K when the N tiles alone give every SM a program, otherwise splits of MIN_CHUNKS_PER_SPLIT
@@ -64,9 +45,8 @@ before is still finishing, prefetch their first `prefetch_lines` 128-byte lines 
 weights do not depend on that kernel), then wait for it (griddepcontrol.wait) before reading any input; each then
 lets the next PDL launch start (pdl=2: lets it start before waiting, kernels/_common.pdl_enter). In a chain of
 GEMVs (out_proj -> gate_up -> down -> the next in_proj) this overlaps each one's ramp-up with the tail of the one
-before. Needs a GPU (the interpreter has no inline PTX). With the prologues on it added 0.2-0.3 ms per 4B decode
-step (same file); with every decode kernel launched this way (the engine's default, EngineOptions.decode_pdl) it
-took 0.08-0.10 ms off at b1 and b8 (h200_decode_pdl.json).
+before. Needs a GPU (the interpreter has no inline PTX). With every decode kernel launched this way (the engine's
+default, EngineOptions.decode_pdl) it took 0.08-0.10 ms off a 4B decode step at b1 and b8 (h200_decode_pdl.json).
 
 CUDA graphs: no host syncs and allocation from shapes only. Split-K needs a workspace (fp32 partials + int32
 counters that must start at 0; the fused path leaves them at 0 again). Without one, each call allocates partials and
@@ -82,8 +62,6 @@ import triton.language as tl
 
 from kernels._common import (
     cast_rtne, cdiv, check, check_pdl, next_pow2, output, pdl_enter, require_last_dim_contiguous, sm_count, use_triton)
-from kernels.gated_rmsnorm import gated_rmsnorm_ref
-from kernels.rmsnorm import rmsnorm_ref
 from kernels.silu_mul import silu_mul_ref
 
 MAX_M = 16
@@ -103,22 +81,14 @@ def small_m_linear_workspace(N, device, max_m=MAX_M, max_split_k=MAX_SPLIT_K, mi
                            torch.zeros(cdiv(N, min_block_n), dtype=torch.int32, device=device))
 
 
-def _validate(x, weight, x_cols=None):
+def _validate(x, weight):
     check(x.dim() == 2, f"x must be [M, K], got shape {tuple(x.shape)}")
     check(weight.dim() == 2, f"weight must be [N, K] (nn.Linear layout), got shape {tuple(weight.shape)}")
-    want = weight.shape[1] if x_cols is None else x_cols
-    check(x.shape[1] == want, f"x is [M, {x.shape[1]}] but weight is [N, K={weight.shape[1]}] (x needs {want} columns)")
+    check(x.shape[1] == weight.shape[1], f"x is [M, {x.shape[1]}] but weight is [N, K={weight.shape[1]}]")
     check(x.shape[0] <= MAX_M, f"small_m_linear handles M <= {MAX_M} rows, got M={x.shape[0]}")
     check(x.dtype in DTYPES, f"x dtype must be one of {DTYPES}, got {x.dtype}")
     check(weight.dtype == x.dtype, f"weight dtype {weight.dtype} != x dtype {x.dtype}")
     check(weight.device == x.device, f"x on {x.device} but weight on {weight.device}")
-
-
-def _validate_norm(x, norm_weight, residual):
-    check(norm_weight.shape == (x.shape[1],), f"norm_weight must be [{x.shape[1]}], got {tuple(norm_weight.shape)}")
-    if residual is not None:
-        check(residual.shape == x.shape and residual.dtype == x.dtype,
-              f"residual must match x ({x.dtype} {tuple(x.shape)}), got {residual.dtype} {tuple(residual.shape)}")
 
 
 def small_m_linear_ref(x, weight, out=None):
@@ -127,12 +97,6 @@ def small_m_linear_ref(x, weight, out=None):
     y = output(out, (x.shape[0], weight.shape[0]), x.dtype, x.device)
     y.copy_(torch.nn.functional.linear(x.float(), weight.float()))
     return y
-
-
-def silu_mul_linear_ref(gate_up, weight, out=None):
-    """kernels/silu_mul (rounded to the dtype), then the fp32 linear."""
-    _validate(gate_up, weight, x_cols=2 * weight.shape[1] if weight.dim() == 2 else None)
-    return small_m_linear_ref(silu_mul_ref(gate_up), weight, out)
 
 
 def _validate_swiglu(x, weight):
@@ -144,32 +108,6 @@ def linear_silu_mul_ref(x, weight, out=None):
     """The fp32 linear rounded to the dtype (the gate_up projection), then kernels/silu_mul."""
     _validate_swiglu(x, weight)
     return silu_mul_ref(small_m_linear_ref(x, weight), out)
-
-
-def _validate_gated(o, z, norm_weight, weight):
-    check(o.dim() == 3 and z.shape == o.shape, f"o, z must be equal [M, H, D], got {tuple(o.shape)}, {tuple(z.shape)}")
-    check(o.is_contiguous(), "o must be contiguous [M, H, D]")
-    D = o.shape[2]
-    check(norm_weight.shape == (D,), f"norm_weight must be [D={D}], got {tuple(norm_weight.shape)}")
-    check(D >= 16 and D == next_pow2(D), f"the head size must be a power of two >= 16 (one K chunk), got {D}")
-    _validate(o.reshape(o.shape[0], -1), weight)
-
-
-def gated_rmsnorm_linear_ref(o, z, norm_weight, eps, weight, out=None):
-    """kernels/gated_rmsnorm (rounded to the dtype), then the fp32 linear."""
-    _validate_gated(o, z, norm_weight, weight)
-    return small_m_linear_ref(gated_rmsnorm_ref(o, z, norm_weight, eps).reshape(o.shape[0], -1), weight, out)
-
-
-def rmsnorm_linear_ref(x, norm_weight, eps, weight, residual=None, out=None, residual_out=None, swiglu=False):
-    """kernels/rmsnorm (rounded to the dtype), then the fp32 linear (swiglu: linear_silu_mul_ref)."""
-    (_validate_swiglu if swiglu else _validate)(x, weight)
-    _validate_norm(x, norm_weight, residual)
-    project = linear_silu_mul_ref if swiglu else small_m_linear_ref
-    if residual is None:
-        return project(rmsnorm_ref(x, norm_weight, eps), weight, out)
-    h, new_res = rmsnorm_ref(x, norm_weight, eps, residual, residual_out=residual_out)
-    return project(h, weight, out), new_res
 
 
 def pick_split_k(N, K, block_n, block_k, num_sms) -> int:
@@ -193,89 +131,18 @@ def default_launch(N, K, dtype, device) -> dict:
                 num_warps=4, num_stages=4, mma=True, split_reduce="fused")
 
 
-@triton.jit
-def _load_input_chunk(x_ptrs, r_ptrs, nw_ptr, k, offs_k, mask_p, K, rstd, eps,
-                      PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, EVEN_K: tl.constexpr,
-                      ROUND_PRODUCT: tl.constexpr, BLOCK_K: tl.constexpr):
-    """The [P_ROWS, BLOCK_K] chunk of the GEMV input at K offset k, after the prologue (0: x as is; 1: silu(gate) * up,
-    the up half K elements to the right; 2: RMSNorm of x [+ residual] with 1/rms = rstd; 3: the chunk is one head,
-    RMS-normalised and gated by silu(z), z read through r_ptrs)."""
-    if EVEN_K:
-        mask = mask_p[:, None]
-    else:
-        mask = mask_p[:, None] & ((k + offs_k) < K)[None, :]
-    xk = tl.load(x_ptrs, mask=mask, other=0.0)
-    if PROLOGUE == 1:
-        gate = xk.to(tl.float32)
-        up = tl.load(x_ptrs + K, mask=mask, other=0.0).to(tl.float32)
-        xk = cast_rtne(gate * tl.sigmoid(gate) * up, x_ptrs.dtype.element_ty)
-    if PROLOGUE == 2:
-        if HAS_RESIDUAL:
-            r = tl.load(r_ptrs, mask=mask, other=0.0)
-            xk = cast_rtne(xk.to(tl.float32) + r.to(tl.float32), x_ptrs.dtype.element_ty)
-        nw = tl.load(nw_ptr + k + offs_k, mask=(k + offs_k) < K, other=0.0).to(tl.float32)
-        xk = cast_rtne(xk.to(tl.float32) * rstd[:, None] * (1.0 + nw[None, :]), x_ptrs.dtype.element_ty)
-    if PROLOGUE == 3:  # rounding as kernels/gated_rmsnorm: normed value, then (with a low-precision weight) w * normed
-        xf = xk.to(tl.float32)
-        head_rstd = tl.rsqrt(tl.sum(xf * xf, axis=1) / BLOCK_K + eps)
-        y = cast_rtne(xf * head_rstd[:, None], x_ptrs.dtype.element_ty).to(tl.float32)
-        y = y * tl.load(nw_ptr + offs_k).to(tl.float32)[None, :]
-        if ROUND_PRODUCT:
-            y = cast_rtne(y, x_ptrs.dtype.element_ty).to(tl.float32)
-        z = tl.load(r_ptrs, mask=mask, other=0.0).to(tl.float32)
-        xk = cast_rtne(y * (z * tl.sigmoid(z)), x_ptrs.dtype.element_ty)
-    return xk
-
-
-@triton.jit
-def _pad_rows(x, ROWS: tl.constexpr):
-    """x [P, C] (P a power of two <= ROWS) as ROWS rows, the added ones zero: the MMA's 16-row operand built from
-    the rows that exist, so elementwise work before it is not done on padding."""
-    P: tl.constexpr = x.shape[0]
-    C: tl.constexpr = x.shape[1]
-    if P == ROWS:
-        return x
-    else:
-        tiled = tl.reshape(tl.broadcast_to(x[None, :, :], (ROWS // P, P, C)), (ROWS, C))  # row i = x[i % P]
-        return tl.where((tl.arange(0, ROWS) < P)[:, None], tiled, tl.zeros_like(tiled))
-
-
-@triton.jit
-def _load_unscaled_norm_chunk(x_ptrs, r_ptrs, nr_ptrs, nw_ptr, k, offs_k, mask_p, K, write_residual,
-                              HAS_RESIDUAL: tl.constexpr, EVEN_K: tl.constexpr):
-    """The one-pass RMSNorm prologue's chunk at K offset k: h = x [+ residual] (rounded, and written to the new
-    residual when write_residual) times (1 + w), rounded to the dtype but not yet divided by the row's rms, which
-    needs all of K (the caller scales the finished sums); and each row's sum of h^2 over the chunk, [P_ROWS, 1]."""
-    if EVEN_K:
-        mask = mask_p[:, None]
-    else:
-        mask = mask_p[:, None] & ((k + offs_k) < K)[None, :]
-    h = tl.load(x_ptrs, mask=mask, other=0.0)
-    if HAS_RESIDUAL:
-        r = tl.load(r_ptrs, mask=mask, other=0.0)
-        h = cast_rtne(h.to(tl.float32) + r.to(tl.float32), x_ptrs.dtype.element_ty)
-        tl.store(nr_ptrs, h, mask=mask & write_residual)
-    hf = h.to(tl.float32)
-    nw = tl.load(nw_ptr + k + offs_k, mask=(k + offs_k) < K, other=0.0).to(tl.float32)
-    return cast_rtne(hf * (1.0 + nw[None, :]), x_ptrs.dtype.element_ty), tl.sum(hf * hf, axis=1)[:, None]
-
-
 @triton.jit(do_not_specialize=["M"])  # M=1 and M=8 share one binary (the JIT would specialise M == 1)
 def _small_m_linear_kernel(
-    x_ptr, w_ptr, out_ptr, part_ptr, count_ptr, r_ptr, nw_ptr, nr_ptr,
-    M, N, K, K_PER_SPLIT, eps,
-    sxm, swn, som, srm, snrm,
+    x_ptr, w_ptr, out_ptr, part_ptr, count_ptr,
+    M, N, K, K_PER_SPLIT,
+    sxm, swn, som,
     M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
     USE_MMA: tl.constexpr, SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr,
-    PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, ROUND_PRODUCT: tl.constexpr,
-    USE_PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr, SWIGLU: tl.constexpr, P_ROWS: tl.constexpr,
-    NORM_IN_LOOP: tl.constexpr,
+    USE_PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr, SWIGLU: tl.constexpr,
 ):
     """SPLIT: 0 = one program per N tile writes y; 1 = split-K, the last program of a tile reduces; 2 = split-K,
-    partials only (a second kernel reduces). PROLOGUE: 0 none, 1 silu_mul, 2 rmsnorm, 3 gated head norm
-    (see _load_input_chunk). SWIGLU: N is the number of output columns and the weight has 2N rows [gate | up]; tile
-    row r < BLOCK_N/2 is gate row j, the others up row N + j (j = the output column). P_ROWS: the input rows a
-    prologue works on, next_pow2(M); each chunk is then padded to the MMA's M_PAD rows (_pad_rows)."""
+    partials only (a second kernel reduces). SWIGLU: N is the number of output columns and the weight has 2N rows
+    [gate | up]; tile row r < BLOCK_N/2 is gate row j, the others up row N + j (j = the output column)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     if SWIGLU:
@@ -292,8 +159,6 @@ def _small_m_linear_kernel(
     offs_m = tl.arange(0, M_PAD)
     offs_k = tl.arange(0, BLOCK_K)
     mask_m = offs_m < M
-    offs_p = tl.arange(0, P_ROWS)  # the input rows a prologue works on (M_PAD without a prologue)
-    mask_p = offs_p < M
     k_lo = pid_k * K_PER_SPLIT
     k_hi = tl.minimum(K, k_lo + K_PER_SPLIT)
 
@@ -307,29 +172,8 @@ def _small_m_linear_kernel(
                                   pack=1)
         pdl_enter(USE_PDL)  # the inputs (and the split-K workspace) are the kernel before's to finish
 
-    # RMSNorm prologue: a program that sees all of K (no split) gathers each row's sum of squares in its main loop
-    # and scales its sums by 1/rms at the end (one pass, NORM_IN_LOOP); split programs see part of K, so they first
-    # make 1/rms of each row over all of K in a pass of their own, program (0, 0) writing the new residual on the way.
-    rstd = tl.zeros((P_ROWS,), dtype=tl.float32)
-    if PROLOGUE == 2 and not NORM_IN_LOOP:
-        sumsq = tl.zeros((P_ROWS,), dtype=tl.float32)
-        for k in range(0, K, BLOCK_K):
-            mask = mask_p[:, None] & ((k + offs_k) < K)[None, :]
-            xr = tl.load(x_ptr + offs_p[:, None] * sxm + (k + offs_k)[None, :], mask=mask, other=0.0)
-            if HAS_RESIDUAL:
-                r = tl.load(r_ptr + offs_p[:, None] * srm + (k + offs_k)[None, :], mask=mask, other=0.0)
-                xr = cast_rtne(xr.to(tl.float32) + r.to(tl.float32), x_ptr.dtype.element_ty)
-                tl.store(nr_ptr + offs_p[:, None] * snrm + (k + offs_k)[None, :], xr,
-                         mask=mask & (pid_n == 0) & (pid_k == 0))
-            xf = xr.to(tl.float32)
-            sumsq += tl.sum(xf * xf, axis=1)
-        rstd = tl.rsqrt(sumsq / K + eps)
-
-    row_sumsq = tl.zeros((P_ROWS, 1), dtype=tl.float32)  # one pass: each row's sum of squares so far
     w_ptrs = w_ptr + offs_n.to(tl.int64)[:, None] * swn + (k_lo + offs_k)[None, :]
-    x_ptrs = x_ptr + offs_p[:, None] * sxm + (k_lo + offs_k)[None, :]
-    r_ptrs = r_ptr + offs_p[:, None] * srm + (k_lo + offs_k)[None, :]
-    nr_ptrs = nr_ptr + offs_p[:, None] * snrm + (k_lo + offs_k)[None, :]
+    x_ptrs = x_ptr + offs_m[:, None] * sxm + (k_lo + offs_k)[None, :]
     if USE_MMA:
         acc = tl.zeros((BLOCK_N, M_PAD), dtype=tl.float32)
     else:
@@ -337,16 +181,11 @@ def _small_m_linear_kernel(
     for k in range(k_lo, k_hi, BLOCK_K):
         if EVEN_K:  # K_PER_SPLIT and K are multiples of BLOCK_K: no mask along K, the loads stay vectorised
             w = tl.load(w_ptrs, mask=mask_n[:, None], other=0.0)
+            xk = tl.load(x_ptrs, mask=mask_m[:, None], other=0.0)
         else:  # chunks never straddle a split boundary (K_PER_SPLIT % BLOCK_K == 0), only the end of K
-            w = tl.load(w_ptrs, mask=mask_n[:, None] & ((k + offs_k) < K)[None, :], other=0.0)
-        if NORM_IN_LOOP:
-            xk, chunk_sumsq = _load_unscaled_norm_chunk(x_ptrs, r_ptrs, nr_ptrs, nw_ptr, k, offs_k, mask_p, K,
-                                                        pid_n == 0, HAS_RESIDUAL, EVEN_K)
-            row_sumsq += chunk_sumsq
-        else:
-            xk = _load_input_chunk(x_ptrs, r_ptrs, nw_ptr, k, offs_k, mask_p, K, rstd, eps, PROLOGUE, HAS_RESIDUAL,
-                                   EVEN_K, ROUND_PRODUCT, BLOCK_K)
-        xk = _pad_rows(xk, M_PAD)
+            mask_k = (k + offs_k) < K
+            w = tl.load(w_ptrs, mask=mask_n[:, None] & mask_k[None, :], other=0.0)
+            xk = tl.load(x_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
         if USE_MMA:
             if UPCAST_DOT:  # the CPU interpreter multiplies bf16 tiles as raw integers: feed it fp32
                 w = w.to(tl.float32)
@@ -356,14 +195,10 @@ def _small_m_linear_kernel(
             acc += w.to(tl.float32)[None, :, :] * xk.to(tl.float32)[:, None, :]
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
-        r_ptrs += BLOCK_K
-        nr_ptrs += BLOCK_K
     if USE_MMA:
         res = tl.trans(acc)  # [M_PAD, BLOCK_N]
     else:
         res = tl.sum(acc, axis=2)
-    if NORM_IN_LOOP:
-        res = res * _pad_rows(tl.rsqrt(row_sumsq / K + eps), M_PAD)
 
     mask = mask_m[:, None] & mask_n[None, :]
     if SPLIT == 0:
@@ -420,51 +255,18 @@ def small_m_linear_triton(x, weight, out=None, **launch):
     chunks per split: the effective number of splits may be lower), num_warps, num_stages, mma, split_reduce;
     workspace: a SplitKWorkspace, used when split_k > 1."""
     _validate(x, weight)
-    return _launch(x, weight, out, prologue=0, **launch)
+    return _launch(x, weight, out, **launch)
 
 
 def linear_silu_mul_triton(x, weight, out=None, **launch):
     """Launch options as small_m_linear_triton; block_n counts weight rows (half gate, half up), and split-K reduces
     in the kernel only (split_reduce "fused")."""
     _validate_swiglu(x, weight)
-    return _launch(x, weight, out, prologue=0, swiglu=True, **launch)
+    return _launch(x, weight, out, swiglu=True, **launch)
 
 
-def silu_mul_linear_triton(gate_up, weight, out=None, **launch):
-    _validate(gate_up, weight, x_cols=2 * weight.shape[1] if weight.dim() == 2 else None)
-    return _launch(gate_up, weight, out, prologue=1, **launch)
-
-
-def rmsnorm_linear_triton(x, norm_weight, eps, weight, residual=None, out=None, residual_out=None, swiglu=False,
-                          **launch):
-    (_validate_swiglu if swiglu else _validate)(x, weight)
-    _validate_norm(x, norm_weight, residual)
-    new_res = None
-    if residual is not None:
-        require_last_dim_contiguous("residual", residual)
-        new_res = output(residual_out, x.shape, x.dtype, x.device, "residual_out")
-        require_last_dim_contiguous("residual_out", new_res)
-        check(new_res.data_ptr() not in (x.data_ptr(), residual.data_ptr()),
-              "residual_out must not alias x or residual: other programs still read them while it is written")
-    y = _launch(x, weight, out, prologue=2, residual=residual, norm_weight=norm_weight, eps=eps,
-                residual_out=new_res, swiglu=swiglu, **launch)
-    return y if residual is None else (y, new_res)
-
-
-def gated_rmsnorm_linear_triton(o, z, norm_weight, eps, weight, out=None, **launch):
-    _validate_gated(o, z, norm_weight, weight)
-    require_last_dim_contiguous("z", z)
-    D = norm_weight.shape[0]
-    check(launch.get("block_k") in (None, D), f"gated_rmsnorm_linear reads one head per chunk: block_k must be {D}")
-    M = o.shape[0]
-    return _launch(o.view(M, -1), weight, out, prologue=3, residual=z.reshape(M, -1), norm_weight=norm_weight,
-                   eps=eps, round_product=torch.promote_types(o.dtype, norm_weight.dtype) != torch.float32,
-                   **dict(launch, block_k=D))
-
-
-def _launch(x, weight, out, prologue, residual=None, norm_weight=None, eps=0.0, residual_out=None,
-            round_product=False, block_n=None, block_k=None, split_k=None, num_warps=None, num_stages=None,
-            mma=None, split_reduce=None, workspace=None, pdl=False, prefetch_lines=8, swiglu=False):
+def _launch(x, weight, out, block_n=None, block_k=None, split_k=None, num_warps=None, num_stages=None, mma=None,
+            split_reduce=None, workspace=None, pdl=False, prefetch_lines=8, swiglu=False):
     require_last_dim_contiguous("x", x)
     require_last_dim_contiguous("weight", weight)
     M = x.shape[0]
@@ -475,8 +277,6 @@ def _launch(x, weight, out, prologue, residual=None, norm_weight=None, eps=0.0, 
     if M == 0 or N == 0:
         return y
     if K == 0:
-        if residual_out is not None:
-            residual_out.copy_(residual)
         return y.zero_()
     d = default_launch(W_ROWS, K, x.dtype, x.device)
     BLOCK_N = block_n or d["block_n"]
@@ -510,21 +310,12 @@ def _launch(x, weight, out, prologue, residual=None, norm_weight=None, eps=0.0, 
         check(parts.device == x.device and counters.device == x.device, "workspace must be on x's device")
     else:
         parts, counters = y, y  # unused
-    res = residual if residual is not None else x  # unused pointers when there is no residual / norm
-    new_res = residual_out if residual_out is not None else x
-    m_pad = max(16, next_pow2(M)) if use_mma else next_pow2(M)
     _small_m_linear_kernel[(n_tiles, S)](
-        x, weight, y, parts, counters, res, norm_weight if norm_weight is not None else x, new_res,
-        M, N, K, k_per_split, float(eps),
-        x.stride(0), weight.stride(0), y.stride(0), res.stride(0), new_res.stride(0),
-        M_PAD=m_pad, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, EVEN_K=K % BLOCK_K == 0,
-        USE_MMA=use_mma, SPLIT=mode, DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-        UPCAST_DOT=not x.is_cuda, PROLOGUE=prologue, HAS_RESIDUAL=prologue == 2 and residual is not None,
-        ROUND_PRODUCT=round_product, USE_PDL=int(pdl), PREFETCH_LINES=prefetch_lines, SWIGLU=bool(swiglu),
-        P_ROWS=next_pow2(M) if prologue else m_pad, launch_pdl=bool(pdl),
-        # one pass rounds the unnormalised h * (1 + w) to the dtype: fp16's range overflows on the large activation
-        # channels residual streams have (~1e4), so fp16 keeps the pass over K that normalises first
-        NORM_IN_LOOP=prologue == 2 and mode == 0 and x.dtype != torch.float16,
+        x, weight, y, parts, counters, M, N, K, k_per_split, x.stride(0), weight.stride(0), y.stride(0),
+        M_PAD=max(16, next_pow2(M)) if use_mma else next_pow2(M), BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
+        EVEN_K=K % BLOCK_K == 0, USE_MMA=use_mma, SPLIT=mode,
+        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", UPCAST_DOT=not x.is_cuda,
+        USE_PDL=int(pdl), PREFETCH_LINES=prefetch_lines, SWIGLU=bool(swiglu), launch_pdl=bool(pdl),
         num_warps=num_warps or d["num_warps"], num_stages=num_stages or d["num_stages"],
     )
     if mode == 2:
@@ -548,26 +339,3 @@ def linear_silu_mul(x, weight, out=None, **launch):
         return linear_silu_mul_triton(x, weight, out, **launch)
     return linear_silu_mul_ref(x, weight, out)
 
-
-def silu_mul_linear(gate_up, weight, out=None, **launch):
-    """silu(gate) * up @ weight.T for gate_up = [gate | up] [M <= 16, 2K], weight [N, K]; `launch` as small_m_linear."""
-    if use_triton(gate_up):
-        return silu_mul_linear_triton(gate_up, weight, out, **launch)
-    return silu_mul_linear_ref(gate_up, weight, out)
-
-
-def gated_rmsnorm_linear(o, z, norm_weight, eps, weight, out=None, **launch):
-    """gated_rmsnorm(o, z) @ weight.T for the GDN output o [M <= 16, H, D] and gate z [M, H, D] (rows may be strided,
-    heads contiguous), weight [N, H*D]; `launch` as small_m_linear (block_k is the head size D)."""
-    if use_triton(o):
-        return gated_rmsnorm_linear_triton(o, z, norm_weight, eps, weight, out, **launch)
-    return gated_rmsnorm_linear_ref(o, z, norm_weight, eps, weight, out)
-
-
-def rmsnorm_linear(x, norm_weight, eps, weight, residual=None, out=None, residual_out=None, swiglu=False, **launch):
-    """rmsnorm(x [+ residual]) @ weight.T, x [M <= 16, K]; with a residual, returns (y, x + residual) like
-    kernels/rmsnorm (residual_out: where the new residual goes; never residual itself). swiglu: the weight is a fused
-    [gate | up] and the output silu(gate) * up, as linear_silu_mul. `launch` as small_m_linear."""
-    if use_triton(x):
-        return rmsnorm_linear_triton(x, norm_weight, eps, weight, residual, out, residual_out, swiglu=swiglu, **launch)
-    return rmsnorm_linear_ref(x, norm_weight, eps, weight, residual, out, residual_out, swiglu)
