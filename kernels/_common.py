@@ -57,32 +57,25 @@ def pdl_supported(device: torch.device) -> bool:
     return device.type == "cuda" and torch.version.hip is None and torch.cuda.get_device_capability(device)[0] >= 9
 
 
-def check_pdl(pdl: int) -> None:
-    """pdl: 0/False off, 1/True wait then trigger, 2 trigger then wait (see pdl_enter)."""
-    check(pdl in (0, 1, 2), f"pdl must be 0, 1 or 2 (or a bool), got {pdl!r}")
+def check_pdl(pdl: bool) -> None:
+    """pdl: on or off (a bool, or 0/1)."""
+    check(pdl in (0, 1), f"pdl must be a bool (or 0/1), got {pdl!r}")
     check(not pdl or not interpreted(), "pdl (programmatic dependent launch) needs a GPU, not the Triton interpreter")
 
 
-def pdl_launch(pdl: int) -> dict:
+def pdl_launch(pdl: bool) -> dict:
     """The launch arguments of a kernel that starts with pdl_enter(PDL), after check_pdl."""
     check_pdl(pdl)
-    return dict(PDL=int(pdl), launch_pdl=bool(pdl))
+    return dict(PDL=bool(pdl), launch_pdl=bool(pdl))
 
 
 @triton.jit
 def pdl_enter(PDL: tl.constexpr):
     """Programmatic dependent launch (sm_90+; the kernel launched with launch_pdl=True): the kernel may start while
-    the one before it finishes. The overlap hides the launch and ramp-up.
-    PDL 1: wait for that kernel to complete (its outputs are our inputs, and it may still read what we write), then
-    let the next PDL launch start early in turn.
-    PDL 2: let the next launch start first, then wait: a kernel's successor launches as soon as all of its own
-    programs are running, so launches run further ahead (several kernels resident, each waiting for the one before).
-    Still safe: every kernel completes only after its wait returned, i.e. after the kernel before it completed.
-    Both rely on every program of a PDL-launched kernel calling this first, before any memory access or return."""
-    if PDL == 2:
-        tl.extra.cuda.gdc_launch_dependents()
-        tl.extra.cuda.gdc_wait()
-    elif PDL:
+    the one before it finishes. Wait for that kernel to complete (its outputs are our inputs, and it may still read
+    what we write), then let the next PDL launch start early in turn. The overlap hides the launch and ramp-up.
+    Relies on every program of a PDL-launched kernel calling this first, before any memory access or return."""
+    if PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
 

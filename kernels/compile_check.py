@@ -203,14 +203,9 @@ def decode_cases(batch_sizes=(1, 64)):
                      torch.empty(2, 16, Hkv, D, dtype=bf16), torch.zeros(B, 256, dtype=i32),
                      torch.empty(B, dtype=i32), D ** -0.5, **pdl)),
             ]
-            for mode in (1, 2):  # 2: the next launch triggered before waiting (EngineOptions.pdl_early_trigger)
-                cases.append((f"small_m_linear M={B}{' early' if mode == 2 else ''} pdl", small_m_linear,
-                              lambda B=B, mode=mode: small_m_linear.small_m_linear_triton(
-                                  torch.empty(B, inter, dtype=bf16), torch.empty(hidden, inter, dtype=bf16),
-                                  pdl=mode)))
-            cases.append((f"rmsnorm+residual N={B} early pdl", rmsnorm, lambda B=B: rmsnorm.rmsnorm_triton(
-                torch.empty(B, hidden, dtype=bf16), torch.empty(hidden, dtype=bf16), 1e-6,
-                residual=torch.empty(B, hidden, dtype=bf16), pdl=2)))
+            cases.append((f"small_m_linear M={B} pdl", small_m_linear,
+                          lambda B=B: small_m_linear.small_m_linear_triton(
+                              torch.empty(B, inter, dtype=bf16), torch.empty(hidden, inter, dtype=bf16), **pdl)))
     return cases
 
 

@@ -28,9 +28,11 @@ Fused output epilogue:
   The residual add + RMSNorm after an output projection was tried as an epilogue too (the launch's last tile to
   finish normalising the rows): slower, +0.08 ms at b1 and +1.2 ms at b8 (same file), as that one program's serial
   pass over the rows costs more than the RMSNorm kernel it replaces. Removed.
-Input prologues (the SiLU-mul, the RMSNorm (+ residual, also in one pass) and the GDN gated RMSNorm computed while
-loading x, so the kernel before disappears) were built and timed twice on the H200 and were slower both times
-(bench/results/h200_decode_gemv_variants.json, h200_decode_norm_fused.json): removed as well.
+
+Removed after timing on the H200: input prologues (the SiLU-mul, the RMSNorm (+ residual, also in one pass) and the
+GDN gated RMSNorm computed while loading x) were built and timed twice and were slower both times
+(bench/results/h200_decode_gemv_variants.json, h200_decode_norm_fused.json); so was PDL's early trigger (mode 2, the
+next launch let start before the wait): 3.33 vs 2.95 ms per 4B decode step at b1 (h200_decode_norm_fused.json).
 
 Default launch (default_launch): BLOCK_N=32, BLOCK_K = 256 bytes of a weight row (128 bf16), 4 warps, 4 stages,
 MMA path; no split of K when the N tiles alone give every SM a program, otherwise splits of MIN_CHUNKS_PER_SPLIT
@@ -43,10 +45,10 @@ tiles, split to 4 programs per SM) split too much and lost to cuBLAS everywhere 
 pdl=True (sm_90+): the kernel is launched with programmatic dependent launch. Its programs start while the kernel
 before is still finishing, prefetch their first `prefetch_lines` 128-byte lines of each weight row into L2 (the
 weights do not depend on that kernel), then wait for it (griddepcontrol.wait) before reading any input; each then
-lets the next PDL launch start (pdl=2: lets it start before waiting, kernels/_common.pdl_enter). In a chain of
-GEMVs (out_proj -> gate_up -> down -> the next in_proj) this overlaps each one's ramp-up with the tail of the one
-before. Needs a GPU (the interpreter has no inline PTX). With every decode kernel launched this way (the engine's
-default, EngineOptions.decode_pdl) it took 0.08-0.10 ms off a 4B decode step at b1 and b8 (h200_decode_pdl.json).
+lets the next PDL launch start (kernels/_common.pdl_enter). In a chain of GEMVs (out_proj -> gate_up -> down -> the
+next in_proj) this overlaps each one's ramp-up with the tail of the one before. Needs a GPU (the interpreter has no
+inline PTX). With every decode kernel launched this way (the engine's default, EngineOptions.decode_pdl) it took
+0.08-0.10 ms off a 4B decode step at b1 and b8 (h200_decode_pdl.json).
 
 CUDA graphs: no host syncs and allocation from shapes only. Split-K needs a workspace (fp32 partials + int32
 counters that must start at 0; the fused path leaves them at 0 again). Without one, each call allocates partials and
@@ -315,7 +317,7 @@ def _launch(x, weight, out, block_n=None, block_k=None, split_k=None, num_warps=
         M_PAD=max(16, next_pow2(M)) if use_mma else next_pow2(M), BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
         EVEN_K=K % BLOCK_K == 0, USE_MMA=use_mma, SPLIT=mode,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", UPCAST_DOT=not x.is_cuda,
-        USE_PDL=int(pdl), PREFETCH_LINES=prefetch_lines, SWIGLU=bool(swiglu), launch_pdl=bool(pdl),
+        USE_PDL=bool(pdl), PREFETCH_LINES=prefetch_lines, SWIGLU=bool(swiglu), launch_pdl=bool(pdl),
         num_warps=num_warps or d["num_warps"], num_stages=num_stages or d["num_stages"],
     )
     if mode == 2:

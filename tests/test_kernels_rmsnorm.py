@@ -87,5 +87,5 @@ def test_pdl_needs_a_gpu():
     (kernels.compile_check compiles every pdl variant for sm_90 instead)."""
     with pytest.raises(ValueError, match="needs a GPU"):
         rmsnorm_triton(torch.zeros(2, 8), torch.zeros(8), 1e-6, pdl=True)
-    with pytest.raises(ValueError, match="pdl must be 0, 1 or 2"):
-        rmsnorm_triton(torch.zeros(2, 8), torch.zeros(8), 1e-6, pdl=3)
+    with pytest.raises(ValueError, match="pdl must be a bool"):
+        rmsnorm_triton(torch.zeros(2, 8), torch.zeros(8), 1e-6, pdl=2)

@@ -145,6 +145,7 @@ def test_default_launch_at_4b_decode_shapes():
     ((torch.zeros(2, 64), torch.zeros(3, 64)), dict(split_k=0), "split_k"),
     ((torch.zeros(2, 64), torch.zeros(3, 64)), dict(split_reduce="atomic"), "split_reduce"),
     ((torch.zeros(2, 64), torch.zeros(3, 64)), dict(pdl=True), "needs a GPU"),  # (compile_check covers it for sm_90)
+    ((torch.zeros(2, 64), torch.zeros(3, 64)), dict(pdl=2), "pdl must be a bool"),
     ((torch.zeros(2, 64), torch.zeros(3, 64)),
      dict(block_k=16, split_k=2, workspace=small_m_linear_workspace(3, "cpu", max_m=1, max_split_k=1)), "partials"),
 ])
