@@ -57,15 +57,10 @@ def pdl_supported(device: torch.device) -> bool:
     return device.type == "cuda" and torch.version.hip is None and torch.cuda.get_device_capability(device)[0] >= 9
 
 
-def check_pdl(pdl: bool) -> None:
-    """pdl: on or off (a bool, or 0/1)."""
+def pdl_launch(pdl: bool) -> dict:
+    """The launch arguments of a kernel that starts with pdl_enter(PDL); pdl is on or off (a bool, or 0/1)."""
     check(pdl in (0, 1), f"pdl must be a bool (or 0/1), got {pdl!r}")
     check(not pdl or not interpreted(), "pdl (programmatic dependent launch) needs a GPU, not the Triton interpreter")
-
-
-def pdl_launch(pdl: bool) -> dict:
-    """The launch arguments of a kernel that starts with pdl_enter(PDL), after check_pdl."""
-    check_pdl(pdl)
     return dict(PDL=bool(pdl), launch_pdl=bool(pdl))
 
 
@@ -74,7 +69,8 @@ def pdl_enter(PDL: tl.constexpr):
     """Programmatic dependent launch (sm_90+; the kernel launched with launch_pdl=True): the kernel may start while
     the one before it finishes. Wait for that kernel to complete (its outputs are our inputs, and it may still read
     what we write), then let the next PDL launch start early in turn. The overlap hides the launch and ramp-up.
-    Relies on every program of a PDL-launched kernel calling this first, before any memory access or return."""
+    Relies on every program of a PDL-launched kernel calling this before it returns and before any memory access
+    other than reads of constant data (kernels/small_m_linear prefetches its weights first)."""
     if PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()

@@ -202,10 +202,9 @@ def decode_cases(batch_sizes=(1, 64)):
                      torch.empty(B, Hq, D, dtype=bf16), torch.empty(2, 16, Hkv, D, dtype=bf16),
                      torch.empty(2, 16, Hkv, D, dtype=bf16), torch.zeros(B, 256, dtype=i32),
                      torch.empty(B, dtype=i32), D ** -0.5, **pdl)),
+                (f"small_m_linear M={B} pdl", small_m_linear, lambda B=B: small_m_linear.small_m_linear_triton(
+                    torch.empty(B, inter, dtype=bf16), torch.empty(hidden, inter, dtype=bf16), **pdl)),
             ]
-            cases.append((f"small_m_linear M={B} pdl", small_m_linear,
-                          lambda B=B: small_m_linear.small_m_linear_triton(
-                              torch.empty(B, inter, dtype=bf16), torch.empty(hidden, inter, dtype=bf16), **pdl)))
     return cases
 
 

@@ -63,7 +63,7 @@ import triton
 import triton.language as tl
 
 from kernels._common import (
-    cast_rtne, cdiv, check, check_pdl, next_pow2, output, pdl_enter, require_last_dim_contiguous, sm_count, use_triton)
+    cast_rtne, cdiv, check, next_pow2, output, pdl_enter, pdl_launch, require_last_dim_contiguous, sm_count, use_triton)
 from kernels.silu_mul import silu_mul_ref
 
 MAX_M = 16
@@ -140,7 +140,7 @@ def _small_m_linear_kernel(
     sxm, swn, som,
     M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
     USE_MMA: tl.constexpr, SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr,
-    USE_PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr, SWIGLU: tl.constexpr,
+    PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr, SWIGLU: tl.constexpr,
 ):
     """SPLIT: 0 = one program per N tile writes y; 1 = split-K, the last program of a tile reduces; 2 = split-K,
     partials only (a second kernel reduces). SWIGLU: N is the number of output columns and the weight has 2N rows
@@ -164,7 +164,7 @@ def _small_m_linear_kernel(
     k_lo = pid_k * K_PER_SPLIT
     k_hi = tl.minimum(K, k_lo + K_PER_SPLIT)
 
-    if USE_PDL:  # launched early, while the kernel before finishes (programmatic dependent launch, sm_90+)
+    if PDL:  # launched early, while the kernel before finishes (programmatic dependent launch, sm_90+)
         # the weights do not depend on that kernel: pull this program's first lines of them into L2 meanwhile
         line = 128 // w_ptr.dtype.element_ty.primitive_bitwidth * 8
         cols = tl.minimum(k_lo + tl.arange(0, PREFETCH_LINES) * line, k_hi - 1)
@@ -172,7 +172,7 @@ def _small_m_linear_kernel(
         tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l",
                                   [w_ptr + rows[:, None] * swn + cols[None, :]], dtype=tl.int32, is_pure=False,
                                   pack=1)
-        pdl_enter(USE_PDL)  # the inputs (and the split-K workspace) are the kernel before's to finish
+        pdl_enter(PDL)  # the inputs (and the split-K workspace) are the kernel before's to finish
 
     w_ptrs = w_ptr + offs_n.to(tl.int64)[:, None] * swn + (k_lo + offs_k)[None, :]
     x_ptrs = x_ptr + offs_m[:, None] * sxm + (k_lo + offs_k)[None, :]
@@ -288,7 +288,7 @@ def _launch(x, weight, out, block_n=None, block_k=None, split_k=None, num_warps=
     check(BLOCK_N >= 16 and BLOCK_N == next_pow2(BLOCK_N), f"block_n must be a power of two >= 16, got {BLOCK_N}")
     check(BLOCK_K >= 16 and BLOCK_K == next_pow2(BLOCK_K), f"block_k must be a power of two >= 16, got {BLOCK_K}")
     check(reduce_mode in ("fused", "kernel"), f"split_reduce must be 'fused' or 'kernel', got {reduce_mode!r}")
-    check_pdl(pdl)
+    pdl_args = pdl_launch(pdl)
     check(prefetch_lines >= 1 and prefetch_lines == next_pow2(prefetch_lines),
           f"prefetch_lines must be a power of two, got {prefetch_lines}")
     n_tiles = cdiv(W_ROWS, BLOCK_N)  # with swiglu: cdiv(N, BLOCK_N // 2), the same number
@@ -317,8 +317,8 @@ def _launch(x, weight, out, block_n=None, block_k=None, split_k=None, num_warps=
         M_PAD=max(16, next_pow2(M)) if use_mma else next_pow2(M), BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
         EVEN_K=K % BLOCK_K == 0, USE_MMA=use_mma, SPLIT=mode,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", UPCAST_DOT=not x.is_cuda,
-        USE_PDL=bool(pdl), PREFETCH_LINES=prefetch_lines, SWIGLU=bool(swiglu), launch_pdl=bool(pdl),
-        num_warps=num_warps or d["num_warps"], num_stages=num_stages or d["num_stages"],
+        PREFETCH_LINES=prefetch_lines, SWIGLU=bool(swiglu), num_warps=num_warps or d["num_warps"],
+        num_stages=num_stages or d["num_stages"], **pdl_args,
     )
     if mode == 2:
         block = min(1024, next_pow2(N))
