@@ -204,6 +204,8 @@ def decode_cases(batch_sizes=(1, 64)):
                      torch.empty(B, dtype=i32), D ** -0.5, **pdl)),
                 (f"small_m_linear M={B} pdl", small_m_linear, lambda B=B: small_m_linear.small_m_linear_triton(
                     torch.empty(B, inter, dtype=bf16), torch.empty(hidden, inter, dtype=bf16), **pdl)),
+                (f"linear_silu_mul M={B} pdl", small_m_linear, lambda B=B: small_m_linear.linear_silu_mul_triton(
+                    torch.empty(B, hidden, dtype=bf16), torch.empty(2 * inter, hidden, dtype=bf16), **pdl)),
             ]
     return cases
 

@@ -30,9 +30,9 @@ Fused output epilogue:
   pass over the rows costs more than the RMSNorm kernel it replaces. Removed.
 
 Removed after timing on the H200: input prologues (the SiLU-mul, the RMSNorm (+ residual, also in one pass) and the
-GDN gated RMSNorm computed while loading x) were built and timed twice and were slower both times
-(bench/results/h200_decode_gemv_variants.json, h200_decode_norm_fused.json); so was PDL's early trigger (mode 2, the
-next launch let start before the wait): 3.33 vs 2.95 ms per 4B decode step at b1 (h200_decode_norm_fused.json).
+GDN gated RMSNorm computed while loading x), slower in both forms built (bench/results/h200_decode_gemv_variants.json;
+h200_decode_norm_fused.json: 3.35 ms per 4B decode step at b1 with the RMSNorms alone, 3.58 with all three, against
+2.95); and PDL's early trigger (the next launch let start before the wait): 3.33 ms, same file.
 
 Default launch (default_launch): BLOCK_N=32, BLOCK_K = 256 bytes of a weight row (128 bf16), 4 warps, 4 stages,
 MMA path; no split of K when the N tiles alone give every SM a program, otherwise splits of MIN_CHUNKS_PER_SPLIT

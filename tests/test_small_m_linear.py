@@ -194,5 +194,11 @@ def test_gpu_pdl_check_script_passes_in_the_interpreter(tmp_path, monkeypatch):
     spec.loader.exec_module(check)
     out = tmp_path / "check.json"
     assert check.main(["--tiny", "--out", str(out)]) == 0
-    rows = json.loads(out.read_text())["rows"]
+    res = json.loads(out.read_text())
+    rows = res["rows"]
     assert [r["M"] for r in rows] == [1, 3, 8, 16] and all(r["ok"] for r in rows)
+    assert all(r["rel_err_vs_ref"] <= res["max_rel_err"] for r in rows)
+    # a GEMV that is wrong the same way with and without PDL fails the comparison with the reference chain
+    monkeypatch.setattr(check.sml, "small_m_linear", lambda x, w, **launch: check.sml.small_m_linear_ref(x, w) * 1.1)
+    assert check.main(["--tiny", "--out", str(out)]) == 1
+    assert not any(r["ok"] for r in json.loads(out.read_text())["rows"])

@@ -31,8 +31,8 @@ class DecodeProjections:
     pdl (the model runner passes False where the GPU has no PDL): the GEMVs use programmatic dependent launch
     (kernels/small_m_linear), overlapping each one's start with the end of the kernel before (TextModel.set_pdl does
     the same for the other decode kernels; together 2-3 % faster decode steps at b1-b8, h200_decode_pdl.json).
-    The norms and the SwiGLU stay kernels of their own: computed inside the GEMV that reads them they were slower
-    (kernels/small_m_linear's docstring)."""
+    The norms stay kernels of their own and the SwiGLU is gate_up's epilogue: computed by the GEMV that reads them,
+    as it loads its input, they were slower (kernels/small_m_linear's docstring)."""
 
     def __init__(self, workspace: SplitKWorkspace | None = None, pdl: bool = False, swiglu_epilogue: bool = False):
         self.workspace, self.swiglu_epilogue = workspace, swiglu_epilogue
