@@ -346,10 +346,11 @@ def _mini_training_setup(pool, tmp_path, overrides: list[str]):
 
 def test_profile_mode_times_steps_and_data_wait(pool, tmp_path):
     """`train --profile-steps N`: real steps of a miniature model on real synthetic pages, profiled; no checkpoint.
-    Here with the vision tower's attention packed into one call per block (train.vision_attention)."""
+    Here with the vision tower's attention per image, transformers' own call (train.vision_attention; the other
+    training tests run the default, packed)."""
     from jobs.train_tiny import train
 
-    cfg, synth, model_dir = _mini_training_setup(pool, tmp_path, ["train.vision_attention=packed"])
+    cfg, synth, model_dir = _mini_training_setup(pool, tmp_path, ["train.vision_attention=per_image"])
     out = tmp_path / "out"
     train(cfg, synth, model_dir, out, None, "cpu", profile_steps=2)
     res = json.loads((out / "train_profile.json").read_text())
