@@ -599,7 +599,7 @@ def train(cfg: dict, synth: Path, model_dir: Path, out: Path, resume: Path | Non
             t_first = time.time()
             print(f"first batch after {t_first - t_start:.1f}s", flush=True)
         run_elapsed = time.time() - t_first
-        if run_elapsed >= budget:
+        if run_elapsed >= budget or 0 < tc.get("max_run_steps", 0) <= run_steps:
             break
         elapsed = state["elapsed_s"] + run_elapsed
         lr = lr_at(state["step"], elapsed, tc)

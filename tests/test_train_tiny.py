@@ -377,21 +377,23 @@ def test_line_ctc_training_logs_its_reading_and_a_resumed_run_keeps_its_head(poo
     lines = ("data.curriculum=[{until_page: 1000, font_px: [16, 20], max_chars: [200, 300], "
              "mix: {share: 0.5, font_px: [24, 30], max_chars: [8, 30], crop: true, strict_chars: true}}]")
     cfg, synth, model_dir = _mini_training_setup(pool, tmp_path, [
-        lines, "train.ctc_weight=1.0", "train.ctc_subframes=3", "train.total_train_s=6", "train.run_train_s=6",
-        "train.image_check_every=2", "train.log_every=2", "train.eval_pages=0"])
-    train(cfg, synth, model_dir, tmp_path / "run1", None, "cpu")
+        lines, "train.ctc_weight=1.0", "train.ctc_subframes=3", "train.total_train_s=600", "train.run_train_s=600",
+        "train.max_run_steps=6", "train.image_check_every=2", "train.log_every=2", "train.eval_pages=0"])
+    train(cfg, synth, model_dir, tmp_path / "run1", None, "cpu")  # 6 steps, however fast this machine is
     ckpt = tmp_path / "run1" / "ckpt"
+    assert json.loads((ckpt / "train_state.json").read_text())["step"] == 6  # train.max_run_steps ended the run
     log = [json.loads(x) for x in (ckpt / "train_log.jsonl").read_text().splitlines()]
     assert any("ctc" in r for r in log) and any("ctc_cer" in r for r in log), log  # steps without a line page have none
     head = torch.load(ckpt / LineCTC.HEAD_FILE)
     assert head["weight"].shape[0] == 3 * 96
-    train(cfg, synth, model_dir, tmp_path / "run2", ckpt, "cpu")  # total_train_s already spent: no steps
+    spent = {**cfg, "train": {**cfg["train"], "total_train_s": 0.1}}  # less than run 1 took: no time left
+    train(spent, synth, model_dir, tmp_path / "run2", ckpt, "cpu")
     state = json.loads((tmp_path / "run2" / "ckpt" / "train_state.json").read_text())
     assert state["step"] == json.loads((ckpt / "train_state.json").read_text())["step"] and state["runs"] == 2
     for k, v in torch.load(tmp_path / "run2" / "ckpt" / LineCTC.HEAD_FILE).items():
         assert torch.equal(v, head[k]), k
     # more frames per column: the run goes on with a new head of the new shape instead of failing to load the old one
-    cfg4 = {**cfg, "train": {**cfg["train"], "ctc_subframes": 4}}
+    cfg4 = {**spent, "train": {**spent["train"], "ctc_subframes": 4}}
     train(cfg4, synth, model_dir, tmp_path / "run3", ckpt, "cpu")
     assert torch.load(tmp_path / "run3" / "ckpt" / LineCTC.HEAD_FILE)["weight"].shape[0] == 4 * 96
 
