@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from engine.testing import build_checkpoint
-from jobs.packed_vision_attention import NAME, use_packed_vision_attention
+from jobs.packed_vision_attention import NAME, packed_attention, use_packed_vision_attention
 
 
 @pytest.fixture(scope="module")
@@ -38,18 +38,14 @@ def test_packed_matches_per_image_attention(ckpt):
 
     use_packed_vision_attention(model)
     assert model.model.visual.config._attn_implementation == NAME
+    from transformers import AttentionInterface
+
     calls = []
-    attn = model.model.visual.blocks[0].attn
-    from jobs import packed_vision_attention as pva
-
-    real = pva.packed_attention
     try:  # count calls: one per block for the whole batch, not one per image
-        from transformers import AttentionInterface
-
-        AttentionInterface.register(NAME, lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+        AttentionInterface.register(NAME, lambda *a, **k: (calls.append(1), packed_attention(*a, **k))[1])
         got_out, got_grad = vision_run(model, pixels, grid)
     finally:
-        AttentionInterface.register(NAME, real)
-    assert len(calls) == len(model.model.visual.blocks), (len(calls), attn)
+        AttentionInterface.register(NAME, packed_attention)
+    assert len(calls) == len(model.model.visual.blocks), len(calls)
     torch.testing.assert_close(got_out, want_out, atol=2e-5, rtol=1e-5)
     torch.testing.assert_close(got_grad, want_grad, atol=2e-5, rtol=1e-5)
