@@ -26,6 +26,10 @@
 #   from scratch (bench/results/ocria_tiny_vision_attention_ab.json):
 #   for a in packed per_image; do VISION_ATTENTION=$a RECIPE=F BATCH=128 TOTAL_S=1000 RUN_S=60 TIMEOUT_S=115 \
 #     bash bench/ocria_tiny_gpu_run.sh $OUT/tp_$a build/ocria-tiny-next2; done
+# TEXT_LINE_CTC=W adds jobs/text_line_ctc.TextLineCTC (every text line of every page read from the merged image
+#   tokens) with weight W; a new head first trains alone for 80 steps at 5x the schedule's learning rate.
+# Out: OUT/run/ckpt/model-*.safetensors and OUT/run/meta.tar (the rest of the checkpoint and loss.png): the device
+#   tool returns at most 8 files.
 set -euo pipefail
 out=${1:?out}; model=${2:?model dir}; resume=${3:-}
 # Its own site folder, without fla: fla 0.6.0 refuses its gated delta rule backward on Hopper with this image's
@@ -37,7 +41,9 @@ export PYTHONPATH=/tmp/site_train PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=fals
 RUN=(--set image.image_mean=1.0 --set model.text.partial_rotary_factor=1.0 --set "model.text.mrope_section=[11,11,10]"
   --set train.batch_size=${BATCH:-64} --set train.lr=1e-3 --set train.warmup_steps=100 --set train.total_train_s=${TOTAL_S:-1350}
   --set train.run_train_s=${RUN_S:-450} --set train.ctc_weight=1.0 --set train.ctc_subframes=6 --set train.num_workers=14
-  --set train.image_check_every=100 --set train.eval_pages=16 ${VISION_ATTENTION:+--set train.vision_attention=$VISION_ATTENTION})
+  --set train.image_check_every=100 --set train.eval_pages=16 ${VISION_ATTENTION:+--set train.vision_attention=$VISION_ATTENTION}
+  ${TEXT_LINE_CTC:+--set train.text_line_ctc_weight=$TEXT_LINE_CTC --set train.text_line_ctc_head_steps=80
+    --set train.text_line_ctc_lr_mult=5})
 case ${RECIPE:-D} in
   D) CURR='data.curriculum=[{until_page: 100000, font_px: [22, 32], max_chars: [8, 40], crop: true, strict_chars: true},
        {until_page: 200000, font_px: [16, 28], max_chars: [20, 120], crop: true, strict_chars: true},
@@ -60,4 +66,8 @@ case ${RECIPE:-D} in
 esac
 timeout ${TIMEOUT_S:-565} python3 -m jobs.train_tiny train --model-dir "$model" --out "$out/run" ${resume:+--resume "$resume"} \
   ${PROFILE_STEPS:+--profile-steps "$PROFILE_STEPS"} "${RUN[@]}" --set "$CURR" 2>&1 | grep -v -i "warn" | tail -n 70
-if [ -z "${PROFILE_STEPS:-}" ]; then mkdir -p /tmp/stage && rm -rf /tmp/stage/ckpt && cp -r "$out/run/ckpt" /tmp/stage/ckpt; fi
+if [ -z "${PROFILE_STEPS:-}" ]; then
+  mkdir -p /tmp/stage && rm -rf /tmp/stage/ckpt && cp -r "$out/run/ckpt" /tmp/stage/ckpt
+  cd "$out/run" && tar -cf meta.tar --exclude='*.safetensors' ckpt $(ls loss.png 2>/dev/null) \
+    && find ckpt -type f ! -name '*.safetensors' -delete && rm -f loss.png
+fi

@@ -15,7 +15,6 @@ short still ends its schedule, and resumed runs continue it.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import math
 import statistics
@@ -24,6 +23,16 @@ import time
 from pathlib import Path
 
 import yaml
+
+from jobs.text_line_ctc import (
+    CTC_CLASSES,
+    TextLineCTC,
+    collate_lines,
+    ctc_chars,
+    ctc_greedy,
+    ctc_min_frames,
+    line_geometry,
+)
 
 
 def load_config(path: Path, overrides: list[str]) -> dict:
@@ -194,22 +203,27 @@ def load_image_processor(model_dir: Path):
     return ImageProcessor.from_file(model_dir / "preprocessor_config.json")
 
 
-def encode_page(image, markdown: str | None, processor, builder: PromptBuilder, merge: int, max_answer: int) -> dict:
+def encode_page(image, markdown: str | None, processor, builder: PromptBuilder, merge: int, max_answer: int,
+                lines=None) -> dict:
     """A training example; the image as uint8 patches in merge order (`model_batch` makes them float on the
-    device)."""
+    device). With the page's text `lines` (pipeline.synthetic.TextLine) it also carries where each line lies in the
+    image tokens (jobs.text_line_ctc.line_geometry)."""
     import torch
 
     raw, grid = processor.merge_order_patches(image)
-    grid = torch.tensor(grid)
-    n_img = int(grid.prod()) // (merge * merge)
+    n_img = grid[1] * grid[2] // (merge * merge)
     prompt = builder.prompt_ids(n_img)
     answer = builder.answer_ids(markdown, max_answer) if markdown is not None else []
-    return {
+    item = {
         "pixel_bytes": torch.from_numpy(raw),
-        "grid": grid,
+        "grid": torch.tensor(grid),
         "input_ids": torch.tensor(prompt + answer),
         "labels": torch.tensor([-100] * len(prompt) + answer),
     }
+    if lines is not None:
+        item["line_geom"], item["line_chars"] = line_geometry(lines, image.shape[:2], grid[1:], processor.patch_size,
+                                                              merge)
+    return item
 
 
 def collate(items: list[dict], pad_id: int, image_id: int) -> dict:
@@ -229,7 +243,12 @@ def collate(items: list[dict], pad_id: int, image_id: int) -> dict:
         "mm_token_type_ids": (ids == image_id).to(torch.int32),
         "pixel_bytes": torch.cat([x["pixel_bytes"] for x in items]),
         "image_grid_thw": torch.stack([x["grid"] for x in items]),
-    }
+    } | (collate_lines(items) if "line_geom" in items[0] else {})
+
+
+def model_inputs(batch: dict) -> dict:
+    """The model's forward arguments of a batch from `model_batch` (without the text lines' geometry)."""
+    return {k: v for k, v in batch.items() if not k.startswith("line_")}
 
 
 def model_batch(batch: dict, processor, device="cpu", non_blocking: bool = False) -> dict:
@@ -257,7 +276,8 @@ def page_stream(cfg: dict, synth: Path, model_dir: Path, start_index: int):
             i = start_index + wid
             while True:
                 page = make_page(cfg["data"]["seed"] + i, pool, synth_config(cfg, i, mix=True), synth / "fonts")
-                yield encode_page(page.image, page.markdown, processor, builder, merge, cfg["data"]["max_answer_tokens"])
+                yield encode_page(page.image, page.markdown, processor, builder, merge,
+                                  cfg["data"]["max_answer_tokens"], page.lines)
                 i += nw
 
     return Pages()
@@ -279,7 +299,8 @@ def image_check_batches(cfg: dict, synth: Path, model_dir: Path, page_index: int
     merge, max_answer = cfg["model"]["vision"]["spatial_merge_size"], cfg["data"]["max_answer_tokens"]
 
     def batch(images):
-        items = [encode_page(im, p.markdown, processor, builder, merge, max_answer) for im, p in zip(images, pages)]
+        items = [encode_page(im, p.markdown, processor, builder, merge, max_answer, p.lines)
+                 for im, p in zip(images, pages)]
         return model_batch(collate(items, builder.ids.endoftext, builder.ids.image_pad), processor)
 
     return batch([p.image for p in pages]), batch([pages[(k + 1) % n].image for k in range(n)])
@@ -297,8 +318,8 @@ def image_use(model, true_batch: dict, swapped_batch: dict) -> dict:
     with torch.no_grad(), torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
         true_batch = {k: v.to(device) for k, v in true_batch.items()}
         swapped_batch = {k: v.to(device) for k, v in swapped_batch.items()}
-        loss_true = model(**true_batch).loss.float().item()
-        loss_swapped = model(**swapped_batch).loss.float().item()
+        loss_true = model(**model_inputs(true_batch)).loss.float().item()
+        loss_swapped = model(**model_inputs(swapped_batch)).loss.float().item()
         feats = torch.cat(model.model.get_image_features(
             true_batch["pixel_values"], true_batch["image_grid_thw"]).pooler_output).float()
     model.train(was_training)
@@ -353,29 +374,11 @@ def plot_loss(log: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-CTC_CLASSES = 96  # blank (0) + printable ASCII 32..126 as 1..95; the synthetic text is ASCII (pipeline.synthetic.to_ascii)
-
-
-def ctc_chars(text: str) -> list[int]:
-    """CTC class ids of a line's visible characters (anything outside printable ASCII is skipped)."""
-    return [ord(c) - 31 for c in text if 32 <= ord(c) < 127]
-
-
 def answer_chars(tokenizer, answer_ids: list[int]) -> list[int]:
     """CTC targets of an answer: the characters of its plain text (markdown markup is not on the page)."""
     from jobs.eval_ocr import markdown_to_text
 
     return ctc_chars(markdown_to_text(tokenizer.decode(answer_ids)))
-
-
-def ctc_min_frames(targets: list[int]) -> int:
-    """Fewest CTC frames that can emit `targets`: one per label plus a blank between equal neighbours."""
-    return len(targets) + sum(a == b for a, b in itertools.pairwise(targets))
-
-
-def ctc_greedy(frame_ids: list[int]) -> list[int]:
-    """Best-path CTC decoding: repeats merged, then blanks (0) dropped."""
-    return [c for k, c in enumerate(frame_ids) if c != 0 and (k == 0 or c != frame_ids[k - 1])]
 
 
 class LineCTC:
@@ -462,22 +465,29 @@ class LineCTC:
         return sum(levenshtein(r, t) for r, t in zip(reads, targets)) / sum(len(t) for t in targets)
 
 
-def optimizer_step(model, opt, batch: dict, autocast, grad_clip: float, ctc: LineCTC | None = None):
-    """One forward/backward/update; returns (loss, grad norm, CTC loss or None) as device tensors."""
+def optimizer_step(model, opt, batch: dict, autocast, grad_clip: float, ctc: LineCTC | None = None,
+                   line_ctc: TextLineCTC | None = None, merge: int = 2):
+    """One forward/backward/update; returns (loss, grad norm, line-page CTC loss or None, text-line CTC loss or None)
+    as device tensors."""
     import torch
 
     with autocast:
-        loss = model(**batch).loss
+        loss = model(**model_inputs(batch)).loss
+        # under autocast: the text-line read-out is a large matmul (every column of every line on the page)
+        lines = None if line_ctc is None else line_ctc.loss(batch["image_grid_thw"], batch["line_geom"],
+                                                            batch["line_chars"], merge)
     aux = ctc.loss(batch["image_grid_thw"], batch["labels"]) if ctc is not None else None
-    (loss if aux is None else loss + ctc.weight * aux).backward()
+    total = loss + (ctc.weight * aux if aux is not None else 0) + (line_ctc.weight * lines if lines is not None else 0)
+    total.backward()
     gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
     opt.step()
     opt.zero_grad(set_to_none=True)
-    return loss, gnorm, aux
+    return loss, gnorm, aux, lines
 
 
 def profile_training(model, loader, processor, opt, autocast, tc: dict, device: str, out: Path, steps: int,
-                     warmup: int = 5, ctc: LineCTC | None = None) -> dict:
+                     warmup: int = 5, ctc: LineCTC | None = None, line_ctc: TextLineCTC | None = None,
+                     merge: int = 2) -> dict:
     """Where a training step's time goes: `warmup` steps, then `steps` steps timed with a device sync after each
     (the share spent waiting for the data loader vs computing) and profiled with torch.profiler. Writes
     out/train_profile.json and out/train_profile.txt (ops by self device time and by self CPU time)."""
@@ -495,7 +505,7 @@ def profile_training(model, loader, processor, opt, autocast, tc: dict, device: 
             batch = next(it)
             t1 = time.perf_counter()
             batch = model_batch(batch, processor, device, non_blocking=True)
-            optimizer_step(model, opt, batch, autocast, tc["grad_clip"], ctc)
+            optimizer_step(model, opt, batch, autocast, tc["grad_clip"], ctc, line_ctc, merge)
             sync()
             if i >= warmup:
                 wait_s.append(t1 - t0)
@@ -556,6 +566,7 @@ def train(cfg: dict, synth: Path, model_dir: Path, out: Path, resume: Path | Non
     print(f"gated delta rule: {'fla' if importlib.util.find_spec('fla') else 'torch (fla not installed)'}", flush=True)
 
     builder, processor = PromptBuilder(model_dir, cfg["prompt"]), load_image_processor(model_dir)
+    merge = cfg["model"]["vision"]["spatial_merge_size"]
     loader = torch.utils.data.DataLoader(
         page_stream(cfg, synth, model_dir, state["pages"]),
         batch_size=tc["batch_size"],
@@ -568,7 +579,7 @@ def train(cfg: dict, synth: Path, model_dir: Path, out: Path, resume: Path | Non
     ctc = None
     if tc.get("ctc_weight", 0.0) > 0:
         ctc = LineCTC(model, builder.tok, tc["ctc_weight"], tc.get("ctc_max_rows", 3),
-                      cfg["model"]["vision"]["spatial_merge_size"], tc.get("ctc_subframes", 4), builder.ids.im_end)
+                      merge, tc.get("ctc_subframes", 4), builder.ids.im_end)
         if resume is not None and (resume / LineCTC.HEAD_FILE).exists():  # a resumed run keeps reading where it was
             saved = torch.load(resume / LineCTC.HEAD_FILE, map_location=device)
             if saved["weight"].shape == ctc.head.weight.shape:
@@ -576,14 +587,25 @@ def train(cfg: dict, synth: Path, model_dir: Path, out: Path, resume: Path | Non
             else:  # ctc_subframes changed: the vision tower's reading carries over, its linear read-out does not
                 print(f"line CTC head: saved for {saved['weight'].shape[0] // CTC_CLASSES} frames per column, "
                       f"now {ctc.subframes}: starting a new head", flush=True)
+    line_ctc = None
+    if tc["text_line_ctc_weight"] > 0:
+        line_ctc = TextLineCTC(model, tc["text_line_ctc_weight"], tc["text_line_ctc_subframes"],
+                               tc["text_line_ctc_head_steps"])
+        if resume is not None and (resume / TextLineCTC.HEAD_FILE).exists():  # a trained head reads from step one
+            line_ctc.head.load_state_dict(torch.load(resume / TextLineCTC.HEAD_FILE, map_location=device))
+            line_ctc.head_only_steps = 0
     groups = param_groups(model, tc)
     if ctc is not None:
         groups.append({"params": list(ctc.parameters()), "weight_decay": 0.0, "lr_mult": 1.0})
+    if line_ctc is not None:
+        groups.append({"params": list(line_ctc.parameters()), "weight_decay": 0.0,
+                       "lr_mult": tc["text_line_ctc_lr_mult"]})
     opt = torch.optim.AdamW(groups, lr=tc["lr"], betas=(0.9, 0.95), fused=device.startswith("cuda"))
     autocast = torch.autocast(device_type="cuda" if device.startswith("cuda") else "cpu", dtype=torch.bfloat16)
     if profile_steps:
         out.mkdir(parents=True, exist_ok=True)
-        profile_training(model, loader, processor, opt, autocast, tc, device, out, profile_steps, ctc=ctc)
+        profile_training(model, loader, processor, opt, autocast, tc, device, out, profile_steps, ctc=ctc,
+                         line_ctc=line_ctc, merge=merge)
         return
     check_every = tc.get("image_check_every", 0)
     checks = image_check_batches(cfg, synth, model_dir, state["pages"]) if check_every else None
@@ -606,7 +628,7 @@ def train(cfg: dict, synth: Path, model_dir: Path, out: Path, resume: Path | Non
         for g in opt.param_groups:
             g["lr"] = lr * g["lr_mult"]
         batch = model_batch(batch, processor, device, non_blocking=True)
-        loss, gnorm, aux = optimizer_step(model, opt, batch, autocast, tc["grad_clip"], ctc)
+        loss, gnorm, aux, lines = optimizer_step(model, opt, batch, autocast, tc["grad_clip"], ctc, line_ctc, merge)
         state["step"] += 1
         state["pages"] += len(batch["input_ids"])
         run_steps += 1
@@ -615,10 +637,14 @@ def train(cfg: dict, synth: Path, model_dir: Path, out: Path, resume: Path | Non
                    "elapsed_s": round(elapsed, 1), "pages": state["pages"], "tokens": int(batch["attention_mask"].sum())}
             if aux is not None:
                 rec["ctc"] = round(aux.item(), 4)
+            if lines is not None:
+                rec["line_ctc"] = round(lines.item(), 4)
             if checks is not None and (state["step"] % check_every == 0 or run_steps == 1):
                 rec |= image_use(model, *checks)
                 if ctc is not None and (cer := ctc.reading_cer(model, line_checks)) is not None:
                     rec["ctc_cer"] = round(cer, 4)
+                if line_ctc is not None and (cer := line_ctc.reading_cer(model, checks[0], merge)) is not None:
+                    rec["line_ctc_cer"] = round(cer, 4)  # every line of the check pages
             log.append(rec)
             print(json.dumps(rec), flush=True)
     state["elapsed_s"] += time.time() - (t_first or time.time())
@@ -629,6 +655,8 @@ def train(cfg: dict, synth: Path, model_dir: Path, out: Path, resume: Path | Non
     save_checkpoint(model, ckpt, state)
     if ctc is not None:  # beside the model, not in it: the shipped checkpoint has no CTC head
         torch.save({k: v.cpu() for k, v in ctc.head.state_dict().items()}, ckpt / LineCTC.HEAD_FILE)  # loads anywhere
+    if line_ctc is not None:
+        torch.save({k: v.cpu() for k, v in line_ctc.head.state_dict().items()}, ckpt / TextLineCTC.HEAD_FILE)
     (ckpt / "train_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
     try:
         plot_loss(log, out / "loss.png")

@@ -235,6 +235,130 @@ def test_line_ctc_leaves_out_line_pages_it_cannot_align(pool, parts):
     assert scored[1] < scored[4] and scored[4] >= len(lines) - 1, (scored, len(lines))
 
 
+def test_text_line_geometry_covers_each_lines_ink_in_the_resized_image(pool, parts):
+    """line_geometry against the pixels: on a real page, resized as the processor resizes it, the ink in the middle
+    of each line's band lies in the line's token columns (at most one more on a side: a glyph box starts and ends a
+    little beyond its ink), and its centre lies between the line's two token rows, in the line's quarter."""
+    from jobs.text_line_ctc import ctc_chars, line_geometry
+
+    processor, _ = parts
+    checked = 0
+    # full pages of the final distribution at 768 px (resized by ~1), and one drawn at 1,024 px that the processor
+    # shrinks to its pixel budget
+    for seed, longest in ((5, 768), (6, 768), (7, 1024)):
+        page = make_page(seed, pool, synth_config(load_config(CONFIG, [f"image.target_longest_px={longest}"])))
+        h, w = processor.resized_size(*page.image.shape[:2])
+        resized = np.asarray(Image.fromarray(page.image).resize((w, h), resample=processor.resample))
+        ink = resized.min(axis=2) < 128
+        _, (_, gh, gw) = processor.merge_order_patches(page.image)
+        geom, chars = line_geometry(page.lines, page.image.shape[:2], (gh, gw), 16, 2)
+        kept = [ln for ln in page.lines if ctc_chars(ln.text)]
+        assert len(geom) == len(kept) > 10 and len(chars) == sum(len(ctc_chars(ln.text)) for ln in kept)
+        cols = gw // 2
+        for (token, ncols, next_row, bucket, n_chars, _), line in zip(geom.tolist(), kept):
+            sx, sy = w / page.image.shape[1], h / page.image.shape[0]
+            top, bottom = line.y0 * sy, line.y1 * sy
+            band = ink[int(top + (bottom - top) / 3):int(bottom - (bottom - top) / 3) + 1, int(line.x0 * sx):
+                       int(line.x1 * sx) + 1]
+            xs = np.flatnonzero(band.any(axis=0)) + int(line.x0 * sx)
+            if xs.size == 0:  # a line of punctuation only, thin enough to miss the middle band
+                continue
+            c0, r0 = token % cols, token // cols
+            ink_c0, ink_c1 = xs[0] // 32, xs[-1] // 32
+            assert ink_c0 - 1 <= c0 <= ink_c0 and ink_c1 <= c0 + ncols - 1 <= ink_c1 + 1, (line, c0, ncols)
+            centre = (top + bottom) / 2 / 32 - 0.5
+            assert r0 <= max(centre, 0) and (next_row == 0 or centre < r0 + 1), (line, r0)
+            if 0 < centre < gh // 2 - 1:
+                assert bucket == int((centre - r0) * 4), (line, centre, r0, bucket)
+            assert n_chars == len(ctc_chars(line.text))
+            checked += 1
+    assert checked > 20
+
+
+def test_text_line_ctc_loss_and_reading_match_a_line_by_line_rederivation(pool, parts):
+    """TextLineCTC's batched loss and greedy reading equal the same computed one line at a time: each token column
+    of the line, its two rows concatenated, read out by its quarter's slice of the head into `subframes` frames;
+    lines that cannot emit their characters are left out. The loss reaches the vision tower."""
+    import torch.nn.functional as F
+
+    from jobs.eval_ocr import levenshtein
+    from jobs.text_line_ctc import CTC_CLASSES, LINE_BUCKETS, TextLineCTC, ctc_greedy, ctc_min_frames
+    from jobs.train_tiny import model_inputs
+
+    processor, builder = parts
+    cfg = load_config(CONFIG, MINI)
+    small = load_config(CONFIG, ["image.target_longest_px=320", "image.max_pixels=102400", "data.max_chars=[150,300]",
+                                 "data.font_px=[11.0,15.0]"])
+    pages = [make_page(40 + i, pool, synth_config(small)) for i in range(3)]
+    items = [encode_page(p.image, p.markdown, processor, builder, 2, 448, p.lines) for p in pages]
+    batch = model_batch(collate(items, builder.ids.endoftext, builder.ids.image_pad), processor)
+    model = _mini_model(cfg, builder)
+    sub = 3  # few frames per column: some lines cannot be aligned
+    ltc = TextLineCTC(model, 1.0, sub)
+    loss = model(**model_inputs(batch)).loss
+    feats = ltc.features
+    aux = ltc.loss(batch["image_grid_thw"], batch["line_geom"], batch["line_chars"], 2)
+    assert torch.isfinite(aux) and aux > 0 and ltc.features is None
+    sizes = (batch["image_grid_thw"].prod(-1) // 4).tolist()
+    span = sub * CTC_CLASSES
+    seqs, targets, skipped = [], [], 0
+    for i, x in enumerate(torch.split(feats, sizes)):
+        _, h, w = batch["image_grid_thw"][i].tolist()
+        grid = x.view(h // 2, w // 2, -1)
+        for k, (token, ncols, next_row, bucket, n, min_frames) in enumerate(items[i]["line_geom"].tolist()):
+            start = int(items[i]["line_geom"][:k, 4].sum())
+            target = items[i]["line_chars"][start:start + n].tolist()
+            assert ctc_min_frames(target) == min_frames
+            if ncols * sub < min_frames:
+                skipped += 1
+                continue
+            r0, c0 = divmod(token, w // 2)
+            r1 = r0 + (1 if next_row else 0)
+            frames = []
+            for c in range(c0, c0 + ncols):
+                out = F.linear(torch.cat([grid[r0, c], grid[r1, c]]), ltc.head.weight[bucket * span:(bucket + 1) * span],
+                               ltc.head.bias[bucket * span:(bucket + 1) * span])
+                frames.append(out.view(sub, CTC_CLASSES))
+            seqs.append(torch.cat(frames).log_softmax(-1))
+            targets.append(target)
+    assert seqs and skipped, (len(seqs), skipped)
+    assert LINE_BUCKETS == 4 and ltc.head.weight.shape[0] == 4 * span
+    expected = torch.stack([F.ctc_loss(lp, torch.tensor(t), [len(lp)], [len(t)], blank=0, reduction="sum") / len(t)
+                            for lp, t in zip(seqs, targets)]).mean()
+    torch.testing.assert_close(aux, expected, rtol=1e-5, atol=1e-5)
+    (loss + aux).backward()
+    assert all(p.grad is not None for p in ltc.parameters())
+    assert model.model.visual.patch_embed.proj.weight.grad.abs().sum() > 0
+    reads = [ctc_greedy(lp.argmax(-1).tolist()) for lp in seqs]
+    expected_cer = sum(levenshtein(r, t) for r, t in zip(reads, targets)) / sum(len(t) for t in targets)
+    assert ltc.reading_cer(model, batch, 2) == pytest.approx(expected_cer) and expected_cer > 0.5  # untrained
+
+
+def test_a_new_text_line_head_learns_alone_for_its_head_only_steps(pool, parts):
+    """head_only_steps=1: the first loss trains the head only (the vision tower gets no gradient from it), the next
+    one reaches the vision tower."""
+    from jobs.text_line_ctc import TextLineCTC
+    from jobs.train_tiny import model_inputs
+
+    processor, builder = parts
+    cfg = load_config(CONFIG, MINI)
+    pages = [make_page(60 + i, pool, synth_config(load_config(CONFIG, ["image.target_longest_px=256",
+                                                                       "image.max_pixels=65536"]))) for i in range(2)]
+    items = [encode_page(p.image, p.markdown, processor, builder, 2, 448, p.lines) for p in pages]
+    batch = model_batch(collate(items, builder.ids.endoftext, builder.ids.image_pad), processor)
+    model = _mini_model(cfg, builder)
+    ltc = TextLineCTC(model, 1.0, 8, head_only_steps=1)
+    vision = model.model.visual.patch_embed.proj.weight
+    for head_only in (True, False):
+        model.zero_grad()
+        ltc.head.zero_grad()
+        model(**model_inputs(batch))
+        ltc.loss(batch["image_grid_thw"], batch["line_geom"], batch["line_chars"], 2).backward()
+        assert ltc.head.weight.grad.abs().sum() > 0
+        assert (vision.grad is None) == head_only, head_only
+    assert ltc.head_only_steps == 0
+
+
 def test_ctc_greedy_merges_repeats_then_drops_blanks():
     from jobs.train_tiny import ctc_greedy
 
@@ -369,29 +493,38 @@ def test_an_unknown_vision_attention_fails_before_anything_loads(tmp_path):
 
 
 def test_line_ctc_training_logs_its_reading_and_a_resumed_run_keeps_its_head(pool, tmp_path):
-    """A short CPU run on line pages with the CTC loss logs ctc and ctc_cer and saves the head beside the weights; a
-    run resumed with no training time left saves the head it loaded, unchanged (a fresh head would differ)."""
+    """A short CPU run on line pages with both CTC losses logs their losses and readings (ctc, ctc_cer, line_ctc,
+    line_ctc_cer) and saves the heads beside the weights; a run resumed with no training time left saves the heads it
+    loaded, unchanged (fresh heads would differ)."""
+    from jobs.text_line_ctc import TextLineCTC
     from jobs.train_tiny import LineCTC, train
 
     # a paragraph stage with line pages mixed in: the CTC loss trains on those, ctc_cer is checked on held-out ones
     lines = ("data.curriculum=[{until_page: 1000, font_px: [16, 20], max_chars: [200, 300], "
              "mix: {share: 0.5, font_px: [24, 30], max_chars: [8, 30], crop: true, strict_chars: true}}]")
     cfg, synth, model_dir = _mini_training_setup(pool, tmp_path, [
-        lines, "train.ctc_weight=1.0", "train.ctc_subframes=3", "train.total_train_s=600", "train.run_train_s=600",
+        lines, "train.ctc_weight=1.0", "train.ctc_subframes=3", "train.text_line_ctc_weight=1.0",
+        "train.text_line_ctc_subframes=5", "train.text_line_ctc_head_steps=2", "train.total_train_s=600",
+        "train.run_train_s=600",
         "train.max_run_steps=6", "train.image_check_every=2", "train.log_every=2", "train.eval_pages=0"])
     train(cfg, synth, model_dir, tmp_path / "run1", None, "cpu")  # 6 steps, however fast this machine is
     ckpt = tmp_path / "run1" / "ckpt"
     assert json.loads((ckpt / "train_state.json").read_text())["step"] == 6  # train.max_run_steps ended the run
     log = [json.loads(x) for x in (ckpt / "train_log.jsonl").read_text().splitlines()]
     assert any("ctc" in r for r in log) and any("ctc_cer" in r for r in log), log  # steps without a line page have none
+    assert all("line_ctc" in r for r in log) and all("line_ctc_cer" in r for r in log if "img_gain" in r), log
     head = torch.load(ckpt / LineCTC.HEAD_FILE)
     assert head["weight"].shape[0] == 3 * 96
+    line_head = torch.load(ckpt / TextLineCTC.HEAD_FILE)
+    assert line_head["weight"].shape == (4 * 5 * 96, 2 * 64)
     spent = {**cfg, "train": {**cfg["train"], "total_train_s": 0.1}}  # less than run 1 took: no time left
     train(spent, synth, model_dir, tmp_path / "run2", ckpt, "cpu")
     state = json.loads((tmp_path / "run2" / "ckpt" / "train_state.json").read_text())
     assert state["step"] == json.loads((ckpt / "train_state.json").read_text())["step"] and state["runs"] == 2
     for k, v in torch.load(tmp_path / "run2" / "ckpt" / LineCTC.HEAD_FILE).items():
         assert torch.equal(v, head[k]), k
+    for k, v in torch.load(tmp_path / "run2" / "ckpt" / TextLineCTC.HEAD_FILE).items():
+        assert torch.equal(v, line_head[k]), k
     # more frames per column: the run goes on with a new head of the new shape instead of failing to load the old one
     cfg4 = {**spent, "train": {**spent["train"], "ctc_subframes": 4}}
     train(cfg4, synth, model_dir, tmp_path / "run3", ckpt, "cpu")
