@@ -62,7 +62,13 @@ case ${RECIPE:-D} in
   # full pages no better, single lines much worse without line pages in the mix (ocria_tiny_commands.md)
   H) CURR='data.curriculum=[{until_page: 100000000, font_px: [10, 18], max_chars: [60, 260], crop: true,
          mix: {share: 0.3, font_px: [10, 18], max_chars: [150, 1300]}}]' ;;
-  *) echo "RECIPE must be D, E, F or H" >&2; exit 2 ;;
+  # F2: RECIPE=F's pages drawn at twice the resolution (1,536 px, glyphs 20-36 px: about one text line per merged
+  # token row instead of two to three). The same layouts as F's (font_pt = px * height / longest), so F2's held-out
+  # pages are F's at 2x. MODEL_DIR must allow the pixels: `prepare --keep-tokenizer` with image.max_pixels=2359296
+  F2) CURR='data.curriculum=[{until_page: 100000000, font_px: [20, 36], max_chars: [150, 1300],
+         mix: {share: 0.2, font_px: [20, 36], max_chars: [8, 80], crop: true, strict_chars: true}}]'
+      RUN+=(--set image.target_longest_px=1536 --set image.max_pixels=2359296 --set data.font_px=[20,36]) ;;
+  *) echo "RECIPE must be D, E, F, F2 or H" >&2; exit 2 ;;
 esac
 timeout ${TIMEOUT_S:-565} python3 -m jobs.train_tiny train --model-dir "$model" --out "$out/run" ${resume:+--resume "$resume"} \
   ${PROFILE_STEPS:+--profile-steps "$PROFILE_STEPS"} "${RUN[@]}" --set "$CURR" 2>&1 | grep -v -i "warn" | tail -n 70

@@ -145,14 +145,22 @@ def hf_config(cfg: dict, ids):
     return qwen3_5_config(text, vision, ids)
 
 
-def prepare(cfg: dict, synth: Path, model_dir: Path) -> None:
+def prepare(cfg: dict, synth: Path, model_dir: Path, keep_tokenizer: bool = False) -> None:
+    """Tokenizer, processor files and config.json in `model_dir`. keep_tokenizer: reuse the folder's tokenizer.json
+    (the token ids of a trained checkpoint stay valid; e.g. new image sizes for it)."""
+    from tokenizers import Tokenizer
+
     from engine.hf_format import train_tokenizer, write_processor_files
     from pipeline.synthetic import TextPool
 
-    pool = TextPool.from_json_gz(synth / "pool_train.json.gz")
-    t0 = time.time()
-    tok = train_tokenizer(tokenizer_texts(pool, cfg["data"]["tokenizer_pages"], cfg["data"]["seed"]), cfg["model"]["vocab_size"])
-    print(f"tokenizer: {tok.get_vocab_size()} tokens in {time.time() - t0:.1f}s")
+    if keep_tokenizer:
+        tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    else:
+        pool = TextPool.from_json_gz(synth / "pool_train.json.gz")
+        t0 = time.time()
+        tok = train_tokenizer(tokenizer_texts(pool, cfg["data"]["tokenizer_pages"], cfg["data"]["seed"]),
+                              cfg["model"]["vocab_size"])
+        print(f"tokenizer: {tok.get_vocab_size()} tokens in {time.time() - t0:.1f}s")
     ids = write_processor_files(model_dir, tok, cfg["image"]["min_pixels"], cfg["image"]["max_pixels"],
                                 cfg["model"]["vision"]["patch_size"], cfg["model"]["vision"]["spatial_merge_size"],
                                 cfg["model"]["vision"]["temporal_patch_size"],
@@ -701,6 +709,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model-dir", type=Path, default=Path("models/ocria-tiny"))
     ap.add_argument("--out", type=Path, default=Path("build/train_tiny"))
     ap.add_argument("--resume", type=Path, default=None, help="checkpoint folder to continue from")
+    ap.add_argument("--keep-tokenizer", action="store_true",
+                    help="prepare: keep --model-dir's tokenizer.json (rewrite the processor files and config only)")
     ap.add_argument("--resume-state", type=Path, default=None,
                     help="folder with train_state.json/train_log.jsonl when they are not in --resume")
     ap.add_argument("--device", default=None)
@@ -710,7 +720,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     cfg = load_config(args.config, args.set)
     if args.step == "prepare":
-        prepare(cfg, args.synth, args.model_dir)
+        prepare(cfg, args.synth, args.model_dir, args.keep_tokenizer)
     else:
         import torch
 
