@@ -359,6 +359,23 @@ def test_a_new_text_line_head_learns_alone_for_its_head_only_steps(pool, parts):
     assert ltc.head_only_steps == 0
 
 
+def test_prepare_keep_tokenizer_rewrites_the_image_sizes_and_keeps_the_token_ids(tmp_path):
+    """prepare --keep-tokenizer on a copy of the shipped model folder: tokenizer.json byte for byte as it was, the
+    processor files at the new pixel budget (a checkpoint trained on the old folder's ids stays valid)."""
+    import shutil
+
+    from jobs.train_tiny import main
+
+    model_dir = tmp_path / "model"
+    shutil.copytree(MODEL, model_dir, ignore=shutil.ignore_patterns("*.safetensors"))
+    assert main(["prepare", "--keep-tokenizer", "--model-dir", str(model_dir), "--synth", str(tmp_path / "no_synth"),
+                 "--set", "image.max_pixels=2359296", "--set", "image.target_longest_px=1536"]) == 0
+    assert (model_dir / "tokenizer.json").read_bytes() == (MODEL / "tokenizer.json").read_bytes()
+    for name in ("preprocessor_config.json", "video_preprocessor_config.json"):
+        assert json.loads((model_dir / name).read_text())["size"]["longest_edge"] == 2359296
+    assert load_image_processor(model_dir).resized_size(1536, 1188)[0] == 1536  # was shrunk to fit 768 x 768
+
+
 def test_ctc_greedy_merges_repeats_then_drops_blanks():
     from jobs.train_tiny import ctc_greedy
 
