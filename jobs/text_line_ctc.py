@@ -81,8 +81,9 @@ class TextLineCTC:
     characters (ctc_min_frames) are left out.
 
     `head_only_steps`: for that many losses the features are detached, so a new head learns to read what the vision
-    tower already encodes before its gradients reach it (a random read-out's gradients shook a trained model: its
-    answer loss rose from 1.8 to 2.7 in a CPU probe, bench/results/ocria_tiny_commands.md, session 15)."""
+    tower already encodes before its gradients reach it. Without it, in a CPU probe from a trained checkpoint (batch
+    8, so noisy), the answer loss went from 1.82 to 2.0-2.7 over the next steps and the gradient norm to 23
+    (bench/results/ocria_tiny_tlc_cpu_probe_train_log.jsonl)."""
 
     HEAD_FILE = "text_line_ctc_head.pt"
 

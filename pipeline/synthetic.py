@@ -365,15 +365,6 @@ def ink_box(image: np.ndarray, pad: int = 12, ink_below: int = 200) -> tuple[int
     return int(y0), int(y1), int(x0), int(x1)
 
 
-def crop_to_ink(image: np.ndarray, pad: int = 12, ink_below: int = 200) -> np.ndarray:
-    """The image cut to `ink_box`; a blank image is returned as is."""
-    box = ink_box(image, pad, ink_below)
-    if box is None:
-        return image
-    y0, y1, x0, x1 = box
-    return np.ascontiguousarray(image[y0:y1, x0:x1])
-
-
 @dataclass(frozen=True)
 class TextLine:
     """One line of text as laid out on the page: its box in the page image's pixels and its characters (ASCII-folded,
@@ -404,7 +395,7 @@ class SynthConfig:
     max_pixels: int = 768 * 768
     font_px: tuple[float, float] = (10.0, 18.0)
     max_chars: tuple[int, int] = (150, 1300)  # markdown length budget per page, drawn uniformly
-    crop: bool = False  # cut the image to the text (+ a margin): short early-curriculum pages become a few tokens
+    crop: bool = False  # cut the image to the text (ink_box): short early-curriculum pages become a few tokens
     strict_chars: bool = False  # max_chars is a hard cap: blocks are cut to it (a line of a few words, not a paragraph)
 
 

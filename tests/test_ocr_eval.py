@@ -95,18 +95,16 @@ def test_synthetic_page_is_deterministic_and_matches_its_text_layer(heldout_pool
         assert levenshtein(layer, truth) / len(truth) < 0.05, (layer[:200], truth[:200])
 
 
-def test_crop_to_ink_keeps_the_ink_bounding_box_plus_padding():
-    """Ink in any one channel counts; the box is padded by `pad` and clipped at the edges; a blank page stays."""
-    from pipeline.synthetic import crop_to_ink
+def test_ink_box_is_the_ink_bounding_box_plus_padding():
+    """Ink in any one channel counts; the box is padded by `pad` and clipped at the edges; a blank page has none."""
+    from pipeline.synthetic import ink_box
 
     page = np.full((60, 80, 3), 255, np.uint8)
-    assert crop_to_ink(page) is page
+    assert ink_box(page) is None
     page[20, 30, 2] = 50  # blue-channel ink only
     page[25:27, 78, :] = 0
-    out = crop_to_ink(page, pad=5)
-    assert out.shape == (27 - 20 + 2 * 5, 80 - 25, 3)  # rows 15..31, columns 25..79 (clipped at the right edge)
-    assert np.array_equal(out, page[15:32, 25:80])
-    assert crop_to_ink(page, pad=100).shape == page.shape
+    assert ink_box(page, pad=5) == (15, 32, 25, 80)  # rows 15..31, columns 25..79 (clipped at the right edge)
+    assert ink_box(page, pad=100) == (0, 60, 0, 80)
 
 
 def test_heldout_pages_follow_a_curriculum_stage(heldout_pool, tmp_path):
