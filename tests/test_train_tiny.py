@@ -566,3 +566,25 @@ def test_datagen_bench_times_every_page_kind(pool, tmp_path):
     assert set(res["stages"]) == set(bench.STAGES)
     assert all(r["pages_per_s_per_core"] > 0 and r["make_ms"] > 0 and r["encode_ms"] > 0 for r in res["stages"].values())
     assert json.loads(out.read_text())["stages"] == res["stages"]
+
+
+def test_op_count_bench_counts_each_part_of_a_training_step(small_pages, parts):
+    """bench/ocria_tiny_op_count.py on a miniature model: every part dispatches ops in the forward, the Gated
+    DeltaNet layers (a Python loop over 64-token chunks) more per layer than the attention layers, and the backward
+    is counted."""
+    import importlib.util
+
+    from jobs.train_tiny import model_inputs
+
+    spec = importlib.util.spec_from_file_location("op_count", ROOT / "bench" / "ocria_tiny_op_count.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    processor, builder = parts
+    model = _mini_model(load_config(CONFIG, MINI), builder)
+    items = [encode_page(p.image, p.markdown, processor, builder, 2, 448) for p in small_pages]
+    res = bench.count_ops(model, model_inputs(model_batch(collate(items, builder.ids.endoftext, builder.ids.image_pad),
+                                                          processor)))
+    ops = res["forward_ops"]
+    assert set(ops) == {"vision", "gated_deltanet", "attention", "rest"}, ops
+    assert ops["gated_deltanet"] / 3 > ops["attention"] > 0 and ops["vision"] > 0  # MINI: 3 GDN, 1 attention layer
+    assert res["backward_ops"] > sum(ops.values()) / 2
