@@ -63,8 +63,16 @@ def main(argv: list[str] | None = None) -> dict:
     import torch
     from transformers import Qwen3_5ForConditionalGeneration
 
-    from jobs.train_tiny import (PromptBuilder, collate, encode_page, load_config, load_image_processor, model_batch,
-                                 model_inputs, synth_config)
+    from jobs.train_tiny import (
+        PromptBuilder,
+        collate,
+        encode_page,
+        load_config,
+        load_image_processor,
+        model_batch,
+        model_inputs,
+        synth_config,
+    )
     from pipeline.synthetic import TextPool, make_page
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
