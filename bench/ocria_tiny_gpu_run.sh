@@ -28,6 +28,7 @@
 #     bash bench/ocria_tiny_gpu_run.sh $OUT/tp_$a build/ocria-tiny-next2; done
 # TEXT_LINE_CTC=W adds jobs/text_line_ctc.TextLineCTC (every text line of every page read from the merged image
 #   tokens) with weight W; a new head first trains alone for 80 steps at 5x the schedule's learning rate.
+# GDN=chunked sets train.gated_delta_rule (jobs/chunked_gdn.py: the torch fallback's arithmetic in fewer ops).
 # Out: OUT/run/ckpt/model-*.safetensors and OUT/run/meta.tar (the rest of the checkpoint and loss.png): the device
 #   tool returns at most 8 files.
 set -euo pipefail
@@ -43,7 +44,7 @@ RUN=(--set image.image_mean=1.0 --set model.text.partial_rotary_factor=1.0 --set
   --set train.run_train_s=${RUN_S:-450} --set train.ctc_weight=1.0 --set train.ctc_subframes=6 --set train.num_workers=14
   --set train.image_check_every=100 --set train.eval_pages=16 ${VISION_ATTENTION:+--set train.vision_attention=$VISION_ATTENTION}
   ${TEXT_LINE_CTC:+--set train.text_line_ctc_weight=$TEXT_LINE_CTC --set train.text_line_ctc_head_steps=80
-    --set train.text_line_ctc_lr_mult=5})
+    --set train.text_line_ctc_lr_mult=5} ${GDN:+--set train.gated_delta_rule=$GDN})
 case ${RECIPE:-D} in
   D) CURR='data.curriculum=[{until_page: 100000, font_px: [22, 32], max_chars: [8, 40], crop: true, strict_chars: true},
        {until_page: 200000, font_px: [16, 28], max_chars: [20, 120], crop: true, strict_chars: true},

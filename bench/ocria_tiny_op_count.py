@@ -3,8 +3,8 @@ layers, attention layers, the rest), forward and backward: a CPU stand-in for th
 On the GPU each op costs host time to dispatch (views included) and each compute op a kernel launch, however small
 its tensors, so a part with many ops is bound by the host, not by arithmetic.
 
-  .venv/bin/python bench/ocria_tiny_op_count.py --model build/cand_f2 \
-      --config bench/results/ocria_tiny_eval_full_pages_1536_config.yaml --out bench/results/ocria_tiny_op_count.json
+  .venv/bin/python bench/ocria_tiny_op_count.py --model build/cand_f2 [--gdn chunked] \
+      --config bench/results/ocria_tiny_eval_full_pages_1536_config.yaml --out bench/results/ocria_tiny_op_count_1536.json
 """
 from __future__ import annotations
 
@@ -60,9 +60,13 @@ def count_ops(model, inputs: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
+    import contextlib
+
     import torch
     from transformers import Qwen3_5ForConditionalGeneration
+    from transformers.models.qwen3_5 import modeling_qwen3_5
 
+    from jobs.chunked_gdn import chunked_gdn_in
     from jobs.train_tiny import (
         PromptBuilder,
         collate,
@@ -80,6 +84,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--config", type=Path, default=Path("configs/train_tiny.yaml"), help="page distribution")
     ap.add_argument("--synth", type=Path, default=Path(".synth"))
     ap.add_argument("--pages", type=int, default=1)
+    ap.add_argument("--gdn", choices=["transformers", "chunked"], default="transformers",
+                    help="gated delta rule: transformers' torch fallback or jobs.chunked_gdn")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     cfg = load_config(args.config, [])
@@ -96,7 +102,9 @@ def main(argv: list[str] | None = None) -> dict:
            "patches": int(batch["pixel_values"].shape[0]),
            "layers": {"gated_deltanet": sum(t == "linear_attention" for t in model.config.text_config.layer_types),
                       "attention": sum(t == "full_attention" for t in model.config.text_config.layer_types)},
-           **count_ops(model, model_inputs(batch))}
+           "gated_delta_rule": args.gdn}
+    with chunked_gdn_in(modeling_qwen3_5) if args.gdn == "chunked" else contextlib.nullcontext():
+        res |= count_ops(model, model_inputs(batch))
     print(json.dumps(res))
     if args.out:
         args.out.write_text(json.dumps(res, indent=1))

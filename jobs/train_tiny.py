@@ -535,14 +535,31 @@ def profile_training(model, loader, processor, opt, autocast, tc: dict, device: 
 
 def train(cfg: dict, synth: Path, model_dir: Path, out: Path, resume: Path | None, device: str,
           resume_state: Path | None = None, profile_steps: int = 0) -> None:
+    """Train (or profile) for one run; the settings that select implementations are checked before anything loads."""
+    import contextlib
+
+    from transformers.models.qwen3_5 import modeling_qwen3_5
+
+    from jobs.chunked_gdn import chunked_gdn_in
+
+    tc = cfg["train"]
+    if tc["vision_attention"] not in ("per_image", "packed"):
+        raise ValueError(f"train.vision_attention must be per_image or packed, got {tc['vision_attention']!r}")
+    if tc["gated_delta_rule"] not in ("transformers", "chunked"):
+        raise ValueError(f"train.gated_delta_rule must be transformers or chunked, got {tc['gated_delta_rule']!r}")
+    chunked = tc["gated_delta_rule"] == "chunked"
+    with chunked_gdn_in(modeling_qwen3_5) if chunked else contextlib.nullcontext():
+        _train(cfg, synth, model_dir, out, resume, device, resume_state, profile_steps)
+
+
+def _train(cfg: dict, synth: Path, model_dir: Path, out: Path, resume: Path | None, device: str,
+           resume_state: Path | None, profile_steps: int) -> None:
     import torch
     from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
 
     from jobs.packed_vision_attention import use_packed_vision_attention
 
     tc = cfg["train"]
-    if tc["vision_attention"] not in ("per_image", "packed"):
-        raise ValueError(f"train.vision_attention must be per_image or packed, got {tc['vision_attention']!r}")
     torch.manual_seed(cfg["data"]["seed"])
     out.mkdir(parents=True, exist_ok=True)
     if resume is not None:
@@ -571,7 +588,10 @@ def train(cfg: dict, synth: Path, model_dir: Path, out: Path, resume: Path | Non
     # transformers takes fla's chunked gated delta rule (Triton, forward and backward) when fla is importable
     import importlib.util
 
-    print(f"gated delta rule: {'fla' if importlib.util.find_spec('fla') else 'torch (fla not installed)'}", flush=True)
+    gdn = "fla" if importlib.util.find_spec("fla") else "torch (fla not installed)"
+    if tc["gated_delta_rule"] == "chunked":
+        gdn = "jobs.chunked_gdn (torch, 5 ops a chunk)"
+    print(f"gated delta rule: {gdn}", flush=True)
 
     builder, processor = PromptBuilder(model_dir, cfg["prompt"]), load_image_processor(model_dir)
     merge = cfg["model"]["vision"]["spatial_merge_size"]

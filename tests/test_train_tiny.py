@@ -512,6 +512,30 @@ def test_an_unknown_vision_attention_fails_before_anything_loads(tmp_path):
         train(cfg, tmp_path / "missing_synth", tmp_path / "missing_model", tmp_path / "out", None, "cpu")
 
 
+def test_chunked_gated_delta_rule_trains_the_same_first_step(pool, tmp_path, monkeypatch):
+    """train.gated_delta_rule=chunked: the Gated DeltaNet layers run jobs.chunked_gdn during training, and the first
+    step's loss equals the transformers fallback's on the same pages; an unknown value fails before anything loads."""
+    import jobs.chunked_gdn
+    from jobs.train_tiny import train
+
+    calls = []
+    chunked = jobs.chunked_gdn.chunked_gated_delta_rule
+    monkeypatch.setattr(jobs.chunked_gdn, "chunked_gated_delta_rule", lambda *a, **k: calls.append(1) or chunked(*a, **k))
+    losses = {}
+    for gdn in ("transformers", "chunked"):
+        cfg, synth, model_dir = _mini_training_setup(pool, tmp_path / gdn, [
+            f"train.gated_delta_rule={gdn}", "train.max_run_steps=1", "train.total_train_s=600",
+            "train.run_train_s=600", "train.image_check_every=0", "train.log_every=1", "train.eval_pages=0"])
+        train(cfg, synth, model_dir, tmp_path / gdn / "run", None, "cpu")
+        log = (tmp_path / gdn / "run" / "ckpt" / "train_log.jsonl").read_text().splitlines()
+        losses[gdn] = json.loads(log[0])["loss"]
+        assert bool(calls) == (gdn == "chunked"), (gdn, len(calls))
+    assert losses["chunked"] == pytest.approx(losses["transformers"], abs=2e-3), losses
+    with pytest.raises(ValueError, match="transformers or chunked"):
+        train(load_config(CONFIG, ["train.gated_delta_rule=fla"]), tmp_path / "no_synth", tmp_path / "no_model",
+              tmp_path / "out", None, "cpu")
+
+
 def test_line_ctc_training_logs_its_reading_and_a_resumed_run_keeps_its_head(pool, tmp_path):
     """A short CPU run on line pages with both CTC losses logs their losses and readings (ctc, ctc_cer, line_ctc,
     line_ctc_cer) and saves the heads beside the weights; a run resumed with no training time left saves the heads it
