@@ -74,11 +74,19 @@ def processor_max_pixels(path: str) -> int | None:
     return ImageProcessor.from_file(cfg_path).max_pixels if cfg_path.is_file() else None
 
 
+# A processor that lets at most this many pixels per side through states the model's own page size (ocria-tiny was
+# trained at 1,536 px); a larger budget only bounds a generic VLM (Qwen's default, 12.8 M pixels, is 3,584 px).
+MODEL_PAGE_PX_MAX = 2048
+GENERIC_PAGE_PX = 1288  # olmOCR's page size for page VLMs, and the 4B's
+
+
 def raster_options(cfg: JobConfig, checkpoint_dir: str) -> RasterOptions:
-    """The page size follows the model: a longest side of sqrt(max_pixels) of its processor (how ocria-tiny was
-    trained), at most 1288 px (olmOCR's size for page VLMs, and the 4B's), unless configured."""
+    """The page size follows the model: a longest side of sqrt(max_pixels) of its processor, the size ocria-tiny was
+    trained at, or 1288 px when the processor allows more than MODEL_PAGE_PX_MAX; unless configured."""
     model_max = processor_max_pixels(checkpoint_dir)
-    target = cfg.raster.target_longest_px or (min(1288, math.isqrt(model_max)) if model_max else 1288)
+    model_px = math.isqrt(model_max) if model_max else None
+    target = cfg.raster.target_longest_px or (model_px if model_px and model_px <= MODEL_PAGE_PX_MAX
+                                              else GENERIC_PAGE_PX)
     max_pixels = cfg.raster.max_pixels or min(model_max or target * target, target * target)
     return RasterOptions(target_longest_px=target, max_pixels=max_pixels, max_pages=cfg.raster.max_pages_per_doc,
                          extract_text=cfg.raster.extract_text)

@@ -168,3 +168,26 @@ def test_rendered_pixels_survive_the_pixmap():
         pymupdf.open().new_page().get_pixmap(matrix=pymupdf.Matrix(3, 3))
     assert arr.flags.owndata or arr.base is not None and arr.base.flags.owndata
     assert arr.min() == 255 and arr.shape == (300, 300, 3)
+
+
+@pytest.mark.parametrize("side, expected", [(1536, 1536), (768, 768), (2048, 2048), (2049, 1288), (3584, 1288)])
+def test_pages_are_drawn_at_the_checkpoints_size(tmp_path, side, expected):
+    """raster_options: a processor that allows at most 2048 px a side gives the model's own page size (the shipped
+    ocria-tiny: 1536); a larger budget (a generic VLM's) gives 1288 px; a configured size wins."""
+    import json
+    import shutil
+
+    from pipeline.checkpoint import raster_options
+    from pipeline.config import JobConfig
+
+    shutil.copy(ROOT / "models" / "ocria-tiny" / "preprocessor_config.json", tmp_path)
+    proc = json.loads((tmp_path / "preprocessor_config.json").read_text())
+    proc["size"]["longest_edge"] = side * side
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(proc))
+    job = JobConfig.model_validate({"input": {"uris": ["samples"]}})
+    opts = raster_options(job, str(tmp_path))
+    assert opts.target_longest_px == expected and opts.max_pixels == min(side, expected) ** 2
+    configured = JobConfig.model_validate({"input": {"uris": ["samples"]}, "raster": {"target_longest_px": 900}})
+    assert raster_options(configured, str(tmp_path)).target_longest_px == 900
+    shipped = raster_options(job, str(ROOT / "models" / "ocria-tiny"))
+    assert shipped.target_longest_px == 1536
