@@ -37,7 +37,14 @@ out=${1:?out}; model=${2:?model dir}; resume=${3:-}
 # Triton 3.6 ("Triton >= 3.4.0 and < 3.7.1 on Hopper GPUs produces incorrect results for gated chunk_bwd_dqkwg",
 # session 12), so transformers trains the GDN layers with its torch fallback, as runs D and E did. (The benchmark
 # scripts install fla into /tmp/site on the same machine: inference only.)
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site_train .whl/*.whl
+# Without .whl in this call, the wheels must have been installed into /tmp/site_train by an earlier call on the same
+# machine: a call carries at most 64 MiB with the working tree, and the tree holds the shipped 30 MB model since
+# session 15, so .whl (24 MB) and .synth (18 MB) no longer fit one call.
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site_train .whl/*.whl
+elif [ ! -d /tmp/site_train/pymupdf ]; then
+  echo "no .whl carried and no wheels in /tmp/site_train: carry .whl, or install it there in a call before" >&2; exit 2
+fi
 export PYTHONPATH=/tmp/site_train PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 RUN=(--set image.image_mean=1.0 --set model.text.partial_rotary_factor=1.0 --set "model.text.mrope_section=[11,11,10]"
   --set train.batch_size=${BATCH:-64} --set train.lr=1e-3 --set train.warmup_steps=100 --set train.total_train_s=${TOTAL_S:-1350}

@@ -20,11 +20,14 @@ ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "models" / "ocria-tiny"
 CONFIG = ROOT / "configs" / "train_tiny.yaml"
 
-# The shipped checkpoint (run 1: 454 s, 36k pages) has not yet learned to read: it writes page-like English whose
-# held-out CER is ~1.1 (bench/results/ocria_tiny_eval.json). These bounds catch a broken checkpoint/tokenizer (random
-# weights: loss ~8.3) but not a broken image path; lower them when a checkpoint that reads is shipped.
-MAX_HELDOUT_LOSS = 4.5
-MAX_HELDOUT_CER = 1.5
+# The shipped checkpoint's pages: run F2 (session 15) was trained on the final distribution drawn at 1,536 px, fonts
+# 20-36 px (10-18 px at 768 px), the size its processor lets through; the pipeline renders at that size too.
+SHIPPED_PAGES = ["image.target_longest_px=1536", "image.max_pixels=2359296", "data.font_px=[20.0,36.0]"]
+# It reads held-out pages at CER 0.567 (24 pages, bench/results/ocria_tiny_f2_eval_1536.json); on this file's test
+# pages it measured loss 0.74 and CER 0.35 here. Run 1, which did not read, scored loss ~3 and CER ~1.1; random
+# weights give loss ~8.3. These bounds fail for either.
+MAX_HELDOUT_LOSS = 1.5
+MAX_HELDOUT_CER = 0.6
 
 
 def _dp_levenshtein(a, b) -> int:
@@ -77,7 +80,8 @@ def heldout_pool(licence_prose) -> TextPool:
 
 @pytest.fixture(scope="module")
 def cfg() -> dict:
-    return load_config(CONFIG, [])
+    """The shipped checkpoint's page distribution."""
+    return load_config(CONFIG, SHIPPED_PAGES)
 
 
 def test_synthetic_page_is_deterministic_and_matches_its_text_layer(heldout_pool, cfg):
@@ -156,8 +160,12 @@ def reader():
     return HFPageReader(MODEL, "cpu")
 
 
-def test_shipped_checkpoint_size_and_files():
-    assert (MODEL / "model.safetensors").stat().st_size <= 20 * 1024 * 1024
+def test_shipped_checkpoint_size_and_files(cfg):
+    import json
+
+    assert (MODEL / "model.safetensors").stat().st_size <= 50_000_000  # the issue's limit
+    processor = json.loads((MODEL / "preprocessor_config.json").read_text())
+    assert processor["size"]["longest_edge"] == cfg["image"]["max_pixels"] == cfg["image"]["target_longest_px"] ** 2
     for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
                  "preprocessor_config.json", "generation_config.json"):
         assert (MODEL / name).is_file(), name
