@@ -297,7 +297,8 @@ def page_stream(cfg: dict, synth: Path, model_dir: Path, start_index: int):
 def image_check_batches(cfg: dict, synth: Path, model_dir: Path, page_index: int, n: int = 8,
                         settings: dict | None = None) -> tuple[dict, dict]:
     """Held-out pages drawn like training page `page_index` (same curriculum stage) or with `settings`, collated
-    twice: with their own images, and with each page's image replaced by the next page's (answers unchanged)."""
+    twice: with their own images and text lines, and with each page's image replaced by the next page's (answers
+    unchanged, no lines)."""
     from pipeline.synthetic import TextPool, make_page
 
     pool = TextPool.from_json_gz(synth / "pool_heldout.json.gz")
@@ -306,12 +307,13 @@ def image_check_batches(cfg: dict, synth: Path, model_dir: Path, page_index: int
     processor, builder = load_image_processor(model_dir), PromptBuilder(model_dir, cfg["prompt"])
     merge, max_answer = cfg["model"]["vision"]["spatial_merge_size"], cfg["data"]["max_answer_tokens"]
 
-    def batch(images):
-        items = [encode_page(im, p.markdown, processor, builder, merge, max_answer, p.lines)
-                 for im, p in zip(images, pages)]
+    def batch(images, lines):
+        items = [encode_page(im, p.markdown, processor, builder, merge, max_answer, ln)
+                 for im, p, ln in zip(images, pages, lines)]
         return model_batch(collate(items, builder.ids.endoftext, builder.ids.image_pad), processor)
 
-    return batch([p.image for p in pages]), batch([pages[(k + 1) % n].image for k in range(n)])
+    true = batch([p.image for p in pages], [p.lines for p in pages])
+    return true, batch([pages[(k + 1) % n].image for k in range(n)], [None] * n)
 
 
 def image_use(model, true_batch: dict, swapped_batch: dict) -> dict:
