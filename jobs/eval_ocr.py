@@ -2,7 +2,11 @@
 the shared corpus (reference: the PDF's text layer), all rendered by the pipeline's rasterizer at the model's resolution.
 
   python -m jobs.eval_ocr --model models/ocria-tiny --synth .synth --heldout 40 \
+      --config bench/results/ocria_tiny_eval_full_pages_1536_config.yaml \
       --corpus ../shared/corpus --corpus-pages 12 --out bench/results/ocria_tiny_eval.json
+
+The config's page size (image.target_longest_px, max_pixels) must be the model's (its processor's max_pixels): the
+shipped model reads pages at 1,536 px; configs/train_tiny.yaml's default is 768 px.
 
 Metrics: CER = Levenshtein(hyp, ref) / len(ref) over characters, WER the same over whitespace-separated words; the
 aggregate is micro (total edits / total reference length). `md` compares the model's markdown with the generating
@@ -292,6 +296,10 @@ def main(argv: list[str] | None = None) -> int:
         print("tesseract not found: skipping the Tesseract baseline "
               "(apt-get install -y --no-install-recommends tesseract-ocr tesseract-ocr-eng)", file=sys.stderr)
     reader = None if args.no_model else HFPageReader(args.model, args.device)
+    if reader is not None and reader.processor.max_pixels != cfg["image"]["max_pixels"]:
+        raise SystemExit(f"{args.config} draws pages for max_pixels {cfg['image']['max_pixels']:,} but {args.model} "
+                         f"reads {reader.processor.max_pixels:,}: pass a --config at the model's size (e.g. "
+                         "bench/results/ocria_tiny_eval_full_pages_1536_config.yaml for the shipped model)")
     result = {"command": " ".join([Path(sys.executable).name, "-m", "jobs.eval_ocr", *(argv or sys.argv[1:])]),
               "model": str(args.model), "tesseract": use_tess}
     if args.heldout:

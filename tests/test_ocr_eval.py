@@ -195,3 +195,25 @@ def test_shipped_model_reads_heldout_pages(reader, heldout_pool, cfg):
         assert hyp.strip(), "empty output"
         score.add(markdown_to_text(hyp), markdown_to_text(p.markdown))
     assert score.summary()["cer"] < MAX_HELDOUT_CER, score.summary()
+
+
+def test_eval_job_runs_at_the_models_page_size_and_refuses_another(heldout_pool, tmp_path):
+    """jobs.eval_ocr end to end on one held-out page (8 tokens, no Tesseract), with a config at the shipped model's
+    page size; a config drawing pages for another size fails before any page is made, saying what to pass."""
+    import json
+
+    import yaml
+
+    from jobs.eval_ocr import main
+
+    heldout_pool.to_json_gz(tmp_path / "pool_heldout.json.gz")
+    (tmp_path / "fonts").mkdir()
+    shipped = tmp_path / "shipped.yaml"
+    shipped.write_text(yaml.safe_dump(load_config(CONFIG, SHIPPED_PAGES)))
+    common = ["--model", str(MODEL), "--synth", str(tmp_path), "--heldout", "1", "--corpus-pages", "0",
+              "--no-tesseract", "--max-new-tokens", "8"]
+    assert main([*common, "--config", str(shipped), "--out", str(tmp_path / "eval.json")]) == 0
+    result = json.loads((tmp_path / "eval.json").read_text())["heldout_synthetic"]
+    assert result["model_text"]["pages"] == 1 and max(result["per_page"][0]["size"]) == 1536
+    with pytest.raises(SystemExit, match="ocria_tiny_eval_full_pages_1536_config.yaml"):
+        main([*common, "--config", str(CONFIG)])
