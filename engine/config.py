@@ -232,6 +232,14 @@ def parse_config(raw: dict) -> ModelConfig:
     raise ConfigError(f"config.json: model_type={mt!r} unsupported (expected 'qwen3_5' or 'qwen3_5_text')")
 
 
+CONTEXT_CAP = 8192  # the engine's context when the checkpoint's positions allow more (KV cache per sequence)
+
+
+def default_max_model_len(text: TextConfig) -> int:
+    """The engine's context (prompt + answer tokens) unless EngineOptions.max_model_len says otherwise."""
+    return min(text.max_position_embeddings, CONTEXT_CAP)
+
+
 def load_config(checkpoint_dir: str | Path) -> ModelConfig:
     path = Path(checkpoint_dir) / "config.json"
     if not path.is_file():

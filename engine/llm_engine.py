@@ -3,16 +3,16 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
 
 import numpy as np
 import torch
 
 from engine.block_manager import BlockManager, blocks_for
 from engine.checkpoint import expected_tensors, inspect_checkpoint, iter_checkpoint_tensors, load_weights
-from engine.config import ModelConfig
+from engine.config import ModelConfig, default_max_model_len
 from engine.interface import SamplingParams, seed_for_request
 from engine.model_runner import DecodePath, ModelRunner, resolve_dtype
 from engine.models.qwen3_5 import Qwen3_5Model
@@ -20,10 +20,9 @@ from engine.processor import Processor
 from engine.rope import mrope_positions
 from engine.sampler import Sampler
 from engine.scheduler import NEED_DRAIN, ScheduledStep, Scheduler
-from engine.sequence import ImageInputs, Sequence, SeqStatus
+from engine.sequence import ImageInputs, SeqStatus, Sequence
 from engine.state_pool import StatePool
 from engine.step_metadata import PrefillChunk, to_device
-
 
 PLACEHOLDER = -1  # a sampled token the host has not seen yet
 
@@ -45,8 +44,8 @@ class InFlight:
     seqs: list  # sequences that receive one token each from this step
     tokens: torch.Tensor  # [len(seqs)] (pinned host copy on CUDA, filled asynchronously)
     logits: torch.Tensor | None = None  # kept only when some sequence records its logits
-    event: "torch.cuda.Event | None" = None
-    ev_start: "torch.cuda.Event | None" = None
+    event: torch.cuda.Event | None = None
+    ev_start: torch.cuda.Event | None = None
     record: StepRecord | None = None
 
 
@@ -84,7 +83,7 @@ class RequestOutput:
 @dataclass(frozen=True)
 class EngineOptions:
     max_num_seqs: int = 64
-    max_model_len: int | None = None  # default min(max_position_embeddings, 8192)
+    max_model_len: int | None = None  # default engine.config.default_max_model_len
     max_num_batched_tokens: int | None = None  # default 8192 on CUDA, 2048 on CPU
     block_size: int = 32
     num_blocks: int | None = None  # default: sized from the memory budget
@@ -126,7 +125,7 @@ class Engine:
         self.device = torch.device(device)
         self.dtype = resolve_dtype(dtype, self.device)
         self.text_only = opts.text_only or cfg.vision is None
-        self.max_model_len = opts.max_model_len or min(cfg.text.max_position_embeddings, 8192)
+        self.max_model_len = opts.max_model_len or default_max_model_len(cfg.text)
         mnbt = opts.max_num_batched_tokens or (8192 if self.device.type == "cuda" else 2048)
 
         self.model = Qwen3_5Model(cfg, self.dtype, self.device, text_only=self.text_only)
@@ -153,7 +152,7 @@ class Engine:
 
     @classmethod
     def from_checkpoint(cls, checkpoint_dir: str | Path, device="cpu", dtype="auto", chat_template_kwargs=None,
-                        **options) -> "Engine":
+                        **options) -> Engine:
         opts = EngineOptions(**options)
         info = inspect_checkpoint(checkpoint_dir, text_only=opts.text_only)
         processor = Processor(checkpoint_dir, info.config, chat_template_kwargs)

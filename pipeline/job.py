@@ -7,12 +7,13 @@ import os
 import secrets
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from pipeline.checkpoint import CheckpointError, checkpoint_note, localize, raster_options, validate
 from pipeline.config import ConfigError, JobConfig
 from pipeline.output import DocumentAssembler, OutputStore, document_row
 from pipeline.plan import Plan, plan_run
+from pipeline.rasterize import RasterOptions
 from pipeline.schema import DOC_TASK_SCHEMA, PAGE_SCHEMA, empty_row
 from pipeline.stats import RunStats, format_table
 from pipeline.storage import list_documents, resolve, write_parquet_atomic, write_text
@@ -22,7 +23,7 @@ log = logging.getLogger("ocria.job")
 
 def new_run_id() -> str:
     # Sorts by start time, so the newest commit of a document is the last part name that holds it.
-    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ") + "-" + secrets.token_hex(3)
+    return datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ") + "-" + secrets.token_hex(3)
 
 
 @dataclass
@@ -34,6 +35,7 @@ class Prepared:
     store: OutputStore
     plan: Plan
     checkpoint_dir: str
+    raster: RasterOptions  # the page size for this checkpoint and max_tokens
 
 
 def prepare(cfg: JobConfig) -> Prepared:
@@ -41,6 +43,7 @@ def prepare(cfg: JobConfig) -> Prepared:
     try:
         checkpoint_dir = localize(cfg.model.checkpoint, cfg.storage, cfg.run.cache_dir)
         validate(checkpoint_dir)
+        raster = raster_options(cfg, checkpoint_dir)
     except CheckpointError as e:
         raise ConfigError(str(e)) from None
     try:
@@ -59,7 +62,7 @@ def prepare(cfg: JobConfig) -> Prepared:
             raise ConfigError(f"cannot list input {uri!r}: {e}") from None
     plan = plan_run(list(listed.values()), store.documents(), cfg.run.retry_failed, cfg.run.max_attempts,
                     cfg.input.limit)
-    return Prepared(cfg, new_run_id(), store, plan, checkpoint_dir)
+    return Prepared(cfg, new_run_id(), store, plan, checkpoint_dir, raster)
 
 
 def connect_ray(cfg: JobConfig):
@@ -125,7 +128,7 @@ def build_dataset(ray, prep: Prepared, pools: PoolSizes):
     ds = ray.data.from_arrow([tasks.slice(i, per_block) for i in range(0, tasks.num_rows, per_block)])
     ds = ds.map_batches(
         RasterizeStage, batch_size=1, batch_format="pyarrow",
-        fn_constructor_kwargs=dict(storage=cfg.storage, opts=raster_options(cfg, prep.checkpoint_dir),
+        fn_constructor_kwargs=dict(storage=cfg.storage, opts=prep.raster,
                                    doc_timeout_s=cfg.raster.doc_timeout_s, memory_limit_mb=cfg.raster.memory_limit_mb),
         compute=ActorPoolStrategy(min_size=min(cfg.raster.num_actors_min, pools.raster_max), max_size=pools.raster_max),
         num_cpus=pools.raster_cpus,

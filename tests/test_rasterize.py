@@ -8,8 +8,8 @@ import time
 import numpy as np
 import pymupdf
 import pytest
-
 from conftest import CORPUS, ROOT
+
 from pipeline.isolation import IsolatedRasterizer
 from pipeline.rasterize import DocumentError, RasterOptions, rasterize, render_page, render_scale
 
@@ -191,3 +191,29 @@ def test_pages_are_drawn_at_the_checkpoints_size(tmp_path, side, expected):
     assert raster_options(configured, str(tmp_path)).target_longest_px == 900
     shipped = raster_options(job, str(ROOT / "models" / "ocria-tiny"))
     assert shipped.target_longest_px == 1536
+
+
+@pytest.mark.parametrize("width_pt, height_pt", [(612, 792), (792, 612), (600, 600), (300, 1500), (595, 842)])
+def test_pages_leave_room_for_the_answer_in_the_context(width_pt, height_pt):
+    """With model.max_tokens 2048 (configs/gpu.yaml) the shipped model's 1,536 px budget would overflow its 4,096-token
+    context on squarish pages: raster_options caps the pixels so that the engine's own prompt for the rendered page
+    plus the answer fits, whatever the page's shape."""
+    from engine.config import default_max_model_len, load_config
+    from engine.processor import Processor
+    from pipeline.checkpoint import CheckpointError, raster_options
+    from pipeline.config import JobConfig
+
+    model = ROOT / "models" / "ocria-tiny"
+    cfg = load_config(model)
+    job = JobConfig.model_validate({"input": {"uris": ["samples"]}, "model": {"max_tokens": 2048}})
+    opts = raster_options(job, str(model))
+    assert opts.target_longest_px == 1536 and opts.max_pixels < 1536 * 1536
+    doc = pymupdf.open()
+    page = doc.new_page(width=width_pt, height=height_pt)
+    page.insert_text((40, 60), "Quarterly report", fontsize=14)
+    image = render_page(page, opts.target_longest_px, opts.max_pixels)
+    ids, _, _ = Processor(model, cfg).page_inputs(image, "Convert this page to markdown.")
+    assert len(ids) + 2048 <= default_max_model_len(cfg.text), (image.shape, len(ids))
+    too_long = JobConfig.model_validate({"input": {"uris": ["samples"]}, "model": {"max_tokens": 4000}})
+    with pytest.raises(CheckpointError, match="lower model.max_tokens"):
+        raster_options(too_long, str(model))
