@@ -27,7 +27,8 @@
 #   for a in packed per_image; do VISION_ATTENTION=$a RECIPE=F BATCH=128 TOTAL_S=1000 RUN_S=60 TIMEOUT_S=115 \
 #     bash bench/ocria_tiny_gpu_run.sh $OUT/tp_$a build/ocria-tiny-next2; done
 # TEXT_LINE_CTC=W adds jobs/text_line_ctc.TextLineCTC (every text line of every page read from the merged image
-#   tokens) with weight W; a new head first trains alone for 80 steps at 5x the schedule's learning rate.
+#   tokens) with weight W; its head learns at 5x the schedule's learning rate, and a new head first trains alone for
+#   80 steps.
 # GDN=chunked sets train.gated_delta_rule (jobs/chunked_gdn.py: the torch fallback's arithmetic in fewer ops).
 # Out: OUT/run/ckpt/model-*.safetensors and OUT/run/meta.tar (the rest of the checkpoint and loss.png): the device
 #   tool returns at most 8 files.
@@ -72,10 +73,10 @@ case ${RECIPE:-D} in
          mix: {share: 0.3, font_px: [10, 18], max_chars: [150, 1300]}}]' ;;
   # F2: RECIPE=F's pages drawn at twice the resolution (1,536 px, glyphs 20-36 px: about one text line per merged
   # token row instead of two to three). The same layouts as F's (font_pt = px * height / longest), so F2's held-out
-  # pages are F's at 2x. MODEL_DIR must allow the pixels: `prepare --keep-tokenizer` with image.max_pixels=2359296
+  # pages are F's at 2x. MODEL_DIR must allow the pixels: `prepare --image-sizes-only` with image.max_pixels=2359296
   F2) CURR='data.curriculum=[{until_page: 100000000, font_px: [20, 36], max_chars: [150, 1300],
          mix: {share: 0.2, font_px: [20, 36], max_chars: [8, 80], crop: true, strict_chars: true}}]'
-      RUN+=(--set image.target_longest_px=1536 --set image.max_pixels=2359296 --set data.font_px=[20,36]) ;;
+      RUN+=(--set image.target_longest_px=1536 --set image.max_pixels=2359296 --set "data.font_px=[20,36]") ;;
   *) echo "RECIPE must be D, E, F, F2 or H" >&2; exit 2 ;;
 esac
 timeout ${TIMEOUT_S:-565} python3 -m jobs.train_tiny train --model-dir "$model" --out "$out/run" ${resume:+--resume "$resume"} \

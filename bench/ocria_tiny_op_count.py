@@ -18,11 +18,12 @@ from pathlib import Path
 
 def count_ops(model, inputs: dict) -> dict:
     """Ops dispatched by one forward (per part) and the backward of its loss (all parts together: autograd runs the
-    backward outside the modules' hooks)."""
+    backward outside the modules' hooks), under bf16 autocast as in training."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
     parts: list[str] = []  # the part whose forward is running (innermost last)
+    hooks = []
 
     def leave(module, args, output) -> None:  # a forward hook that returned a value would replace the output
         parts.pop()
@@ -34,8 +35,8 @@ def count_ops(model, inputs: dict) -> dict:
             part = "gated_deltanet" if hasattr(module, "linear_attn") else "attention"
         else:
             continue
-        module.register_forward_pre_hook(lambda mod, args, part=part: parts.append(part))  # append returns None
-        module.register_forward_hook(leave)
+        hooks += [module.register_forward_pre_hook(lambda mod, args, part=part: parts.append(part)),  # returns None
+                  module.register_forward_hook(leave)]
     forward, backward = collections.Counter(), collections.Counter()
 
     class Counter(TorchDispatchMode):
@@ -48,12 +49,14 @@ def count_ops(model, inputs: dict) -> dict:
             return func(*args, **(kwargs or {}))
 
     t0 = time.time()
-    with Counter(forward, True):
+    with Counter(forward, True), torch.autocast("cpu", dtype=torch.bfloat16):  # as jobs.train_tiny trains
         loss = model(**inputs).loss
     t1 = time.time()
     with Counter(backward, False):
         loss.backward()
     t2 = time.time()
+    for hook in hooks:
+        hook.remove()
     assert torch.isfinite(loss)
     return {"forward_ops": dict(forward), "backward_ops": backward["all"],
             "cpu_forward_s": round(t1 - t0, 1), "cpu_backward_s": round(t2 - t1, 1)}

@@ -1,8 +1,9 @@
 """Training-time chunked gated delta rule for transformers' Qwen3.5 Gated DeltaNet layers, in fewer torch ops.
 
 Without fla (whose backward refuses this H200 image's Triton on Hopper), transformers runs its torch fallback, which
-dispatches ~37 ops for every 64-token chunk of every layer: at 1,536 px pages (~2,100 tokens) the 12 layers dispatch
-17,316 ops forward (95 % of the forward's ops) and ~27 k backward a step (bench/results/ocria_tiny_op_count_1536.json).
+dispatches ~45 ops for every 64-token chunk of every layer under training's autocast: at 1,536 px pages (~2,100
+tokens) the 12 layers dispatch 20,940 ops forward (95 % of the forward's ops) and ~32 k backward a step
+(bench/results/ocria_tiny_op_count_1536.json).
 Each op costs host time on the GPU however small its tensors. Here the same arithmetic runs with the heads folded into
 the batch, the per-chunk operands split once before the scan and each chunk's three updates as fused batched
 multiply-adds: 5 ops a chunk. transformers' function is the reference (tests/test_chunked_gdn.py).
@@ -31,6 +32,14 @@ def chunked_gated_delta_rule(query, key, value, g, beta, chunk_size: int = 64, i
     `cu_seqlens` (packed sequences) is not supported, as in the reference."""
     if kwargs.get("cu_seqlens") is not None:
         raise ValueError("chunked_gated_delta_rule: packed sequences (cu_seqlens) are not supported")
+    # in fp32 throughout, also under training's bf16 autocast: the state is a running sum over the whole sequence
+    # (transformers' fallback keeps it in fp32 too), and autocast's casts would add ops to every chunk
+    with torch.autocast(query.device.type, enabled=False):
+        return _chunked(query, key, value, g, beta, chunk_size, initial_state, output_final_state,
+                        use_qk_l2norm_in_kernel)
+
+
+def _chunked(query, key, value, g, beta, chunk_size, initial_state, output_final_state, use_qk_l2norm_in_kernel):
     dtype = query.dtype
     b, t, h, dk = key.shape
     dv = value.shape[-1]

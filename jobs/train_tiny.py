@@ -145,22 +145,27 @@ def hf_config(cfg: dict, ids):
     return qwen3_5_config(text, vision, ids)
 
 
-def prepare(cfg: dict, synth: Path, model_dir: Path, keep_tokenizer: bool = False) -> None:
-    """Tokenizer, processor files and config.json in `model_dir`. keep_tokenizer: reuse the folder's tokenizer.json
-    (the token ids of a trained checkpoint stay valid; e.g. new image sizes for it)."""
-    from tokenizers import Tokenizer
+def set_image_sizes(cfg: dict, model_dir: Path) -> None:
+    """Only the pixel budget (image.min_pixels, image.max_pixels) of an existing model folder's processor files is
+    rewritten: tokenizer, config.json and normalisation stay, so a checkpoint trained with the folder stays valid at
+    the new page size."""
+    for name in ("preprocessor_config.json", "video_preprocessor_config.json"):
+        path = model_dir / name
+        proc = json.loads(path.read_text())
+        proc["size"] = {"longest_edge": cfg["image"]["max_pixels"], "shortest_edge": cfg["image"]["min_pixels"]}
+        path.write_text(json.dumps(proc, indent=2, sort_keys=True) + "\n")
+    print(f"{model_dir}: pixels per image {cfg['image']['min_pixels']:,} .. {cfg['image']['max_pixels']:,}")
 
+
+def prepare(cfg: dict, synth: Path, model_dir: Path) -> None:
     from engine.hf_format import train_tokenizer, write_processor_files
     from pipeline.synthetic import TextPool
 
-    if keep_tokenizer:
-        tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-    else:
-        pool = TextPool.from_json_gz(synth / "pool_train.json.gz")
-        t0 = time.time()
-        tok = train_tokenizer(tokenizer_texts(pool, cfg["data"]["tokenizer_pages"], cfg["data"]["seed"]),
-                              cfg["model"]["vocab_size"])
-        print(f"tokenizer: {tok.get_vocab_size()} tokens in {time.time() - t0:.1f}s")
+    pool = TextPool.from_json_gz(synth / "pool_train.json.gz")
+    t0 = time.time()
+    tok = train_tokenizer(tokenizer_texts(pool, cfg["data"]["tokenizer_pages"], cfg["data"]["seed"]),
+                          cfg["model"]["vocab_size"])
+    print(f"tokenizer: {tok.get_vocab_size()} tokens in {time.time() - t0:.1f}s")
     ids = write_processor_files(model_dir, tok, cfg["image"]["min_pixels"], cfg["image"]["max_pixels"],
                                 cfg["model"]["vision"]["patch_size"], cfg["model"]["vision"]["spatial_merge_size"],
                                 cfg["model"]["vision"]["temporal_patch_size"],
@@ -622,8 +627,12 @@ def _train(cfg: dict, synth: Path, model_dir: Path, out: Path, resume: Path | No
         line_ctc = TextLineCTC(model, tc["text_line_ctc_weight"], tc["text_line_ctc_subframes"],
                                tc["text_line_ctc_head_steps"])
         if resume is not None and (resume / TextLineCTC.HEAD_FILE).exists():  # a trained head reads from step one
-            line_ctc.head.load_state_dict(torch.load(resume / TextLineCTC.HEAD_FILE, map_location=device))
-            line_ctc.head_only_steps = 0
+            saved = torch.load(resume / TextLineCTC.HEAD_FILE, map_location=device)
+            if saved["weight"].shape == line_ctc.head.weight.shape:
+                line_ctc.head.load_state_dict(saved)
+                line_ctc.head_only_steps = 0
+            else:  # text_line_ctc_subframes changed: a new head, which learns alone first
+                print("text-line CTC head: saved for another text_line_ctc_subframes, starting a new head", flush=True)
     groups = param_groups(model, tc)
     if ctc is not None:
         groups.append({"params": list(ctc.parameters()), "weight_decay": 0.0, "lr_mult": 1.0})
@@ -731,8 +740,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model-dir", type=Path, default=Path("models/ocria-tiny"))
     ap.add_argument("--out", type=Path, default=Path("build/train_tiny"))
     ap.add_argument("--resume", type=Path, default=None, help="checkpoint folder to continue from")
-    ap.add_argument("--keep-tokenizer", action="store_true",
-                    help="prepare: keep --model-dir's tokenizer.json (rewrite the processor files and config only)")
+    ap.add_argument("--image-sizes-only", action="store_true",
+                    help="prepare: only set the pixel budget of --model-dir's processor files (image.min/max_pixels)")
     ap.add_argument("--resume-state", type=Path, default=None,
                     help="folder with train_state.json/train_log.jsonl when they are not in --resume")
     ap.add_argument("--device", default=None)
@@ -741,8 +750,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", action="append", default=[], help="override a config key, e.g. train.batch_size=4")
     args = ap.parse_args(argv)
     cfg = load_config(args.config, args.set)
-    if args.step == "prepare":
-        prepare(cfg, args.synth, args.model_dir, args.keep_tokenizer)
+    if args.step == "prepare" and args.image_sizes_only:
+        set_image_sizes(cfg, args.model_dir)
+    elif args.step == "prepare":
+        prepare(cfg, args.synth, args.model_dir)
     else:
         import torch
 

@@ -61,3 +61,16 @@ def test_the_swap_is_scoped_to_the_block():
     with pytest.raises(RuntimeError), chunked_gdn_in(modeling_qwen3_5):
         raise RuntimeError("a failing step")
     assert modeling_qwen3_5.torch_chunk_gated_delta_rule is REFERENCE
+
+
+def test_under_training_autocast_it_still_runs_in_fp32():
+    """Training runs under bf16 autocast: the rule ignores it (fp32 state and products), so it equals the fp32
+    reference computed without autocast."""
+    q, k, v, g, beta = (x.detach() for x in _inputs(2, 130, 2, 16, 16, seed=5))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, state = chunked_gated_delta_rule(q, k, v, g=g, beta=beta, output_final_state=True,
+                                              use_qk_l2norm_in_kernel=True)
+    ref, ref_state = REFERENCE(q, k, v, g=g, beta=beta, output_final_state=True, use_qk_l2norm_in_kernel=True)
+    assert state.dtype == torch.float32 and out.dtype == torch.float32
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(state, ref_state, rtol=1e-4, atol=1e-4)
