@@ -30,6 +30,8 @@
 #   tokens) with weight W; its head learns at 5x the schedule's learning rate, and a new head first trains alone for
 #   80 steps.
 # GDN=chunked sets train.gated_delta_rule (jobs/chunked_gdn.py: the torch fallback's arithmetic in fewer ops).
+# EVAL_PAGES=0 skips the end-of-run evaluation; KEEP_STAGE=1 leaves /tmp/stage/ckpt as it was (A/B arms from one start:
+#   bench/ocria_tiny_gdn_ab.sh).
 # Out: OUT/run/ckpt/model-*.safetensors and OUT/run/meta.tar (the rest of the checkpoint and loss.png): the device
 #   tool returns at most 8 files.
 set -euo pipefail
@@ -50,7 +52,7 @@ export PYTHONPATH=/tmp/site_train PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=fals
 RUN=(--set image.image_mean=1.0 --set model.text.partial_rotary_factor=1.0 --set "model.text.mrope_section=[11,11,10]"
   --set train.batch_size=${BATCH:-64} --set train.lr=1e-3 --set train.warmup_steps=100 --set train.total_train_s=${TOTAL_S:-1350}
   --set train.run_train_s=${RUN_S:-450} --set train.ctc_weight=1.0 --set train.ctc_subframes=6 --set train.num_workers=14
-  --set train.image_check_every=100 --set train.eval_pages=16 ${VISION_ATTENTION:+--set train.vision_attention=$VISION_ATTENTION}
+  --set train.image_check_every=100 --set train.eval_pages=${EVAL_PAGES:-16} ${VISION_ATTENTION:+--set train.vision_attention=$VISION_ATTENTION}
   ${TEXT_LINE_CTC:+--set train.text_line_ctc_weight=$TEXT_LINE_CTC --set train.text_line_ctc_head_steps=80
     --set train.text_line_ctc_lr_mult=5} ${GDN:+--set train.gated_delta_rule=$GDN})
 case ${RECIPE:-D} in
@@ -82,7 +84,7 @@ esac
 timeout ${TIMEOUT_S:-565} python3 -m jobs.train_tiny train --model-dir "$model" --out "$out/run" ${resume:+--resume "$resume"} \
   ${PROFILE_STEPS:+--profile-steps "$PROFILE_STEPS"} "${RUN[@]}" --set "$CURR" 2>&1 | grep -v -i "warn" | tail -n 70
 if [ -z "${PROFILE_STEPS:-}" ]; then
-  mkdir -p /tmp/stage && rm -rf /tmp/stage/ckpt && cp -r "$out/run/ckpt" /tmp/stage/ckpt
+  if [ -z "${KEEP_STAGE:-}" ]; then mkdir -p /tmp/stage && rm -rf /tmp/stage/ckpt && cp -r "$out/run/ckpt" /tmp/stage/ckpt; fi
   cd "$out/run" && tar -cf meta.tar --exclude='*.safetensors' ckpt $(ls loss.png 2>/dev/null) \
     && find ckpt -type f ! -name '*.safetensors' -delete && rm -f loss.png
 fi

@@ -625,3 +625,31 @@ def test_op_count_bench_counts_each_part_of_a_training_step(small_pages, parts):
     assert set(ops) == {"vision", "gated_deltanet", "attention", "rest"}, ops
     assert ops["gated_deltanet"] / 3 > ops["attention"] > 0 and ops["vision"] > 0  # MINI: 3 GDN, 1 attention layer
     assert res["backward_ops"] > sum(ops.values()) / 2
+
+
+def test_ab_table_reads_packed_logs_and_counts_only_the_runs_own_steps(tmp_path):
+    """bench/ocria_tiny_ab_table.py: the log inside a run's meta.tar (as the GPU script packs it), the checkpoint's
+    history before --since-step left out, the first `skip` records too; rates from the logged clock."""
+    import importlib.util
+    import tarfile
+
+    spec = importlib.util.spec_from_file_location("ab_table", ROOT / "bench" / "ocria_tiny_ab_table.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    for name, rate in (("slow", 1), ("fast", 3)):
+        ckpt = tmp_path / name / "run" / "ckpt"
+        ckpt.mkdir(parents=True)
+        old = [{"step": 50, "loss": 2.5, "elapsed_s": 10.0, "pages": 1600}]  # the resumed checkpoint's history
+        new = [{"step": 50 + 10 * rate * k, "loss": 1.0 / k, "elapsed_s": 100.0 + 7 * k, "pages": 1600 + 320 * rate * k}
+               for k in range(1, 6)]
+        (ckpt / "train_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in old + new))
+        with tarfile.open(tmp_path / name / "run" / "meta.tar", "w") as tar:
+            tar.add(ckpt, arcname="ckpt")
+        (ckpt / "train_log.jsonl").unlink()  # as after the GPU script: only the tar holds the log
+    table = bench.main([str(tmp_path / "slow"), str(tmp_path / "fast"), "--since-step", "50", "--skip", "1",
+                        "--out", str(tmp_path / "ab.json")])
+    assert table["slow"] == {"steps": 30, "seconds": 21.0, "steps_per_s": round(30 / 21, 3),
+                             "pages_per_s": round(960 / 21, 1), "first_losses": [1.0, 0.5, 1 / 3]}
+    assert table["fast"]["steps_per_s"] == round(90 / 21, 3) and json.loads((tmp_path / "ab.json").read_text()) == table
+    with pytest.raises(ValueError, match="too few"):
+        bench.throughput([{"step": 1, "elapsed_s": 1.0, "pages": 1, "loss": 1.0}] * 2)
