@@ -511,6 +511,7 @@ def test_profile_mode_times_steps_and_data_wait(pool, tmp_path):
     res = json.loads((out / "train_profile.json").read_text())
     assert res["steps"] == 2 and res["batch_size"] == 2 and res["step_ms_median"] > 0 and res["tokens_per_step"] > 0
     assert 0 < res["data_wait_share"] < 1 and res["steps_per_s"] > 0
+    assert res["recorded_steps"] == 2  # the 5 warm-up steps record no events
     assert "aten::" in (out / "train_profile.txt").read_text()
     assert not (out / "ckpt").exists()
 
