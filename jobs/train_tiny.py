@@ -507,7 +507,7 @@ def profile_training(model, loader, processor, opt, autocast, tc: dict, device: 
     (the share spent waiting for the data loader vs computing) and profiled with torch.profiler. Writes
     out/train_profile.json and out/train_profile.txt (ops by self device time and by self CPU time). Only the
     profiled steps record events: a step at 1,536 px dispatches ~54 k ops (bench/results/ocria_tiny_op_count_1536.json),
-    and with the warm-up steps recorded too the profiler's tables took longer than a device call."""
+    and tables built from every step's events were the likely reason session 14's profile ran past its device call."""
     import torch
     from torch.profiler import ProfilerActivity, profile, schedule
 
