@@ -14,6 +14,9 @@ import pytest  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT.parent / "shared" / "corpus"
 sys.path.insert(0, str(ROOT))
+# configs/train_tiny.yaml overrides for the shipped ocria-tiny's pages: run F2 (session 15) was trained on the final
+# distribution drawn at 1,536 px, fonts 20-36 px (10-18 px at 768 px), the size its processor lets through
+SHIPPED_PAGES = ["image.target_longest_px=1536", "image.max_pixels=2359296", "data.font_px=[20.0,36.0]"]
 
 
 @pytest.fixture(scope="session")

@@ -12,6 +12,7 @@ import numpy as np
 import pymupdf
 import pytest
 
+from conftest import SHIPPED_PAGES
 from jobs.eval_ocr import Score, collapse_ws, levenshtein, markdown_to_text, normalize_reference
 from jobs.train_tiny import load_config, synth_config
 from pipeline.synthetic import TextPool, make_page
@@ -20,12 +21,9 @@ ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "models" / "ocria-tiny"
 CONFIG = ROOT / "configs" / "train_tiny.yaml"
 
-# The shipped checkpoint's pages: run F2 (session 15) was trained on the final distribution drawn at 1,536 px, fonts
-# 20-36 px (10-18 px at 768 px), the size its processor lets through; the pipeline renders at that size too.
-SHIPPED_PAGES = ["image.target_longest_px=1536", "image.max_pixels=2359296", "data.font_px=[20.0,36.0]"]
-# It reads held-out pages at CER 0.567 (24 pages, bench/results/ocria_tiny_f2_eval_1536.json); on this file's test
-# pages it measured loss 0.74 and CER 0.35 here. Run 1, which did not read, scored loss ~3 and CER ~1.1; random
-# weights give loss ~8.3. These bounds fail for either.
+# The shipped checkpoint (its pages: conftest.SHIPPED_PAGES) reads held-out pages at CER 0.567 (24 pages,
+# bench/results/ocria_tiny_f2_eval_1536.json); on this file's test pages it measured loss 0.74 and CER 0.35 here.
+# Run 1, which did not read, scored loss ~3 and CER ~1.1; random weights give loss ~8.3. These bounds fail for either.
 MAX_HELDOUT_LOSS = 1.5
 MAX_HELDOUT_CER = 0.6
 

@@ -16,6 +16,7 @@ import pytest
 import torch
 from PIL import Image
 
+from conftest import SHIPPED_PAGES
 from engine.hf_format import special_token_ids
 from jobs.train_tiny import (PromptBuilder, collate, curriculum_stage, encode_page, hf_config, image_use,
                              load_config, load_image_processor, model_batch, param_groups, synth_config)
@@ -411,8 +412,7 @@ def test_image_use_shows_the_shipped_checkpoint_reads_the_image(pool, parts):
     from transformers import Qwen3_5ForConditionalGeneration
 
     processor, builder = parts
-    cfg = load_config(CONFIG, ["image.target_longest_px=1536", "image.max_pixels=2359296", "data.font_px=[20.0,36.0]",
-                               "data.max_chars=[150,300]"])
+    cfg = load_config(CONFIG, [*SHIPPED_PAGES, "data.max_chars=[150,300]"])
     pages = [make_page(cfg["data"]["heldout_seed"] + 300 + i, pool, synth_config(cfg)) for i in range(2)]
     model = Qwen3_5ForConditionalGeneration.from_pretrained(MODEL, dtype=torch.float32)
     items = [encode_page(p.image, p.markdown, processor, builder, 2, 448) for p in pages]
