@@ -17,7 +17,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from jobs.train_tiny import PromptBuilder, answer_chars, ctc_min_frames, load_config, page_stream
+from jobs.text_line_ctc import ctc_min_frames
+from jobs.train_tiny import PromptBuilder, answer_chars, load_config, page_stream
 
 
 @click.command()

@@ -52,7 +52,7 @@ def train(train_pkl, held_pkl, secs, sub, init=None, init_head=None, lr=1e-3, bs
     from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5VisionModel
 
     from jobs.eval_ocr import levenshtein
-    from jobs.train_tiny import CTC_CLASSES, ctc_chars, ctc_greedy
+    from jobs.text_line_ctc import CTC_CLASSES, ctc_chars, ctc_greedy
 
     torch.manual_seed(0)
     tr, he = pickle.loads(Path(train_pkl).read_bytes()), pickle.loads(Path(held_pkl).read_bytes())

@@ -35,6 +35,15 @@ def ctc_greedy(frame_ids: list[int]) -> list[int]:
     return [c for k, c in enumerate(frame_ids) if c != 0 and (k == 0 or c != frame_ids[k - 1])]
 
 
+def greedy_cer(best_paths: list[list[int]], targets: list[list[int]]) -> float:
+    """Character error rate, over all characters, of best-path readings (each sequence's most likely class per
+    frame) against their target characters."""
+    from jobs.eval_ocr import levenshtein
+
+    reads = [ctc_greedy(path) for path in best_paths]
+    return sum(levenshtein(r, t) for r, t in zip(reads, targets)) / sum(len(t) for t in targets)
+
+
 def line_geometry(lines, image_hw: tuple[int, int], grid_hw: tuple[int, int], patch: int, merge: int):
     """Where each text line of a page lies in its merged image tokens once the processor has resized the image to
     `grid_hw` patches. Returns int64 [n, 6], the columns GEOM_TOKEN..GEOM_MIN_FRAMES (token index of the line's
@@ -146,8 +155,6 @@ class TextLineCTC:
         whatever the decoder does?); None when no line can be aligned."""
         import torch
 
-        from jobs.eval_ocr import levenshtein
-
         device = next(model.parameters()).device
         bf16 = torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
         with torch.no_grad(), bf16:
@@ -156,10 +163,7 @@ class TextLineCTC:
             logits, frames, keep = self._sequences(batch["image_grid_thw"].to(device), geom, merge)
         if not keep.any():
             return None
-        lengths = batch["line_geom"][:, GEOM_CHARS]
-        ends = torch.cumsum(lengths, 0).tolist()
-        targets = [batch["line_chars"][e - n:e].tolist() for e, n in zip(ends, lengths.tolist())]
-        targets = [t for t, k in zip(targets, keep.tolist()) if k]
+        targets = torch.split(batch["line_chars"], batch["line_geom"][:, GEOM_CHARS].tolist())
+        targets = [t.tolist() for t, k in zip(targets, keep.tolist()) if k]
         best = logits.argmax(-1).T.tolist()
-        reads = [ctc_greedy(ids[:n]) for ids, n in zip(best, frames.tolist())]
-        return sum(levenshtein(r, t) for r, t in zip(reads, targets)) / sum(len(t) for t in targets)
+        return greedy_cer([ids[:n] for ids, n in zip(best, frames.tolist())], targets)

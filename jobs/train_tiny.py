@@ -29,8 +29,8 @@ from jobs.text_line_ctc import (
     TextLineCTC,
     collate_lines,
     ctc_chars,
-    ctc_greedy,
     ctc_min_frames,
+    greedy_cer,
     line_geometry,
 )
 
@@ -468,16 +468,11 @@ class LineCTC:
         read, whatever the decoder does? None when the batch has no line page CTC can align."""
         import torch
 
-        from jobs.eval_ocr import levenshtein
-
         device = next(model.parameters()).device
         with torch.no_grad(), torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
             model.model.get_image_features(batch["pixel_values"].to(device), batch["image_grid_thw"].to(device))
             seqs, targets = self._line_sequences(batch["image_grid_thw"], batch["labels"])
-            reads = [ctc_greedy(x.argmax(-1).tolist()) for x in seqs]
-        if not seqs:
-            return None
-        return sum(levenshtein(r, t) for r, t in zip(reads, targets)) / sum(len(t) for t in targets)
+        return greedy_cer([x.argmax(-1).tolist() for x in seqs], targets) if seqs else None
 
 
 def optimizer_step(model, opt, batch: dict, autocast, grad_clip: float, ctc: LineCTC | None = None,

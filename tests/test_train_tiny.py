@@ -162,7 +162,8 @@ def test_line_ctc_reads_line_characters_left_to_right_and_trains_the_vision_towe
     import torch.nn.functional as F
 
     from jobs.eval_ocr import levenshtein, markdown_to_text
-    from jobs.train_tiny import CTC_CLASSES, LineCTC, ctc_greedy, ctc_min_frames
+    from jobs.text_line_ctc import CTC_CLASSES, ctc_greedy, ctc_min_frames
+    from jobs.train_tiny import LineCTC
 
     processor, builder = parts
     cfg = load_config(CONFIG, MINI + [("data.curriculum=[{until_page: 10, font_px: [24, 30], max_chars: [8, 30], "
@@ -212,7 +213,8 @@ def test_line_ctc_reads_line_characters_left_to_right_and_trains_the_vision_towe
 def test_line_ctc_leaves_out_line_pages_it_cannot_align(pool, parts):
     """With one frame per column most line pages have more characters than columns: exactly the pages whose columns
     can emit their characters (ctc_min_frames) are scored, and a batch without one gives None."""
-    from jobs.train_tiny import LineCTC, ctc_min_frames
+    from jobs.text_line_ctc import ctc_min_frames
+    from jobs.train_tiny import LineCTC
 
     assert ctc_min_frames([4, 4, 5]) == 4 and ctc_min_frames([1, 2, 3]) == 3 and ctc_min_frames([]) == 0
     processor, builder = parts
@@ -389,7 +391,7 @@ def test_prepare_image_sizes_only_changes_the_pixel_budget_and_nothing_else(tmp_
 
 
 def test_ctc_greedy_merges_repeats_then_drops_blanks():
-    from jobs.train_tiny import ctc_greedy
+    from jobs.text_line_ctc import ctc_greedy
 
     assert ctc_greedy([0, 5, 5, 0, 5, 3, 3, 0, 0]) == [5, 5, 3]
     assert ctc_greedy([7, 7, 7]) == [7] and ctc_greedy([0, 0]) == []
