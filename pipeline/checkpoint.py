@@ -67,11 +67,13 @@ def checkpoint_note(path: str) -> str:
     return json.loads(info.read_text()).get("note", "") if info.is_file() else ""
 
 
-def processor_max_pixels(path: str) -> int | None:
-    from engine.processor import ImageProcessor  # the engine's reading of the file, not a second parser
+def image_processor(path: str):
+    """The checkpoint's engine.processor.ImageProcessor (the engine's reading of the file, not a second parser);
+    None without a preprocessor_config.json."""
+    from engine.processor import ImageProcessor
 
     cfg_path = Path(path) / "preprocessor_config.json"
-    return ImageProcessor.from_file(cfg_path).max_pixels if cfg_path.is_file() else None
+    return ImageProcessor.from_file(cfg_path) if cfg_path.is_file() else None
 
 
 # A processor that lets at most this many pixels per side through states the model's own page size (ocria-tiny was
@@ -83,17 +85,16 @@ GENERIC_PAGE_PX = 1288  # olmOCR's page size for page VLMs, and the 4B's
 PROMPT_TOKENS = 64  # the chat template and prompt around a page's image tokens (~20 for ocria-tiny), with room
 
 
-def context_pixels(checkpoint_dir: str, max_tokens: int, longest_px: int) -> int | None:
-    """The most pixels a page may have for its image tokens, the prompt and `max_tokens` of answer to fit the
-    engine's default context (None without a processor or config). The processor rounds each side to whole tokens,
-    which can add up to a token row and column: the longest side's tokens are kept free for that."""
+def context_pixels(checkpoint_dir: str, proc, max_tokens: int, longest_px: int) -> int | None:
+    """The most pixels a page may have for its image tokens (`proc`, the checkpoint's image processor), the prompt
+    and `max_tokens` of answer to fit the engine's default context (None without a config.json). The processor rounds
+    each side to whole tokens, which can add up to a token row and column: the longest side's tokens are kept free
+    for that."""
     from engine.config import default_max_model_len, load_config
-    from engine.processor import ImageProcessor
 
     path = Path(checkpoint_dir)
-    if not (path / "preprocessor_config.json").is_file() or not (path / "config.json").is_file():
+    if not (path / "config.json").is_file():
         return None
-    proc = ImageProcessor.from_file(path / "preprocessor_config.json")
     token_px = proc.patch_size * proc.merge_size
     context = default_max_model_len(load_config(path).text)
     tokens = context - max_tokens - PROMPT_TOKENS - (longest_px // token_px + 1)
@@ -108,11 +109,13 @@ def raster_options(cfg: JobConfig, checkpoint_dir: str) -> RasterOptions:
     trained at, or 1288 px when the processor allows more than MODEL_PAGE_PX_MAX; and no more pixels than leave room
     for model.max_tokens in the context (a square page at 1,536 px with 2,048 answer tokens would not fit 4,096);
     unless configured."""
-    model_max = processor_max_pixels(checkpoint_dir)
-    model_px = math.isqrt(model_max) if model_max else None
+    proc = image_processor(checkpoint_dir)
+    model_px = math.isqrt(proc.max_pixels) if proc else None
     target = cfg.raster.target_longest_px or (model_px if model_px and model_px <= MODEL_PAGE_PX_MAX
                                               else GENERIC_PAGE_PX)
-    fits = context_pixels(checkpoint_dir, cfg.model.max_tokens, target) if not cfg.raster.max_pixels else None
-    max_pixels = cfg.raster.max_pixels or min(model_max or target * target, target * target, fits or target * target)
+    max_pixels = cfg.raster.max_pixels
+    if not max_pixels:
+        fits = context_pixels(checkpoint_dir, proc, cfg.model.max_tokens, target) if proc else None
+        max_pixels = min(c for c in (target * target, proc and proc.max_pixels, fits) if c)
     return RasterOptions(target_longest_px=target, max_pixels=max_pixels, max_pages=cfg.raster.max_pages_per_doc,
                          extract_text=cfg.raster.extract_text)
