@@ -83,6 +83,8 @@ def settings_config(cfg: dict, d: dict):
         max_chars=tuple(d["max_chars"]),
         crop=bool(d.get("crop", False)),
         strict_chars=bool(d.get("strict_chars", False)),
+        # the text lines cost ~2 ms a page: only when the loss that reads them is on (evaluation configs may predate it)
+        text_lines=cfg["train"].get("text_line_ctc_weight", 0.0) > 0,
     )
 
 

@@ -397,6 +397,7 @@ class SynthConfig:
     max_chars: tuple[int, int] = (150, 1300)  # markdown length budget per page, drawn uniformly
     crop: bool = False  # cut the image to the text (ink_box): short early-curriculum pages become a few tokens
     strict_chars: bool = False  # max_chars is a hard cap: blocks are cut to it (a line of a few words, not a paragraph)
+    text_lines: bool = False  # also read where each text line lies (SyntheticPage.lines; ~2 ms a page)
 
 
 @dataclass
@@ -406,7 +407,9 @@ class SyntheticPage:
     markdown: str
     style: PageStyle
     pdf: bytes  # the one-page PDF that was rasterized
-    lines: list[TextLine]  # where each line of text is in `image` (the auxiliary reading loss of jobs.text_line_ctc)
+    # where each line of text is in `image` (the auxiliary reading loss of jobs.text_line_ctc); None unless
+    # SynthConfig.text_lines
+    lines: list[TextLine] | None
 
 
 def make_page(seed: int, pool: TextPool, cfg: SynthConfig, font_dir: Path | None = None) -> SyntheticPage:
@@ -441,8 +444,10 @@ def make_page(seed: int, pool: TextPool, cfg: SynthConfig, font_dir: Path | None
         image = render_page(doc[0], cfg.target_longest_px, cfg.max_pixels)
         box = ink_box(image) if cfg.crop else None
         y0, x0 = (box[0], box[2]) if box else (0, 0)
-        rect = doc[0].rect
-        lines = text_lines(doc[0], image.shape[1] / rect.width, image.shape[0] / rect.height, x0, y0)
+        lines = None
+        if cfg.text_lines:
+            rect = doc[0].rect
+            lines = text_lines(doc[0], image.shape[1] / rect.width, image.shape[0] / rect.height, x0, y0)
     finally:
         doc.close()
     if box is not None:

@@ -250,9 +250,11 @@ def test_text_line_geometry_covers_each_lines_ink_in_the_resized_image(pool, par
     checked = 0
     # full pages of the final distribution at 768 px (resized by ~1), one drawn at 2,048 px that the processor
     # shrinks to its pixel budget (1,536 px), and a paragraph cut to its ink (lines shifted by the crop)
-    final = synth_config(load_config(CONFIG, []))
+    with_loss = "train.text_line_ctc_weight=1.0"  # the pages carry their text lines only for the loss that reads them
+    assert make_page(5, pool, synth_config(load_config(CONFIG, []))).lines is None
+    final = synth_config(load_config(CONFIG, [with_loss]))
     for seed, scfg in ((5, final), (6, final),
-                       (7, synth_config(load_config(CONFIG, ["image.target_longest_px=2048"]))),
+                       (7, synth_config(load_config(CONFIG, [with_loss, "image.target_longest_px=2048"]))),
                        (8, dataclasses.replace(final, crop=True, max_chars=(150, 300), font_px=(16.0, 22.0)))):
         page = make_page(seed, pool, scfg)
         h, w = processor.resized_size(*page.image.shape[:2])
@@ -296,7 +298,7 @@ def test_text_line_ctc_loss_and_reading_match_a_line_by_line_rederivation(pool, 
     processor, builder = parts
     cfg = load_config(CONFIG, MINI)
     small = load_config(CONFIG, ["image.target_longest_px=320", "image.max_pixels=102400", "data.max_chars=[150,300]",
-                                 "data.font_px=[11.0,15.0]"])
+                                 "data.font_px=[11.0,15.0]", "train.text_line_ctc_weight=1.0"])
     pages = [make_page(40 + i, pool, synth_config(small)) for i in range(3)]
     items = [encode_page(p.image, p.markdown, processor, builder, 2, 448, p.lines) for p in pages]
     batch = model_batch(collate(items, builder.ids.endoftext, builder.ids.image_pad), processor)
@@ -351,7 +353,9 @@ def test_a_new_text_line_head_learns_alone_for_its_head_only_steps(pool, parts):
     processor, builder = parts
     cfg = load_config(CONFIG, MINI)
     pages = [make_page(60 + i, pool, synth_config(load_config(CONFIG, ["image.target_longest_px=256",
-                                                                       "image.max_pixels=65536"]))) for i in range(2)]
+                                                                       "image.max_pixels=65536",
+                                                                       "train.text_line_ctc_weight=1.0"])))
+             for i in range(2)]
     items = [encode_page(p.image, p.markdown, processor, builder, 2, 448, p.lines) for p in pages]
     batch = model_batch(collate(items, builder.ids.endoftext, builder.ids.image_pad), processor)
     model = _mini_model(cfg, builder)
