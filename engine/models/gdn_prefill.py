@@ -55,8 +55,9 @@ def chunked_delta_rule_torch(q, k, v, g, beta, states, rows, n_chunks: int, chun
     lower-triangular system (I + A) u = beta*v - beta*exp(G)*k S0, A[t,s] = beta_t exp(G_t-G_s) k_t.k_s (s < t);
     then o_t = exp(G_t) q_t S0 + sum_{s<=t} exp(G_t-G_s) (q_t.k_s) u_s and
     S_end = exp(G_C) S0 + sum_s exp(G_C-G_s) k_s u_s^T. Everything but the terms in S0 is computed for all chunks at
-    once; only the state's hand-over runs chunk by chunk. Returns (o [N, Hv, dv] in v.dtype, final states
-    [S, Hv, dk, dv] fp32).
+    once; only the state's hand-over runs chunk by chunk, as three batched multiply-adds a chunk (each op costs host
+    time however small its tensors). Differentiable: ocria-tiny's training runs it (jobs/chunked_gdn.py). Returns
+    (o [N, Hv, dv] in v.dtype, final states [S, Hv, dk, dv] fp32).
     """
     Hk, dk = q.shape[1], q.shape[2]
     Hv, dv = v.shape[1], v.shape[2]
@@ -83,14 +84,18 @@ def chunked_delta_rule_torch(q, k, v, g, beta, states, rows, n_chunks: int, chun
     Kd = Kb * (G[..., -1:] - G).exp()[..., None]
     chunk_decay = G[..., -1].exp()[..., None, None]  # [S, Hv, n, 1, 1]
 
-    St = states.float().clone()
-    O = torch.empty(S, Hv, n_chunks, chunk, dv, dtype=torch.float32, device=q.device)
-    for c in range(n_chunks):
-        U = U0[:, :, c] - W[:, :, c] @ St
-        O[:, :, c] = Qd[:, :, c] @ St + QK[:, :, c] @ U
-        St = St * chunk_decay[:, :, c] + Kd[:, :, c].transpose(-1, -2) @ U
+    # the scan with sequences and heads folded into one batch dimension, each operand split into chunks once
+    St = states.float().reshape(S * Hv, dk, dv)
+    per_chunk = (t.reshape(S * Hv, n_chunks, *t.shape[3:]).unbind(1)
+                 for t in (U0, W, Qd, QK, Kd.transpose(-1, -2), chunk_decay))
+    outs = []
+    for u0, w, qd, qk, kd_t, d in zip(*per_chunk):
+        u = torch.baddbmm(u0, w, St, alpha=-1.0)
+        outs.append(torch.baddbmm(torch.bmm(qd, St), qk, u))
+        St = torch.baddbmm(St * d, kd_t, u)
+    O = torch.stack(outs, 1).view(S, Hv, n_chunks, chunk, dv)
     o = O.movedim(1, 3).reshape(S * n_chunks * chunk, Hv, dv).index_select(0, rows)
-    return o.to(v.dtype), St
+    return o.to(v.dtype), St.view(S, Hv, dk, dv)
 
 
 def delta_rule_per_sequence(q, k, v, g, beta, states, query_lens: list[int]):
