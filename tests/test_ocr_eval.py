@@ -21,11 +21,12 @@ ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "models" / "ocria-tiny"
 CONFIG = ROOT / "configs" / "train_tiny.yaml"
 
-# The shipped checkpoint (its pages: conftest.SHIPPED_PAGES) reads held-out pages at CER 0.567 (24 pages,
-# bench/results/ocria_tiny_f2_eval_1536.json); on this file's test pages it measured loss 0.74 and CER 0.35 here.
-# Run 1, which did not read, scored loss ~3 and CER ~1.1; random weights give loss ~8.3. These bounds fail for either.
-MAX_HELDOUT_LOSS = 1.5
-MAX_HELDOUT_CER = 0.6
+# The shipped checkpoint (its pages: conftest.SHIPPED_PAGES) reads held-out pages at CER 0.389 (24 pages,
+# bench/results/ocria_tiny_s16_eval_1536.json); on this file's test pages it measured loss 0.47 and CER 0.11 here.
+# Session 15's checkpoint measured 0.74 and 0.35 on them, run 1 (which did not read) ~3 and ~1.1, random weights loss
+# ~8.3: these bounds fail for each of them.
+MAX_HELDOUT_LOSS = 0.7
+MAX_HELDOUT_CER = 0.3
 
 
 def _dp_levenshtein(a, b) -> int:
