@@ -29,7 +29,8 @@
 # TEXT_LINE_CTC=W adds jobs/text_line_ctc.TextLineCTC (every text line of every page read from the merged image
 #   tokens) with weight W; its head learns at 5x the schedule's learning rate, and a new head first trains alone for
 #   80 steps.
-# GDN=chunked sets train.gated_delta_rule (jobs/chunked_gdn.py: the torch fallback's arithmetic in fewer ops).
+# GDN=transformers|chunked sets train.gated_delta_rule (default: the config's, chunked: jobs/chunked_gdn.py, the torch
+#   fallback's arithmetic in fewer ops, 1.47x the pages/s at 1,536 px: bench/results/ocria_tiny_s16_gdn_ab.json).
 # EVAL_PAGES=0 skips the end-of-run evaluation; KEEP_STAGE=1 leaves /tmp/stage/ckpt as it was (A/B arms from one start:
 #   bench/ocria_tiny_gdn_ab.sh).
 # Out: OUT/run/ckpt/model-*.safetensors and OUT/run/meta.tar (the rest of the checkpoint and loss.png): the device
