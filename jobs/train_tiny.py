@@ -205,7 +205,11 @@ class PromptBuilder:
         return self.head + [self.ids.image_pad] * n_image_tokens + self.tail
 
     def answer_ids(self, markdown: str, max_tokens: int) -> list[int]:
-        return self.tok.encode(markdown, add_special_tokens=False).ids[: max_tokens - 1] + [self.ids.im_end]
+        """The page's markdown, then <|im_end|>; a page longer than `max_tokens` keeps its first `max_tokens` tokens
+        and no <|im_end|>, so the model is never taught to stop in the middle of a page (session 16: with the stop
+        at 447 tokens it did, on ~40 % of the held-out pages)."""
+        ids = self.tok.encode(markdown, add_special_tokens=False).ids
+        return ids + [self.ids.im_end] if len(ids) < max_tokens else ids[:max_tokens]
 
 
 def load_image_processor(model_dir: Path):

@@ -73,6 +73,18 @@ def test_batch_has_image_tokens_types_labels_and_answer(small_pages, parts):
         assert torch.equal(labels[answer], batch["input_ids"][i][answer])  # the model shifts labels itself
 
 
+def test_a_cut_answer_has_no_stop_token(small_pages, parts):
+    """An answer longer than max_answer_tokens keeps its first tokens and no <|im_end|>: a stop after the cut taught
+    the model to stop in the middle of long pages (bench/results/ocria_tiny_s16_answer_lengths.json)."""
+    _, builder = parts
+    page = max(small_pages, key=lambda p: len(p.markdown))
+    full = builder.tok.encode(page.markdown, add_special_tokens=False).ids
+    assert len(full) > 5
+    assert builder.answer_ids(page.markdown, len(full) + 1) == full + [builder.ids.im_end]
+    for cap in (len(full), len(full) - 3, 1):
+        assert builder.answer_ids(page.markdown, cap) == full[:cap]
+
+
 def test_pixel_values_are_the_normalised_page_in_merge_order(small_pages, parts):
     """Re-derive the page from the model's pixel_values: rows go merge-window by merge-window (2x2 patches of
     16x16), each row is (channel, time, y, x), both time frames equal, values (px/255 - mean) / std with the
