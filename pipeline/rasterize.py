@@ -64,7 +64,12 @@ def render_page(page: pymupdf.Page, target_longest_px: int, max_pixels: int) -> 
     if over > 1:  # MuPDF rounds the pixel box outwards; at the cap that can add a row or column
         scale *= 0.998 / math.sqrt(over) if pix.width * pix.height > max_pixels else 0.998 / over
         pix = page.get_pixmap(matrix=pymupdf.Matrix(scale, scale), colorspace=pymupdf.csRGB, alpha=False)
-    # Copy out of the pixmap: a view of pix.samples_mv does not keep the pixmap's memory alive.
+    return pixmap_rgb(pix)
+
+
+def pixmap_rgb(pix: pymupdf.Pixmap) -> np.ndarray:
+    """An RGB pixmap without alpha -> H x W x 3 uint8, copied out of the pixmap: a view of pix.samples_mv does not
+    keep the pixmap's memory alive."""
     rows = np.frombuffer(pix.samples_mv, dtype=np.uint8).reshape(pix.height, pix.stride)
     return rows[:, : pix.width * 3].copy().reshape(pix.height, pix.width, 3)
 
