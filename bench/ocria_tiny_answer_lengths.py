@@ -42,7 +42,9 @@ def main(argv: list[str] | None = None) -> int:
 
     cfg = load_config(args.config, [])
     builder = PromptBuilder(args.tokenizer, cfg["prompt"])
-    n_tokens = lambda md: len(builder.tok.encode(md, add_special_tokens=False).ids)  # noqa: E731
+
+    def n_tokens(markdown: str) -> int:
+        return len(builder.tok.encode(markdown, add_special_tokens=False).ids)
 
     pool = TextPool.from_json_gz(args.synth / "pool_train.json.gz")
     train = [n_tokens(make_page(cfg["data"]["seed"] + 10_000_000 + i, pool, synth_config(cfg), args.synth / "fonts").markdown)

@@ -21,11 +21,19 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from corpus_font_px import char_font_pt  # noqa: E402  (bench/, beside this file)
+from corpus_font_px import char_font_pt  # bench/, beside this file
 
-from jobs.eval_ocr import (HFPageReader, Score, born_digital_rows, collapse_ws, markdown_to_text,  # noqa: E402
-                           normalize_reference, tesseract_available, tesseract_read)
-from pipeline.rasterize import RasterOptions, pixmap_rgb, render_scale  # noqa: E402
+from jobs.eval_ocr import (
+    HFPageReader,
+    Score,
+    born_digital_rows,
+    collapse_ws,
+    markdown_to_text,
+    normalize_reference,
+    tesseract_available,
+    tesseract_read,
+)
+from pipeline.rasterize import RasterOptions, pixmap_rgb, render_scale
 
 
 def draw(page, scale: float, clip) -> np.ndarray:
