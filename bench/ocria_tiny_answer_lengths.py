@@ -18,6 +18,8 @@ from pathlib import Path
 def quantiles(lengths: list[int], cap: int) -> dict:
     s = sorted(lengths)
     n = len(s)
+    if not n:
+        return {"pages": 0}
     return {"pages": n, "p50": s[n // 2], "p90": s[int(n * 0.9)], "max": s[-1],
             f"share_over_{cap}": round(sum(x > cap for x in s) / n, 3)}
 
@@ -30,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", type=Path, required=True)
+    ap.add_argument("--set", dest="overrides", action="append", default=[], help="config override, key=value")
     ap.add_argument("--synth", type=Path, default=Path(".synth"))
     ap.add_argument("--tokenizer", type=Path, default=Path("models/ocria-tiny"), help="model folder whose tokenizer counts")
     ap.add_argument("--model", type=Path, default=None, help="read the held-out pages with this checkpoint")
@@ -40,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
 
-    cfg = load_config(args.config, [])
+    cfg = load_config(args.config, args.overrides)
     builder = PromptBuilder(args.tokenizer, cfg["prompt"])
 
     def n_tokens(markdown: str) -> int:

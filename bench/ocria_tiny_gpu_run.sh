@@ -80,7 +80,16 @@ case ${RECIPE:-D} in
   F2) CURR='data.curriculum=[{until_page: 100000000, font_px: [20, 36], max_chars: [150, 1300],
          mix: {share: 0.2, font_px: [20, 36], max_chars: [8, 80], crop: true, strict_chars: true}}]'
       RUN+=(--set image.target_longest_px=1536 --set image.max_pixels=2359296 --set "data.font_px=[20,36]") ;;
-  *) echo "RECIPE must be D, E, F, F2 or H" >&2; exit 2 ;;
+  # F3: F2 with smaller and denser text for real pages: the corpus' median font is 18.8 px when the pipeline draws its
+  # pages at 1,536 px, below F2's 20-36 (bench/results/ocria_tiny_s16_corpus_glyph_size.json), and its pages hold
+  # 2-20 k characters, F2's at most 1,300. Fonts 16-36 px, up to 2,600 characters: answers of up to ~1,200 tokens
+  # (bench/results/ocria_tiny_s16_answer_lengths_f3.json). Its end-of-run evaluation draws F3's pages: compare runs
+  # with jobs.eval_ocr and the 1,536 px configs instead
+  F3) CURR='data.curriculum=[{until_page: 100000000, font_px: [16, 36], max_chars: [150, 2600],
+         mix: {share: 0.2, font_px: [16, 36], max_chars: [8, 80], crop: true, strict_chars: true}}]'
+      RUN+=(--set image.target_longest_px=1536 --set image.max_pixels=2359296 --set "data.font_px=[16,36]"
+        --set "data.max_chars=[150,2600]" --set data.max_answer_tokens=1280) ;;
+  *) echo "RECIPE must be D, E, F, F2, F3 or H" >&2; exit 2 ;;
 esac
 timeout ${TIMEOUT_S:-565} python3 -m jobs.train_tiny train --model-dir "$model" --out "$out/run" ${resume:+--resume "$resume"} \
   ${PROFILE_STEPS:+--profile-steps "$PROFILE_STEPS"} "${RUN[@]}" --set "$CURR" 2>&1 | grep -v -i "warn" | tail -n 70
