@@ -30,26 +30,31 @@ def char_font_pt(page) -> np.ndarray:
     return np.array(sizes, dtype=np.float64)
 
 
+def first_pages_with_fonts(corpus: Path, pages: int):
+    """(manifest row, first page, its characters' font sizes in pt) of the born-digital first pages that
+    jobs.eval_ocr scores, skipping pages without text; each page is valid until the next one is yielded."""
+    import pymupdf
+
+    for row in born_digital_rows(corpus)[:pages]:
+        with pymupdf.open(corpus / row["filename"]) as doc:
+            pt = char_font_pt(doc[0])
+            if pt.size:
+                yield row, doc[0], pt
+
+
 @click.command()
 @click.option("--corpus", default=str(ROOT.parent / "shared" / "corpus"), show_default=True)
 @click.option("--pages", default=12, show_default=True, help="first pages, as jobs.eval_ocr --corpus-pages takes them")
 @click.option("--longest", default="768,1024,1280", show_default=True, help="longest page sides to compare (px)")
 @click.option("--out", default=None)
 def main(corpus: str, pages: int, longest: str, out: str | None) -> None:
-    import pymupdf
-
     sides = [int(x) for x in longest.split(",")]
     per_side = {s: [] for s in sides}
     files = []
-    for row in born_digital_rows(Path(corpus))[:pages]:
-        with pymupdf.open(Path(corpus) / row["filename"]) as doc:
-            page = doc[0]
-            pt = char_font_pt(page)
-            if not pt.size:
-                continue
-            files.append({"file": row["filename"], "chars": int(pt.size), "font_pt_p50": float(np.median(pt))})
-            for s in sides:
-                per_side[s].append(pt * render_scale(page.rect.width, page.rect.height, RasterOptions(s, s * s)))
+    for row, page, pt in first_pages_with_fonts(Path(corpus), pages):
+        files.append({"file": row["filename"], "chars": int(pt.size), "font_pt_p50": float(np.median(pt))})
+        for s in sides:
+            per_side[s].append(pt * render_scale(page.rect.width, page.rect.height, RasterOptions(s, s * s)))
     result = {"pages": len(files), "files": files, "command": "python bench/corpus_font_px.py " + " ".join(sys.argv[1:]),
               "font_px_by_longest_side": {}}
     print(f"{'longest px':>10} {'p10':>6} {'p50':>6} {'p90':>6}   (font px of each character, {len(files)} pages)")

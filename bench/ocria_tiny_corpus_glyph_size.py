@@ -21,12 +21,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from corpus_font_px import char_font_pt  # bench/, beside this file
+from corpus_font_px import first_pages_with_fonts  # bench/, beside this file
 
 from jobs.eval_ocr import (
     HFPageReader,
     Score,
-    born_digital_rows,
     collapse_ws,
     markdown_to_text,
     normalize_reference,
@@ -56,23 +55,18 @@ def main(model_dir: str, corpus: str, pages: int, longest: int, target_px: float
     import pymupdf
 
     items = []
-    for row in born_digital_rows(Path(corpus))[:pages]:
-        with pymupdf.open(Path(corpus) / row["filename"]) as doc:
-            page = doc[0]
-            pt = char_font_pt(page)
-            if not pt.size:
-                continue
-            whole = render_scale(page.rect.width, page.rect.height, RasterOptions(longest, longest * longest))
-            big = max(whole, target_px / float(np.median(pt)))  # never smaller than the whole page's scale
-            r = page.rect
-            clip = pymupdf.Rect(r.x0, r.y0, min(r.x1, r.x0 + longest / big), min(r.y1, r.y0 + longest / big))
-            ref = normalize_reference(page.get_text("text", clip=clip))
-            items.append({"file": row["filename"], "font_pt_p50": round(float(np.median(pt)), 2),
-                          "scale_whole": round(whole, 3), "scale_big": round(big, 3),
-                          "font_px_whole": round(float(np.median(pt)) * whole, 1),
-                          "font_px_big": round(float(np.median(pt)) * big, 1),
-                          "region_pt": [round(clip.width, 1), round(clip.height, 1)], "ref": ref,
-                          "images": {"whole_scale": draw(page, whole, clip), "big": draw(page, big, clip)}})
+    for row, page, pt in first_pages_with_fonts(Path(corpus), pages):
+        whole = render_scale(page.rect.width, page.rect.height, RasterOptions(longest, longest * longest))
+        big = max(whole, target_px / float(np.median(pt)))  # never smaller than the whole page's scale
+        r = page.rect
+        clip = pymupdf.Rect(r.x0, r.y0, min(r.x1, r.x0 + longest / big), min(r.y1, r.y0 + longest / big))
+        ref = normalize_reference(page.get_text("text", clip=clip))
+        items.append({"file": row["filename"], "font_pt_p50": round(float(np.median(pt)), 2),
+                      "scale_whole": round(whole, 3), "scale_big": round(big, 3),
+                      "font_px_whole": round(float(np.median(pt)) * whole, 1),
+                      "font_px_big": round(float(np.median(pt)) * big, 1),
+                      "region_pt": [round(clip.width, 1), round(clip.height, 1)], "ref": ref,
+                      "images": {"whole_scale": draw(page, whole, clip), "big": draw(page, big, clip)}})
     reader = HFPageReader(Path(model_dir))
     use_tess = tesseract_available()
     scores = {f"{who}_{arm}": Score() for who in ("model", "tesseract") for arm in ("whole_scale", "big")}
