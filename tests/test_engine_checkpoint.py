@@ -7,7 +7,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from engine.checkpoint import CheckpointError, inspect_checkpoint
+from engine.checkpoint import CheckpointError, inspect_checkpoint, weight_sample
 from engine.config import ConfigError
 from engine.interface import SamplingParams
 from engine.llm_engine import Engine
@@ -33,19 +33,34 @@ def copy_with(src, dst, edit=None, config_edit=None):
     return dst
 
 
-def test_inspect_reads_headers_only(vl, tmp_path):
+def test_inspect_checks_headers_and_ids_the_weights(vl, tmp_path):
     info = inspect_checkpoint(vl)
     assert info.config.model_type == "qwen3_5" and not info.text_only
     assert "model.visual.merger.linear_fc2.weight" in info.tensors and "lm_head.weight" in info.tensors
     assert info.model_id.startswith(vl.name + "-")
-    # Scribble over every tensor byte (header intact): inspection must not notice, since it never reads data.
-    bad = copy_with(vl, tmp_path / "scribbled")
+    # Other weights with the same header (another training of the architecture): inspection passes, as it checks
+    # headers, but the model id differs, as it samples the data; the same bytes give the same id.
+
+    def digest(path):  # the id's name part is the folder's
+        return inspect_checkpoint(path).model_id.split("-")[-1]
+
+    assert digest(copy_with(vl, tmp_path / "same")) == digest(vl)
+    bad = copy_with(vl, tmp_path / "retrained")
     f = bad / "model.safetensors"
     raw = bytearray(f.read_bytes())
     n = int.from_bytes(raw[:8], "little")
     raw[8 + n:] = b"\xff" * (len(raw) - 8 - n)
     f.write_bytes(bytes(raw))
-    assert inspect_checkpoint(bad).model_id.split("-")[-1] == info.model_id.split("-")[-1]
+    assert digest(bad) != digest(vl)
+
+
+def test_weight_sample_reads_spread_windows_of_large_files(tmp_path):
+    f = tmp_path / "w.bin"
+    data = bytes(range(256)) * 1000 + b"tail"  # 256,004 bytes after a 10-byte "header"
+    f.write_bytes(b"h" * 10 + data)
+    sample = weight_sample(f, 10, windows=5, width=100)
+    assert len(sample) == 500 and sample[:100] == data[:100] and sample[-100:] == data[-100:]
+    assert weight_sample(f, 10, windows=5, width=60_000) == data  # smaller than the windows: all of it
 
 
 @pytest.mark.parametrize("case, match", [
