@@ -31,7 +31,7 @@ def _overrides(**flags) -> dict:
         "prompt": ("model", "prompt"), "max_pages": ("raster", "max_pages_per_doc"),
         "target_longest_px": ("raster", "target_longest_px"), "doc_timeout": ("raster", "doc_timeout_s"),
         "batch_size": ("parse", "batch_size"), "num_engines": ("parse", "num_actors"),
-        "retry_failed": ("run", "retry_failed"), "max_attempts": ("run", "max_attempts"),
+        "retry_failed": ("run", "retry_failed"), "reparse": ("run", "reparse"), "max_attempts": ("run", "max_attempts"),
         "ray_address": ("run", "ray_address"), "num_cpus": ("run", "num_cpus"),
         "commit_every": ("run", "commit_every_docs"), "usd_per_gpu_hour": ("cost", "usd_per_gpu_hour"),
     }
@@ -68,6 +68,7 @@ def _overrides(**flags) -> dict:
 @click.option("--batch-size", type=int, help="pages per engine batch")
 @click.option("--num-engines", type=int, help="engine actors (default: one per GPU)")
 @click.option("--retry-failed", is_flag=True, help="process only documents that failed before")
+@click.option("--reparse", is_flag=True, help="parse again documents that another model parsed into this output")
 @click.option("--max-attempts", type=int, help="retry a failing document on reruns up to this many attempts")
 @click.option("--ray-address", help="Ray cluster address (default: RAY_ADDRESS, else a local Ray)")
 @click.option("--num-cpus", type=float, help="CPUs of the local Ray")

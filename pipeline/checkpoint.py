@@ -49,14 +49,15 @@ def localize(uri: str, storage: StorageConfig, cache_dir: str) -> str:
     return str(target)
 
 
-def validate(path: str) -> None:
-    """Check config and weight headers without loading tensors; CheckpointError says what to fix."""
+def validate(path: str) -> str:
+    """Check config and weight headers without loading tensors; CheckpointError says what to fix. Returns the
+    model id the engine will write on each page (name + hash of config, headers and a sample of the weights)."""
     try:
         from engine.checkpoint import inspect_checkpoint
     except ImportError as e:
         raise CheckpointError(f"the engine cannot be imported to check the checkpoint: {e}") from e
     try:
-        inspect_checkpoint(path)
+        return inspect_checkpoint(path).model_id
     except Exception as e:  # the engine's own message names the file or tensor
         raise CheckpointError(f"checkpoint {path} is not usable: {e}") from e
 

@@ -76,6 +76,7 @@ class RunConfig(Strict):
     ray_address: str | None = Field(None, description="null = RAY_ADDRESS if set (ray job submit), else a local Ray")
     num_cpus: float | None = Field(None, gt=0, description="CPUs of the local Ray; null = all cores")
     retry_failed: bool = Field(False, description="process only documents whose last attempt failed")
+    reparse: bool = Field(False, description="parse again the documents whose committed pages another model wrote")
     max_attempts: int = Field(3, ge=1, description="a failing document is retried on reruns up to this many attempts")
     commit_every_docs: int = Field(64, ge=1, description="documents per committed output part")
     cache_dir: str = "~/.cache/ocria/checkpoints"

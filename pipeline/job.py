@@ -42,7 +42,7 @@ def prepare(cfg: JobConfig) -> Prepared:
     """Fails fast, with a message saying what to fix, on a bad checkpoint, input or output."""
     try:
         checkpoint_dir = localize(cfg.model.checkpoint, cfg.storage, cfg.run.cache_dir)
-        validate(checkpoint_dir)
+        model_id = validate(checkpoint_dir)
         raster = raster_options(cfg, checkpoint_dir)
     except CheckpointError as e:
         raise ConfigError(str(e)) from None
@@ -61,7 +61,14 @@ def prepare(cfg: JobConfig) -> Prepared:
         except (OSError, ValueError) as e:
             raise ConfigError(f"cannot list input {uri!r}: {e}") from None
     plan = plan_run(list(listed.values()), store.documents(), cfg.run.retry_failed, cfg.run.max_attempts,
-                    cfg.input.limit)
+                    cfg.input.limit, model_id, store.page_models(), cfg.run.reparse)
+    if plan.other_model:
+        others = sorted({m for ids in plan.other_model.values() for m in ids})
+        raise ConfigError(
+            f"output {cfg.output!r} holds {len(plan.other_model)} document(s) parsed by another model "
+            f"({', '.join(others[:3])}{', ...' if len(others) > 3 else ''}), e.g. {next(iter(plan.other_model))}; "
+            f"this run's model is {model_id}. Skipping them would keep their old text beside this model's: pass "
+            f"--reparse to parse them again (their new rows replace the old), or write to another --output")
     return Prepared(cfg, new_run_id(), store, plan, checkpoint_dir, raster)
 
 

@@ -127,6 +127,18 @@ class OutputStore:
                   if p.rsplit("/", 1)[1] in committed]
         return pa.concat_tables(tables) if tables else PAGE_SCHEMA.empty_table()
 
+    def page_models(self) -> dict[str, set[str]]:
+        """uri -> the model ids of its committed page rows (two columns read, not the text)."""
+        committed = {p.rsplit("/", 1)[1] for p in list_parquet(self.loc.fs, self.documents_dir)}
+        models: dict[str, set[str]] = {}
+        for p in list_parquet(self.loc.fs, self.pages_dir):
+            if p.rsplit("/", 1)[1] in committed:
+                t = pq.read_table(p, filesystem=self.loc.fs, columns=["uri", "model_id"])
+                for uri, model in zip(t.column("uri").to_pylist(), t.column("model_id").to_pylist()):
+                    if model:
+                        models.setdefault(uri, set()).add(model)
+        return models
+
     def reconcile(self) -> ReconcileReport:
         report = ReconcileReport()
         fs = self.loc.fs

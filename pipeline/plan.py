@@ -14,6 +14,7 @@ from pipeline.storage import ListedFile
 class Plan:
     todo: dict[str, DocMeta] = field(default_factory=dict)  # uri -> what the document row will record
     skipped: Counter = field(default_factory=Counter)  # reason -> count
+    other_model: dict[str, list[str]] = field(default_factory=dict)  # done uri -> the other models that parsed it
 
     def summary(self) -> str:
         parts = [f"{len(self.todo)} to process"] + [f"{n} {reason}" for reason, n in sorted(self.skipped.items())]
@@ -21,9 +22,12 @@ class Plan:
 
 
 def plan_run(listed: list[ListedFile], committed: pa.Table, retry_failed: bool, max_attempts: int,
-             limit: int | None = None) -> Plan:
+             limit: int | None = None, model_id: str | None = None, page_models: dict[str, set[str]] | None = None,
+             reparse: bool = False) -> Plan:
     """A committed, unchanged (same size and mtime) document is skipped; a failed one is retried until it has
-    failed `max_attempts` times; `retry_failed` processes failed documents only, whatever their attempts."""
+    failed `max_attempts` times; `retry_failed` processes failed documents only, whatever their attempts. A done
+    document whose pages another model wrote (`page_models`: uri -> model ids) is parsed again with `reparse`, and
+    listed in `other_model` otherwise."""
     last = {r["uri"]: r for r in committed.select(["uri", "status", "size_bytes", "mtime_ns", "attempt"]).to_pylist()}
     plan = Plan()
     for f in listed:
@@ -35,8 +39,15 @@ def plan_run(listed: list[ListedFile], committed: pa.Table, retry_failed: bool, 
                 continue
             attempt = 1
         elif prev["status"] == "ok":
-            plan.skipped["already done"] += 1
-            continue
+            others = (page_models or {}).get(f.uri, set()) - {model_id}
+            if model_id is None or not others:
+                plan.skipped["already done"] += 1
+                continue
+            if not reparse:
+                plan.other_model[f.uri] = sorted(others)
+                plan.skipped["parsed by another model"] += 1
+                continue
+            attempt = 1
         elif retry_failed or prev["attempt"] < max_attempts:
             attempt = prev["attempt"] + 1
         else:

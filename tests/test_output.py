@@ -114,3 +114,56 @@ def test_plan_skips_done_retries_failed_and_picks_up_changes():
     assert {u: m.attempt for u, m in only_failed.todo.items()} == {"failed": 2, "gave-up": 4}
     limited = plan_run(listed, prior, retry_failed=False, max_attempts=3, limit=1)
     assert list(limited.todo) == ["new"] and limited.skipped["over --limit"] == 2
+
+
+def test_plan_lists_or_reparses_documents_another_model_parsed():
+    listed = [ListedFile(u, 10, 100) for u in ("mine", "theirs", "mixed", "unknown")]
+    prior = committed([{"uri": u, "status": "ok", "size_bytes": 10, "mtime_ns": 100, "attempt": 1} for u in
+                       ("mine", "theirs", "mixed", "unknown")])
+    models = {"mine": {"m-1"}, "theirs": {"m-0"}, "mixed": {"m-0", "m-1"}}  # "unknown": no page names a model
+    plan = plan_run(listed, prior, False, 3, model_id="m-1", page_models=models)
+    assert plan.todo == {} and plan.other_model == {"theirs": ["m-0"], "mixed": ["m-0"]}
+    assert plan.skipped == {"already done": 2, "parsed by another model": 2}
+    again = plan_run(listed, prior, False, 3, model_id="m-1", page_models=models, reparse=True)
+    assert {u: m.attempt for u, m in again.todo.items()} == {"theirs": 1, "mixed": 1} and not again.other_model
+
+
+def test_page_models_reads_committed_parts_only(store):
+    rows = [page("a", 0, 2, model_id="m-0"), page("a", 1, 2, model_id="m-1"), page("b", 0, 1, model_id="m-1")]
+    store.commit("20260101T000000Z-a", rows, [document_row("r", rows[:2], DocMeta(1, 1, 1), 500),
+                                             document_row("r", rows[2:], DocMeta(1, 1, 1), 500)])
+    import pyarrow.parquet as pq
+    pq.write_table(pa.Table.from_pylist([page("c", 0, 1, model_id="m-2")], schema=PAGE_SCHEMA),  # an orphan part
+                   store.pages_dir + "/part-20260102T000000Z-b-000001.parquet", filesystem=store.loc.fs)
+    assert store.page_models() == {"a": {"m-0", "m-1"}, "b": {"m-1"}}
+
+
+def test_prepare_refuses_an_output_another_model_parsed_unless_reparse(tmp_path, tiny_checkpoint):
+    """A rerun into an output whose documents another checkpoint parsed stops before Ray, naming --reparse; with it
+    those documents are parsed again. The same checkpoint skips them as done."""
+    from conftest import ROOT
+
+    from pipeline.checkpoint import validate
+    from pipeline.config import ConfigError, load_config
+    from pipeline.job import prepare
+
+    (tmp_path / "in").mkdir()
+    src = tmp_path / "in" / "letter.pdf"
+    src.write_bytes((ROOT / "samples" / "letter.pdf").read_bytes())
+    base = {"input": {"uris": [str(tmp_path / "in")]}, "output": str(tmp_path / "out"),
+            "model": {"checkpoint": str(tiny_checkpoint), "device": "cpu"}}
+    [todo] = prepare(load_config(None, base)).plan.todo.items()
+    store = OutputStore(resolve(str(tmp_path / "out"), StorageConfig()))
+
+    def commit_parsed_by(model_id, run_id):
+        rows = [page(todo[0], 0, 1, model_id=model_id)]
+        store.commit(run_id, rows, [document_row(run_id, rows, todo[1], 500)])
+
+    commit_parsed_by("tiny-random-0123456789", "20260101T000000Z-a")
+    with pytest.raises(ConfigError, match="1 document.* parsed by another model .*tiny-random-0123456789.*--reparse"):
+        prepare(load_config(None, base))
+    again = prepare(load_config(None, base | {"run": {"reparse": True}})).plan
+    assert list(again.todo) == [todo[0]] and again.todo[todo[0]].attempt == 1
+    commit_parsed_by(validate(str(tiny_checkpoint)), "20260102T000000Z-b")  # the reparse, committed
+    OutputStore(resolve(str(tmp_path / "out"), StorageConfig())).reconcile()
+    assert prepare(load_config(None, base)).plan.skipped == {"already done": 1}
