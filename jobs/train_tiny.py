@@ -206,8 +206,8 @@ class PromptBuilder:
 
     def answer_ids(self, markdown: str, max_tokens: int) -> list[int]:
         """The page's markdown, then <|im_end|>; a page longer than `max_tokens` keeps its first `max_tokens` tokens
-        and no <|im_end|>, so the model is never taught to stop in the middle of a page (session 16: with the stop
-        at 447 tokens it did, on ~40 % of the held-out pages)."""
+        and no <|im_end|>, so the model is never taught to stop in the middle of a page (session 16: taught to stop
+        at 447 tokens, it stopped there on all 11 of 24 held-out pages that go on)."""
         ids = self.tok.encode(markdown, add_special_tokens=False).ids
         return ids + [self.ids.im_end] if len(ids) < max_tokens else ids[:max_tokens]
 
