@@ -30,12 +30,13 @@ def char_font_pt(page) -> np.ndarray:
     return np.array(sizes, dtype=np.float64)
 
 
-def first_pages_with_fonts(corpus: Path, pages: int):
+def first_pages_with_fonts(corpus: Path, pages: int, readable_only: bool = True):
     """(manifest row, first page, its characters' font sizes in pt) of the born-digital first pages that
-    jobs.eval_ocr scores, skipping pages without text; each page is valid until the next one is yielded."""
+    jobs.eval_ocr scores (`readable_only`; else also those whose text layer is not text, whose font sizes are still
+    right), skipping pages without text; each page is valid until the next one is yielded."""
     import pymupdf
 
-    for row in born_digital_rows(corpus)[:pages]:
+    for row in born_digital_rows(corpus, readable_only=readable_only)[:pages]:
         with pymupdf.open(corpus / row["filename"]) as doc:
             pt = char_font_pt(doc[0])
             if pt.size:
@@ -51,7 +52,8 @@ def main(corpus: str, pages: int, longest: str, out: str | None) -> None:
     sides = [int(x) for x in longest.split(",")]
     per_side = {s: [] for s in sides}
     files = []
-    for row, page, pt in first_pages_with_fonts(Path(corpus), pages):
+    # The font sizes of every page the corpus evaluation took until session 16, two with shifted text layers
+    for row, page, pt in first_pages_with_fonts(Path(corpus), pages, readable_only=False):
         files.append({"file": row["filename"], "chars": int(pt.size), "font_pt_p50": float(np.median(pt))})
         for s in sides:
             per_side[s].append(pt * render_scale(page.rect.width, page.rect.height, RasterOptions(s, s * s)))

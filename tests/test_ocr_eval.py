@@ -12,8 +12,16 @@ import numpy as np
 import pymupdf
 import pytest
 
-from conftest import SHIPPED_PAGES
-from jobs.eval_ocr import Score, collapse_ws, levenshtein, markdown_to_text, normalize_reference
+from conftest import CORPUS, SHIPPED_PAGES
+from jobs.eval_ocr import (
+    Score,
+    born_digital_rows,
+    collapse_ws,
+    levenshtein,
+    markdown_to_text,
+    normalize_reference,
+    text_layer_reads,
+)
 from jobs.train_tiny import load_config, synth_config
 from pipeline.synthetic import TextPool, make_page
 
@@ -69,6 +77,21 @@ def test_markdown_to_text_strips_our_markup():
     assert markdown_to_text(md) == "Title here Some *text* 12.5% one two first second x = f(1) A B 1 2"
     assert normalize_reference("e\ufb03cient\n  text") == "efficient text"
     assert collapse_ws(" a \n\t b ") == "a b"
+
+
+def test_text_layer_reads_tells_shifted_glyph_codes_from_text():
+    assert text_layer_reads("Language models are trained on text. Zweistufiges Einlagensicherungssystem. Lorem ipsum")
+    shifted = "".join(chr((ord(c) - ord("a") - 1) % 26 + ord("a")) if c.isalpha() else c
+                      for c in "language models are trained on text")
+    assert shifted.startswith("kzmftzfd") and not text_layer_reads(shifted)
+    assert not text_layer_reads("12,480 | $30.35 | 2020-08-27")  # no letters: nothing to compare against
+
+
+@pytest.mark.skipif(not (CORPUS / "manifest.csv").exists(), reason="../shared/corpus is not next to this checkout")
+def test_corpus_pages_leave_out_the_two_pages_whose_text_layer_is_shifted():
+    readable = {r["filename"] for r in born_digital_rows(CORPUS)}
+    listed = {r["filename"] for r in born_digital_rows(CORPUS, readable_only=False)}
+    assert listed - readable == {"olmocr__dolma-page-1.pdf", "olmocr__olmo-page-1.pdf"}
 
 
 @pytest.fixture(scope="module")
