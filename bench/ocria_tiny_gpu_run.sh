@@ -80,7 +80,7 @@ case ${RECIPE:-D} in
   F2) CURR='data.curriculum=[{until_page: 100000000, font_px: [20, 36], max_chars: [150, 1300],
          mix: {share: 0.2, font_px: [20, 36], max_chars: [8, 80], crop: true, strict_chars: true}}]'
       RUN+=(--set image.target_longest_px=1536 --set image.max_pixels=2359296 --set "data.font_px=[20,36]") ;;
-  # F3: F2 with smaller and denser text for real pages: the corpus' median font is 18.8 px when the pipeline draws its
+  # F3: F2 with smaller and denser text for real pages: the corpus' median font is 17.4 px when the pipeline draws its
   # pages at 1,536 px, below F2's 20-36 (bench/results/ocria_tiny_s16_corpus_glyph_size.json), and its pages hold
   # 2-20 k characters, F2's at most 1,300. Fonts 16-36 px, up to 2,600 characters: answers of up to ~1,200 tokens
   # (bench/results/ocria_tiny_s16_answer_lengths_f3.json). Its end-of-run evaluation draws F3's pages: compare runs
