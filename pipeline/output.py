@@ -120,23 +120,24 @@ class OutputStore:
         tables = [self._read(p, DOCUMENT_SCHEMA) for p in parts]
         return pa.concat_tables(tables) if tables else DOCUMENT_SCHEMA.empty_table()
 
+    def _committed_page_parts(self) -> list[str]:
+        """Pages files whose documents file exists (a part is committed once its documents file is written)."""
+        committed = {p.rsplit("/", 1)[1] for p in list_parquet(self.loc.fs, self.documents_dir)}
+        return [p for p in list_parquet(self.loc.fs, self.pages_dir) if p.rsplit("/", 1)[1] in committed]
+
     def pages(self) -> pa.Table:
         """Committed page rows: only parts whose documents file exists."""
-        committed = {p.rsplit("/", 1)[1] for p in list_parquet(self.loc.fs, self.documents_dir)}
-        tables = [self._read(p, PAGE_SCHEMA) for p in list_parquet(self.loc.fs, self.pages_dir)
-                  if p.rsplit("/", 1)[1] in committed]
+        tables = [self._read(p, PAGE_SCHEMA) for p in self._committed_page_parts()]
         return pa.concat_tables(tables) if tables else PAGE_SCHEMA.empty_table()
 
     def page_models(self) -> dict[str, set[str]]:
         """uri -> the model ids of its committed page rows (two columns read, not the text)."""
-        committed = {p.rsplit("/", 1)[1] for p in list_parquet(self.loc.fs, self.documents_dir)}
         models: dict[str, set[str]] = {}
-        for p in list_parquet(self.loc.fs, self.pages_dir):
-            if p.rsplit("/", 1)[1] in committed:
-                t = pq.read_table(p, filesystem=self.loc.fs, columns=["uri", "model_id"])
-                for uri, model in zip(t.column("uri").to_pylist(), t.column("model_id").to_pylist()):
-                    if model:
-                        models.setdefault(uri, set()).add(model)
+        for p in self._committed_page_parts():
+            t = pq.read_table(p, filesystem=self.loc.fs, columns=["uri", "model_id"])
+            for uri, model in zip(t.column("uri").to_pylist(), t.column("model_id").to_pylist()):
+                if model:
+                    models.setdefault(uri, set()).add(model)
         return models
 
     def reconcile(self) -> ReconcileReport:
