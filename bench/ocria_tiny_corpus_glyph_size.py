@@ -56,15 +56,15 @@ def main(model_dir: str, corpus: str, pages: int, longest: int, target_px: float
 
     items = []
     for row, page, pt in first_pages_with_fonts(Path(corpus), pages):
+        p50 = float(np.median(pt))
         whole = render_scale(page.rect.width, page.rect.height, RasterOptions(longest, longest * longest))
-        big = max(whole, target_px / float(np.median(pt)))  # never smaller than the whole page's scale
+        big = max(whole, target_px / p50)  # never smaller than the whole page's scale
         r = page.rect
         clip = pymupdf.Rect(r.x0, r.y0, min(r.x1, r.x0 + longest / big), min(r.y1, r.y0 + longest / big))
         ref = normalize_reference(page.get_text("text", clip=clip))
-        items.append({"file": row["filename"], "font_pt_p50": round(float(np.median(pt)), 2),
+        items.append({"file": row["filename"], "font_pt_p50": round(p50, 2),
                       "scale_whole": round(whole, 3), "scale_big": round(big, 3),
-                      "font_px_whole": round(float(np.median(pt)) * whole, 1),
-                      "font_px_big": round(float(np.median(pt)) * big, 1),
+                      "font_px_whole": round(p50 * whole, 1), "font_px_big": round(p50 * big, 1),
                       "region_pt": [round(clip.width, 1), round(clip.height, 1)], "ref": ref,
                       "images": {"whole_scale": draw(page, whole, clip), "big": draw(page, big, clip)}})
     reader = HFPageReader(Path(model_dir))

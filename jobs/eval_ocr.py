@@ -211,23 +211,24 @@ def text_layer_reads(text: str) -> bool:
     return bool(letters) and sum(c in "aeiouy" for c in letters) / len(letters) >= MIN_VOWEL_SHARE
 
 
+def first_page_reads(pdf: Path) -> bool:
+    """Whether the PDF's first page has a text layer that reads as text (`text_layer_reads`)."""
+    import pymupdf
+
+    with pymupdf.open(pdf) as doc:
+        return text_layer_reads(doc[0].get_text("text"))
+
+
 def born_digital_rows(corpus: Path, min_chars: int = 200, readable_only: bool = True) -> list[dict]:
     """Manifest rows of the corpus PDFs whose first page is born-digital text: expected ok, category text/table/multicol,
     a text layer of at least `min_chars` characters, not rendered blank, and (`readable_only`) a text layer that
     reads as text (`text_layer_reads`); sorted by file name."""
     import csv
 
-    import pymupdf
-
     rows = list(csv.DictReader((corpus / "manifest.csv").open()))
     rows = [r for r in rows if r["expected_behaviour"] == "ok" and r["category"] in ("text", "table", "multicol")
-            and r["blank_render_p0"] == "False" and int(r["text_chars_p0"] or 0) >= min_chars]
-    if readable_only:
-        def reads(r: dict) -> bool:
-            with pymupdf.open(corpus / r["filename"]) as doc:
-                return text_layer_reads(doc[0].get_text("text"))
-
-        rows = [r for r in rows if reads(r)]
+            and r["blank_render_p0"] == "False" and int(r["text_chars_p0"] or 0) >= min_chars
+            and (not readable_only or first_page_reads(corpus / r["filename"]))]
     return sorted(rows, key=lambda r: r["filename"])
 
 
@@ -328,9 +329,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.corpus_pages:
         result["corpus"] = evaluate(corpus_pages(args.corpus, args.corpus_pages, cfg), reader, use_tess, args.batch,
                                     args.max_new_tokens)
-        readable = {r["filename"] for r in born_digital_rows(args.corpus)}
-        result["corpus"]["left_out_unreadable_text_layer"] = sorted(
-            r["filename"] for r in born_digital_rows(args.corpus, readable_only=False) if r["filename"] not in readable)
+        result["corpus"]["left_out_unreadable_text_layer"] = [
+            r["filename"] for r in born_digital_rows(args.corpus, readable_only=False)
+            if not first_page_reads(args.corpus / r["filename"])]
     summary = {s: {k: v for k, v in result[s].items() if k != "per_page"} for s in ("heldout_synthetic", "corpus") if s in result}
     print(json.dumps(summary, indent=1))
     if args.out:
