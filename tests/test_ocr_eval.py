@@ -29,12 +29,12 @@ ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "models" / "ocria-tiny"
 CONFIG = ROOT / "configs" / "train_tiny.yaml"
 
-# The shipped checkpoint (its pages: conftest.SHIPPED_PAGES) reads held-out pages at CER 0.389 (24 pages,
-# bench/results/ocria_tiny_s16_eval_1536.json); on this file's test pages it measured loss 0.47 and CER 0.11 here.
-# Session 15's checkpoint measured 0.74 and 0.35 on them, run 1 (which did not read) ~3 and ~1.1, random weights loss
-# ~8.3: these bounds fail for each of them.
-MAX_HELDOUT_LOSS = 0.7
-MAX_HELDOUT_CER = 0.3
+# The shipped checkpoint (its pages: conftest.SHIPPED_PAGES) reads held-out pages at CER 0.362 (24 pages,
+# bench/results/ocria_tiny_s17_eval_1536.json); on this file's test pages it measured loss 0.39 and CER 0.12 here.
+# Session 16's checkpoint measured 0.47 and 0.11 on them, session 15's 0.74 and 0.35, run 1 (which did not read) ~3
+# and ~1.1, random weights loss ~8.3: these bounds fail for all but session 16's.
+MAX_HELDOUT_LOSS = 0.6
+MAX_HELDOUT_CER = 0.25
 
 
 def _dp_levenshtein(a, b) -> int:
