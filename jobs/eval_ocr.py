@@ -183,6 +183,7 @@ class EvalPage:
     image: np.ndarray
     reference_md: str | None  # synthetic pages only
     reference_text: str
+    lines: list | None = None  # synthetic pages: their text lines (pipeline.synthetic.TextLine), where each lies
 
 
 def heldout_pages(n: int, cfg: dict, synth: Path, page_index: int | None = None) -> list[EvalPage]:
@@ -196,7 +197,7 @@ def heldout_pages(n: int, cfg: dict, synth: Path, page_index: int | None = None)
     pages = []
     for i in range(n):
         p = make_page(cfg["data"]["heldout_seed"] + i, pool, scfg, synth / "fonts")
-        pages.append(EvalPage(f"heldout_{i:04d}", p.image, p.markdown, markdown_to_text(p.markdown)))
+        pages.append(EvalPage(f"heldout_{i:04d}", p.image, p.markdown, markdown_to_text(p.markdown), p.lines))
     return pages
 
 

@@ -1,0 +1,116 @@
+"""The ocria-tiny diagnostics in bench/: the error profile (page classes by output length, line matching, error
+shares, on hand-written pages; stop probabilities of the shipped model) and the text-line head's reading of
+held-out pages (one page, end to end)."""
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_bench(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def profile():
+    return load_bench("ocria_tiny_error_profile")
+
+
+def test_page_class_bounds(profile):
+    assert profile.page_class(0.17) == "stopped_early"
+    assert profile.page_class(0.79) == "stopped_early"
+    assert profile.page_class(0.8) == "read_to_end"
+    assert profile.page_class(1.15) == "read_to_end"
+    assert profile.page_class(1.48) == "ran_on"
+
+
+def test_line_profile_scores_each_reference_line_against_its_closest_output_line(profile):
+    ref = "# Heading line\n\n| alpha | beta |\n|---|---|\n| 12 | 34 |\n\nA line that the model never wrote out."
+    hyp = "| 12 | 34 |\n\n# Heading lime\n\n| alpha | beta |\n\n| 12 | 34 |"
+    got = profile.line_profile(hyp, ref)
+    # reference lines: "Heading line" (1 edit in 12: read), "alpha beta", "12 34", the unread sentence (missed)
+    assert got["ref_lines"] == 4 and got["out_lines"] == 4
+    assert got["chars_in_lines_read"] == round((12 + 10 + 5) / (12 + 10 + 5 + 38), 3)
+    assert got["chars_in_lines_missed"] == round(38 / (12 + 10 + 5 + 38), 3)
+    assert got["repeated_out_lines"] == 1
+
+
+def test_summary_splits_edits_by_class(profile):
+    rows = [{"class": "stopped_early", "char_edits": 90, "ref_chars": 100},
+            {"class": "ran_on", "char_edits": 60, "ref_chars": 200},
+            {"class": "read_to_end", "char_edits": 50, "ref_chars": 500},
+            {"class": "read_to_end", "char_edits": 0, "ref_chars": 200}]
+    s = profile.summarize(rows)
+    assert s["pages"] == 4 and s["cer"] == 0.2
+    assert s["stopped_early"] == {"pages": 1, "share_of_char_edits": 0.45, "cer": 0.9}
+    assert s["ran_on"] == {"pages": 1, "share_of_char_edits": 0.3, "cer": 0.3}
+    assert s["read_to_end"] == {"pages": 2, "share_of_char_edits": 0.25, "cer": 0.0714}
+
+
+def test_stop_summary_counts_pages_that_would_stop_inside(profile):
+    rows = [{"class": "stopped_early", "p_stop_at_end": 0.9, "positions_inside_p_stop_over_half": 2},
+            {"class": "ran_on", "p_stop_at_end": 0.1, "positions_inside_p_stop_over_half": 0},
+            {"class": "read_to_end", "p_stop_at_end": 0.99, "positions_inside_p_stop_over_half": 0},
+            {"class": "read_to_end", "p_stop_at_end": 0.7, "positions_inside_p_stop_over_half": 1},
+            {"class": "read_to_end", "p_stop_at_end": None, "positions_inside_p_stop_over_half": 0}]
+    s = profile.stop_summary(rows)
+    assert s["stopped_early"] == {"pages": 1, "median_p_stop_at_end": 0.9, "pages_with_p_stop_inside_over_half": 1}
+    assert s["ran_on"] == {"pages": 1, "median_p_stop_at_end": 0.1, "pages_with_p_stop_inside_over_half": 0}
+    assert s["read_to_end"] == {"pages": 3, "median_p_stop_at_end": 0.99, "pages_with_p_stop_inside_over_half": 1}
+
+
+def test_stop_probabilities_of_the_shipped_model_on_a_short_page(profile, licence_prose):
+    """Fed a page's own markdown, the shipped model's stop-token probabilities: one at the page's end, the highest
+    inside it with the reference text it follows."""
+    from dataclasses import replace
+
+    from conftest import SHIPPED_PAGES
+    from jobs.eval_ocr import HFPageReader
+    from jobs.train_tiny import load_config, synth_config
+    from pipeline.synthetic import TextPool, make_page
+
+    cfg = load_config(ROOT / "configs" / "train_tiny.yaml", SHIPPED_PAGES)
+    page = make_page(cfg["data"]["heldout_seed"] + 200, TextPool(prose=licence_prose, code=[]),
+                     replace(synth_config(cfg), max_chars=(150, 300)))
+    reader = HFPageReader(ROOT / "models" / "ocria-tiny")
+    got = profile.stop_probabilities(reader, page.image, page.markdown, 1024)
+    assert 0 <= got["max_p_stop_inside"] <= 1 and 0 <= got["p_stop_at_end"] <= 1
+    assert got["max_p_stop_inside_after"].strip() in page.markdown
+    # a page cut before its end has no stop token to score
+    assert profile.stop_probabilities(reader, page.image, page.markdown, 8)["p_stop_at_end"] is None
+
+
+def test_line_head_reading_of_a_held_out_page(licence_prose, tmp_path):
+    """bench/ocria_tiny_line_head_reading.py on one page with the shipped model and an untrained head: every line is
+    placed and read, and the decoder's CER comes from the eval file given."""
+    import torch
+    import yaml
+
+    from conftest import SHIPPED_PAGES
+    from jobs.text_line_ctc import CTC_CLASSES, LINE_BUCKETS
+    from jobs.train_tiny import load_config
+    from pipeline.synthetic import TextPool
+
+    TextPool(prose=licence_prose, code=[]).to_json_gz(tmp_path / "pool_heldout.json.gz")
+    (tmp_path / "fonts").mkdir()
+    config = tmp_path / "shipped.yaml"
+    config.write_text(yaml.safe_dump(load_config(ROOT / "configs" / "train_tiny.yaml", SHIPPED_PAGES)))
+    torch.save(torch.nn.Linear(2 * 256, LINE_BUCKETS * 8 * CTC_CLASSES).state_dict(), tmp_path / "head.pt")
+    eval_file = tmp_path / "eval.json"
+    eval_file.write_text(json.dumps({"heldout_synthetic": {"per_page": [
+        {"page": "heldout_0000", "model_text": {"cer": 0.25, "ref_chars": 400}}]}}))
+    out = tmp_path / "reading.json"
+    assert load_bench("ocria_tiny_line_head_reading").main([
+        "--model", str(ROOT / "models" / "ocria-tiny"), "--head", str(tmp_path / "head.pt"), "--heldout", "1",
+        "--config", str(config), "--synth", str(tmp_path), "--decoder-eval", str(eval_file), "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    row = res["per_page"][0]
+    assert row["lines"] > 0 and 0 < row["line_chars_read_by_head"] <= row["line_chars"]
+    assert row["head_cer"] > 0.5  # an untrained head does not read
+    assert res["summary"]["decoder_cer"] == 0.25 and res["summary"]["head_cer"] == row["head_cer"]
