@@ -31,6 +31,10 @@
 #   80 steps.
 # GDN=transformers|chunked sets train.gated_delta_rule (default: the config's, chunked: jobs/chunked_gdn.py, the torch
 #   fallback's arithmetic in fewer ops, 1.47x the pages/s at 1,536 px: bench/results/ocria_tiny_s16_gdn_ab.json).
+# NOISE=S sets train.answer_token_noise (default: the config's, 0): that share of the answer tokens the model reads
+#   swapped for random ones, the labels kept, so it learns to go on from its own misreads
+#   (bench/results/ocria_tiny_s17_error_profile.json: fed the true text it knows where a page ends; reading on its own
+#   it stopped early or ran on on 5 of 24 held-out pages).
 # EVAL_PAGES=0 skips the end-of-run evaluation; KEEP_STAGE=1 leaves /tmp/stage/ckpt as it was (A/B arms from one start:
 #   bench/ocria_tiny_gdn_ab.sh).
 # Out: OUT/run/ckpt/model-*.safetensors and OUT/run/meta.tar (the rest of the checkpoint and loss.png): the device
@@ -55,7 +59,8 @@ RUN=(--set image.image_mean=1.0 --set model.text.partial_rotary_factor=1.0 --set
   --set train.run_train_s=${RUN_S:-450} --set train.ctc_weight=1.0 --set train.ctc_subframes=6 --set train.num_workers=14
   --set train.image_check_every=100 --set train.eval_pages=${EVAL_PAGES:-16} ${VISION_ATTENTION:+--set train.vision_attention=$VISION_ATTENTION}
   ${TEXT_LINE_CTC:+--set train.text_line_ctc_weight=$TEXT_LINE_CTC --set train.text_line_ctc_head_steps=80
-    --set train.text_line_ctc_lr_mult=5} ${GDN:+--set train.gated_delta_rule=$GDN})
+    --set train.text_line_ctc_lr_mult=5} ${GDN:+--set train.gated_delta_rule=$GDN}
+  ${NOISE:+--set train.answer_token_noise=$NOISE})
 case ${RECIPE:-D} in
   D) CURR='data.curriculum=[{until_page: 100000, font_px: [22, 32], max_chars: [8, 40], crop: true, strict_chars: true},
        {until_page: 200000, font_px: [16, 28], max_chars: [20, 120], crop: true, strict_chars: true},

@@ -672,3 +672,43 @@ def test_ab_table_reads_packed_logs_and_counts_only_the_runs_own_steps(tmp_path)
     assert table["fast"]["steps_per_s"] == round(90 / 21, 3) and json.loads((tmp_path / "ab.json").read_text()) == table
     with pytest.raises(ValueError, match="too few"):
         bench.throughput([{"step": 1, "elapsed_s": 1.0, "pages": 1, "loss": 1.0}] * 2)
+
+
+def test_answer_token_noise_swaps_only_answer_tokens_for_plain_ones(small_pages, parts):
+    """train.answer_token_noise: about its share of the answer tokens the model reads become random plain tokens;
+    prompt, image and special tokens and the labels stay as they were."""
+    from jobs.train_tiny import noisy_answer_inputs
+
+    processor, builder = parts
+    items = [encode_page(p.image, p.markdown, processor, builder, 2, 448) for p in small_pages] * 40
+    batch = collate(items, builder.ids.endoftext, builder.ids.image_pad)
+    ids, labels = batch["input_ids"], batch["labels"]
+    n_plain = min(dataclasses.astuple(builder.ids))
+    assert noisy_answer_inputs(ids, labels, 0.0, n_plain) is ids
+    noisy = noisy_answer_inputs(ids, labels, 0.25, n_plain, torch.Generator().manual_seed(0))
+    swappable = (labels != -100) & (ids < n_plain)
+    changed = noisy != ids
+    assert not (changed & ~swappable).any()  # the prompt, image tokens, <|im_end|> and padding are untouched
+    assert (noisy[changed] < n_plain).all()
+    share = changed.sum().item() / swappable.sum().item()  # a drawn token equal to the old one counts unchanged
+    assert 0.22 < share < 0.26, share
+    assert torch.equal(batch["labels"], labels)
+
+
+def test_answer_token_noise_reaches_the_training_loss(pool, tmp_path):
+    """One step of the miniature model on the same pages: two runs without swapped answer inputs log the same loss,
+    a run with them another (of the same labels); a share outside [0, 1) fails before anything loads."""
+    from jobs.train_tiny import train
+
+    losses = []
+    for k, noise in enumerate((0.0, 0.0, 0.5)):
+        run = tmp_path / f"run_{k}"
+        cfg, synth, model_dir = _mini_training_setup(pool, run, [
+            f"train.answer_token_noise={noise}", "train.max_run_steps=1", "train.total_train_s=600",
+            "train.run_train_s=600", "train.image_check_every=0", "train.log_every=1", "train.eval_pages=0"])
+        train(cfg, synth, model_dir, run / "run", None, "cpu")
+        losses.append(json.loads((run / "run" / "ckpt" / "train_log.jsonl").read_text().splitlines()[0])["loss"])
+    assert losses[0] == losses[1] != losses[2], losses
+    with pytest.raises(ValueError, match="answer_token_noise"):
+        train(load_config(CONFIG, ["train.answer_token_noise=1.0"]), tmp_path / "no_synth", tmp_path / "no_model",
+              tmp_path / "out", None, "cpu")
