@@ -36,7 +36,8 @@
 #   (bench/results/ocria_tiny_s17_error_profile.json: fed the true text it knows where a page ends; reading on its own
 #   it stopped early or ran on on 5 of 24 held-out pages).
 # EVAL_PAGES=0 skips the end-of-run evaluation; KEEP_STAGE=1 leaves /tmp/stage/ckpt as it was (A/B arms from one start:
-#   bench/ocria_tiny_gdn_ab.sh).
+#   bench/ocria_tiny_gdn_ab.sh); SAVE_AS=DIR also keeps the whole checkpoint at DIR on the machine (an A/B arm that a
+#   later call may continue: its files come back without the state a resume needs).
 # Out: OUT/run/ckpt/model-*.safetensors and OUT/run/meta.tar (the rest of the checkpoint and loss.png): the device
 #   tool returns at most 8 files.
 set -euo pipefail
@@ -100,6 +101,7 @@ timeout ${TIMEOUT_S:-565} python3 -m jobs.train_tiny train --model-dir "$model" 
   ${PROFILE_STEPS:+--profile-steps "$PROFILE_STEPS"} "${RUN[@]}" --set "$CURR" 2>&1 | grep -v -i "warn" | tail -n 70
 if [ -z "${PROFILE_STEPS:-}" ]; then
   if [ -z "${KEEP_STAGE:-}" ]; then mkdir -p /tmp/stage && rm -rf /tmp/stage/ckpt && cp -r "$out/run/ckpt" /tmp/stage/ckpt; fi
+  if [ -n "${SAVE_AS:-}" ]; then rm -rf "$SAVE_AS" && cp -r "$out/run/ckpt" "$SAVE_AS"; fi
   cd "$out/run" && tar -cf meta.tar --exclude='*.safetensors' ckpt $(ls loss.png 2>/dev/null) \
     && find ckpt -type f ! -name '*.safetensors' -delete && rm -f loss.png
 fi
