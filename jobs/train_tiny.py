@@ -579,7 +579,8 @@ def train(cfg: dict, synth: Path, model_dir: Path, out: Path, resume: Path | Non
     if tc["gated_delta_rule"] not in ("transformers", "chunked"):
         raise ValueError(f"train.gated_delta_rule must be transformers or chunked, got {tc['gated_delta_rule']!r}")
     if not 0 <= tc["answer_token_noise"] < 1:
-        raise ValueError(f"train.answer_token_noise is a share of answer tokens, 0 <= x < 1, got {tc['answer_token_noise']!r}")
+        raise ValueError(f"train.answer_token_noise is a share of answer tokens, 0 <= x < 1, "
+                         f"got {tc['answer_token_noise']!r}")
     chunked = tc["gated_delta_rule"] == "chunked"
     with chunked_gdn_in(modeling_qwen3_5) if chunked else contextlib.nullcontext():
         _train(cfg, synth, model_dir, out, resume, device, resume_state, profile_steps)

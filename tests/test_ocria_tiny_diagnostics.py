@@ -71,6 +71,7 @@ def test_stop_probabilities_of_the_shipped_model_on_a_short_page(profile, licenc
     from dataclasses import replace
 
     from conftest import SHIPPED_PAGES
+
     from jobs.eval_ocr import HFPageReader
     from jobs.train_tiny import load_config, synth_config
     from pipeline.synthetic import TextPool, make_page
@@ -91,8 +92,8 @@ def test_line_head_reading_of_a_held_out_page(licence_prose, tmp_path):
     placed and read, and the decoder's CER comes from the eval file given."""
     import torch
     import yaml
-
     from conftest import SHIPPED_PAGES
+
     from jobs.text_line_ctc import CTC_CLASSES, LINE_BUCKETS
     from jobs.train_tiny import load_config
     from pipeline.synthetic import TextPool
