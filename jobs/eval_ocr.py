@@ -108,9 +108,11 @@ class Score:
 
 
 class HFPageReader:
-    """ocria-tiny through transformers' Qwen3_5ForConditionalGeneration, greedy, batched with left padding."""
+    """ocria-tiny through transformers' Qwen3_5ForConditionalGeneration, batched with left padding; greedy, or beam
+    search with `num_beams` > 1 (transformers' length-normalised beam scores; the pipeline's engine decodes greedily)."""
 
-    def __init__(self, model_dir: Path, device: str = "cpu", model=None, prompt: str | None = None):
+    def __init__(self, model_dir: Path, device: str = "cpu", model=None, prompt: str | None = None,
+                 num_beams: int = 1):
         import torch
         from transformers import Qwen3_5ForConditionalGeneration
 
@@ -124,6 +126,7 @@ class HFPageReader:
         self.processor = load_image_processor(model_dir)
         self.builder = PromptBuilder(model_dir, prompt or DEFAULT_PROMPT)
         self.merge = self.model.config.vision_config.spatial_merge_size
+        self.num_beams = num_beams
 
     def read(self, images: list[np.ndarray], max_new_tokens: int = 512) -> list[str]:
         from jobs.train_tiny import encode_page
@@ -149,6 +152,8 @@ class HFPageReader:
                 image_grid_thw=torch.stack([x["grid"] for x in items]).to(self.device),
                 max_new_tokens=max_new_tokens,
                 do_sample=False,
+                num_beams=self.num_beams,
+                early_stopping=self.num_beams > 1,  # a beam search ends once num_beams answers have ended
                 eos_token_id=self.builder.ids.eos_ids,
                 pad_token_id=pad,
             )
@@ -307,6 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--corpus-pages", type=int, default=12, help="born-digital corpus pages (0: none)")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=1024, help="full synthetic pages take up to ~680")
+    ap.add_argument("--num-beams", type=int, default=1, help="1: greedy, as the pipeline's engine decodes")
     ap.add_argument("--no-model", action="store_true")
     ap.add_argument("--no-tesseract", action="store_true")
     ap.add_argument("--device", default="cpu")
@@ -317,13 +323,13 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_tesseract and not use_tess:
         print("tesseract not found: skipping the Tesseract baseline "
               "(apt-get install -y --no-install-recommends tesseract-ocr tesseract-ocr-eng)", file=sys.stderr)
-    reader = None if args.no_model else HFPageReader(args.model, args.device)
+    reader = None if args.no_model else HFPageReader(args.model, args.device, num_beams=args.num_beams)
     if reader is not None and reader.processor.max_pixels != cfg["image"]["max_pixels"]:
         raise SystemExit(f"{args.config} draws pages for max_pixels {cfg['image']['max_pixels']:,} but {args.model} "
                          f"reads {reader.processor.max_pixels:,}: pass a --config at the model's size (e.g. "
                          "bench/results/ocria_tiny_eval_full_pages_1536_config.yaml for the shipped model)")
     result = {"command": " ".join([Path(sys.executable).name, "-m", "jobs.eval_ocr", *(argv or sys.argv[1:])]),
-              "model": str(args.model), "tesseract": use_tess}
+              "model": str(args.model), "num_beams": args.num_beams, "tesseract": use_tess}
     if args.heldout:
         result["heldout_synthetic"] = evaluate(heldout_pages(args.heldout, cfg, args.synth), reader, use_tess,
                                                args.batch, args.max_new_tokens)

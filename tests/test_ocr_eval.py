@@ -219,6 +219,26 @@ def test_shipped_model_reads_heldout_pages(reader, heldout_pool, cfg):
     assert score.summary()["cer"] < MAX_HELDOUT_CER, score.summary()
 
 
+def test_beam_search_reader_reads_the_same_pages(reader, heldout_pool, cfg, monkeypatch):
+    """HFPageReader(num_beams=3) hands the beam width to transformers' generate and reads the short held-out pages
+    within the same bound as greedy decoding."""
+    from dataclasses import replace
+
+    from jobs.eval_ocr import HFPageReader
+
+    beams = HFPageReader(MODEL, "cpu", model=reader.model, num_beams=3)
+    seen = []
+    generate = reader.model.generate
+    monkeypatch.setattr(reader.model, "generate", lambda **kw: seen.append(kw["num_beams"]) or generate(**kw))
+    short = replace(synth_config(cfg), max_chars=(150, 300))
+    pages = [make_page(cfg["data"]["heldout_seed"] + 100 + i, heldout_pool, short) for i in range(2)]
+    score = Score()
+    for p, hyp in zip(pages, beams.read([p.image for p in pages], max_new_tokens=160)):
+        score.add(markdown_to_text(hyp), markdown_to_text(p.markdown))
+    assert seen == [3]
+    assert score.summary()["cer"] < MAX_HELDOUT_CER, score.summary()
+
+
 def test_eval_job_runs_at_the_models_page_size_and_refuses_another(heldout_pool, tmp_path):
     """jobs.eval_ocr end to end on one held-out page (8 tokens, no Tesseract), with a config at the shipped model's
     page size; a config drawing pages for another size fails before any page is made, saying what to pass."""
