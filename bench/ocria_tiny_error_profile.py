@@ -51,11 +51,11 @@ def stop_probabilities(reader, image, markdown: str, max_answer: int) -> dict:
     reference text just before that position."""
     import torch
 
-    from jobs.train_tiny import collate, encode_page, model_batch, model_inputs
+    from jobs.train_tiny import encode_page, encoded_batch, model_inputs
 
     b = reader.builder
     item = encode_page(image, markdown, reader.processor, b, reader.merge, max_answer)
-    batch = model_batch(collate([item], b.ids.endoftext, b.ids.image_pad), reader.processor)
+    batch = encoded_batch([item], b, reader.processor)
     with torch.no_grad():
         logits = reader.model(**model_inputs(batch)).logits[0, :-1].float()
     labels = batch["labels"][0, 1:]

@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from jobs.eval_ocr import HFPageReader, heldout_pages
     from jobs.text_line_ctc import CTC_CLASSES, GEOM_CHARS, GEOM_COLS, GEOM_MIN_FRAMES, LINE_BUCKETS, TextLineCTC
-    from jobs.train_tiny import collate, encode_page, load_config, model_batch
+    from jobs.train_tiny import encode_page, encoded_batch, load_config
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", type=Path, required=True)
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     for p in heldout_pages(args.heldout, cfg, args.synth):
         item = encode_page(p.image, p.reference_md, reader.processor, reader.builder, reader.merge,
                            cfg["data"]["max_answer_tokens"], p.lines)
-        batch = model_batch(collate([item], reader.builder.ids.endoftext, reader.builder.ids.image_pad), reader.processor)
+        batch = encoded_batch([item], reader.builder, reader.processor)
         geom = batch["line_geom"]
         kept = geom[:, GEOM_COLS] * head.subframes >= geom[:, GEOM_MIN_FRAMES]
         kept_chars = int(geom[kept, GEOM_CHARS].sum())

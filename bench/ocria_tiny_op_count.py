@@ -72,11 +72,10 @@ def main(argv: list[str] | None = None) -> dict:
     from jobs.chunked_gdn import chunked_gdn_in
     from jobs.train_tiny import (
         PromptBuilder,
-        collate,
         encode_page,
+        encoded_batch,
         load_config,
         load_image_processor,
-        model_batch,
         model_inputs,
         synth_config,
     )
@@ -98,7 +97,7 @@ def main(argv: list[str] | None = None) -> dict:
     pages = [make_page(cfg["data"]["seed"] + i, pool, synth_config(cfg), args.synth / "fonts") for i in range(args.pages)]
     items = [encode_page(p.image, p.markdown, processor, builder, merge, cfg["data"]["max_answer_tokens"])
              for p in pages]
-    batch = model_batch(collate(items, builder.ids.endoftext, builder.ids.image_pad), processor)
+    batch = encoded_batch(items, builder, processor)
     model = Qwen3_5ForConditionalGeneration.from_pretrained(args.model, dtype=torch.float32).train()
     res = {"command": "python bench/ocria_tiny_op_count.py " + " ".join(argv if argv is not None else sys.argv[1:]),
            "pages": args.pages, "tokens_per_page": batch["input_ids"].shape[1],

@@ -296,6 +296,11 @@ def model_batch(batch: dict, processor, device="cpu", non_blocking: bool = False
     return out
 
 
+def encoded_batch(items: list[dict], builder: PromptBuilder, processor) -> dict:
+    """Examples from `encode_page`, collated and made the model's inputs on the CPU."""
+    return model_batch(collate(items, builder.ids.endoftext, builder.ids.image_pad), processor)
+
+
 def page_stream(cfg: dict, synth: Path, model_dir: Path, start_index: int):
     """IterableDataset of encoded training pages; worker w of W makes pages start_index + w, + w + W, ..."""
     import torch
@@ -339,7 +344,7 @@ def image_check_batches(cfg: dict, synth: Path, model_dir: Path, page_index: int
     def batch(images, lines):
         items = [encode_page(im, p.markdown, processor, builder, merge, max_answer, ln)
                  for im, p, ln in zip(images, pages, lines)]
-        return model_batch(collate(items, builder.ids.endoftext, builder.ids.image_pad), processor)
+        return encoded_batch(items, builder, processor)
 
     true = batch([p.image for p in pages], [p.lines for p in pages])
     return true, batch([pages[(k + 1) % n].image for k in range(n)], [None] * n)

@@ -196,11 +196,11 @@ def test_shipped_checkpoint_size_and_files(cfg):
 def test_shipped_model_heldout_loss(reader, heldout_pool, cfg):
     import torch
 
-    from jobs.train_tiny import collate, encode_page, model_batch
+    from jobs.train_tiny import encode_page, encoded_batch
 
     pages = [make_page(cfg["data"]["heldout_seed"] + i, heldout_pool, synth_config(cfg)) for i in range(2)]
     items = [encode_page(p.image, p.markdown, reader.processor, reader.builder, reader.merge, 448) for p in pages]
-    batch = model_batch(collate(items, reader.builder.ids.endoftext, reader.builder.ids.image_pad), reader.processor)
+    batch = encoded_batch(items, reader.builder, reader.processor)
     with torch.no_grad():
         loss = reader.model(**batch).loss.item()
     assert loss < MAX_HELDOUT_LOSS, loss

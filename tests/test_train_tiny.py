@@ -18,8 +18,8 @@ from PIL import Image
 
 from conftest import SHIPPED_PAGES
 from engine.hf_format import special_token_ids
-from jobs.train_tiny import (PromptBuilder, collate, curriculum_stage, encode_page, hf_config, image_use,
-                             load_config, load_image_processor, model_batch, param_groups, synth_config)
+from jobs.train_tiny import (PromptBuilder, collate, curriculum_stage, encode_page, encoded_batch, hf_config,
+                             image_use, load_config, load_image_processor, param_groups, synth_config)
 from pipeline.synthetic import TextPool, make_page
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -95,7 +95,7 @@ def test_pixel_values_are_the_normalised_page_in_merge_order(small_pages, parts)
     processor, builder = parts
     page = small_pages[0]
     item = encode_page(page.image, page.markdown, processor, builder, 2, 448)
-    pixel_values = model_batch(collate([item], builder.ids.endoftext, builder.ids.image_pad), processor)["pixel_values"]
+    pixel_values = encoded_batch([item], builder, processor)["pixel_values"]
     hf = Qwen2VLImageProcessorPil.from_pretrained(str(MODEL))(images=[page.image], return_tensors="pt")
     assert torch.equal(pixel_values, hf["pixel_values"]) and torch.equal(item["grid"], hf["image_grid_thw"][0])
     _, h, w = item["grid"].tolist()
@@ -154,15 +154,14 @@ def test_image_reaches_the_loss_of_a_fresh_model(small_pages, parts):
     cfg = load_config(CONFIG, MINI)
     model = _mini_model(cfg, builder)
     items = [encode_page(p.image, p.markdown, processor, builder, 2, 448) for p in small_pages]
-    batch = model_batch(collate(items, builder.ids.endoftext, builder.ids.image_pad), processor)
+    batch = encoded_batch(items, builder, processor)
     batch["pixel_values"].requires_grad_(True)
     model(**batch).loss.backward()
     assert batch["pixel_values"].grad.abs().mean() > 1e-6
     for name, p in model.model.visual.named_parameters():
         assert p.grad is not None and p.grad.abs().sum() > 0, name
-    swapped = model_batch(collate([encode_page(q.image, p.markdown, processor, builder, 2, 448)
-                                   for p, q in zip(small_pages, small_pages[1:] + small_pages[:1])],
-                                  builder.ids.endoftext, builder.ids.image_pad), processor)
+    swapped = encoded_batch([encode_page(q.image, p.markdown, processor, builder, 2, 448)
+                             for p, q in zip(small_pages, small_pages[1:] + small_pages[:1])], builder, processor)
     use = image_use(model, {k: v.detach() for k, v in batch.items()}, swapped)
     assert abs(use["img_gain"]) > 1e-4 and use["img_var"] > 0.05, use
 
@@ -183,7 +182,7 @@ def test_line_ctc_reads_line_characters_left_to_right_and_trains_the_vision_towe
     lines = [make_page(s, pool, synth_config(cfg, 0)) for s in range(3)]
     page = make_page(3, pool, dataclasses.replace(synth_config(cfg), max_chars=(300, 400)))  # a full page: skipped
     items = [encode_page(p.image, p.markdown, processor, builder, 2, 448) for p in lines + [page]]
-    batch = model_batch(collate(items, builder.ids.endoftext, builder.ids.image_pad), processor)
+    batch = encoded_batch(items, builder, processor)
     rows = (batch["image_grid_thw"][:, 1] // 2).tolist()
     assert max(rows[:3]) <= 3 < rows[3], rows
     model = _mini_model(cfg, builder)
@@ -216,10 +215,9 @@ def test_line_ctc_reads_line_characters_left_to_right_and_trains_the_vision_towe
     expected_cer = sum(levenshtein(r, t) for r, (_, t) in zip(reads, alignable)) / sum(len(t) for _, t in alignable)
     assert ctc.reading_cer(model, batch) == pytest.approx(expected_cer) and expected_cer > 0.5  # untrained: no reading
     model.zero_grad()
-    model(**model_batch(collate(items[3:], builder.ids.endoftext, builder.ids.image_pad), processor))
+    model(**encoded_batch(items[3:], builder, processor))
     assert ctc.loss(batch["image_grid_thw"][3:], batch["labels"][3:]) is None  # no line page in the batch
-    assert ctc.reading_cer(model, model_batch(collate(items[3:], builder.ids.endoftext, builder.ids.image_pad),
-                                              processor)) is None
+    assert ctc.reading_cer(model, encoded_batch(items[3:], builder, processor)) is None
 
 
 def test_line_ctc_leaves_out_line_pages_it_cannot_align(pool, parts):
@@ -234,7 +232,7 @@ def test_line_ctc_leaves_out_line_pages_it_cannot_align(pool, parts):
                                        "crop: true, strict_chars: true}]")])
     items = [encode_page(p.image, p.markdown, processor, builder, 2, 448)
              for p in (make_page(s, pool, synth_config(cfg, 0)) for s in range(6))]
-    batch = model_batch(collate(items, builder.ids.endoftext, builder.ids.image_pad), processor)
+    batch = encoded_batch(items, builder, processor)
     model = _mini_model(cfg, builder)
     scored = {}
     for subframes in (1, 4):
@@ -313,7 +311,7 @@ def test_text_line_ctc_loss_and_reading_match_a_line_by_line_rederivation(pool, 
                                  "data.font_px=[11.0,15.0]", "train.text_line_ctc_weight=1.0"])
     pages = [make_page(40 + i, pool, synth_config(small)) for i in range(3)]
     items = [encode_page(p.image, p.markdown, processor, builder, 2, 448, p.lines) for p in pages]
-    batch = model_batch(collate(items, builder.ids.endoftext, builder.ids.image_pad), processor)
+    batch = encoded_batch(items, builder, processor)
     model = _mini_model(cfg, builder)
     sub = 3  # few frames per column: some lines cannot be aligned
     ltc = TextLineCTC(model, 1.0, sub)
@@ -369,7 +367,7 @@ def test_a_new_text_line_head_learns_alone_for_its_head_only_steps(pool, parts):
                                                                        "train.text_line_ctc_weight=1.0"])))
              for i in range(2)]
     items = [encode_page(p.image, p.markdown, processor, builder, 2, 448, p.lines) for p in pages]
-    batch = model_batch(collate(items, builder.ids.endoftext, builder.ids.image_pad), processor)
+    batch = encoded_batch(items, builder, processor)
     model = _mini_model(cfg, builder)
     ltc = TextLineCTC(model, 1.0, 8, head_only_steps=1)
     vision = model.model.visual.patch_embed.proj.weight
@@ -435,8 +433,8 @@ def test_image_use_shows_the_shipped_checkpoint_reads_the_image(pool, parts):
     model = Qwen3_5ForConditionalGeneration.from_pretrained(MODEL, dtype=torch.float32)
     items = [encode_page(p.image, p.markdown, processor, builder, 2, 448) for p in pages]
     swapped = [encode_page(q.image, p.markdown, processor, builder, 2, 448) for p, q in zip(pages, pages[::-1])]
-    use = image_use(model, model_batch(collate(items, builder.ids.endoftext, builder.ids.image_pad), processor),
-                    model_batch(collate(swapped, builder.ids.endoftext, builder.ids.image_pad), processor))
+    use = image_use(model, encoded_batch(items, builder, processor),
+                    encoded_batch(swapped, builder, processor))
     assert use["img_gain"] > 2.0 and use["img_var"] > 0.3, use  # measured here: 4.74 nats, 0.67
 
 
@@ -638,8 +636,7 @@ def test_op_count_bench_counts_each_part_of_a_training_step(small_pages, parts):
     processor, builder = parts
     model = _mini_model(load_config(CONFIG, MINI), builder)
     items = [encode_page(p.image, p.markdown, processor, builder, 2, 448) for p in small_pages]
-    res = bench.count_ops(model, model_inputs(model_batch(collate(items, builder.ids.endoftext, builder.ids.image_pad),
-                                                          processor)))
+    res = bench.count_ops(model, model_inputs(encoded_batch(items, builder, processor)))
     ops = res["forward_ops"]
     assert set(ops) == {"vision", "gated_deltanet", "attention", "rest"}, ops
     assert ops["gated_deltanet"] / 3 > ops["attention"] > 0 and ops["vision"] > 0  # MINI: 3 GDN, 1 attention layer
