@@ -437,16 +437,21 @@ class LineCTC:
     `subframes` CTC frames over characters, so one merged token (32 px) can hold several characters, as it must at
     small fonts. The targets are the characters of the answer's plain text. Characters, not BPE tokens: with token
     targets the CTC loss stayed at 3-5 nats in 2,000 steps; with characters the vision tower alone took held-out line
-    CER from 0.92 to 0.62 in 1,000 CPU steps (bench/results/ocria_tiny_vision_ctc_probe.log)."""
+    CER from 0.92 to 0.62 in 1,000 CPU steps (bench/results/ocria_tiny_vision_ctc_probe.log).
+
+    `head_only_steps`: for that many losses the features are detached, as in TextLineCTC: a new head on a trained
+    vision tower (a resumed run whose saved head is missing) learns to read before its gradients reach the tower."""
 
     HEAD_FILE = "line_ctc_head.pt"
 
-    def __init__(self, model, tokenizer, weight: float, max_rows: int, merge: int, subframes: int, im_end: int):
+    def __init__(self, model, tokenizer, weight: float, max_rows: int, merge: int, subframes: int, im_end: int,
+                 head_only_steps: int = 0):
         import torch
 
         cfg = model.config
         self.tok, self.weight, self.max_rows, self.merge, self.subframes, self.im_end = (
             tokenizer, weight, max_rows, merge, subframes, im_end)
+        self.head_only_steps = head_only_steps
         self.head = torch.nn.Linear(cfg.text_config.hidden_size, subframes * CTC_CLASSES).to(next(model.parameters()).device)
         self.features = None
         # the merged image tokens, as the model computes them inside its forward (no second vision pass)
@@ -467,6 +472,8 @@ class LineCTC:
         import torch
 
         feats, self.features = self.features, None
+        if self.head_only_steps > 0:
+            feats = feats.detach()
         rows_cols = (grid_thw[:, 1:] // self.merge).tolist()
         sizes = [r * c for r, c in rows_cols]
         seqs, targets = [], []
@@ -486,6 +493,7 @@ class LineCTC:
         import torch.nn.functional as F
 
         seqs, targets = self._line_sequences(grid_thw, labels)
+        self.head_only_steps = max(self.head_only_steps - 1, 0)
         if not seqs:
             return None
         logp = F.log_softmax(torch.nn.utils.rnn.pad_sequence(seqs), -1)  # (T, N, classes)
@@ -648,13 +656,19 @@ def _train(cfg: dict, synth: Path, model_dir: Path, out: Path, resume: Path | No
     if tc.get("ctc_weight", 0.0) > 0:
         ctc = LineCTC(model, builder.tok, tc["ctc_weight"], tc.get("ctc_max_rows", 3),
                       merge, tc.get("ctc_subframes", 4), builder.ids.im_end)
-        if resume is not None and (resume / LineCTC.HEAD_FILE).exists():  # a resumed run keeps reading where it was
-            saved = torch.load(resume / LineCTC.HEAD_FILE, map_location=device)
-            if saved["weight"].shape == ctc.head.weight.shape:
+        if resume is not None:  # a resumed run keeps reading where it was; a new head on its tower learns alone first
+            ctc.head_only_steps = tc["ctc_head_steps"]
+            saved = torch.load(resume / LineCTC.HEAD_FILE, map_location=device) if (
+                resume / LineCTC.HEAD_FILE).exists() else None
+            if saved is not None and saved["weight"].shape == ctc.head.weight.shape:
                 ctc.head.load_state_dict(saved)
-            else:  # ctc_subframes changed: the vision tower's reading carries over, its linear read-out does not
+                ctc.head_only_steps = 0
+            elif saved is not None:  # ctc_subframes changed: the tower's reading carries over, its read-out does not
                 print(f"line CTC head: saved for {saved['weight'].shape[0] // CTC_CLASSES} frames per column, "
                       f"now {ctc.subframes}: starting a new head", flush=True)
+            else:
+                print(f"line CTC head: none saved in {resume}: a new head, alone for {ctc.head_only_steps} steps",
+                      flush=True)
     line_ctc = None
     if tc["text_line_ctc_weight"] > 0:
         line_ctc = TextLineCTC(model, tc["text_line_ctc_weight"], tc["text_line_ctc_subframes"],

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -218,6 +219,30 @@ def test_line_ctc_reads_line_characters_left_to_right_and_trains_the_vision_towe
     model(**encoded_batch(items[3:], builder, processor))
     assert ctc.loss(batch["image_grid_thw"][3:], batch["labels"][3:]) is None  # no line page in the batch
     assert ctc.reading_cer(model, encoded_batch(items[3:], builder, processor)) is None
+
+
+def test_a_new_line_ctc_head_learns_alone_for_its_head_only_steps(pool, parts):
+    """As the text-line head: with head_only_steps=1 the first loss trains the line CTC head only, the next one also
+    reaches the vision tower (a resumed run whose line head was not saved starts it this way)."""
+    from jobs.train_tiny import LineCTC
+
+    processor, builder = parts
+    cfg = load_config(CONFIG, MINI + [("data.curriculum=[{until_page: 10, font_px: [24, 30], max_chars: [8, 30], "
+                                       "crop: true, strict_chars: true}]")])
+    items = [encode_page(p.image, p.markdown, processor, builder, 2, 448)
+             for p in (make_page(s, pool, synth_config(cfg, 0)) for s in range(3))]
+    batch = encoded_batch(items, builder, processor)
+    model = _mini_model(cfg, builder)
+    ctc = LineCTC(model, builder.tok, 1.0, 3, 2, 3, builder.ids.im_end, head_only_steps=1)
+    vision = model.model.visual.patch_embed.proj.weight
+    for head_only in (True, False):
+        model.zero_grad()
+        ctc.head.zero_grad()
+        model(**batch)
+        ctc.loss(batch["image_grid_thw"], batch["labels"]).backward()
+        assert ctc.head.weight.grad.abs().sum() > 0
+        assert (vision.grad is None) == head_only, head_only
+    assert ctc.head_only_steps == 0
 
 
 def test_line_ctc_leaves_out_line_pages_it_cannot_align(pool, parts):
@@ -565,7 +590,7 @@ def test_chunked_gated_delta_rule_trains_the_same_steps(pool, tmp_path, monkeypa
               tmp_path / "out", None, "cpu")
 
 
-def test_line_ctc_training_logs_its_reading_and_a_resumed_run_keeps_its_head(pool, tmp_path):
+def test_line_ctc_training_logs_its_reading_and_a_resumed_run_keeps_its_head(pool, tmp_path, capsys):
     """A short CPU run on line pages with both CTC losses logs their losses and readings (ctc, ctc_cer, line_ctc,
     line_ctc_cer) and saves the heads beside the weights; a run resumed with no training time left saves the heads it
     loaded, unchanged (fresh heads would differ)."""
@@ -598,6 +623,12 @@ def test_line_ctc_training_logs_its_reading_and_a_resumed_run_keeps_its_head(poo
         assert torch.equal(v, head[k]), k
     for k, v in torch.load(tmp_path / "run2" / "ckpt" / TextLineCTC.HEAD_FILE).items():
         assert torch.equal(v, line_head[k]), k
+    # a checkpoint without its heads (a shipped model with its train state beside it): new heads, learning alone first
+    bare = tmp_path / "bare"
+    shutil.copytree(ckpt, bare, ignore=shutil.ignore_patterns("*_head.pt"))
+    train(spent, synth, model_dir, tmp_path / "run_bare", bare, "cpu")
+    assert f"line CTC head: none saved in {bare}: a new head, alone for 100 steps" in capsys.readouterr().out
+    assert not torch.equal(torch.load(tmp_path / "run_bare" / "ckpt" / LineCTC.HEAD_FILE)["weight"], head["weight"])
     # more frames per column: the run goes on with new heads of the new shapes instead of failing to load the old ones
     cfg4 = {**spent, "train": {**spent["train"], "ctc_subframes": 4, "text_line_ctc_subframes": 6}}
     train(cfg4, synth, model_dir, tmp_path / "run3", ckpt, "cpu")
