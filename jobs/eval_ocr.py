@@ -206,6 +206,20 @@ def heldout_pages(n: int, cfg: dict, synth: Path, page_index: int | None = None)
     return pages
 
 
+def pool_fingerprint(synth: Path) -> dict:
+    """Which held-out pool drew the pages: its size and a hash of its file (written byte-stable, gzip mtime 0).
+    The pool is collected from the machine's licences and numpy's code, so another machine image can give other
+    pages under the same seeds; compare held-out numbers only between results with the same fingerprint."""
+    import hashlib
+
+    from pipeline.synthetic import TextPool
+
+    path = synth / "pool_heldout.json.gz"
+    pool = TextPool.from_json_gz(path)
+    return {"paragraphs": len(pool.prose), "code_runs": len(pool.code),
+            "sha256": hashlib.sha256(path.read_bytes()).hexdigest()[:16]}
+
+
 MIN_VOWEL_SHARE = 0.25  # text in Latin script: 37-48 % on the corpus' pages; shifted glyph codes: 7-13 %
 
 
@@ -333,6 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.heldout:
         result["heldout_synthetic"] = evaluate(heldout_pages(args.heldout, cfg, args.synth), reader, use_tess,
                                                args.batch, args.max_new_tokens)
+        result["heldout_synthetic"]["pool"] = pool_fingerprint(args.synth)
     if args.corpus_pages:
         result["corpus"] = evaluate(corpus_pages(args.corpus, args.corpus_pages, cfg), reader, use_tess, args.batch,
                                     args.max_new_tokens)

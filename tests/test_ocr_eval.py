@@ -149,6 +149,24 @@ def test_heldout_pages_follow_a_curriculum_stage(heldout_pool, tmp_path):
         assert line.reference_text == markdown_to_text(line.reference_md)
 
 
+def test_pool_fingerprint_tells_held_out_pools_apart(heldout_pool, tmp_path):
+    """The fingerprint an evaluation records: the same pool written twice gives the same one; a pool with one
+    paragraph fewer (another machine image's licences) gives another, whose pages differ under the same seeds."""
+    from jobs.eval_ocr import heldout_pages, pool_fingerprint
+    from pipeline.synthetic import TextPool
+
+    a, b, c = (tmp_path / x for x in "abc")
+    for d, pool in ((a, heldout_pool), (b, heldout_pool),
+                    (c, TextPool(prose=heldout_pool.prose[1:], code=heldout_pool.code))):
+        (d / "fonts").mkdir(parents=True)
+        pool.to_json_gz(d / "pool_heldout.json.gz")
+    fa, fb, fc = map(pool_fingerprint, (a, b, c))
+    assert fa == fb and fa["paragraphs"] == len(heldout_pool.prose) and fa["code_runs"] == len(heldout_pool.code)
+    assert fc["sha256"] != fa["sha256"] and fc["paragraphs"] == fa["paragraphs"] - 1
+    cfg = load_config(CONFIG, [])
+    assert [p.reference_md for p in heldout_pages(2, cfg, a)] != [p.reference_md for p in heldout_pages(2, cfg, c)]
+
+
 def test_quick_eval_scores_the_final_pages_and_the_current_stage(heldout_pool, tmp_path):
     """train's end-of-run evaluation: held-out pages of the final distribution, plus the current curriculum stage's
     while training is in one (greedy, through the model just trained; here the shipped checkpoint)."""
