@@ -226,23 +226,36 @@ def test_a_new_line_ctc_head_learns_alone_for_its_head_only_steps(pool, parts):
     reaches the vision tower (a resumed run whose line head was not saved starts it this way)."""
     from jobs.train_tiny import LineCTC
 
+    cfg, _, batch = _line_pages(pool, parts, 3)
+    model = _mini_model(cfg, parts[1])
+    ctc = LineCTC(model, parts[1].tok, 1.0, 3, 2, 3, parts[1].ids.im_end, head_only_steps=1)
+    _check_head_learns_alone_first(model, batch, ctc, lambda: ctc.loss(batch["image_grid_thw"], batch["labels"]))
+
+
+def _line_pages(pool, parts, n: int):
+    """n single-line pages (24-30 px glyphs, cropped) of the first curriculum stage: (cfg, encoded items, batch)."""
     processor, builder = parts
     cfg = load_config(CONFIG, MINI + [("data.curriculum=[{until_page: 10, font_px: [24, 30], max_chars: [8, 30], "
                                        "crop: true, strict_chars: true}]")])
     items = [encode_page(p.image, p.markdown, processor, builder, 2, 448)
-             for p in (make_page(s, pool, synth_config(cfg, 0)) for s in range(3))]
-    batch = encoded_batch(items, builder, processor)
-    model = _mini_model(cfg, builder)
-    ctc = LineCTC(model, builder.tok, 1.0, 3, 2, 3, builder.ids.im_end, head_only_steps=1)
+             for p in (make_page(s, pool, synth_config(cfg, 0)) for s in range(n))]
+    return cfg, items, encoded_batch(items, builder, processor)
+
+
+def _check_head_learns_alone_first(model, batch: dict, aux, loss) -> None:
+    """With aux.head_only_steps == 1: the first `loss()` after a forward trains aux's head only (no gradient reaches
+    the vision tower), the next one reaches the vision tower too."""
+    from jobs.train_tiny import model_inputs
+
     vision = model.model.visual.patch_embed.proj.weight
     for head_only in (True, False):
         model.zero_grad()
-        ctc.head.zero_grad()
-        model(**batch)
-        ctc.loss(batch["image_grid_thw"], batch["labels"]).backward()
-        assert ctc.head.weight.grad.abs().sum() > 0
+        aux.head.zero_grad()
+        model(**model_inputs(batch))
+        loss().backward()
+        assert aux.head.weight.grad.abs().sum() > 0
         assert (vision.grad is None) == head_only, head_only
-    assert ctc.head_only_steps == 0
+    assert aux.head_only_steps == 0
 
 
 def test_line_ctc_leaves_out_line_pages_it_cannot_align(pool, parts):
@@ -252,12 +265,8 @@ def test_line_ctc_leaves_out_line_pages_it_cannot_align(pool, parts):
     from jobs.train_tiny import LineCTC
 
     assert ctc_min_frames([4, 4, 5]) == 4 and ctc_min_frames([1, 2, 3]) == 3 and ctc_min_frames([]) == 0
-    processor, builder = parts
-    cfg = load_config(CONFIG, MINI + [("data.curriculum=[{until_page: 10, font_px: [24, 30], max_chars: [8, 30], "
-                                       "crop: true, strict_chars: true}]")])
-    items = [encode_page(p.image, p.markdown, processor, builder, 2, 448)
-             for p in (make_page(s, pool, synth_config(cfg, 0)) for s in range(6))]
-    batch = encoded_batch(items, builder, processor)
+    _, builder = parts
+    cfg, _, batch = _line_pages(pool, parts, 6)
     model = _mini_model(cfg, builder)
     scored = {}
     for subframes in (1, 4):
@@ -383,7 +392,6 @@ def test_a_new_text_line_head_learns_alone_for_its_head_only_steps(pool, parts):
     """head_only_steps=1: the first loss trains the head only (the vision tower gets no gradient from it), the next
     one reaches the vision tower."""
     from jobs.text_line_ctc import TextLineCTC
-    from jobs.train_tiny import model_inputs
 
     processor, builder = parts
     cfg = load_config(CONFIG, MINI)
@@ -395,15 +403,8 @@ def test_a_new_text_line_head_learns_alone_for_its_head_only_steps(pool, parts):
     batch = encoded_batch(items, builder, processor)
     model = _mini_model(cfg, builder)
     ltc = TextLineCTC(model, 1.0, 8, head_only_steps=1)
-    vision = model.model.visual.patch_embed.proj.weight
-    for head_only in (True, False):
-        model.zero_grad()
-        ltc.head.zero_grad()
-        model(**model_inputs(batch))
-        ltc.loss(batch["image_grid_thw"], batch["line_geom"], batch["line_chars"], 2).backward()
-        assert ltc.head.weight.grad.abs().sum() > 0
-        assert (vision.grad is None) == head_only, head_only
-    assert ltc.head_only_steps == 0
+    _check_head_learns_alone_first(
+        model, batch, ltc, lambda: ltc.loss(batch["image_grid_thw"], batch["line_geom"], batch["line_chars"], 2))
 
 
 def test_prepare_image_sizes_only_changes_the_pixel_budget_and_nothing_else(tmp_path):
