@@ -512,6 +512,22 @@ class LineCTC:
         return greedy_cer([x.argmax(-1).tolist() for x in seqs], targets) if seqs else None
 
 
+def resume_head(aux, path: Path, device: str, alone_steps: int, name: str) -> None:
+    """A resumed run's CTC head (LineCTC or TextLineCTC): the saved one when its shape fits, reading from the first
+    step; else a new head (none saved, or its subframes changed) that first learns alone for `alone_steps` losses, so
+    its random read-out's gradients do not reach the trained vision tower."""
+    import torch
+
+    saved = torch.load(path, map_location=device) if path.exists() else None
+    if saved is not None and saved["weight"].shape == aux.head.weight.shape:
+        aux.head.load_state_dict(saved)
+        aux.head_only_steps = 0
+        return
+    aux.head_only_steps = alone_steps
+    why = "none saved" if saved is None else f"saved for another shape {tuple(saved['weight'].shape)}"
+    print(f"{name}: {why} in {path.parent}: a new head, alone for {alone_steps} steps", flush=True)
+
+
 def optimizer_step(model, opt, batch: dict, autocast, grad_clip: float, ctc: LineCTC | None = None,
                    line_ctc: TextLineCTC | None = None, merge: int = 2):
     """One forward/backward/update; returns (loss, grad norm, line-page CTC loss or None, text-line CTC loss or None)
@@ -656,30 +672,15 @@ def _train(cfg: dict, synth: Path, model_dir: Path, out: Path, resume: Path | No
     if tc.get("ctc_weight", 0.0) > 0:
         ctc = LineCTC(model, builder.tok, tc["ctc_weight"], tc.get("ctc_max_rows", 3),
                       merge, tc.get("ctc_subframes", 4), builder.ids.im_end)
-        if resume is not None:  # a resumed run keeps reading where it was; a new head on its tower learns alone first
-            ctc.head_only_steps = tc["ctc_head_steps"]
-            saved = torch.load(resume / LineCTC.HEAD_FILE, map_location=device) if (
-                resume / LineCTC.HEAD_FILE).exists() else None
-            if saved is not None and saved["weight"].shape == ctc.head.weight.shape:
-                ctc.head.load_state_dict(saved)
-                ctc.head_only_steps = 0
-            elif saved is not None:  # ctc_subframes changed: the tower's reading carries over, its read-out does not
-                print(f"line CTC head: saved for {saved['weight'].shape[0] // CTC_CLASSES} frames per column, "
-                      f"now {ctc.subframes}: starting a new head", flush=True)
-            else:
-                print(f"line CTC head: none saved in {resume}: a new head, alone for {ctc.head_only_steps} steps",
-                      flush=True)
+        if resume is not None:
+            resume_head(ctc, resume / LineCTC.HEAD_FILE, device, tc["ctc_head_steps"], "line CTC head")
     line_ctc = None
     if tc["text_line_ctc_weight"] > 0:
         line_ctc = TextLineCTC(model, tc["text_line_ctc_weight"], tc["text_line_ctc_subframes"],
                                tc["text_line_ctc_head_steps"])
-        if resume is not None and (resume / TextLineCTC.HEAD_FILE).exists():  # a trained head reads from step one
-            saved = torch.load(resume / TextLineCTC.HEAD_FILE, map_location=device)
-            if saved["weight"].shape == line_ctc.head.weight.shape:
-                line_ctc.head.load_state_dict(saved)
-                line_ctc.head_only_steps = 0
-            else:  # text_line_ctc_subframes changed: a new head, which learns alone first
-                print("text-line CTC head: saved for another text_line_ctc_subframes, starting a new head", flush=True)
+        if resume is not None:
+            resume_head(line_ctc, resume / TextLineCTC.HEAD_FILE, device, tc["text_line_ctc_head_steps"],
+                        "text-line CTC head")
     groups = param_groups(model, tc)
     if ctc is not None:
         groups.append({"params": list(ctc.parameters()), "weight_decay": 0.0, "lr_mult": 1.0})
