@@ -39,6 +39,8 @@ def check_request(req: PageRequest) -> None:
         raise ValueError(f"sampling.top_p must be in (0, 1], got {sp.top_p}")
     if sp.top_k < 0:
         raise ValueError(f"sampling.top_k must be >= 0 (0 = off), got {sp.top_k}")
+    if sp.num_beams < 1 or (sp.num_beams > 1 and sp.temperature > 0):
+        raise ValueError(f"sampling.num_beams must be >= 1, and 1 when sampling (temperature > 0); got {sp}")
 
 
 @dataclass
@@ -155,6 +157,9 @@ class TransformersBackend:
             temperature=sp.temperature if sample else None,
             top_p=sp.top_p if sample else None,
             top_k=sp.top_k if sample else None,
+            num_beams=sp.num_beams,
+            early_stopping=True if sp.num_beams > 1 else None,  # as the native engine's beam search
+            length_penalty=sp.length_penalty,
             eos_token_id=self.eos_ids,
             pad_token_id=self.pad_id,
             bos_token_id=None,
@@ -165,7 +170,8 @@ class TransformersBackend:
 
     @torch.inference_mode()
     def _generate(self, items: list[_Prepared], sp: SamplingParams, submitted: float) -> list[PageResult]:
-        """One generate() call over `items` (greedy, or a single sampled request); results in `items` order."""
+        """One generate() call over `items` (greedy or beam search, or a single sampled request); results in
+        `items` order."""
         from transformers import LogitsProcessorList
 
         inputs = self._batch_inputs(items)
@@ -223,28 +229,37 @@ class TransformersBackend:
                 total_s=time.perf_counter() - submitted,
             )
 
-        greedy, sampled = [], []
+        # greedy requests batch together; beam searches with others of the same width, penalty and max_tokens
+        # (a beam search's result depends on its length limit, so it is not cut afterwards like greedy outputs)
+        greedy: dict[SamplingParams, list[_Prepared]] = {}
+        sampled = []
         for i, req in enumerate(requests):
             try:
                 p = self._prepare(i, req)
             except Exception as e:  # noqa: BLE001 - a bad request fails alone
                 fail(i, e)
                 continue
-            (sampled if req.sampling.temperature > 0 else greedy).append(p)
+            sp = req.sampling
+            if sp.temperature > 0:
+                sampled.append(p)
+            else:
+                key = SamplingParams() if sp.num_beams == 1 else SamplingParams(
+                    max_tokens=self._max_tokens(req), num_beams=sp.num_beams, length_penalty=sp.length_penalty)
+                greedy.setdefault(key, []).append(p)
 
-        # Similar lengths together keep left padding small.
-        greedy.sort(key=lambda p: len(p.input_ids))
-        for start in range(0, len(greedy), self.max_batch_size):
-            batch = greedy[start : start + self.max_batch_size]
-            try:
-                for p, r in zip(batch, self._generate(batch, SamplingParams(), submitted)):
-                    results[p.index] = r
-            except Exception:  # noqa: BLE001 - retry one by one so only the culprit fails
-                for p in batch:
-                    try:
-                        results[p.index] = self._generate([p], SamplingParams(), submitted)[0]
-                    except Exception as e:  # noqa: BLE001
-                        fail(p.index, e)
+        for sp, group in greedy.items():
+            group.sort(key=lambda p: len(p.input_ids))  # similar lengths together keep left padding small
+            for start in range(0, len(group), self.max_batch_size):
+                batch = group[start : start + self.max_batch_size]
+                try:
+                    for p, r in zip(batch, self._generate(batch, sp, submitted)):
+                        results[p.index] = r
+                except Exception:  # noqa: BLE001 - retry one by one so only the culprit fails
+                    for p in batch:
+                        try:
+                            results[p.index] = self._generate([p], sp, submitted)[0]
+                        except Exception as e:  # noqa: BLE001
+                            fail(p.index, e)
 
         for p in sampled:  # one by one: each request's seed alone decides its tokens
             try:

@@ -20,6 +20,8 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0  # 0 = off
     seed: int | None = None  # per-request seed; None = derived from the request id
+    num_beams: int = 1  # > 1: beam search (greedy only), as transformers' generate with early_stopping=True
+    length_penalty: float = 1.0  # beam search: a finished beam's score is log p / length ** length_penalty
 
 
 @dataclass

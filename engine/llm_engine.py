@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from engine.beam_search import BeamChoice, BeamGroup
 from engine.block_manager import BlockManager, blocks_for
 from engine.checkpoint import expected_tensors, inspect_checkpoint, iter_checkpoint_tensors, load_weights
 from engine.config import ModelConfig, default_max_model_len
@@ -41,8 +42,9 @@ class StepRecord:
 
 @dataclass
 class InFlight:
-    seqs: list  # sequences that receive one token each from this step
+    seqs: list  # sequences that receive one token each from this step (beam requests' members excepted)
     tokens: torch.Tensor  # [len(seqs)] (pinned host copy on CUDA, filled asynchronously)
+    beams: list[tuple[BeamGroup, BeamChoice]] = field(default_factory=list)  # beam requests' choices (host)
     logits: torch.Tensor | None = None  # kept only when some sequence records its logits
     event: torch.cuda.Event | None = None
     ev_start: torch.cuda.Event | None = None
@@ -171,8 +173,12 @@ class Engine:
             raise RequestRejected(f"request {request_id!r}: id already in use")
         if sampling.max_tokens < 1:
             raise RequestRejected(f"request {request_id!r}: max_tokens must be >= 1, got {sampling.max_tokens}")
-        if sampling.temperature < 0 or not 0 < sampling.top_p <= 1 or sampling.top_k < 0:
+        if sampling.temperature < 0 or not 0 < sampling.top_p <= 1 or sampling.top_k < 0 or sampling.num_beams < 1:
             raise RequestRejected(f"request {request_id!r}: bad sampling params {sampling}")
+        beams = sampling.num_beams
+        if beams > 1 and (sampling.temperature > 0 or keep_logits or beams > self.options.max_num_seqs):
+            raise RequestRejected(f"request {request_id!r}: beam search needs temperature 0, no keep_logits and "
+                                  f"num_beams <= max_num_seqs ({self.options.max_num_seqs}); got {sampling}")
         if prompt_token_ids is None:
             if self.processor is None:
                 raise RequestRejected(f"request {request_id!r}: engine has no tokenizer; pass prompt_token_ids")
@@ -192,8 +198,9 @@ class Engine:
                 f"request {request_id!r}: prompt ({len(ids)} tokens) + max_tokens ({sampling.max_tokens}) = {budget} "
                 f"exceeds the context budget max_model_len={self.max_model_len}; shrink the image (max_pixels), "
                 f"lower max_tokens or raise max_model_len")
-        if blocks_for(budget, self.block_manager.block_size) > self.block_manager.num_blocks:
-            raise RequestRejected(f"request {request_id!r}: needs {budget} tokens of KV cache, the whole cache holds "
+        if beams * blocks_for(budget, self.block_manager.block_size) > self.block_manager.num_blocks:
+            raise RequestRejected(f"request {request_id!r}: needs {budget} tokens of KV cache for each of its "
+                                  f"{beams} beam(s), the whole cache holds "
                                   f"{self.block_manager.num_blocks * self.block_manager.block_size}")
         images = None
         grids = [tuple(int(v) for v in g) for g in (image_grids or [])]
@@ -212,6 +219,9 @@ class Engine:
         seq = Sequence(next(self._ids), request_id, ids, sampling, stops, pos, delta, images, gen, keep_logits)
         if arrival_time is not None:  # time.perf_counter() when the caller received the request
             seq.arrival_time = arrival_time
+        if beams > 1:  # the other members share the prompt; its caches are copied to them once it is computed
+            others = [Sequence(next(self._ids), request_id, ids, sampling, stops, pos, delta) for _ in range(beams - 1)]
+            BeamGroup([seq, *others], sampling.length_penalty, self.device)
         self._seqs[request_id] = seq
         self.scheduler.add(seq)
 
@@ -252,7 +262,8 @@ class Engine:
         if seq.status == SeqStatus.WAITING:
             self.scheduler.abort_waiting(seq)
         elif seq.status != SeqStatus.FINISHED:
-            self.scheduler.finish(seq, "abort")
+            for s in seq.beam.members if seq.beam is not None else [seq]:
+                self.scheduler.finish(s, "abort")
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work() or self._inflight is not None
@@ -292,15 +303,23 @@ class Engine:
                                                 time.perf_counter()))
             return None
         tokens = self.sampler(logits, seqs)
-        slots = to_device([s.state_slot for s in seqs], torch.int64, self.device)
+        beams, fed = [], seqs
+        if any(s.beam is not None for s in seqs):
+            seqs, tokens, logits, beams = self._beam_step(seqs, tokens, logits)
+            fed = seqs + [m for group, _ in beams for m in group.members]
+            tokens = torch.cat([tokens] + [choice.tokens for _, choice in beams])
+        slots = to_device([s.state_slot for s in fed], torch.int64, self.device)
         self.runner.next_tokens[slots] = tokens  # decode inputs of the next step, without a host round trip
-        flight = InFlight(seqs, tokens.to("cpu", non_blocking=True) if self.device.type == "cuda" else tokens,
+        tokens = tokens[:len(seqs)]
+        on_cuda = self.device.type == "cuda"
+        flight = InFlight(seqs, tokens.to("cpu", non_blocking=True) if on_cuda else tokens,
+                          [(g, c.to_host() if on_cuda else c) for g, c in beams],
                           logits=logits if any(s.logits is not None for s in seqs) else None)
         if self.device.type == "cuda":
             flight.event = torch.cuda.Event(enable_timing=timing)
             flight.event.record()
         flight.ev_start = ev_start
-        for s in seqs:  # placeholder until collected
+        for s in fed:  # placeholder until collected
             s.token_ids.append(PLACEHOLDER)
             s.status = SeqStatus.DECODING
         if self.record_steps:
@@ -340,7 +359,54 @@ class Engine:
                 del seq.token_ids[i + 1:]  # tokens launched after the stop are dropped
                 self.scheduler.finish(seq, reason)
                 finished.append(self._output(seq))
+        for group, choice in flight.beams:
+            leader = group.leader
+            if leader.status == SeqStatus.FINISHED:
+                continue  # ended (or aborted) at an earlier step
+            leader.first_token_time = leader.first_token_time or now
+            leader.last_token_time = now
+            if group.apply(choice):
+                finished.append(self._finish_beams(group))
         return finished
+
+    def _beam_step(self, seqs: list[Sequence], tokens: torch.Tensor, logits: torch.Tensor):
+        """Beam requests' choices for this step, their parents' caches copied to the members that continue them.
+        -> (the other sequences, their tokens and logits rows, [(group, choice)])."""
+        row_of = {id(s): i for i, s in enumerate(seqs)}
+        others = [i for i, s in enumerate(seqs) if s.beam is None]
+        beams = []
+        for group in dict.fromkeys(s.beam for s in seqs if s.beam is not None):
+            scored = group.members if group.forked else [group.leader]
+            choice = group.select(logits[to_device([row_of[id(m)] for m in scored], torch.int64, self.device)])
+            self._copy_to_members(group, scored, choice.parents)
+            if not group.forked:
+                group.forked = True
+                self.scheduler.join(group.members[1:])
+            beams.append((group, choice))
+        idx = to_device(others, torch.int64, self.device)
+        return [seqs[i] for i in others], tokens[idx], logits[idx], beams
+
+    def _copy_to_members(self, group: BeamGroup, scored: list[Sequence], parents: torch.Tensor) -> None:
+        """Each member gets the GDN state row and KV blocks of the scored sequence it continues. Blocks before the
+        prompt's last full one are the same in every member (copied once, when the prompt is done)."""
+        bs = self.block_manager.block_size
+        first = scored[0].prompt_len // bs if group.forked else 0
+        last = blocks_for(scored[0].num_computed, bs)
+        dev = self.device
+        src_slots = to_device([s.state_slot for s in scored], torch.int64, dev)[parents]
+        dst_slots = to_device([m.state_slot for m in group.members], torch.int64, dev)
+        src_blocks = to_device([s.block_table[first:last] for s in scored], torch.int64, dev)[parents]
+        dst_blocks = to_device([m.block_table[first:last] for m in group.members], torch.int64, dev)
+        self.runner.copy_caches(src_slots, dst_slots, src_blocks.flatten(), dst_blocks.flatten())
+
+    def _finish_beams(self, group: BeamGroup) -> RequestOutput:
+        leader, best = group.leader, group.best()
+        leader.token_ids = leader.token_ids[:leader.prompt_len] + best
+        leader.num_known = len(leader.token_ids)
+        reason = "stop" if best[-1] in leader.stop_ids else "length"
+        for m in group.members:
+            self.scheduler.finish(m, reason)
+        return self._output(leader)
 
     def _prefill(self, seqs: list[Sequence], lens: list[int], start_event=None):
         self._encode_images([s for s in seqs if s.images is not None and s.image_embeds is None])

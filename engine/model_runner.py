@@ -164,6 +164,15 @@ class ModelRunner:
         for i, layer in enumerate(self.attn_layers):
             layer.k_cache, layer.v_cache = self.k_cache[i], self.v_cache[i]
 
+    @torch.no_grad()
+    def copy_caches(self, src_slots: torch.Tensor, dst_slots: torch.Tensor, src_blocks: torch.Tensor,
+                    dst_blocks: torch.Tensor) -> None:
+        """GDN state rows src_slots -> dst_slots and KV blocks src_blocks -> dst_blocks (device index tensors; a
+        source may also be a destination: everything is read before anything is written)."""
+        for cache, src, dst in ((self.conv_state, src_slots, dst_slots), (self.ssm_state, src_slots, dst_slots),
+                                (self.k_cache, src_blocks, dst_blocks), (self.v_cache, src_blocks, dst_blocks)):
+            cache.index_copy_(1, dst, cache.index_select(1, src))
+
     def _blocks_from_budget(self, max_num_seqs, max_model_len, kv_gb, utilization) -> int:
         """KV blocks that fit the budget, capped at what max_num_seqs full-length sequences could ever use."""
         useful = max_num_seqs * math.ceil(max_model_len / self.block_size) + 1

@@ -4,6 +4,7 @@ Each step is either a prefill step (chunks of admitted-but-unfinished prompts, t
 `max_num_batched_tokens` tokens) or, when no prompt work is pending, a decode step over every decoding sequence.
 A sequence is admitted only when a GDN state slot and KV blocks for its whole prompt are free, so prefill never
 runs out of memory; decode growth that does not fit preempts the most recently admitted sequences (recompute).
+A beam-search request is admitted, decoded and preempted with all its members (engine/beam_search.py).
 
 The engine runs one step ahead of the host: a sequence's newest token may still be a placeholder (sampled on the
 device, not yet seen by the host). Preemption needs real tokens, so when it is due the scheduler returns
@@ -61,16 +62,21 @@ class Scheduler:
                 seqs.append(seq)
                 lens.append(n)
                 budget -= n
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and self.states.num_free:
+        while self.waiting and budget > 0:
             seq = self.waiting[0]
+            # a beam request is admitted with all its members: a state slot and the prompt's KV blocks each
+            members = seq.beam.members if seq.beam is not None else [seq]
+            if len(self.running) + len(members) > self.max_num_seqs or self.states.num_free < len(members):
+                break
             # keep a few blocks (one per running sequence, at most 1% of the cache) free for decode growth, so
             # admitting a prompt does not immediately force a preemption
             reserve = min(len(self.running), self.blocks.num_blocks // 100)
-            if self.blocks.num_free - self.blocks.blocks_needed(seq, len(seq)) < reserve:
+            if self.blocks.num_free - len(members) * self.blocks.blocks_needed(seq, len(seq)) < reserve:
                 break
             self.waiting.popleft()
-            self.blocks.grow(seq, len(seq))
-            seq.state_slot = self.states.allocate()
+            for m in members:  # the other members join `running` when the prompt is done (Scheduler.join)
+                self.blocks.grow(m, len(seq))
+                m.state_slot = self.states.allocate()
             seq.status = SeqStatus.PREFILLING
             self.running.append(seq)
             n = min(len(seq), budget)
@@ -90,29 +96,51 @@ class Scheduler:
             if seq.status != SeqStatus.DECODING:
                 continue
             while not self.blocks.can_grow(seq, len(seq)):
-                victim = next((s for s in reversed(self.running) if s is not seq), None)
+                victim = next((s for s in reversed(self.running)  # never a member of seq's own beam request
+                               if s is not seq and (s.beam is None or s.beam is not seq.beam)), None)
                 if victim is None:
                     break
-                self.preempt(victim)
-                if victim in batch:
-                    batch.remove(victim)
+                for dropped in self.preempt(victim):
+                    if dropped in batch:
+                        batch.remove(dropped)
             if seq.status != SeqStatus.DECODING:
                 continue
             if not self.blocks.can_grow(seq, len(seq)):
-                self.preempt(seq)  # alone and still does not fit: wait for memory
+                for dropped in self.preempt(seq):  # alone and still does not fit: wait for memory
+                    if dropped in batch:
+                        batch.remove(dropped)
                 continue
             self.blocks.grow(seq, len(seq))
             batch.append(seq)
         return ScheduledStep(False, batch, [1] * len(batch)) if batch else None
 
-    def preempt(self, seq: Sequence) -> None:
-        """Drop seq's caches; it re-enters the queue front and recomputes prompt + outputs on readmission."""
-        self._release(seq)
-        seq.status = SeqStatus.WAITING
-        seq.num_computed = 0
+    def preempt(self, seq: Sequence) -> list[Sequence]:
+        """Drop seq's caches; it re-enters the queue front and recomputes prompt + outputs on readmission.
+        A beam member takes its whole request with it, and the search restarts from the prompt.
+        -> the sequences dropped from `running`."""
+        members = seq.beam.members if seq.beam is not None else [seq]
+        dropped = [m for m in members if m in self.running]
+        for m in members:
+            self._release(m)
+            m.status = SeqStatus.WAITING
+            m.num_computed = 0
+            m.num_preemptions += 1  # (also tells the decode metadata that its block table is a new one)
+            if seq.beam is not None:
+                del m.token_ids[m.prompt_len:]
+                m.num_known = m.prompt_len
+        if seq.beam is not None:
+            seq.beam.reset()
+            seq = seq.beam.leader
         seq.image_embeds = None
-        seq.num_preemptions += 1
         self.waiting.appendleft(seq)
+        return dropped
+
+    def join(self, members: list[Sequence]) -> None:
+        """A beam request's other members start decoding: the prompt's caches have been copied to them."""
+        for m in members:
+            m.status = SeqStatus.DECODING
+            m.num_computed = m.prompt_len
+            self.running.append(m)
 
     def finish(self, seq: Sequence, reason: str) -> None:
         self._release(seq)

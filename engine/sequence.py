@@ -53,6 +53,7 @@ class Sequence:
         self.first_token_time: float | None = None
         self.last_token_time: float | None = None
         self.num_preemptions = 0
+        self.beam = None  # engine.beam_search.BeamGroup of a beam-search request's members
 
     def __len__(self) -> int:
         return len(self.token_ids)

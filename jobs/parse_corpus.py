@@ -28,7 +28,8 @@ def _overrides(**flags) -> dict:
         "limit": ("input", "limit"), "output": ("output",), "s3_endpoint": ("storage", "s3_endpoint"),
         "s3_region": ("storage", "s3_region"), "backend": ("model", "backend"), "checkpoint": ("model", "checkpoint"),
         "device": ("model", "device"), "dtype": ("model", "dtype"), "max_tokens": ("model", "max_tokens"),
-        "prompt": ("model", "prompt"), "max_pages": ("raster", "max_pages_per_doc"),
+        "prompt": ("model", "prompt"), "num_beams": ("model", "num_beams"),
+        "max_pages": ("raster", "max_pages_per_doc"),
         "target_longest_px": ("raster", "target_longest_px"), "doc_timeout": ("raster", "doc_timeout_s"),
         "batch_size": ("parse", "batch_size"), "num_engines": ("parse", "num_actors"),
         "retry_failed": ("run", "retry_failed"), "reparse": ("run", "reparse"), "max_attempts": ("run", "max_attempts"),
@@ -62,6 +63,7 @@ def _overrides(**flags) -> dict:
 @click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]))
 @click.option("--max-tokens", type=int, help="output tokens per page")
 @click.option("--prompt")
+@click.option("--num-beams", type=int, help="beam search of this width (1: greedy)")
 @click.option("--max-pages", type=int, help="pages per document")
 @click.option("--target-longest-px", type=int, help="longest page side when rendering")
 @click.option("--doc-timeout", type=float, help="seconds per document before the renderer is killed")

@@ -55,7 +55,16 @@ class ModelConfig(Strict):
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(0, ge=0)
     seed: int | None = Field(None, description="null = each page's own seed, derived from its sha256 and index")
+    num_beams: int = Field(1, ge=1, description="> 1: beam search of this width (needs temperature 0)")
+    length_penalty: float = Field(1.0, description="beam search: finished beams are ranked by log p / length ** this")
     options: dict = Field(default_factory=dict, description="extra keyword arguments for the backend")
+
+    @model_validator(mode="after")
+    def _beams_are_greedy(self) -> "ModelConfig":
+        if self.num_beams > 1 and self.temperature > 0:
+            raise ValueError(f"model.num_beams={self.num_beams} needs model.temperature 0 (beam search does not "
+                             f"sample); got temperature {self.temperature}")
+        return self
 
 
 class ParseConfig(Strict):

@@ -20,6 +20,22 @@ SHIPPED_PAGES = ["image.target_longest_px=1536", "image.max_pixels=2359296", "da
 
 
 @pytest.fixture(scope="session")
+def text_ckpt(tmp_path_factory, tiny_tokenizer):
+    """A tiny random text-only checkpoint (qwen3_5_text, tied head) for the engine tests."""
+    from engine.testing import build_checkpoint
+
+    return build_checkpoint(tmp_path_factory.mktemp("txt"), vision=False, tie=True, tokenizer=tiny_tokenizer, seed=1)
+
+
+@pytest.fixture(scope="session")
+def vl_ckpt(tmp_path_factory, tiny_tokenizer):
+    """A tiny random VL checkpoint (qwen3_5, untied head) for the engine tests."""
+    from engine.testing import build_checkpoint
+
+    return build_checkpoint(tmp_path_factory.mktemp("vl"), vision=True, tie=False, tokenizer=tiny_tokenizer, seed=2)
+
+
+@pytest.fixture(scope="session")
 def licence_prose() -> list[str]:
     """Paragraphs of the system's licence texts: a real-text pool for the synthetic page generator."""
     from pipeline.synthetic import split_paragraphs

@@ -93,6 +93,19 @@ def test_stop_token_ends_generation(ckpt):
     b.close()
 
 
+def test_beam_search_batched_matches_native_engine(ckpt, backend):
+    """Beam requests batch apart from greedy ones, and read as the native engine's beam search reads them."""
+    reqs = [replace(r, sampling=SamplingParams(max_tokens=12, num_beams=3)) for r in _requests()]
+    greedy = _requests()[0]
+    got = backend.parse(reqs + [greedy])
+    native = load_backend("native", str(ckpt), device="cpu", dtype="float32", max_batch_size=12, num_blocks=128)
+    want = native.parse(reqs)
+    native.close()
+    assert [_key(r) for r in got[:3]] == [_key(r) for r in want]
+    assert _key(got[3]) == _key(backend.parse([greedy])[0])
+    assert any(b.text != g.text for b, g in zip(got, backend.parse(_requests()))), "beams read like greedy"
+
+
 def test_bad_request_fails_alone(backend):
     good = _requests()
     bad = [

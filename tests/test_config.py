@@ -26,6 +26,13 @@ def test_bad_value_and_missing_input(tmp_path):
         load_config(tmp_path / "missing.yaml")
 
 
+def test_beam_search_must_be_greedy():
+    cfg = load_config(None, {"input": {"uris": ["x"]}, "model": {"num_beams": 4}})
+    assert (cfg.model.num_beams, cfg.model.temperature) == (4, 0.0)
+    with pytest.raises(ConfigError, match="num_beams=4 needs model.temperature 0"):
+        load_config(None, {"input": {"uris": ["x"]}, "model": {"num_beams": 4, "temperature": 0.5}})
+
+
 def test_flags_override_yaml(tmp_path):
     p = tmp_path / "c.yaml"
     p.write_text("input: {uris: [a]}\nmodel: {backend: transformers, max_tokens: 5}\nparse: {batch_size: 4}\n")

@@ -11,21 +11,11 @@ import torch
 
 from engine.interface import SamplingParams
 from engine.llm_engine import Engine
-from engine.testing import build_checkpoint, tokenizer_texts
+from engine.testing import tokenizer_texts
 
 # Per-step logits of the engine vs transformers' generate(); measured max |diff| is ~2e-5 on these models.
 LOGITS_ATOL = 2e-4
 MAX_NEW = 24
-
-
-@pytest.fixture(scope="module")
-def text_ckpt(tmp_path_factory, tiny_tokenizer):
-    return build_checkpoint(tmp_path_factory.mktemp("txt"), vision=False, tie=True, tokenizer=tiny_tokenizer, seed=1)
-
-
-@pytest.fixture(scope="module")
-def vl_ckpt(tmp_path_factory, tiny_tokenizer):
-    return build_checkpoint(tmp_path_factory.mktemp("vl"), vision=True, tie=False, tokenizer=tiny_tokenizer, seed=2)
 
 
 def hf_model(path, vl):
