@@ -109,7 +109,7 @@ class Score:
 
 class HFPageReader:
     """ocria-tiny through transformers' Qwen3_5ForConditionalGeneration, batched with left padding; greedy, or beam
-    search with `num_beams` > 1 (transformers' length-normalised beam scores; the pipeline's engine decodes greedily)."""
+    search with `num_beams` > 1 (transformers' length-normalised beam scores, early stopping)."""
 
     def __init__(self, model_dir: Path, device: str = "cpu", model=None, prompt: str | None = None,
                  num_beams: int = 1):
@@ -159,6 +159,29 @@ class HFPageReader:
             )
         self.model.train(was_training)
         return [self.builder.tok.decode(row[n:].tolist(), skip_special_tokens=True).strip() for row in out.cpu()]
+
+
+class EnginePageReader:
+    """ocria-tiny through the pipeline's own path: the native engine's parse backend (its processor, chat template
+    and decoding), greedy or beam search with `num_beams` > 1. fp32 on CPU, bf16 on CUDA."""
+
+    def __init__(self, model_dir: Path, device: str = "cpu", num_beams: int = 1, batch: int = 8):
+        from engine.backends import load_backend
+
+        self.backend = load_backend("native", str(model_dir), device=device, dtype="auto",
+                                    max_batch_size=batch * num_beams)
+        self.processor = self.backend.engine.processor.image_processor
+        self.num_beams = num_beams
+
+    def read(self, images: list[np.ndarray], max_new_tokens: int = 512) -> list[str]:
+        from engine.interface import PageRequest, SamplingParams
+
+        sampling = SamplingParams(max_tokens=max_new_tokens, num_beams=self.num_beams)
+        results = self.backend.parse([PageRequest(f"page-{i}", im, sampling=sampling) for i, im in enumerate(images)])
+        failed = [f"{r.request_id}: {r.error}" for r in results if r.finish_reason == "error"]
+        if failed:
+            raise RuntimeError(f"the engine failed on {len(failed)} page(s): {failed[:3]}")
+        return [r.text.strip() for r in results]
 
 
 def tesseract_available() -> bool:
@@ -279,8 +302,8 @@ def corpus_pages(corpus: Path, n: int, cfg: dict, min_chars: int = 200) -> list[
 # ---------------------------------------------------------------- run
 
 
-def evaluate(pages: list[EvalPage], reader: HFPageReader | None, use_tesseract: bool, batch: int,
-             max_new_tokens: int) -> dict:
+def evaluate(pages: list[EvalPage], reader: HFPageReader | EnginePageReader | None, use_tesseract: bool,
+             batch: int, max_new_tokens: int) -> dict:
     model_md, model_text, tess = Score(), Score(), Score()
     per_page = []
     model_s = tess_s = 0.0
@@ -326,7 +349,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--corpus-pages", type=int, default=12, help="born-digital corpus pages (0: none)")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=1024, help="full synthetic pages take up to ~680")
-    ap.add_argument("--num-beams", type=int, default=1, help="1: greedy, as the pipeline's engine decodes")
+    ap.add_argument("--num-beams", type=int, default=1, help="1: greedy decoding")
+    ap.add_argument("--reader", choices=["transformers", "native"], default="transformers",
+                    help="native: the pipeline's engine and processor (engine.native_backend)")
     ap.add_argument("--no-model", action="store_true")
     ap.add_argument("--no-tesseract", action="store_true")
     ap.add_argument("--device", default="cpu")
@@ -337,13 +362,15 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_tesseract and not use_tess:
         print("tesseract not found: skipping the Tesseract baseline "
               "(apt-get install -y --no-install-recommends tesseract-ocr tesseract-ocr-eng)", file=sys.stderr)
-    reader = None if args.no_model else HFPageReader(args.model, args.device, num_beams=args.num_beams)
+    readers = {"transformers": lambda: HFPageReader(args.model, args.device, num_beams=args.num_beams),
+               "native": lambda: EnginePageReader(args.model, args.device, args.num_beams, args.batch)}
+    reader = None if args.no_model else readers[args.reader]()
     if reader is not None and reader.processor.max_pixels != cfg["image"]["max_pixels"]:
         raise SystemExit(f"{args.config} draws pages for max_pixels {cfg['image']['max_pixels']:,} but {args.model} "
                          f"reads {reader.processor.max_pixels:,}: pass a --config at the model's size (e.g. "
                          "bench/results/ocria_tiny_eval_full_pages_1536_config.yaml for the shipped model)")
     result = {"command": " ".join([Path(sys.executable).name, "-m", "jobs.eval_ocr", *(argv or sys.argv[1:])]),
-              "model": str(args.model), "num_beams": args.num_beams, "tesseract": use_tess}
+              "model": str(args.model), "reader": args.reader, "num_beams": args.num_beams, "tesseract": use_tess}
     if args.heldout:
         result["heldout_synthetic"] = evaluate(heldout_pages(args.heldout, cfg, args.synth), reader, use_tess,
                                                args.batch, args.max_new_tokens)

@@ -225,7 +225,10 @@ def test_shipped_model_heldout_loss(reader, heldout_pool, cfg):
 
 
 def test_shipped_model_reads_heldout_pages(reader, heldout_pool, cfg):
+    """...within the bound, and the pipeline's engine (its own processor and decode loop) reads them the same."""
     from dataclasses import replace
+
+    from jobs.eval_ocr import EnginePageReader
 
     short = replace(synth_config(cfg), max_chars=(150, 300))  # short pages keep CPU decoding to seconds
     pages = [make_page(cfg["data"]["heldout_seed"] + 100 + i, heldout_pool, short) for i in range(2)]
@@ -235,14 +238,15 @@ def test_shipped_model_reads_heldout_pages(reader, heldout_pool, cfg):
         assert hyp.strip(), "empty output"
         score.add(markdown_to_text(hyp), markdown_to_text(p.markdown))
     assert score.summary()["cer"] < MAX_HELDOUT_CER, score.summary()
+    assert EnginePageReader(MODEL, "cpu", batch=2).read([p.image for p in pages], max_new_tokens=160) == hyps
 
 
 def test_beam_search_reader_reads_the_same_pages(reader, heldout_pool, cfg, monkeypatch):
     """HFPageReader(num_beams=3) hands the beam width to transformers' generate and reads the short held-out pages
-    within the same bound as greedy decoding."""
+    within the same bound as greedy decoding; the pipeline's engine with 3 beams reads them the same."""
     from dataclasses import replace
 
-    from jobs.eval_ocr import HFPageReader
+    from jobs.eval_ocr import EnginePageReader, HFPageReader
 
     beams = HFPageReader(MODEL, "cpu", model=reader.model, num_beams=3)
     seen = []
@@ -251,10 +255,13 @@ def test_beam_search_reader_reads_the_same_pages(reader, heldout_pool, cfg, monk
     short = replace(synth_config(cfg), max_chars=(150, 300))
     pages = [make_page(cfg["data"]["heldout_seed"] + 100 + i, heldout_pool, short) for i in range(2)]
     score = Score()
-    for p, hyp in zip(pages, beams.read([p.image for p in pages], max_new_tokens=160)):
+    hyps = beams.read([p.image for p in pages], max_new_tokens=160)
+    for p, hyp in zip(pages, hyps):
         score.add(markdown_to_text(hyp), markdown_to_text(p.markdown))
     assert seen == [3]
     assert score.summary()["cer"] < MAX_HELDOUT_CER, score.summary()
+    engine = EnginePageReader(MODEL, "cpu", num_beams=3, batch=2)
+    assert engine.read([p.image for p in pages], max_new_tokens=160) == hyps
 
 
 def test_eval_job_runs_at_the_models_page_size_and_refuses_another(heldout_pool, tmp_path):
