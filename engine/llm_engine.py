@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from engine.beam_search import BeamChoice, BeamGroup
+from engine.beam_search import BeamChoice, BeamGroup, select_beams
 from engine.block_manager import BlockManager, blocks_for
 from engine.checkpoint import expected_tensors, inspect_checkpoint, iter_checkpoint_tensors, load_weights
 from engine.config import ModelConfig, default_max_model_len
@@ -44,7 +44,7 @@ class StepRecord:
 class InFlight:
     seqs: list  # sequences that receive one token each from this step (beam requests' members excepted)
     tokens: torch.Tensor  # [len(seqs)] (pinned host copy on CUDA, filled asynchronously)
-    beams: list[tuple[BeamGroup, BeamChoice]] = field(default_factory=list)  # beam requests' choices (host)
+    beams: list[tuple[list[BeamGroup], BeamChoice]] = field(default_factory=list)  # beam requests' choices (host)
     logits: torch.Tensor | None = None  # kept only when some sequence records its logits
     event: torch.cuda.Event | None = None
     ev_start: torch.cuda.Event | None = None
@@ -306,14 +306,14 @@ class Engine:
         beams, fed = [], seqs
         if any(s.beam is not None for s in seqs):
             seqs, tokens, logits, beams = self._beam_step(seqs, tokens, logits)
-            fed = seqs + [m for group, _ in beams for m in group.members]
-            tokens = torch.cat([tokens] + [choice.tokens for _, choice in beams])
+            fed = seqs + [m for groups, _ in beams for group in groups for m in group.members]
+            tokens = torch.cat([tokens] + [choice.tokens.flatten() for _, choice in beams])
         slots = to_device([s.state_slot for s in fed], torch.int64, self.device)
         self.runner.next_tokens[slots] = tokens  # decode inputs of the next step, without a host round trip
         tokens = tokens[:len(seqs)]
         on_cuda = self.device.type == "cuda"
         flight = InFlight(seqs, tokens.to("cpu", non_blocking=True) if on_cuda else tokens,
-                          [(g, c.to_host() if on_cuda else c) for g, c in beams],
+                          [(gs, c.to_host() if on_cuda else c) for gs, c in beams],
                           logits=logits if any(s.logits is not None for s in seqs) else None)
         if self.device.type == "cuda":
             flight.event = torch.cuda.Event(enable_timing=timing)
@@ -359,45 +359,78 @@ class Engine:
                 del seq.token_ids[i + 1:]  # tokens launched after the stop are dropped
                 self.scheduler.finish(seq, reason)
                 finished.append(self._output(seq))
-        for group, choice in flight.beams:
-            leader = group.leader
-            if leader.status == SeqStatus.FINISHED:
-                continue  # ended (or aborted) at an earlier step
-            leader.first_token_time = leader.first_token_time or now
-            leader.last_token_time = now
-            if group.apply(choice):
-                finished.append(self._finish_beams(group))
+        for groups, choice in flight.beams:
+            for row, group in enumerate(groups):
+                leader = group.leader
+                if leader.status == SeqStatus.FINISHED:
+                    continue  # ended (or aborted) at an earlier step
+                leader.first_token_time = leader.first_token_time or now
+                leader.last_token_time = now
+                if group.apply(choice, row):
+                    finished.append(self._finish_beams(group))
         return finished
 
     def _beam_step(self, seqs: list[Sequence], tokens: torch.Tensor, logits: torch.Tensor):
-        """Beam requests' choices for this step, their parents' caches copied to the members that continue them.
-        -> (the other sequences, their tokens and logits rows, [(group, choice)])."""
+        """Beam requests' choices for this step (one selection per shape of request, not per request), their
+        parents' caches copied to the members that continue them.
+        -> (the other sequences, their tokens and logits rows, [(requests, their choice)])."""
         row_of = {id(s): i for i, s in enumerate(seqs)}
         others = [i for i, s in enumerate(seqs) if s.beam is None]
-        beams = []
+        by_shape: dict[tuple, list[BeamGroup]] = {}
         for group in dict.fromkeys(s.beam for s in seqs if s.beam is not None):
-            scored = group.members if group.forked else [group.leader]
-            choice = group.select(logits[to_device([row_of[id(m)] for m in scored], torch.int64, self.device)])
-            self._copy_to_members(group, scored, choice.parents)
-            if not group.forked:
-                group.forked = True
-                self.scheduler.join(group.members[1:])
-            beams.append((group, choice))
+            by_shape.setdefault(group.shape_key(), []).append(group)
+        beams = []
+        for (n, k, _), groups in by_shape.items():
+            rows = to_device([row_of[id(m)] for g in groups for m in g.scored], torch.int64, self.device)
+            norm, at_max = zip(*(g.next_length() for g in groups))
+            scores = torch.stack([g.scores for g in groups])
+            choice, new_scores = select_beams(logits[rows].view(len(groups), n, -1), scores, k, groups[0].stop_ids,
+                                              to_device(norm, torch.float32, self.device),
+                                              to_device(at_max, torch.bool, self.device))
+            for g, row_scores in zip(groups, new_scores):
+                g.scores = row_scores
+            beams.append((groups, choice))
+        self._copy_to_members(beams)
+        for groups, _ in beams:
+            for group in groups:
+                if not group.forked:
+                    group.forked = True
+                    self.scheduler.join(group.members[1:])
         idx = to_device(others, torch.int64, self.device)
         return [seqs[i] for i in others], tokens[idx], logits[idx], beams
 
-    def _copy_to_members(self, group: BeamGroup, scored: list[Sequence], parents: torch.Tensor) -> None:
-        """Each member gets the GDN state row and KV blocks of the scored sequence it continues. Blocks before the
-        prompt's last full one are the same in every member (copied once, when the prompt is done)."""
+    def _copy_to_members(self, beams: list[tuple[list[BeamGroup], BeamChoice]]) -> None:
+        """Each member gets the GDN state row and KV blocks of the scored sequence it continues, for all beam
+        requests in one copy. Blocks before the prompt's last full one are the same in every member (copied once,
+        when the prompt is done). The parents are on the device, so the sources are gathered there: per member,
+        the offset of its request's scored slots; per block, the offset of its request's scored block tables."""
         bs = self.block_manager.block_size
-        first = scored[0].prompt_len // bs if group.forked else 0
-        last = blocks_for(scored[0].num_computed, bs)
+        scored_slots, slot_base, dst_slots = [], [], []
+        tables, blk_member, blk_base, blk_count, dst_blocks = [], [], [], [], []
+        for groups, _ in beams:
+            for g in groups:
+                scored = g.scored
+                first = scored[0].prompt_len // bs if g.forked else 0
+                nb = blocks_for(scored[0].num_computed, bs) - first
+                base_slot, base_table = len(scored_slots), len(tables)
+                scored_slots += [s.state_slot for s in scored]
+                for s in scored:
+                    tables += s.block_table[first:first + nb]
+                for m in g.members:
+                    member = len(dst_slots)
+                    slot_base.append(base_slot)
+                    dst_slots.append(m.state_slot)
+                    dst_blocks += m.block_table[first:first + nb]
+                    blk_member += [member] * nb
+                    blk_base += range(base_table, base_table + nb)
+                    blk_count += [nb] * nb
         dev = self.device
-        src_slots = to_device([s.state_slot for s in scored], torch.int64, dev)[parents]
-        dst_slots = to_device([m.state_slot for m in group.members], torch.int64, dev)
-        src_blocks = to_device([s.block_table[first:last] for s in scored], torch.int64, dev)[parents]
-        dst_blocks = to_device([m.block_table[first:last] for m in group.members], torch.int64, dev)
-        self.runner.copy_caches(src_slots, dst_slots, src_blocks.flatten(), dst_blocks.flatten())
+        parents = torch.cat([choice.parents.flatten() for _, choice in beams])
+        src_slots = to_device(scored_slots, torch.int64, dev)[to_device(slot_base, torch.int64, dev) + parents]
+        blk = to_device([blk_member, blk_base, blk_count], torch.int64, dev)
+        src_blocks = to_device(tables, torch.int64, dev)[blk[1] + parents[blk[0]] * blk[2]]
+        self.runner.copy_caches(src_slots, to_device(dst_slots, torch.int64, dev), src_blocks,
+                                to_device(dst_blocks, torch.int64, dev))
 
     def _finish_beams(self, group: BeamGroup) -> RequestOutput:
         leader, best = group.leader, group.best()

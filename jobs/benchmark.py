@@ -125,7 +125,7 @@ def copy_bandwidth(device, nbytes: int) -> float:
 
 # ---------------------------------------------------------------------------------------------------- workloads
 
-def make_requests(kind: str, batch: int, args, cfg, rng) -> list[dict]:
+def make_requests(kind: str, batch: int, args, cfg, rng, num_beams: int = 1) -> list[dict]:
     t, v = cfg.text, cfg.vision
     hi = min(240000, cfg.vision_start_token_id - 10)  # ordinary (non-special) token ids
     reqs = []
@@ -133,7 +133,8 @@ def make_requests(kind: str, batch: int, args, cfg, rng) -> list[dict]:
         words = rng.integers(0, hi, 64).tolist()
         if kind == "text":
             ids = rng.integers(0, hi, args.text_prompt).tolist()
-            reqs.append(dict(prompt_token_ids=ids, sampling=SamplingParams(max_tokens=args.text_gen)))
+            reqs.append(dict(prompt_token_ids=ids,
+                             sampling=SamplingParams(max_tokens=args.text_gen, num_beams=num_beams)))
             continue
         side = int(math.isqrt(args.page_image_tokens))  # merged grid side; the patch grid is twice that
         n_img = side * side
@@ -142,7 +143,7 @@ def make_requests(kind: str, batch: int, args, cfg, rng) -> list[dict]:
         grid = (1, 2 * side, 2 * side)
         pixels = rng.standard_normal((4 * n_img, v.patch_dim), dtype=np.float32)
         reqs.append(dict(prompt_token_ids=ids, pixel_values=pixels, image_grids=[grid],
-                         sampling=SamplingParams(max_tokens=args.page_gen)))
+                         sampling=SamplingParams(max_tokens=args.page_gen, num_beams=num_beams)))
     return reqs
 
 
@@ -189,8 +190,10 @@ def decode_step_times(step_log, batch: int) -> tuple[float, float, float, list]:
     return step_s, device_s, launch_s, dec
 
 
-def run_native(engine: Engine, kind, batch, args, rng, bw, cfg, dtype, name="native") -> dict:
-    reqs = make_requests(kind, batch, args, cfg, rng)
+def run_native(engine: Engine, kind, batch, args, rng, bw, cfg, dtype, name="native", num_beams: int = 1) -> dict:
+    """`batch` requests of `kind`, each a beam search of `num_beams` sequences when > 1 (ignore_eos: every beam
+    runs to max_tokens), so a decode step runs batch * num_beams sequences."""
+    reqs = make_requests(kind, batch, args, cfg, rng, num_beams)
     for r in reqs:
         r["ignore_eos"] = True
     # Warm-up at the same prompt shapes: one-time compilation for a new prefill size stays out of TTFT.
@@ -206,15 +209,16 @@ def run_native(engine: Engine, kind, batch, args, rng, bw, cfg, dtype, name="nat
     errors = [o.error for o in outs if o.finish_reason == "error"]
     if errors:
         raise RuntimeError(f"native {kind} batch {batch}: {errors[0]}")
-    step_s, device_s, launch_s, dec = decode_step_times(engine.step_log, batch)
+    rows = batch * num_beams
+    step_s, device_s, launch_s, dec = decode_step_times(engine.step_log, rows)
     prompt = outs[0].prompt_tokens
     gen = gen_len(kind, args)
-    roof = decode_bytes(cfg, engine.model, batch, prompt + gen / 2, dtype)
+    roof = decode_bytes(cfg, engine.model, rows, prompt + gen / 2, dtype)
     roof_s = roof["total"] / bw
     total_out = sum(o.output_tokens for o in outs)
     return dict(
-        engine=name, scenario=kind, batch=batch, prompt_tokens=prompt, output_tokens=gen, wall_s=wall,
-        total_tok_s=total_out / wall, per_seq_decode_tok_s=statistics.mean(o.decode_tokens_per_s for o in outs),
+        engine=name, scenario=kind, batch=batch, num_beams=num_beams, prompt_tokens=prompt, output_tokens=gen,
+        wall_s=wall, requests_per_s=batch / wall, total_tok_s=total_out / wall, per_seq_decode_tok_s=statistics.mean(o.decode_tokens_per_s for o in outs),
         ttft_ms_mean=1e3 * statistics.mean(o.ttft_s for o in outs),
         ttft_ms_p50=1e3 * statistics.median(o.ttft_s for o in outs),
         decode_step_ms=1e3 * step_s, decode_device_ms=1e3 * device_s, host_launch_ms=1e3 * launch_s,

@@ -163,12 +163,12 @@ class HFPageReader:
 
 class EnginePageReader:
     """ocria-tiny through the pipeline's own path: the native engine's parse backend (its processor, chat template
-    and decoding), greedy or beam search with `num_beams` > 1. fp32 on CPU, bf16 on CUDA."""
+    and decoding), greedy or beam search with `num_beams` > 1. dtype "auto": fp32 on CPU, bf16 on CUDA."""
 
-    def __init__(self, model_dir: Path, device: str = "cpu", num_beams: int = 1, batch: int = 8):
+    def __init__(self, model_dir: Path, device: str = "cpu", num_beams: int = 1, batch: int = 8, dtype: str = "auto"):
         from engine.backends import load_backend
 
-        self.backend = load_backend("native", str(model_dir), device=device, dtype="auto",
+        self.backend = load_backend("native", str(model_dir), device=device, dtype=dtype,
                                     max_batch_size=batch * num_beams)
         self.processor = self.backend.engine.processor.image_processor
         self.num_beams = num_beams
@@ -182,6 +182,9 @@ class EnginePageReader:
         if failed:
             raise RuntimeError(f"the engine failed on {len(failed)} page(s): {failed[:3]}")
         return [r.text.strip() for r in results]
+
+    def close(self) -> None:
+        self.backend.close()
 
 
 def tesseract_available() -> bool:

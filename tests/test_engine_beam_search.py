@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 import torch
 
+from engine.beam_search import BeamChoice
+from engine.block_manager import blocks_for
 from engine.checkpoint import inspect_checkpoint, iter_checkpoint_tensors
 from engine.interface import SamplingParams
 from engine.llm_engine import Engine, EngineOptions
@@ -54,12 +56,14 @@ def words(n: int, seed: int) -> str:
     return " ".join((text * (n // max(len(text), 1) + 1))[:n])
 
 
-def test_text_beams_and_greedy_batched_match_transformers(text_ckpt):
+# [3, 3, 3]: the three requests are selected together (one select_beams call, one cache copy) though their prompts
+# and so the blocks each copies differ; [2, 3, 4]: one selection per width
+@pytest.mark.parametrize("beams", [[2, 3, 4], [3, 3, 3]])
+def test_text_beams_and_greedy_batched_match_transformers(text_ckpt, beams):
     tok = Processor(text_ckpt, inspect_checkpoint(text_ckpt).config).tokenizer
     prompts = [tok.encode(words(n, s)).ids for n, s in ((5, 1), (90, 2), (30, 3))]
     eng = engine(text_ckpt, stops_from_greedy(text_ckpt, prompt_token_ids=prompts[0]), max_num_seqs=12, num_blocks=96,
                  block_size=16)
-    beams = [2, 3, 4]
     reqs = [dict(prompt_token_ids=p, sampling=SamplingParams(max_tokens=MAX_NEW, num_beams=k))
             for p, k in zip(prompts, beams)]
     reqs.append(dict(prompt_token_ids=prompts[1], sampling=SamplingParams(max_tokens=MAX_NEW)))  # greedy beside
@@ -100,6 +104,42 @@ def test_beam_request_preempted_restarts_and_matches(text_ckpt):
     assert sum(o.num_preemptions for o in outs) > 0
     for o, k in zip(outs, (3, 1, 3)):
         assert o.output_token_ids == hf_generate(text_ckpt, False, o.prompt_token_ids, [], k, max_new=24)
+
+
+def test_members_get_their_parents_caches(text_ckpt):
+    """The cache copy of one step, checked directly (random tiny checkpoints barely use attention, so a wrong KV
+    block would hardly change their tokens): two requests selected together, with prompts that end in different
+    blocks, their caches marked with each block's and slot's own number; after the copy each member holds what the
+    parent it was given held, in every block written since the prompt's last full one."""
+    rng = np.random.default_rng(2)
+    eng = engine(text_ckpt, max_num_seqs=6, num_blocks=40, block_size=8)
+    sp = SamplingParams(max_tokens=30, num_beams=3)
+    for i, n in enumerate((13, 22)):
+        eng.add_request(f"r{i}", prompt_token_ids=rng.integers(0, 500, n).tolist(), sampling=sp, ignore_eos=True)
+    for _ in range(12):  # prefill, fork, decode past a block boundary
+        eng.step()
+    groups = list(dict.fromkeys(s.beam for s in eng.scheduler.running))
+    assert len(groups) == 2 and all(g.forked for g in groups) and len({g.shape_key() for g in groups}) == 1
+    run = eng.runner
+    for cache in (run.k_cache, run.v_cache):
+        cache.copy_(torch.arange(cache.shape[1], dtype=cache.dtype).view(1, -1, *[1] * (cache.dim() - 2)))
+    for cache in (run.conv_state, run.ssm_state):
+        cache.copy_(torch.arange(cache.shape[1], dtype=cache.dtype).view(1, -1, *[1] * (cache.dim() - 2)))
+    parents = torch.tensor([[2, 0, 0], [1, 1, 2]])
+    choice = BeamChoice(parents, parents, parents, parents, parents.float(), parents > 9, 3)
+    eng._copy_to_members([(groups, choice)])
+    checked = 0
+    for g, row in zip(groups, parents.tolist()):
+        first = g.leader.prompt_len // 8
+        for m, p in zip(g.members, row):
+            parent = g.members[p]
+            assert run.ssm_state[:, m.state_slot].eq(parent.state_slot).all()
+            assert run.conv_state[:, m.state_slot].eq(parent.state_slot).all()
+            for b in range(first, blocks_for(g.leader.num_computed, 8)):
+                assert run.k_cache[:, m.block_table[b]].eq(parent.block_table[b]).all()
+                assert run.v_cache[:, m.block_table[b]].eq(parent.block_table[b]).all()
+                checked += 1
+    assert checked >= 6 * 2
 
 
 @pytest.mark.parametrize("sampling, why", [

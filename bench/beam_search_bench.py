@@ -1,0 +1,254 @@
+"""Beam search in the native engine on the GPU: is it right, what does it buy, what does it cost.
+
+    python bench/beam_search_bench.py export --pages build/beam_pages      # here: held-out pages (pymupdf, .synth)
+    python3 bench/beam_search_bench.py run --pages build/beam_pages --out $OUT/beam   # H200 (carry build/beam_pages)
+
+`export` draws the held-out synthetic pages jobs.eval_ocr scores (same config, pool and seeds) and writes them as
+PNG files with their reference text, so the GPU machine needs neither pymupdf nor the text pools.
+`run` does three things, each recorded as soon as it is done:
+  1. ocria-tiny, bf16, CUDA graphs: every page read greedy and with --beams, timed (pages/s) and scored (CER);
+  2. the same engine in fp32 against transformers' generate(num_beams, early_stopping=True) in fp32 on the first
+     --check-pages pages, greedy and with beams: identical texts are expected (TF32 off on both sides);
+  3. Qwen3.5-4B's shape with random weights (jobs/benchmark.py's page requests, ignore_eos): decode step time of
+     greedy and beam requests at the same number of sequences per step, so the difference is what beam search adds
+     (its selection and the state and KV copies); next to it, the copies timed alone at the mean number of blocks
+     each member copies per step, and the decode memory roofline.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from jobs.eval_ocr import Score, markdown_to_text  # noqa: E402
+
+TINY = ROOT / "models" / "ocria-tiny"
+
+
+def export(args) -> None:
+    from PIL import Image
+
+    from jobs.eval_ocr import heldout_pages, pool_fingerprint
+    from jobs.train_tiny import load_config
+
+    cfg = load_config(args.config, [])
+    args.pages.mkdir(parents=True, exist_ok=True)
+    refs = []
+    for p in heldout_pages(args.heldout, cfg, args.synth):
+        Image.fromarray(p.image).save(args.pages / f"{p.name}.png", optimize=True)
+        refs.append({"page": p.name, "reference_text": p.reference_text})
+    meta = {"config": str(args.config), "pool": pool_fingerprint(args.synth), "pages": refs}
+    (args.pages / "pages.json").write_text(json.dumps(meta, indent=1) + "\n")
+    print(f"wrote {len(refs)} pages to {args.pages}")
+
+
+def load_pages(folder: Path) -> tuple[list[str], list[np.ndarray], list[str]]:
+    from PIL import Image
+
+    meta = json.loads((folder / "pages.json").read_text())
+    names = [p["page"] for p in meta["pages"]]
+    images = [np.asarray(Image.open(folder / f"{n}.png").convert("RGB")) for n in names]
+    return names, images, [p["reference_text"] for p in meta["pages"]]
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def empty_cache() -> None:
+    gc.collect()  # a closed engine's sequences and beam groups refer to each other: free its caches now
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def read_timed(reader, images, max_new_tokens: int) -> tuple[list[str], float]:
+    reader.read(images[:2], 8)  # warm-up: first-use compilation stays out of the timing
+    sync()
+    t = time.perf_counter()
+    texts = reader.read(images, max_new_tokens)
+    sync()
+    return texts, time.perf_counter() - t
+
+
+def tiny_quality(pages, beams: list[int], max_new_tokens: int, device: str) -> list[dict]:
+    from jobs.eval_ocr import EnginePageReader
+
+    names, images, refs = pages
+    rows = []
+    for k in beams:
+        reader = EnginePageReader(TINY, device, num_beams=k, batch=len(images), dtype="auto")  # bf16 on CUDA
+        texts, wall = read_timed(reader, images, max_new_tokens)
+        score = Score()
+        for hyp, ref in zip(texts, refs):
+            score.add(markdown_to_text(hyp), ref)
+        rows.append({"part": f"ocria-tiny {reader.backend.engine.dtype}".replace("torch.", ""), "num_beams": k, "pages": len(images), "wall_s": wall,
+                     "pages_per_s": len(images) / wall, **{f"text_{k2}": v for k2, v in score.summary().items()}})
+        reader.close()
+        empty_cache()
+    return rows
+
+
+def tiny_exactness(pages, beams: list[int], n: int, max_new_tokens: int, device: str) -> list[dict]:
+    from jobs.eval_ocr import EnginePageReader, HFPageReader
+
+    names, images, _ = pages
+    images = images[:n]
+    hf = HFPageReader(TINY, device)
+    rows = []
+    for k in beams:
+        hf.num_beams = k
+        reader = EnginePageReader(TINY, device, num_beams=k, batch=len(images), dtype="float32")
+        native = reader.read(images, max_new_tokens)
+        reference = [hf.read([im], max_new_tokens)[0] for im in images]  # one at a time: no padding
+        same = [a == b for a, b in zip(native, reference)]
+        diff = Score()
+        for a, b in zip(native, reference):
+            diff.add(a, b)
+        rows.append({"part": "ocria-tiny fp32 vs transformers", "num_beams": k, "pages": len(images),
+                     "identical": sum(same), "cer_between": diff.summary()["cer"],
+                     "first_mismatch": next(({"page": nm, "native": a[:120], "transformers": b[:120]}
+                                             for nm, a, b, s in zip(names, native, reference, same) if not s), None)})
+        reader.close()
+    del hf, reader
+    empty_cache()
+    return rows
+
+
+def copy_cost(engine, rows: int, blocks_per_member: int, iters: int = 20) -> float:
+    """Seconds per call of ModelRunner.copy_caches for `rows` state rows and `blocks_per_member` KV blocks each
+    (random sources, as beams pick their parents)."""
+    g = torch.Generator(device="cpu").manual_seed(0)
+    dev = engine.device
+    slots = torch.arange(rows, device=dev)
+    src_slots = slots[torch.randint(rows, (rows,), generator=g).to(dev)]
+    blocks = torch.randperm(engine.runner.cache.num_blocks - 1, generator=g)[:rows * blocks_per_member].to(dev) + 1
+    src_blocks = blocks.view(rows, -1)[torch.randint(rows, (rows,), generator=g).to(dev)].flatten()
+    for _ in range(3):
+        engine.runner.copy_caches(src_slots, slots, src_blocks, blocks)
+    sync()
+    t = time.perf_counter()
+    for _ in range(iters):
+        engine.runner.copy_caches(src_slots, slots, src_blocks, blocks)
+    sync()
+    return (time.perf_counter() - t) / iters
+
+
+def shape_4b(args) -> list[dict]:
+    from engine.config import parse_config
+    from engine.llm_engine import Engine, EngineOptions
+    from jobs import benchmark as b
+
+    torch._dynamo.reset()  # the glue compiled for ocria-tiny's engines would count against dynamo's recompile limit
+    bargs = argparse.Namespace(page_image_tokens=args.page_image_tokens, page_gen=args.page_gen, text_prompt=8,
+                               text_gen=8)
+    device = torch.device(args.device)
+    hf_cfg = b.hf_config(tiny=args.tiny_shapes)
+    cfg = parse_config(hf_cfg.to_dict())
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    hf = b.build_hf_model(hf_cfg, device, dtype)
+    max_rows = max(args.batches_4b) * max(args.beams)
+    opts = b.engine_options(max_rows, args.page_image_tokens + 24 + args.page_gen, device)
+    engine = Engine(cfg, hf.state_dict().items(), device=device, dtype=dtype, options=EngineOptions(**opts))
+    del hf
+    empty_cache()
+    bw = b.copy_bandwidth(device, (2 << 30) if device.type == "cuda" else (64 << 20))
+    rng = np.random.default_rng(0)
+    engine.generate([dict(r, ignore_eos=True) for r in b.make_requests("page", 2, b.dict_args(bargs, page_gen=4),
+                                                                     cfg, rng)])
+    rows = []
+    # greedy also at batch * k, so each beam run has a greedy run with as many sequences per step
+    runs = [(1, n) for n in sorted({n * k for n in args.batches_4b for k in [1] + args.beams})]
+    for k, batch in runs + [(k, n) for k in args.beams for n in args.batches_4b]:
+        r = b.run_native(engine, "page", batch, bargs, rng, bw, cfg, dtype, num_beams=k)
+        r["part"] = f"{'tiny' if args.tiny_shapes else '4B'} shape, random, {str(dtype)[6:]}"
+        r.pop("roofline_bytes")
+        if k > 1:  # ModelRunner.copy_caches alone: at mid-answer a member copies the blocks written so far
+            mean_blocks = max(1, round(args.page_gen / 2 / opts["block_size"]))
+            r["copy_caches_ms_mid_answer"] = 1e3 * copy_cost(engine, batch * k, mean_blocks)
+        rows.append(r)
+        print(json.dumps(r), flush=True)
+    by = {(r["num_beams"], r["batch"] * r["num_beams"]): r for r in rows}
+    for r in rows:  # against greedy with as many sequences per step
+        g = by.get((1, r["batch"] * r["num_beams"]))
+        if r["num_beams"] > 1 and g is not None:
+            r["step_ms_over_greedy_same_rows"] = r["decode_step_ms"] - g["decode_step_ms"]
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    lines = [f"{'part':<34}{'beams':>6}{'batch':>6}{'pages/s':>9}{'CER':>7}{'ident.':>8}{'step ms':>9}"
+             f"{'+ms':>7}{'copy ms':>8}{'roof ms':>8}"]
+    for r in rows:
+        f = lambda key, fmt: format(r[key], fmt) if r.get(key) is not None else "-"  # noqa: E731
+        ident = f"{r['identical']}/{r['pages']}" if "identical" in r else "-"
+        rate = r.get("pages_per_s", r.get("requests_per_s"))
+        lines.append(f"{r['part']:<34}{r['num_beams']:>6}{r.get('batch', r.get('pages', '-')):>6}"
+                     f"{format(rate, '.2f') if rate else '-':>9}{f('text_cer', '.3f'):>7}{ident:>8}"
+                     f"{f('decode_step_ms', '.2f'):>9}{f('step_ms_over_greedy_same_rows', '.2f'):>7}"
+                     f"{f('copy_caches_ms_mid_answer', '.2f'):>8}{f('roofline_ms', '.2f'):>8}")
+    return "\n".join(lines)
+
+
+def run(args) -> None:
+    torch.backends.cuda.matmul.allow_tf32 = False  # the fp32 comparison must not compute in TF32 on one side
+    torch.backends.cudnn.allow_tf32 = False
+    args.out.mkdir(parents=True, exist_ok=True)
+    result = {"command": "python3 bench/beam_search_bench.py " + " ".join(sys.argv[1:]),
+              "device": torch.cuda.get_device_name() if args.device == "cuda" else args.device, "torch": torch.__version__, "rows": []}
+    meta_path = args.pages / "pages.json"
+    result["pages"] = {k: v for k, v in json.loads(meta_path.read_text()).items() if k != "pages"}
+
+    def record(rows):
+        result["rows"] += rows
+        (args.out / "beam_search.json").write_text(json.dumps(result, indent=1) + "\n")
+        print(table(rows), flush=True)
+
+    if not args.skip_tiny:
+        t = time.perf_counter()
+        pages = tuple(x[:args.num_pages] for x in load_pages(args.pages))
+        record(tiny_quality(pages, [1] + args.beams, args.max_new_tokens, args.device))
+        record(tiny_exactness(pages, [1] + args.beams, args.check_pages, args.max_new_tokens, args.device))
+        print(f"ocria-tiny parts: {time.perf_counter() - t:.0f} s", flush=True)
+    if args.batches_4b:
+        record(shape_4b(args))
+    print("\n" + table(result["rows"]))
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    ex = sub.add_parser("export")
+    ex.add_argument("--pages", type=Path, required=True)
+    ex.add_argument("--heldout", type=int, default=24)
+    ex.add_argument("--config", type=Path, default=ROOT / "bench/results/ocria_tiny_eval_full_pages_1536_config.yaml")
+    ex.add_argument("--synth", type=Path, default=ROOT / ".synth")
+    rn = sub.add_parser("run")
+    rn.add_argument("--pages", type=Path, required=True)
+    rn.add_argument("--out", type=Path, required=True)
+    rn.add_argument("--beams", default="4", type=lambda s: [int(x) for x in s.split(",")])
+    rn.add_argument("--skip-tiny", action="store_true", help="part 3 only")
+    rn.add_argument("--num-pages", type=int, default=None, help="default: all exported pages")
+    rn.add_argument("--check-pages", type=int, default=4)
+    rn.add_argument("--device", default="cuda", help="cpu: a smoke run of the script (with --tiny-shapes)")
+    rn.add_argument("--tiny-shapes", action="store_true", help="part 3 at jobs/benchmark.py's tiny shapes")
+    rn.add_argument("--max-new-tokens", type=int, default=1024)
+    rn.add_argument("--batches-4b", default="8,32", type=lambda s: [int(x) for x in s.split(",") if x])
+    rn.add_argument("--page-image-tokens", type=int, default=1296)
+    rn.add_argument("--page-gen", type=int, default=750)
+    args = ap.parse_args(argv)
+    export(args) if args.cmd == "export" else run(args)
+
+
+if __name__ == "__main__":
+    main()
