@@ -2,6 +2,7 @@
 
     python bench/beam_search_bench.py export --pages build/beam_pages      # here: held-out pages (pymupdf, .synth)
     python3 bench/beam_search_bench.py run --pages build/beam_pages --out $OUT/beam   # H200 (carry build/beam_pages)
+    python3 bench/beam_search_bench.py copy --out $OUT/copy    # H200: the per-step cache copy alone, two ways
 
 `export` draws the held-out synthetic pages jobs.eval_ocr scores (same config, pool and seeds) and writes them as
 PNG files with their reference text, so the GPU machine needs neither pymupdf nor the text pools.
@@ -186,6 +187,65 @@ def shape_4b(args) -> list[dict]:
     return rows
 
 
+def copy_variants(args) -> None:
+    """ModelRunner.copy_caches' work at the 4B shape without a model: each member's GDN state (conv + fp32
+    recurrent) and its KV blocks since the prompt, copied by index_select + index_copy (every row) and by
+    kernels/copy_rows (moved rows only), for shares of members that continue themselves; next to each, the time the
+    moved bytes take at the measured copy bandwidth (each moved row is read and written twice: buffer, then place)."""
+    from jobs import benchmark as b
+    from kernels.copy_rows import copy_rows_ref, copy_rows_triton
+
+    cfg = b.hf_config(tiny=args.tiny_shapes).text_config
+    dev, rows, nb = torch.device(args.device), args.rows, args.blocks_per_member
+    gdn_layers = sum(t == "linear_attention" for t in cfg.layer_types)
+    attn_layers = len(cfg.layer_types) - gdn_layers
+    conv_dim = 2 * cfg.linear_num_key_heads * cfg.linear_key_head_dim + cfg.linear_num_value_heads * cfg.linear_value_head_dim
+    caches = {
+        "conv": torch.zeros(gdn_layers, rows, conv_dim, cfg.linear_conv_kernel_dim - 1, dtype=torch.bfloat16, device=dev),
+        "ssm": torch.zeros(gdn_layers, rows, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
+                           cfg.linear_value_head_dim, dtype=torch.float32, device=dev),
+        "k": torch.zeros(attn_layers, rows * nb + 1, 32, cfg.num_key_value_heads, cfg.head_dim, dtype=torch.bfloat16,
+                         device=dev),
+    }
+    caches["v"] = torch.zeros_like(caches["k"])
+    bw = b.copy_bandwidth(dev, (2 << 30) if dev.type == "cuda" else (64 << 20))
+    g = torch.Generator().manual_seed(0)
+    result = {"command": "python3 bench/beam_search_bench.py " + " ".join(sys.argv[1:]), "rows": rows,
+              "blocks_per_member": nb, "copy_bandwidth_GBps": bw / 1e9,
+              "row_bytes": {k: c[:, 0].numel() * c.element_size() for k, c in caches.items()}, "results": []}
+    print(f"{'stay':>6}{'index_copy ms':>15}{'copy_rows ms':>14}{'moved-bytes ms':>16}")
+    for stay in args.stay_shares:
+        slots = torch.arange(rows)
+        moved = torch.rand(rows, generator=g) >= stay
+        src_slots = torch.where(moved, torch.randint(rows, (rows,), generator=g), slots)
+        blocks = torch.arange(1, rows * nb + 1).view(rows, nb)
+        src_blocks = blocks[src_slots].flatten()
+        idx = {"conv": (src_slots, slots), "ssm": (src_slots, slots), "k": (src_blocks, blocks.flatten()),
+               "v": (src_blocks, blocks.flatten())}
+        idx = {k: (a.to(dev), d.to(dev)) for k, (a, d) in idx.items()}
+        times = {}
+        for name, fn in (("index_copy", copy_rows_ref), ("copy_rows", copy_rows_triton)):
+            def once():
+                for k, c in caches.items():
+                    fn(c, *idx[k])
+            for _ in range(2):
+                once()
+            sync()
+            t = time.perf_counter()
+            for _ in range(args.iters):
+                once()
+            sync()
+            times[name] = 1e3 * (time.perf_counter() - t) / args.iters
+        really = int((src_slots != slots).sum())
+        moved_bytes = really * sum(result["row_bytes"][k] * (nb if k in "kv" else 1) for k in caches)
+        r = {"stay_share": stay, "members_moved": really, "index_copy_ms": times["index_copy"],
+             "copy_rows_ms": times["copy_rows"], "moved_bytes": moved_bytes, "moved_bytes_ms": 1e3 * 4 * moved_bytes / bw}
+        result["results"].append(r)
+        print(f"{stay:>6.2f}{r['index_copy_ms']:>15.2f}{r['copy_rows_ms']:>14.2f}{r['moved_bytes_ms']:>16.2f}", flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "beam_copy.json").write_text(json.dumps(result, indent=1) + "\n")
+
+
 def table(rows: list[dict]) -> str:
     lines = [f"{'part':<34}{'beams':>6}{'batch':>6}{'pages/s':>9}{'CER':>7}{'ident.':>8}{'step ms':>9}"
              f"{'+ms':>7}{'copy ms':>8}{'roof ms':>8}"]
@@ -246,8 +306,16 @@ def main(argv=None) -> None:
     rn.add_argument("--batches-4b", default="8,32", type=lambda s: [int(x) for x in s.split(",") if x])
     rn.add_argument("--page-image-tokens", type=int, default=1296)
     rn.add_argument("--page-gen", type=int, default=750)
+    cp = sub.add_parser("copy", help="the per-step cache copy alone, at the 4B shape")
+    cp.add_argument("--out", type=Path, required=True)
+    cp.add_argument("--device", default="cuda")
+    cp.add_argument("--tiny-shapes", action="store_true")
+    cp.add_argument("--rows", type=int, default=128, help="beam members (32 requests x 4 beams)")
+    cp.add_argument("--blocks-per-member", type=int, default=12, help="KV blocks since the prompt (mid-answer)")
+    cp.add_argument("--stay-shares", default="0,0.5,0.8,1", type=lambda s: [float(x) for x in s.split(",")])
+    cp.add_argument("--iters", type=int, default=10)
     args = ap.parse_args(argv)
-    export(args) if args.cmd == "export" else run(args)
+    {"export": export, "run": run, "copy": copy_variants}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -171,7 +171,7 @@ class ModelRunner:
         source may also be a destination: everything is read before anything is written)."""
         for cache, src, dst in ((self.conv_state, src_slots, dst_slots), (self.ssm_state, src_slots, dst_slots),
                                 (self.k_cache, src_blocks, dst_blocks), (self.v_cache, src_blocks, dst_blocks)):
-            cache.index_copy_(1, dst, cache.index_select(1, src))
+            ops.copy_rows(cache, src, dst)  # on the GPU, rows whose source is themselves are not moved
 
     def _blocks_from_budget(self, max_num_seqs, max_model_len, kv_gb, utilization) -> int:
         """KV blocks that fit the budget, capped at what max_num_seqs full-length sequences could ever use."""

@@ -2,6 +2,7 @@
 tensors and its torch reference elsewhere (CPU)."""
 from kernels._common import pdl_supported, use_triton
 from kernels.conv1d_update import causal_conv1d_update
+from kernels.copy_rows import copy_rows
 from kernels.fused_attn_decode import fused_attn_decode_inputs
 from kernels.fused_gdn_decode import fused_gdn_decode
 from kernels.gated_rmsnorm import gated_rmsnorm
@@ -11,6 +12,6 @@ from kernels.rmsnorm import rmsnorm
 from kernels.silu_mul import silu_mul
 from kernels.small_m_linear import linear_silu_mul, small_m_linear
 
-__all__ = ["causal_conv1d_update", "fused_attn_decode_inputs", "fused_gdn_decode", "gated_rmsnorm", "gdn_recurrent",
+__all__ = ["causal_conv1d_update", "copy_rows", "fused_attn_decode_inputs", "fused_gdn_decode", "gated_rmsnorm", "gdn_recurrent",
            "l2norm_ref", "linear_silu_mul", "paged_decode_attention", "pdl_supported", "store_kvcache", "rmsnorm",
            "silu_mul", "small_m_linear", "use_triton"]

@@ -115,12 +115,17 @@ def compile_recorded(name, recorder):
 def decode_cases(batch_sizes=(1, 64)):
     """(name, module, thunk calling the launcher) at the 4B model's decode shapes."""
     from kernels import (
-        conv1d_update, fused_attn_decode, gated_rmsnorm, gdn_recurrent, paged_attention, rmsnorm, silu_mul,
+        conv1d_update, copy_rows, fused_attn_decode, gated_rmsnorm, gdn_recurrent, paged_attention, rmsnorm, silu_mul,
         small_m_linear)
 
     bf16, f32, i32 = torch.bfloat16, torch.float32, torch.int32
     Hk, Hv, dk, dv, C, K, Hq, Hkv, D, hidden, inter = 16, 32, 128, 128, 8192, 4, 16, 4, 256, 2560, 9216
     cases = []
+    for dtype in (f32, bf16):  # beam search's cache copy: fp32 GDN state rows, bf16 conv state and KV blocks
+        cases.append((f"copy_rows {TYPE_CODES[dtype]}", copy_rows,
+                      lambda dtype=dtype: copy_rows.copy_rows_triton(torch.empty(2, 3, Hv, dk, dv, dtype=dtype),
+                                                                     torch.zeros(2, dtype=torch.int64),
+                                                                     torch.ones(2, dtype=torch.int64))))
     for B in batch_sizes:
         idx = torch.zeros(B, dtype=i32)
         for T in (1, 4):

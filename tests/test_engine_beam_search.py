@@ -106,11 +106,13 @@ def test_beam_request_preempted_restarts_and_matches(text_ckpt):
         assert o.output_token_ids == hf_generate(text_ckpt, False, o.prompt_token_ids, [], k, max_new=24)
 
 
-def test_members_get_their_parents_caches(text_ckpt):
+@pytest.mark.parametrize("triton", [False, True], ids=["torch", "triton"])
+def test_members_get_their_parents_caches(text_ckpt, monkeypatch, triton):
     """The cache copy of one step, checked directly (random tiny checkpoints barely use attention, so a wrong KV
     block would hardly change their tokens): two requests selected together, with prompts that end in different
     blocks, their caches marked with each block's and slot's own number; after the copy each member holds what the
-    parent it was given held, in every block written since the prompt's last full one."""
+    parent it was given held, in every block written since the prompt's last full one. `triton`: the copy by the
+    GPU's kernel (kernels/copy_rows, interpreted), which leaves the members that continue themselves alone."""
     rng = np.random.default_rng(2)
     eng = engine(text_ckpt, max_num_seqs=6, num_blocks=40, block_size=8)
     sp = SamplingParams(max_tokens=30, num_beams=3)
@@ -127,6 +129,8 @@ def test_members_get_their_parents_caches(text_ckpt):
         cache.copy_(torch.arange(cache.shape[1], dtype=cache.dtype).view(1, -1, *[1] * (cache.dim() - 2)))
     parents = torch.tensor([[2, 0, 0], [1, 1, 2]])
     choice = BeamChoice(parents, parents, parents, parents, parents.float(), parents > 9, 3)
+    if triton:
+        monkeypatch.setenv("OCRIA_FORCE_TRITON", "1")
     eng._copy_to_members([(groups, choice)])
     checked = 0
     for g, row in zip(groups, parents.tolist()):
