@@ -35,6 +35,9 @@
 #   swapped for random ones, the labels kept, so it learns to go on from its own misreads
 #   (bench/results/ocria_tiny_s17_error_profile.json: fed the true text it knows where a page ends; reading on its own
 #   it stopped early or ran on on 5 of 24 held-out pages).
+# LR sets train.lr, the schedule's peak (default 1e-3). The schedule follows wall-clock time from the run's start, so
+#   a long run resumed with a larger TOTAL_S restarts near the cosine's tail: LR scales that tail instead (session 20:
+#   the shipped model grown by 2 blocks at 8,625 s, LR=3e-3 TOTAL_S=9800 gives 2.5e-4 -> 1.5e-4 over two 470 s runs).
 # EVAL_PAGES=0 skips the end-of-run evaluation; KEEP_STAGE=1 leaves /tmp/stage/ckpt as it was (A/B arms from one start:
 #   bench/ocria_tiny_gdn_ab.sh); SAVE_AS=DIR also keeps the whole checkpoint at DIR on the machine (an A/B arm that a
 #   later call may continue: its files come back without the state a resume needs).
@@ -56,7 +59,7 @@ elif [ ! -d /tmp/site_train/pymupdf ]; then
 fi
 export PYTHONPATH=/tmp/site_train PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 RUN=(--set image.image_mean=1.0 --set model.text.partial_rotary_factor=1.0 --set "model.text.mrope_section=[11,11,10]"
-  --set train.batch_size=${BATCH:-64} --set train.lr=1e-3 --set train.warmup_steps=100 --set train.total_train_s=${TOTAL_S:-1350}
+  --set train.batch_size=${BATCH:-64} --set train.lr=${LR:-1e-3} --set train.warmup_steps=100 --set train.total_train_s=${TOTAL_S:-1350}
   --set train.run_train_s=${RUN_S:-450} --set train.ctc_weight=1.0 --set train.ctc_subframes=6 --set train.num_workers=14
   --set train.image_check_every=100 --set train.eval_pages=${EVAL_PAGES:-16} ${VISION_ATTENTION:+--set train.vision_attention=$VISION_ATTENTION}
   ${TEXT_LINE_CTC:+--set train.text_line_ctc_weight=$TEXT_LINE_CTC --set train.text_line_ctc_head_steps=80
@@ -97,11 +100,17 @@ case ${RECIPE:-D} in
         --set "data.max_chars=[150,2600]" --set data.max_answer_tokens=1280) ;;
   *) echo "RECIPE must be D, E, F, F2, F3 or H" >&2; exit 2 ;;
 esac
+status=0
 timeout ${TIMEOUT_S:-565} python3 -m jobs.train_tiny train --model-dir "$model" --out "$out/run" ${resume:+--resume "$resume"} \
-  ${PROFILE_STEPS:+--profile-steps "$PROFILE_STEPS"} "${RUN[@]}" --set "$CURR" 2>&1 | grep -v -i "warn" | tail -n 70
+  ${PROFILE_STEPS:+--profile-steps "$PROFILE_STEPS"} "${RUN[@]}" --set "$CURR" 2>&1 | grep -v -i "warn" | tail -n 70 || status=$?
 if [ -z "${PROFILE_STEPS:-}" ]; then
+  # The checkpoint is saved before the end-of-run evaluation, so a TIMEOUT_S that falls in the evaluation or the
+  # exit leaves a whole checkpoint: stage it (session 20 lost a run's state and log to that)
+  if [ ! -f "$out/run/ckpt/train_state.json" ]; then echo "training exited with status $status before saving a checkpoint" >&2; exit $(( status ? status : 1 )); fi
+  if [ "$status" -ne 0 ]; then echo "training exited with status $status after saving its checkpoint: staging it" >&2; fi
   if [ -z "${KEEP_STAGE:-}" ]; then mkdir -p /tmp/stage && rm -rf /tmp/stage/ckpt && cp -r "$out/run/ckpt" /tmp/stage/ckpt; fi
   if [ -n "${SAVE_AS:-}" ]; then rm -rf "$SAVE_AS" && cp -r "$out/run/ckpt" "$SAVE_AS"; fi
   cd "$out/run" && tar -cf meta.tar --exclude='*.safetensors' ckpt $(ls loss.png 2>/dev/null) \
     && find ckpt -type f ! -name '*.safetensors' -delete && rm -f loss.png
 fi
+exit $status

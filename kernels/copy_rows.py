@@ -27,7 +27,8 @@ def copy_rows_ref(cache, src, dst):
 
 
 @triton.jit
-def _copy_rows_gather_kernel(cache_ptr, tmp_ptr, src_ptr, dst_ptr, S, R, BLOCK: tl.constexpr):
+def _copy_rows_kernel(cache_ptr, tmp_ptr, src_ptr, dst_ptr, S, R, TO_BUFFER: tl.constexpr, BLOCK: tl.constexpr):
+    """TO_BUFFER: the moved pairs' source rows -> the buffer; else the buffer -> their destination rows."""
     p = tl.program_id(0).to(tl.int64)
     layer = tl.program_id(1).to(tl.int64)
     s = tl.load(src_ptr + p).to(tl.int64)
@@ -35,21 +36,11 @@ def _copy_rows_gather_kernel(cache_ptr, tmp_ptr, src_ptr, dst_ptr, S, R, BLOCK: 
     if s != d:
         offs = tl.program_id(2).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         mask = offs < R
-        row = tl.load(cache_ptr + (layer * S + s) * R + offs, mask=mask)
-        tl.store(tmp_ptr + (p * tl.num_programs(1) + layer) * R + offs, row, mask=mask)
-
-
-@triton.jit
-def _copy_rows_scatter_kernel(cache_ptr, tmp_ptr, src_ptr, dst_ptr, S, R, BLOCK: tl.constexpr):
-    p = tl.program_id(0).to(tl.int64)
-    layer = tl.program_id(1).to(tl.int64)
-    s = tl.load(src_ptr + p).to(tl.int64)
-    d = tl.load(dst_ptr + p).to(tl.int64)
-    if s != d:
-        offs = tl.program_id(2).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-        mask = offs < R
-        row = tl.load(tmp_ptr + (p * tl.num_programs(1) + layer) * R + offs, mask=mask)
-        tl.store(cache_ptr + (layer * S + d) * R + offs, row, mask=mask)
+        buf = tmp_ptr + (p * tl.num_programs(1) + layer) * R + offs
+        if TO_BUFFER:
+            tl.store(buf, tl.load(cache_ptr + (layer * S + s) * R + offs, mask=mask), mask=mask)
+        else:
+            tl.store(cache_ptr + (layer * S + d) * R + offs, tl.load(buf, mask=mask), mask=mask)
 
 
 def copy_rows_triton(cache, src, dst, block: int = 2048, num_warps: int = 4):
@@ -63,8 +54,8 @@ def copy_rows_triton(cache, src, dst, block: int = 2048, num_warps: int = 4):
     # reused, only they cost bandwidth)
     tmp = torch.empty((P, L, R), dtype=cache.dtype, device=cache.device)
     grid = (P, L, cdiv(R, block))
-    _copy_rows_gather_kernel[grid](cache, tmp, src, dst, S, R, BLOCK=block, num_warps=num_warps)
-    _copy_rows_scatter_kernel[grid](cache, tmp, src, dst, S, R, BLOCK=block, num_warps=num_warps)
+    for to_buffer in (True, False):  # every source read (first launch) before any destination is written
+        _copy_rows_kernel[grid](cache, tmp, src, dst, S, R, TO_BUFFER=to_buffer, BLOCK=block, num_warps=num_warps)
     return cache
 
 

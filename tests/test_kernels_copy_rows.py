@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from kernels.testing import assert_dispatches_to_triton, require_interpreted  # sets TRITON_INTERPRET first
-from kernels.copy_rows import _copy_rows_gather_kernel, copy_rows, copy_rows_ref, copy_rows_triton
+from kernels.copy_rows import _copy_rows_kernel, copy_rows, copy_rows_ref, copy_rows_triton
 
 
 def pairs(S: int, P: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -19,7 +19,7 @@ def pairs(S: int, P: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("shape,P,block", [((3, 7, 5, 3), 5, 16), ((2, 11, 37), 9, 32), ((1, 4, 300), 4, 128)])
 def test_triton_matches_ref(shape, P, block, dtype):
-    require_interpreted(_copy_rows_gather_kernel)
+    require_interpreted(_copy_rows_kernel)
     cache = torch.randn(shape, generator=torch.Generator().manual_seed(P)).to(dtype)
     src, dst = pairs(shape[1], P, seed=shape[1])
     expected = copy_rows_ref(cache.clone(), src, dst)
@@ -29,7 +29,7 @@ def test_triton_matches_ref(shape, P, block, dtype):
 
 
 def test_chain_and_swap_read_old_rows():
-    require_interpreted(_copy_rows_gather_kernel)
+    require_interpreted(_copy_rows_kernel)
     cache = torch.arange(6, dtype=torch.float32).view(1, 6, 1).repeat(2, 1, 3)
     # 0 <- 1 <- 2 (a chain), 3 <-> 4 (a swap), 5 stays
     src, dst = torch.tensor([1, 2, 4, 3, 5]), torch.tensor([0, 1, 3, 4, 5])
