@@ -246,6 +246,33 @@ def copy_variants(args) -> None:
     (args.out / "beam_copy.json").write_text(json.dumps(result, indent=1) + "\n")
 
 
+def parent_shares(args) -> None:
+    """How often a beam member continues itself (its parent is its own row) when ocria-tiny reads real pages: the
+    share of the per-step cache copy that kernels/copy_rows leaves out."""
+    from jobs.eval_ocr import EnginePageReader
+
+    names, images, _ = load_pages(args.pages)
+    reader = EnginePageReader(TINY, args.device, num_beams=args.beams, batch=args.num_pages)
+    engine = reader.backend.engine
+    copy, steps = engine._copy_to_members, []
+
+    def recording_copy(beams):
+        for _, choice in beams:
+            if choice.num_rows > 1:  # forked: rows are members
+                steps.append((choice.parents.cpu() == torch.arange(choice.parents.shape[1])).float().mean(1))
+        return copy(beams)
+
+    engine._copy_to_members = recording_copy
+    reader.read(images[:args.num_pages], args.max_new_tokens)
+    stay = torch.cat(steps)
+    out = {"command": "python bench/beam_search_bench.py " + " ".join(sys.argv[1:]), "pages": names[:args.num_pages],
+           "num_beams": args.beams, "request_steps": len(stay), "share_of_members_continuing_themselves":
+           float(stay.mean()), "share_of_steps_where_all_do": float((stay == 1).float().mean())}
+    print(json.dumps(out, indent=1))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=1) + "\n")
+
+
 def table(rows: list[dict]) -> str:
     lines = [f"{'part':<34}{'beams':>6}{'batch':>6}{'pages/s':>9}{'CER':>7}{'ident.':>8}{'step ms':>9}"
              f"{'+ms':>7}{'copy ms':>8}{'roof ms':>8}"]
@@ -314,8 +341,15 @@ def main(argv=None) -> None:
     cp.add_argument("--blocks-per-member", type=int, default=12, help="KV blocks since the prompt (mid-answer)")
     cp.add_argument("--stay-shares", default="0,0.5,0.8,1", type=lambda s: [float(x) for x in s.split(",")])
     cp.add_argument("--iters", type=int, default=10)
+    ps = sub.add_parser("parents", help="how often beam members continue themselves (ocria-tiny)")
+    ps.add_argument("--pages", type=Path, required=True)
+    ps.add_argument("--out", type=Path, required=True)
+    ps.add_argument("--device", default="cpu")
+    ps.add_argument("--beams", type=int, default=4)
+    ps.add_argument("--num-pages", type=int, default=4)
+    ps.add_argument("--max-new-tokens", type=int, default=1024)
     args = ap.parse_args(argv)
-    {"export": export, "run": run, "copy": copy_variants}[args.cmd](args)
+    {"export": export, "run": run, "copy": copy_variants, "parents": parent_shares}[args.cmd](args)
 
 
 if __name__ == "__main__":
