@@ -213,7 +213,7 @@ def copy_variants(args) -> None:
     result = {"command": "python3 bench/beam_search_bench.py " + " ".join(sys.argv[1:]), "rows": rows,
               "blocks_per_member": nb, "copy_bandwidth_GBps": bw / 1e9,
               "row_bytes": {k: c[:, 0].numel() * c.element_size() for k, c in caches.items()}, "results": []}
-    print(f"{'stay':>6}{'index_copy ms':>15}{'copy_rows ms':>14}{'moved-bytes ms':>16}")
+    print(f"{'stay':>6}{'same':>6}{'index_copy ms':>15}{'copy_rows ms':>14}{'moved-bytes ms':>16}")
     for stay in args.stay_shares:
         slots = torch.arange(rows)
         moved = torch.rand(rows, generator=g) >= stay
@@ -223,6 +223,12 @@ def copy_variants(args) -> None:
         idx = {"conv": (src_slots, slots), "ssm": (src_slots, slots), "k": (src_blocks, blocks.flatten()),
                "v": (src_blocks, blocks.flatten())}
         idx = {k: (a.to(dev), d.to(dev)) for k, (a, d) in idx.items()}
+        identical = True  # both ways give the same caches (filled with distinct values first)
+        for k, c in caches.items():
+            c.copy_(torch.randn(c.shape, device=dev, dtype=torch.float32).to(c.dtype))
+            ref = copy_rows_ref(c.clone(), *idx[k])
+            identical &= bool(torch.equal(copy_rows_triton(c.clone(), *idx[k]), ref))
+            del ref
         times = {}
         for name, fn in (("index_copy", copy_rows_ref), ("copy_rows", copy_rows_triton)):
             def once():
@@ -238,12 +244,14 @@ def copy_variants(args) -> None:
             times[name] = 1e3 * (time.perf_counter() - t) / args.iters
         really = int((src_slots != slots).sum())
         moved_bytes = really * sum(result["row_bytes"][k] * (nb if k in "kv" else 1) for k in caches)
-        r = {"stay_share": stay, "members_moved": really, "index_copy_ms": times["index_copy"],
+        r = {"stay_share": stay, "identical": identical, "members_moved": really, "index_copy_ms": times["index_copy"],
              "copy_rows_ms": times["copy_rows"], "moved_bytes": moved_bytes, "moved_bytes_ms": 1e3 * 4 * moved_bytes / bw}
         result["results"].append(r)
-        print(f"{stay:>6.2f}{r['index_copy_ms']:>15.2f}{r['copy_rows_ms']:>14.2f}{r['moved_bytes_ms']:>16.2f}", flush=True)
+        print(f"{stay:>6.2f}{str(identical):>6}{r['index_copy_ms']:>15.2f}{r['copy_rows_ms']:>14.2f}{r['moved_bytes_ms']:>16.2f}", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "beam_copy.json").write_text(json.dumps(result, indent=1) + "\n")
+    if not all(r["identical"] for r in result["results"]):
+        sys.exit("copy_rows and index_copy disagree")
 
 
 def parent_shares(args) -> None:

@@ -42,3 +42,21 @@ def test_dispatch_and_errors(monkeypatch):
         copy_rows_ref(torch.zeros(1, 4, 2), torch.tensor([0, 1]), torch.tensor([1]))
     assert_dispatches_to_triton(monkeypatch, "kernels.copy_rows.copy_rows_triton", copy_rows, torch.zeros(1, 3, 2),
                                 torch.tensor([0]), torch.tensor([1]))
+
+
+def test_copy_benchmark_runs_and_checks(tmp_path, monkeypatch):
+    """bench/beam_search_bench.py copy at tiny shapes (the H200 run's script): both ways agree, and it says so."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "beam_search_bench.py"
+    spec = importlib.util.spec_from_file_location("beam_search_bench", path)
+    beam_search_bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(beam_search_bench)
+    monkeypatch.setenv("OCRIA_FORCE_TRITON", "1")
+    beam_search_bench.main(["copy", "--out", str(tmp_path), "--device", "cpu", "--tiny-shapes", "--rows", "5",
+                            "--blocks-per-member", "2", "--iters", "1", "--stay-shares", "0,0.6"])
+    result = json.loads((tmp_path / "beam_copy.json").read_text())
+    assert [r["identical"] for r in result["results"]] == [True, True]
+    assert result["results"][0]["members_moved"] > result["results"][1]["members_moved"]
