@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -93,7 +92,8 @@ def tiny_quality(pages, beams: list[int], max_new_tokens: int, device: str) -> l
         score = Score()
         for hyp, ref in zip(texts, refs):
             score.add(markdown_to_text(hyp), ref)
-        rows.append({"part": f"ocria-tiny {reader.backend.engine.dtype}".replace("torch.", ""), "num_beams": k, "pages": len(images), "wall_s": wall,
+        dtype = str(reader.backend.engine.dtype).replace("torch.", "")
+        rows.append({"part": f"ocria-tiny {dtype}", "num_beams": k, "pages": len(images), "wall_s": wall,
                      "pages_per_s": len(images) / wall, **{f"text_{k2}": v for k2, v in score.summary().items()}})
         reader.close()
         empty_cache()
@@ -199,9 +199,11 @@ def copy_variants(args) -> None:
     dev, rows, nb = torch.device(args.device), args.rows, args.blocks_per_member
     gdn_layers = sum(t == "linear_attention" for t in cfg.layer_types)
     attn_layers = len(cfg.layer_types) - gdn_layers
-    conv_dim = 2 * cfg.linear_num_key_heads * cfg.linear_key_head_dim + cfg.linear_num_value_heads * cfg.linear_value_head_dim
+    conv_dim = (2 * cfg.linear_num_key_heads * cfg.linear_key_head_dim
+                + cfg.linear_num_value_heads * cfg.linear_value_head_dim)
     caches = {
-        "conv": torch.zeros(gdn_layers, rows, conv_dim, cfg.linear_conv_kernel_dim - 1, dtype=torch.bfloat16, device=dev),
+        "conv": torch.zeros(gdn_layers, rows, conv_dim, cfg.linear_conv_kernel_dim - 1, dtype=torch.bfloat16,
+                            device=dev),
         "ssm": torch.zeros(gdn_layers, rows, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
                            cfg.linear_value_head_dim, dtype=torch.float32, device=dev),
         "k": torch.zeros(attn_layers, rows * nb + 1, 32, cfg.num_key_value_heads, cfg.head_dim, dtype=torch.bfloat16,
@@ -244,10 +246,12 @@ def copy_variants(args) -> None:
             times[name] = 1e3 * (time.perf_counter() - t) / args.iters
         really = int((src_slots != slots).sum())
         moved_bytes = really * sum(result["row_bytes"][k] * (nb if k in "kv" else 1) for k in caches)
-        r = {"stay_share": stay, "identical": identical, "members_moved": really, "index_copy_ms": times["index_copy"],
-             "copy_rows_ms": times["copy_rows"], "moved_bytes": moved_bytes, "moved_bytes_ms": 1e3 * 4 * moved_bytes / bw}
+        r = {"stay_share": stay, "identical": identical, "members_moved": really,
+             "index_copy_ms": times["index_copy"], "copy_rows_ms": times["copy_rows"], "moved_bytes": moved_bytes,
+             "moved_bytes_ms": 1e3 * 4 * moved_bytes / bw}
         result["results"].append(r)
-        print(f"{stay:>6.2f}{str(identical):>6}{r['index_copy_ms']:>15.2f}{r['copy_rows_ms']:>14.2f}{r['moved_bytes_ms']:>16.2f}", flush=True)
+        print(f"{stay:>6.2f}{str(identical):>6}{r['index_copy_ms']:>15.2f}{r['copy_rows_ms']:>14.2f}"
+              f"{r['moved_bytes_ms']:>16.2f}", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "beam_copy.json").write_text(json.dumps(result, indent=1) + "\n")
     if not all(r["identical"] for r in result["results"]):
@@ -300,7 +304,8 @@ def run(args) -> None:
     torch.backends.cudnn.allow_tf32 = False
     args.out.mkdir(parents=True, exist_ok=True)
     result = {"command": "python3 bench/beam_search_bench.py " + " ".join(sys.argv[1:]),
-              "device": torch.cuda.get_device_name() if args.device == "cuda" else args.device, "torch": torch.__version__, "rows": []}
+              "device": torch.cuda.get_device_name() if args.device == "cuda" else args.device,
+              "torch": torch.__version__, "rows": []}
     meta_path = args.pages / "pages.json"
     result["pages"] = {k: v for k, v in json.loads(meta_path.read_text()).items() if k != "pages"}
 

@@ -190,7 +190,8 @@ def decode_step_times(step_log, batch: int) -> tuple[float, float, float, list]:
     return step_s, device_s, launch_s, dec
 
 
-def run_native(engine: Engine, kind, batch, args, rng, bw, cfg, dtype, name="native", num_beams: int = 1) -> dict:
+def run_native(engine: Engine, kind, batch, args, rng, bw, cfg, dtype, name="native",
+               num_beams: int = 1) -> dict:
     """`batch` requests of `kind`, each a beam search of `num_beams` sequences when > 1 (ignore_eos: every beam
     runs to max_tokens), so a decode step runs batch * num_beams sequences."""
     reqs = make_requests(kind, batch, args, cfg, rng, num_beams)
@@ -218,7 +219,8 @@ def run_native(engine: Engine, kind, batch, args, rng, bw, cfg, dtype, name="nat
     total_out = sum(o.output_tokens for o in outs)
     return dict(
         engine=name, scenario=kind, batch=batch, num_beams=num_beams, prompt_tokens=prompt, output_tokens=gen,
-        wall_s=wall, requests_per_s=batch / wall, total_tok_s=total_out / wall, per_seq_decode_tok_s=statistics.mean(o.decode_tokens_per_s for o in outs),
+        wall_s=wall, requests_per_s=batch / wall, total_tok_s=total_out / wall,
+        per_seq_decode_tok_s=statistics.mean(o.decode_tokens_per_s for o in outs),
         ttft_ms_mean=1e3 * statistics.mean(o.ttft_s for o in outs),
         ttft_ms_p50=1e3 * statistics.median(o.ttft_s for o in outs),
         decode_step_ms=1e3 * step_s, decode_device_ms=1e3 * device_s, host_launch_ms=1e3 * launch_s,

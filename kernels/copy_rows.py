@@ -16,7 +16,8 @@ from kernels._common import cdiv, check, use_triton
 
 def _validate(cache, src, dst):
     check(cache.dim() >= 2, f"cache must be [L, S, ...], got {tuple(cache.shape)}")
-    check(src.dim() == 1 and src.shape == dst.shape, f"src and dst must be [P], got {tuple(src.shape)}, {tuple(dst.shape)}")
+    check(src.dim() == 1 and src.shape == dst.shape,
+          f"src and dst must be [P], got {tuple(src.shape)}, {tuple(dst.shape)}")
     check(not src.is_floating_point() and not dst.is_floating_point(), "src and dst must be integer indices")
 
 
