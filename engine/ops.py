@@ -12,6 +12,6 @@ from kernels.rmsnorm import rmsnorm
 from kernels.silu_mul import silu_mul
 from kernels.small_m_linear import linear_silu_mul, small_m_linear
 
-__all__ = ["causal_conv1d_update", "copy_rows", "fused_attn_decode_inputs", "fused_gdn_decode", "gated_rmsnorm", "gdn_recurrent",
-           "l2norm_ref", "linear_silu_mul", "paged_decode_attention", "pdl_supported", "store_kvcache", "rmsnorm",
-           "silu_mul", "small_m_linear", "use_triton"]
+__all__ = ["causal_conv1d_update", "copy_rows", "fused_attn_decode_inputs", "fused_gdn_decode", "gated_rmsnorm",
+           "gdn_recurrent", "l2norm_ref", "linear_silu_mul", "paged_decode_attention", "pdl_supported", "store_kvcache",
+           "rmsnorm", "silu_mul", "small_m_linear", "use_triton"]
