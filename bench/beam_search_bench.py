@@ -306,8 +306,9 @@ def run(args) -> None:
     result = {"command": "python3 bench/beam_search_bench.py " + " ".join(sys.argv[1:]),
               "device": torch.cuda.get_device_name() if args.device == "cuda" else args.device,
               "torch": torch.__version__, "rows": []}
-    meta_path = args.pages / "pages.json"
-    result["pages"] = {k: v for k, v in json.loads(meta_path.read_text()).items() if k != "pages"}
+    if not args.skip_tiny:
+        meta = json.loads((args.pages / "pages.json").read_text())
+        result["pages"] = {k: v for k, v in meta.items() if k != "pages"}
 
     def record(rows):
         result["rows"] += rows
@@ -334,7 +335,7 @@ def main(argv=None) -> None:
     ex.add_argument("--config", type=Path, default=ROOT / "bench/results/ocria_tiny_eval_full_pages_1536_config.yaml")
     ex.add_argument("--synth", type=Path, default=ROOT / ".synth")
     rn = sub.add_parser("run")
-    rn.add_argument("--pages", type=Path, required=True)
+    rn.add_argument("--pages", type=Path, default=None, help="the exported pages (not needed with --skip-tiny)")
     rn.add_argument("--out", type=Path, required=True)
     rn.add_argument("--beams", default="4", type=lambda s: [int(x) for x in s.split(",")])
     rn.add_argument("--skip-tiny", action="store_true", help="part 3 only")
@@ -362,6 +363,8 @@ def main(argv=None) -> None:
     ps.add_argument("--num-pages", type=int, default=4)
     ps.add_argument("--max-new-tokens", type=int, default=1024)
     args = ap.parse_args(argv)
+    if args.cmd == "run" and not args.skip_tiny and args.pages is None:
+        ap.error("run needs --pages (from `export`), or --skip-tiny")
     {"export": export, "run": run, "copy": copy_variants, "parents": parent_shares}[args.cmd](args)
 
 

@@ -32,3 +32,24 @@ def test_benchmark_variants_cpu(tmp_path):
     check = data["meta"]["output_checks"]["native vs native_cublas"]
     assert check["all_equal"] and check["max_abs_logit_diff"] < 1e-4
     assert data["meta"]["variant_options"] == {"native": {}, "native_cublas": {"decode_gemv": False}}
+
+
+def test_beam_search_bench_4b_part_tiny_cpu(tmp_path):
+    """bench/beam_search_bench.py run --skip-tiny (its H200 4B part) at tiny shapes: greedy at every sequence count a
+    beam run has, beam requests (jobs/benchmark.py's requests with num_beams) beside them, their extra step time
+    and the cache copy timed alone."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "beam_search_bench.py"
+    spec = importlib.util.spec_from_file_location("beam_search_bench", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    bench.main(["run", "--skip-tiny", "--device", "cpu", "--tiny-shapes", "--out", str(tmp_path), "--beams", "3",
+                "--batches-4b", "2", "--page-image-tokens", "16", "--page-gen", "6"])
+    rows = json.loads((tmp_path / "beam_search.json").read_text())["rows"]
+    assert [(r["num_beams"], r["batch"]) for r in rows] == [(1, 2), (1, 6), (3, 2)]
+    beam = rows[-1]
+    assert beam["output_tokens"] == 6 and beam["requests_per_s"] > 0
+    assert beam["decode_steps"] > 0 and beam["step_ms_over_greedy_same_rows"] is not None
+    assert beam["copy_caches_ms_mid_answer"] > 0
