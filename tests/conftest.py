@@ -6,6 +6,7 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")  # no IMDS probing for credentials
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import importlib.util  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -14,6 +15,16 @@ import pytest  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT.parent / "shared" / "corpus"
 sys.path.insert(0, str(ROOT))
+
+
+def load_bench(name: str):
+    """bench/<name>.py as a module (the bench folder is scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 # configs/train_tiny.yaml overrides for the shipped ocria-tiny's pages: run F2 (session 15) was trained on the final
 # distribution drawn at 1,536 px, fonts 20-36 px (10-18 px at 768 px), the size its processor lets through
 SHIPPED_PAGES = ["image.target_longest_px=1536", "image.max_pixels=2359296", "data.font_px=[20.0,36.0]"]

@@ -1,22 +1,17 @@
 """bench/decode_profile.py: the tiny CPU run end to end (CPU ops stand in for kernels), and the device-kernel
 aggregation on hand-built profiler events shaped like a CUDA profile (kernels listed under their launching op)."""
-import importlib.util
 import json
-import os
 
 import pytest
 import torch
 from torch.autograd import DeviceType
 from torch.autograd.profiler_util import FunctionEvent
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from conftest import load_bench
 
 
 def load():
-    spec = importlib.util.spec_from_file_location("decode_profile", os.path.join(ROOT, "bench", "decode_profile.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("decode_profile")
 
 
 @pytest.mark.timeout(300)

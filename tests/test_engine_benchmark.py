@@ -38,13 +38,9 @@ def test_beam_search_bench_4b_part_tiny_cpu(tmp_path):
     """bench/beam_search_bench.py run --skip-tiny (its H200 4B part) at tiny shapes: greedy at every sequence count a
     beam run has, beam requests (jobs/benchmark.py's requests with num_beams) beside them, their extra step time
     and the cache copy timed alone."""
-    import importlib.util
-    from pathlib import Path
+    from conftest import load_bench
 
-    path = Path(__file__).resolve().parents[1] / "bench" / "beam_search_bench.py"
-    spec = importlib.util.spec_from_file_location("beam_search_bench", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_bench("beam_search_bench")
     bench.main(["run", "--skip-tiny", "--device", "cpu", "--tiny-shapes", "--out", str(tmp_path), "--beams", "3",
                 "--batches-4b", "2", "--page-image-tokens", "16", "--page-gen", "6"])
     rows = json.loads((tmp_path / "beam_search.json").read_text())["rows"]

@@ -1,16 +1,12 @@
 """The GPU microbenchmark script runs end to end on CPU (--dry-run: tiny shapes through the references)."""
-import importlib.util
 import json
-import os
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from conftest import load_bench
 
 
 def test_bench_dry_run_writes_json(tmp_path, monkeypatch):
     monkeypatch.delenv("OCRIA_FORCE_TRITON", raising=False)
-    spec = importlib.util.spec_from_file_location("kernels_bench", os.path.join(ROOT, "bench", "kernels_bench.py"))
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_bench("kernels_bench")
     out = tmp_path / "kernels.json"
     bench.main(["--dry-run", "--batch-sizes", "1", "3", "--out", str(out)])
     data = json.loads(out.read_text())

@@ -46,14 +46,11 @@ def test_dispatch_and_errors(monkeypatch):
 
 def test_copy_benchmark_runs_and_checks(tmp_path, monkeypatch):
     """bench/beam_search_bench.py copy at tiny shapes (the H200 run's script): both ways agree, and it says so."""
-    import importlib.util
     import json
-    from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "bench" / "beam_search_bench.py"
-    spec = importlib.util.spec_from_file_location("beam_search_bench", path)
-    beam_search_bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(beam_search_bench)
+    from conftest import load_bench
+
+    beam_search_bench = load_bench("beam_search_bench")
     monkeypatch.setenv("OCRIA_FORCE_TRITON", "1")
     beam_search_bench.main(["copy", "--out", str(tmp_path), "--device", "cpu", "--tiny-shapes", "--rows", "5",
                             "--blocks-per-member", "2", "--iters", "1", "--stay-shares", "0,0.6"])

@@ -1,20 +1,14 @@
 """The ocria-tiny diagnostics in bench/: the error profile (page classes by output length, line matching, error
 shares, on hand-written pages; stop probabilities of the shipped model) and the text-line head's reading of
 held-out pages (one page, end to end)."""
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
+from conftest import load_bench
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def load_bench(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.fixture(scope="module")

@@ -4,9 +4,7 @@ modes, the MMA and FMA paths, workspace re-arming, launch heuristic, validation 
 Tolerances: fp32 outputs within 1e-5 (rel and abs; outputs are O(1) and only the summation order differs); bf16 within
 1e-2 (both sides round the same fp32 sum once, so they differ by at most one bf16 ulp, 2^-7 relative); fp16 1e-3.
 """
-import importlib.util
 import json
-import os
 
 import pytest
 import torch
@@ -17,7 +15,7 @@ from kernels.small_m_linear import (  # noqa: I001
     pick_split_k, small_m_linear, small_m_linear_ref, small_m_linear_triton, small_m_linear_workspace,
 )
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from conftest import load_bench
 
 
 def make_inputs(M, N, K, dtype, seed=0):
@@ -168,10 +166,7 @@ def test_dispatch(monkeypatch):
 def test_bench_dry_run_writes_json(tmp_path, monkeypatch):
     """bench/small_m_linear_bench.py end to end on CPU: tiny shapes, reference + interpreter, every swept config."""
     monkeypatch.delenv("OCRIA_FORCE_TRITON", raising=False)
-    spec = importlib.util.spec_from_file_location("small_m_linear_bench",
-                                                  os.path.join(ROOT, "bench", "small_m_linear_bench.py"))
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_bench("small_m_linear_bench")
     out = tmp_path / "sml.json"
     bench.main(["--dry-run", "--out", str(out)])
     data = json.loads(out.read_text())
@@ -189,9 +184,7 @@ def test_gpu_pdl_check_script_passes_in_the_interpreter(tmp_path, monkeypatch):
     """bench/gemv_pdl_check.py (run on the H200) on tiny shapes, every kernel forced to Triton: on CPU only the chain
     without PDL runs, so this checks the script, not PDL."""
     monkeypatch.setenv("OCRIA_FORCE_TRITON", "1")
-    spec = importlib.util.spec_from_file_location("gemv_pdl_check", os.path.join(ROOT, "bench", "gemv_pdl_check.py"))
-    check = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(check)
+    check = load_bench("gemv_pdl_check")
     out = tmp_path / "check.json"
     assert check.main(["--tiny", "--out", str(out)]) == 0
     res = json.loads(out.read_text())

@@ -17,7 +17,7 @@ import pytest
 import torch
 from PIL import Image
 
-from conftest import SHIPPED_PAGES
+from conftest import SHIPPED_PAGES, load_bench
 from engine.hf_format import special_token_ids
 from jobs.train_tiny import (PromptBuilder, collate, curriculum_stage, encode_page, encoded_batch, hf_config,
                              image_use, load_config, load_image_processor, param_groups, synth_config)
@@ -639,14 +639,10 @@ def test_line_ctc_training_logs_its_reading_and_a_resumed_run_keeps_its_head(poo
 
 def test_datagen_bench_times_every_page_kind(pool, tmp_path):
     """bench/ocria_tiny_datagen_bench.py: the real page generator and encoder, one page of each kind, timed."""
-    import importlib.util
-
     synth = tmp_path / "synth"
     (synth / "fonts").mkdir(parents=True)
     pool.to_json_gz(synth / "pool_train.json.gz")
-    spec = importlib.util.spec_from_file_location("datagen", ROOT / "bench" / "ocria_tiny_datagen_bench.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_bench("ocria_tiny_datagen_bench")
     out = tmp_path / "datagen.json"
     res = bench.main(["--synth", str(synth), "--model-dir", str(MODEL), "--pages", "1", "--out", str(out)])
     assert set(res["stages"]) == set(bench.STAGES)
@@ -658,13 +654,9 @@ def test_op_count_bench_counts_each_part_of_a_training_step(small_pages, parts):
     """bench/ocria_tiny_op_count.py on a miniature model: every part dispatches ops in the forward, the Gated
     DeltaNet layers (a Python loop over 64-token chunks) more per layer than the attention layers, and the backward
     is counted."""
-    import importlib.util
-
     from jobs.train_tiny import model_inputs
 
-    spec = importlib.util.spec_from_file_location("op_count", ROOT / "bench" / "ocria_tiny_op_count.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_bench("ocria_tiny_op_count")
     processor, builder = parts
     model = _mini_model(load_config(CONFIG, MINI), builder)
     items = [encode_page(p.image, p.markdown, processor, builder, 2, 448) for p in small_pages]
@@ -678,12 +670,9 @@ def test_op_count_bench_counts_each_part_of_a_training_step(small_pages, parts):
 def test_ab_table_reads_packed_logs_and_counts_only_the_runs_own_steps(tmp_path):
     """bench/ocria_tiny_ab_table.py: the log inside a run's meta.tar (as the GPU script packs it), the checkpoint's
     history before --since-step left out, the first `skip` records too; rates from the logged clock."""
-    import importlib.util
     import tarfile
 
-    spec = importlib.util.spec_from_file_location("ab_table", ROOT / "bench" / "ocria_tiny_ab_table.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_bench("ocria_tiny_ab_table")
     for name, rate in (("slow", 1), ("fast", 3)):
         ckpt = tmp_path / name / "run" / "ckpt"
         ckpt.mkdir(parents=True)
