@@ -30,6 +30,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from jobs.benchmark import sync  # noqa: E402
 from jobs.eval_ocr import Score, markdown_to_text  # noqa: E402
 
 TINY = ROOT / "models" / "ocria-tiny"
@@ -61,11 +62,6 @@ def load_pages(folder: Path) -> tuple[list[str], list[np.ndarray], list[str]]:
     return names, images, [p["reference_text"] for p in meta["pages"]]
 
 
-def sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
 def empty_cache() -> None:
     gc.collect()  # a closed engine's sequences and beam groups refer to each other: free its caches now
     if torch.cuda.is_available():
@@ -73,11 +69,12 @@ def empty_cache() -> None:
 
 
 def read_timed(reader, images, max_new_tokens: int) -> tuple[list[str], float]:
+    device = reader.backend.engine.device
     reader.read(images[:2], 8)  # warm-up: first-use compilation stays out of the timing
-    sync()
+    sync(device)
     t = time.perf_counter()
     texts = reader.read(images, max_new_tokens)
-    sync()
+    sync(device)
     return texts, time.perf_counter() - t
 
 
@@ -137,11 +134,11 @@ def copy_cost(engine, rows: int, blocks_per_member: int, iters: int = 20) -> flo
     src_blocks = blocks.view(rows, -1)[torch.randint(rows, (rows,), generator=g).to(dev)].flatten()
     for _ in range(3):
         engine.runner.copy_caches(src_slots, slots, src_blocks, blocks)
-    sync()
+    sync(dev)
     t = time.perf_counter()
     for _ in range(iters):
         engine.runner.copy_caches(src_slots, slots, src_blocks, blocks)
-    sync()
+    sync(dev)
     return (time.perf_counter() - t) / iters
 
 
@@ -192,21 +189,20 @@ def copy_variants(args) -> None:
     recurrent) and its KV blocks since the prompt, copied by index_select + index_copy (every row) and by
     kernels/copy_rows (moved rows only), for shares of members that continue themselves; next to each, the time the
     moved bytes take at the measured copy bandwidth (each moved row is read and written twice: buffer, then place)."""
+    from engine.config import parse_config
     from jobs import benchmark as b
     from kernels.copy_rows import copy_rows_ref, copy_rows_triton
 
-    cfg = b.hf_config(tiny=args.tiny_shapes).text_config
+    cfg = parse_config(b.hf_config(tiny=args.tiny_shapes).to_dict()).text
     dev, rows, nb = torch.device(args.device), args.rows, args.blocks_per_member
-    gdn_layers = sum(t == "linear_attention" for t in cfg.layer_types)
-    attn_layers = len(cfg.layer_types) - gdn_layers
-    conv_dim = (2 * cfg.linear_num_key_heads * cfg.linear_key_head_dim
-                + cfg.linear_num_value_heads * cfg.linear_value_head_dim)
-    caches = {
-        "conv": torch.zeros(gdn_layers, rows, conv_dim, cfg.linear_conv_kernel_dim - 1, dtype=torch.bfloat16,
+    gdn, attn = len(cfg.linear_attention_layers), len(cfg.full_attention_layers)
+    block = b.engine_options(1, 1, dev)["block_size"]  # the benchmark engine's KV block
+    caches = {  # ModelRunner's layouts, bf16 but the fp32 recurrent state
+        "conv": torch.zeros(gdn, rows, cfg.gdn_conv_dim, cfg.linear_conv_kernel_dim - 1, dtype=torch.bfloat16,
                             device=dev),
-        "ssm": torch.zeros(gdn_layers, rows, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
+        "ssm": torch.zeros(gdn, rows, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
                            cfg.linear_value_head_dim, dtype=torch.float32, device=dev),
-        "k": torch.zeros(attn_layers, rows * nb + 1, 32, cfg.num_key_value_heads, cfg.head_dim, dtype=torch.bfloat16,
+        "k": torch.zeros(attn, rows * nb + 1, block, cfg.num_key_value_heads, cfg.head_dim, dtype=torch.bfloat16,
                          device=dev),
     }
     caches["v"] = torch.zeros_like(caches["k"])
@@ -238,11 +234,11 @@ def copy_variants(args) -> None:
                     fn(c, *idx[k])
             for _ in range(2):
                 once()
-            sync()
+            sync(dev)
             t = time.perf_counter()
             for _ in range(args.iters):
                 once()
-            sync()
+            sync(dev)
             times[name] = 1e3 * (time.perf_counter() - t) / args.iters
         really = int((src_slots != slots).sum())
         moved_bytes = really * sum(result["row_bytes"][k] * (nb if k in "kv" else 1) for k in caches)

@@ -165,7 +165,8 @@ class EnginePageReader:
     """ocria-tiny through the pipeline's own path: the native engine's parse backend (its processor, chat template
     and decoding), greedy or beam search with `num_beams` > 1. dtype "auto": fp32 on CPU, bf16 on CUDA."""
 
-    def __init__(self, model_dir: Path, device: str = "cpu", num_beams: int = 1, batch: int = 8, dtype: str = "auto"):
+    def __init__(self, model_dir: Path, device: str = "cpu", num_beams: int = 1, batch: int = 8,
+                 dtype: str = "auto"):
         from engine.backends import load_backend
 
         self.backend = load_backend("native", str(model_dir), device=device, dtype=dtype,

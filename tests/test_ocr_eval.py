@@ -239,7 +239,11 @@ def test_shipped_model_reads_heldout_pages(reader, heldout_pool, cfg):
         assert hyp.strip(), "empty output"
         score.add(markdown_to_text(hyp), markdown_to_text(p.markdown))
     assert score.summary()["cer"] < MAX_HELDOUT_CER, score.summary()
-    assert EnginePageReader(MODEL, "cpu", batch=2).read([p.image for p in pages], max_new_tokens=160) == hyps
+    engine = EnginePageReader(MODEL, "cpu", batch=2)
+    try:
+        assert engine.read([p.image for p in pages], max_new_tokens=160) == hyps
+    finally:
+        engine.close()
 
 
 def test_beam_search_reader_reads_the_same_pages(reader, heldout_pool, cfg, monkeypatch):
@@ -262,7 +266,10 @@ def test_beam_search_reader_reads_the_same_pages(reader, heldout_pool, cfg, monk
     assert seen == [3]
     assert score.summary()["cer"] < MAX_HELDOUT_CER, score.summary()
     engine = EnginePageReader(MODEL, "cpu", num_beams=3, batch=2)
-    assert engine.read([p.image for p in pages], max_new_tokens=160) == hyps
+    try:
+        assert engine.read([p.image for p in pages], max_new_tokens=160) == hyps
+    finally:
+        engine.close()
 
 
 def test_eval_job_runs_at_the_models_page_size_and_refuses_another(heldout_pool, tmp_path):
