@@ -22,6 +22,8 @@ class SamplingParams:
     seed: int | None = None  # per-request seed; None = derived from the request id
     num_beams: int = 1  # > 1: beam search (greedy only), as transformers' generate with early_stopping=True
     length_penalty: float = 1.0  # beam search: a finished beam's score is log p / length ** length_penalty
+    loop_stop_tokens: int = 0  # > 0 (>= 3): end an answer whose tail repeats one unit over this many tokens, keeping
+    #   one copy (finish_reason "loop", engine/loop_guard.py); greedy and sampling, not beam search
 
 
 @dataclass
@@ -38,7 +40,7 @@ class PageResult:
     text: str
     prompt_tokens: int
     output_tokens: int
-    finish_reason: str  # "stop" | "length" | "error"
+    finish_reason: str  # "stop" | "length" | "loop" | "error"
     error: str | None = None
     ttft_s: float = 0.0  # request submitted -> first output token
     decode_s: float = 0.0  # first token -> last token

@@ -61,7 +61,7 @@ class RequestOutput:
     prompt_token_ids: list[int]
     output_token_ids: list[int]
     text: str
-    finish_reason: str  # "stop" | "length" | "error"
+    finish_reason: str  # "stop" | "length" | "loop" | "error"
     error: str | None = None
     ttft_s: float = 0.0
     decode_s: float = 0.0
@@ -175,6 +175,9 @@ class Engine:
             raise RequestRejected(f"request {request_id!r}: max_tokens must be >= 1, got {sampling.max_tokens}")
         if sampling.temperature < 0 or not 0 < sampling.top_p <= 1 or sampling.top_k < 0 or sampling.num_beams < 1:
             raise RequestRejected(f"request {request_id!r}: bad sampling params {sampling}")
+        if sampling.loop_stop_tokens and (sampling.loop_stop_tokens < 3 or sampling.num_beams > 1):
+            raise RequestRejected(f"request {request_id!r}: loop_stop_tokens must be 0 (off) or >= 3, and works without "
+                                  f"beam search only; got {sampling}")
         beams = sampling.num_beams
         if beams > 1 and (sampling.temperature > 0 or keep_logits or beams > self.options.max_num_seqs):
             raise RequestRejected(f"request {request_id!r}: beam search needs temperature 0, no keep_logits and "
@@ -355,8 +358,14 @@ class Engine:
             seq.last_token_time = now
             reason = "stop" if tok in seq.stop_ids else ("length" if i + 1 - seq.prompt_len >= seq.sampling.max_tokens
                                                         else None)
+            keep = seq.loop_guard.push(seq.token_ids, seq.prompt_len, i + 1) if seq.loop_guard else None
+            if keep is not None and reason != "stop":
+                reason, i = "loop", seq.prompt_len + keep - 1  # the answer ends after the loop's first unit
+                if seq.logits is not None:
+                    del seq.logits[keep:]
             if reason:
                 del seq.token_ids[i + 1:]  # tokens launched after the stop are dropped
+                seq.num_known = i + 1
                 self.scheduler.finish(seq, reason)
                 finished.append(self._output(seq))
         for groups, choice in flight.beams:

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from engine.interface import SamplingParams
+from engine.loop_guard import LoopGuard
 
 
 class SeqStatus(enum.Enum):
@@ -54,6 +55,7 @@ class Sequence:
         self.last_token_time: float | None = None
         self.num_preemptions = 0
         self.beam = None  # engine.beam_search.BeamGroup of a beam-search request's members
+        self.loop_guard = LoopGuard(sampling.loop_stop_tokens) if sampling.loop_stop_tokens else None
 
     def __len__(self) -> int:
         return len(self.token_ids)

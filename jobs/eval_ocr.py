@@ -163,21 +163,24 @@ class HFPageReader:
 
 class EnginePageReader:
     """ocria-tiny through the pipeline's own path: the native engine's parse backend (its processor, chat template
-    and decoding), greedy or beam search with `num_beams` > 1. dtype "auto": fp32 on CPU, bf16 on CUDA."""
+    and decoding), greedy or beam search with `num_beams` > 1; `loop_stop_tokens` > 0 ends looping answers
+    (engine/loop_guard.py). dtype "auto": fp32 on CPU, bf16 on CUDA."""
 
     def __init__(self, model_dir: Path, device: str = "cpu", num_beams: int = 1, batch: int = 8,
-                 dtype: str = "auto"):
+                 dtype: str = "auto", loop_stop_tokens: int = 0):
         from engine.backends import load_backend
 
         self.backend = load_backend("native", str(model_dir), device=device, dtype=dtype,
                                     max_batch_size=batch * num_beams)
         self.processor = self.backend.engine.processor.image_processor
         self.num_beams = num_beams
+        self.loop_stop_tokens = loop_stop_tokens
 
     def read(self, images: list[np.ndarray], max_new_tokens: int = 512) -> list[str]:
         from engine.interface import PageRequest, SamplingParams
 
-        sampling = SamplingParams(max_tokens=max_new_tokens, num_beams=self.num_beams)
+        sampling = SamplingParams(max_tokens=max_new_tokens, num_beams=self.num_beams,
+                                  loop_stop_tokens=self.loop_stop_tokens)
         results = self.backend.parse([PageRequest(f"page-{i}", im, sampling=sampling) for i, im in enumerate(images)])
         failed = [f"{r.request_id}: {r.error}" for r in results if r.finish_reason == "error"]
         if failed:
@@ -324,13 +327,13 @@ def evaluate(pages: list[EvalPage], reader: HFPageReader | EnginePageReader | No
                 rec["model_text"] = model_text.add(markdown_to_text(hyp), p.reference_text)
                 if p.reference_md is not None:
                     rec["model_md"] = model_md.add(collapse_ws(hyp), collapse_ws(p.reference_md))
-                rec["model_output_head"] = hyp[:200]
+                rec["model_output"] = hyp  # whole, so decoding rules (loop stops) can be replayed on it
             if use_tesseract:
                 t0 = time.time()
                 rec["tesseract_text"] = tess.add(collapse_ws(tesseract_read(p.image)), p.reference_text)
                 tess_s += time.time() - t0
             per_page.append(rec)
-            print(json.dumps({k: v for k, v in rec.items() if k != "model_output_head"}), flush=True)
+            print(json.dumps({k: v for k, v in rec.items() if k != "model_output"}), flush=True)
     out = {"per_page": per_page}
     if reader is not None:
         out["model_text"] = model_text.summary() | {"seconds": round(model_s, 1)}
@@ -354,6 +357,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=1024, help="full synthetic pages take up to ~680")
     ap.add_argument("--num-beams", type=int, default=1, help="1: greedy decoding")
+    ap.add_argument("--loop-stop-tokens", type=int, default=0,
+                    help="native reader: end an answer that loops over this many tokens (0: off)")
     ap.add_argument("--reader", choices=["transformers", "native"], default="transformers",
                     help="native: the pipeline's engine and processor (engine.native_backend)")
     ap.add_argument("--no-model", action="store_true")
@@ -362,19 +367,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     cfg = load_config(args.config, [])
+    if args.loop_stop_tokens and args.reader != "native":
+        raise SystemExit("--loop-stop-tokens needs --reader native (transformers' generate has no such stop)")
     use_tess = not args.no_tesseract and tesseract_available()
     if not args.no_tesseract and not use_tess:
         print("tesseract not found: skipping the Tesseract baseline "
               "(apt-get install -y --no-install-recommends tesseract-ocr tesseract-ocr-eng)", file=sys.stderr)
     readers = {"transformers": lambda: HFPageReader(args.model, args.device, num_beams=args.num_beams),
-               "native": lambda: EnginePageReader(args.model, args.device, args.num_beams, args.batch)}
+               "native": lambda: EnginePageReader(args.model, args.device, args.num_beams, args.batch,
+                                                  loop_stop_tokens=args.loop_stop_tokens)}
     reader = None if args.no_model else readers[args.reader]()
     if reader is not None and reader.processor.max_pixels != cfg["image"]["max_pixels"]:
         raise SystemExit(f"{args.config} draws pages for max_pixels {cfg['image']['max_pixels']:,} but {args.model} "
                          f"reads {reader.processor.max_pixels:,}: pass a --config at the model's size (e.g. "
                          "bench/results/ocria_tiny_eval_full_pages_1536_config.yaml for the shipped model)")
     result = {"command": " ".join([Path(sys.executable).name, "-m", "jobs.eval_ocr", *(argv or sys.argv[1:])]),
-              "model": str(args.model), "reader": args.reader, "num_beams": args.num_beams, "tesseract": use_tess}
+              "model": str(args.model), "reader": args.reader, "num_beams": args.num_beams,
+              "loop_stop_tokens": args.loop_stop_tokens, "tesseract": use_tess}
     if args.heldout:
         result["heldout_synthetic"] = evaluate(heldout_pages(args.heldout, cfg, args.synth), reader, use_tess,
                                                args.batch, args.max_new_tokens)

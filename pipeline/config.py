@@ -57,6 +57,8 @@ class ModelConfig(Strict):
     seed: int | None = Field(None, description="null = each page's own seed, derived from its sha256 and index")
     num_beams: int = Field(1, ge=1, description="> 1: beam search of this width (needs temperature 0)")
     length_penalty: float = Field(1.0, description="beam search: finished beams are ranked by log p / length ** this")
+    loop_stop_tokens: int = Field(0, ge=0, description="> 0 (>= 3): end a page's answer once it repeats one unit over "
+                                  "this many tokens, keeping one copy (native backend, without beam search)")
     options: dict = Field(default_factory=dict, description="extra keyword arguments for the backend")
 
     @model_validator(mode="after")
@@ -64,6 +66,9 @@ class ModelConfig(Strict):
         if self.num_beams > 1 and self.temperature > 0:
             raise ValueError(f"model.num_beams={self.num_beams} needs model.temperature 0 (beam search does not "
                              f"sample); got temperature {self.temperature}")
+        if self.loop_stop_tokens and (self.loop_stop_tokens < 3 or self.backend != "native" or self.num_beams > 1):
+            raise ValueError(f"model.loop_stop_tokens={self.loop_stop_tokens} must be 0 (off) or >= 3, with "
+                             f"model.backend native and model.num_beams 1 (got {self.backend}, {self.num_beams})")
         return self
 
 

@@ -33,6 +33,15 @@ def test_beam_search_must_be_greedy():
         load_config(None, {"input": {"uris": ["x"]}, "model": {"num_beams": 4, "temperature": 0.5}})
 
 
+def test_loop_stop_needs_the_native_greedy_engine():
+    cfg = load_config(None, {"input": {"uris": ["x"]}, "model": {"loop_stop_tokens": 48}})
+    assert cfg.model.loop_stop_tokens == 48
+    for bad in ({"loop_stop_tokens": 2}, {"loop_stop_tokens": 48, "backend": "transformers"},
+                {"loop_stop_tokens": 48, "num_beams": 4}):
+        with pytest.raises(ConfigError, match="model.loop_stop_tokens="):
+            load_config(None, {"input": {"uris": ["x"]}, "model": bad})
+
+
 def test_flags_override_yaml(tmp_path):
     p = tmp_path / "c.yaml"
     p.write_text("input: {uris: [a]}\nmodel: {backend: transformers, max_tokens: 5}\nparse: {batch_size: 4}\n")
