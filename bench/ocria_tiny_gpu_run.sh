@@ -22,6 +22,9 @@
 #   Then fla stopped the first backward pass (below).
 # PROFILE_STEPS=3: profile that many steps after 5 warm-up steps instead of training (out/run/train_profile.*, no
 #   checkpoint). At batch 128 it ran past 120 s without writing its report (session 14).
+# TIME_STEPS=N: time that many steps after 5 warm-up steps, without the profiler or a sync between steps
+#   (out/run/train_time.json: pages/s and the first step's loss, no checkpoint). GDN_CHUNK=N sets train.gdn_chunk,
+#   ROPE_POSITIONS=loader|transformers train.rope_positions: the arms of bench/ocria_tiny_step_time.sh.
 # VISION_ATTENTION=packed|per_image sets train.vision_attention (default: the config's, packed). Session 14's A/B,
 #   from scratch (bench/results/ocria_tiny_vision_attention_ab.json):
 #   for a in packed per_image; do VISION_ATTENTION=$a RECIPE=F BATCH=128 TOTAL_S=1000 RUN_S=60 TIMEOUT_S=115 \
@@ -64,7 +67,8 @@ RUN=(--set image.image_mean=1.0 --set model.text.partial_rotary_factor=1.0 --set
   --set train.image_check_every=100 --set train.eval_pages=${EVAL_PAGES:-16} ${VISION_ATTENTION:+--set train.vision_attention=$VISION_ATTENTION}
   ${TEXT_LINE_CTC:+--set train.text_line_ctc_weight=$TEXT_LINE_CTC --set train.text_line_ctc_head_steps=80
     --set train.text_line_ctc_lr_mult=5} ${GDN:+--set train.gated_delta_rule=$GDN}
-  ${NOISE:+--set train.answer_token_noise=$NOISE})
+  ${NOISE:+--set train.answer_token_noise=$NOISE} ${GDN_CHUNK:+--set train.gdn_chunk=$GDN_CHUNK}
+  ${ROPE_POSITIONS:+--set train.rope_positions=$ROPE_POSITIONS})
 case ${RECIPE:-D} in
   D) CURR='data.curriculum=[{until_page: 100000, font_px: [22, 32], max_chars: [8, 40], crop: true, strict_chars: true},
        {until_page: 200000, font_px: [16, 28], max_chars: [20, 120], crop: true, strict_chars: true},
@@ -102,8 +106,8 @@ case ${RECIPE:-D} in
 esac
 status=0
 timeout ${TIMEOUT_S:-565} python3 -m jobs.train_tiny train --model-dir "$model" --out "$out/run" ${resume:+--resume "$resume"} \
-  ${PROFILE_STEPS:+--profile-steps "$PROFILE_STEPS"} "${RUN[@]}" --set "$CURR" 2>&1 | grep -v -i "warn" | tail -n 70 || status=$?
-if [ -z "${PROFILE_STEPS:-}" ]; then
+  ${PROFILE_STEPS:+--profile-steps "$PROFILE_STEPS"} ${TIME_STEPS:+--time-steps "$TIME_STEPS"} "${RUN[@]}" --set "$CURR" 2>&1 | grep -v -i "warn" | tail -n 70 || status=$?
+if [ -z "${PROFILE_STEPS:-}${TIME_STEPS:-}" ]; then
   # The checkpoint is saved before the end-of-run evaluation, so a TIMEOUT_S that falls in the evaluation or the
   # exit leaves a whole checkpoint: stage it (session 20 lost a run's state and log to that)
   if [ ! -f "$out/run/ckpt/train_state.json" ]; then echo "training exited with status $status before saving a checkpoint" >&2; exit $(( status ? status : 1 )); fi

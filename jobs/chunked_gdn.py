@@ -11,6 +11,7 @@ three batched multiply-adds; this adapts transformers' call to it. transformers'
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
 
@@ -44,13 +45,14 @@ def chunked_gated_delta_rule(query, key, value, g, beta, chunk_size: int = 64, i
 
 
 @contextlib.contextmanager
-def chunked_gdn_in(modeling_module):
+def chunked_gdn_in(modeling_module, chunk_size: int = 64):
     """Within the block, transformers' Qwen3.5 Gated DeltaNet layers (`modeling_module`, e.g.
-    transformers.models.qwen3_5.modeling_qwen3_5) run chunked_gated_delta_rule for whole sequences; restored on exit.
-    The layers call the module's function by name, so it is swapped there, for the block only."""
+    transformers.models.qwen3_5.modeling_qwen3_5) run chunked_gated_delta_rule for whole sequences, in chunks of
+    `chunk_size` tokens; restored on exit. The layers call the module's function by name, so it is swapped there, for
+    the block only."""
     name = "torch_chunk_gated_delta_rule"
     original = getattr(modeling_module, name)
-    setattr(modeling_module, name, chunked_gated_delta_rule)
+    setattr(modeling_module, name, functools.partial(chunked_gated_delta_rule, chunk_size=chunk_size))
     try:
         yield
     finally:

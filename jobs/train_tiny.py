@@ -234,11 +234,13 @@ def encode_page(image, markdown: str | None, processor, builder: PromptBuilder, 
     n_img = grid[1] * grid[2] // (merge * merge)
     prompt = builder.prompt_ids(n_img)
     answer = builder.answer_ids(markdown, max_answer) if markdown is not None else []
+    ids = torch.tensor(prompt + answer)
     item = {
         "pixel_bytes": torch.from_numpy(raw),
         "grid": torch.tensor(grid),
-        "input_ids": torch.tensor(prompt + answer),
+        "input_ids": ids,
         "labels": torch.tensor([-100] * len(prompt) + answer),
+        "position_ids": mrope_position_ids(ids, builder.ids.image_pad, [grid], merge),
     }
     if lines is not None:
         item["line_geom"], item["line_chars"] = line_geometry(lines, image.shape[:2], grid[1:], processor.patch_size,
@@ -246,20 +248,54 @@ def encode_page(image, markdown: str | None, processor, builder: PromptBuilder, 
     return item
 
 
-def collate(items: list[dict], pad_id: int, image_id: int) -> dict:
+def mrope_position_ids(input_ids, image_id: int, grids: list, merge: int):
+    """The decoder's 3-axis rotary positions [3, L] (time, row, column) of one example, as transformers'
+    Qwen3_5Model.get_rope_index gives them: a text token advances all three by one; an image's merged tokens sit at
+    the running position plus their (0, row, column), and the image then advances it by its longer side. Computed in
+    the loader's workers and handed to the model: transformers' own computation walks the batch example by example
+    with ~10 device syncs each, ~660 a step at batch 64 (bench/results/ocria_tiny_s21_train_profile_varlen.txt)."""
+    import torch
+
+    is_image = (input_ids == image_id).tolist()
+    parts, pos, start, images = [], 0, 0, iter(grids)
+    while start < len(is_image):
+        end = start
+        while end < len(is_image) and is_image[end] == is_image[start]:
+            end += 1
+        if not is_image[start]:
+            parts.append(torch.arange(pos, pos + end - start).expand(3, -1))
+            pos += end - start
+        else:
+            t, h, w = (int(x) for x in next(images))
+            lh, lw = h // merge, w // merge
+            if t * lh * lw != end - start:
+                raise ValueError(f"an image of grid {(t, h, w)} has {t * lh * lw} merged tokens, the ids {end - start}")
+            grid = torch.stack(torch.meshgrid(torch.arange(t), torch.arange(lh), torch.arange(lw), indexing="ij"))
+            parts.append(grid.reshape(3, -1) + pos)
+            pos += max(h, w) // merge
+        start = end
+    return torch.cat(parts, 1) if parts else torch.zeros(3, 0, dtype=torch.long)
+
+
+def collate(items: list[dict], pad_id: int, image_id: int, positions: bool = True) -> dict:
+    """Items from `encode_page`, right-padded into one batch; without `positions` the model computes the rotary
+    positions itself (transformers' way, the baseline of bench/results/ocria_tiny_s22_step_time.json)."""
     import torch
 
     n = max(len(x["input_ids"]) for x in items)
     ids = torch.full((len(items), n), pad_id, dtype=torch.long)
     labels = torch.full((len(items), n), -100, dtype=torch.long)
     mask = torch.zeros((len(items), n), dtype=torch.long)
+    rows = torch.zeros((3, len(items), n), dtype=torch.long)  # padding at 0, as transformers leaves it
     for i, x in enumerate(items):  # right padding: causal positions of real tokens are unaffected
         L = len(x["input_ids"])
         ids[i, :L], labels[i, :L], mask[i, :L] = x["input_ids"], x["labels"], 1
+        rows[:, i, :L] = x["position_ids"]
     return {
         "input_ids": ids,
         "labels": labels,
         "attention_mask": mask,
+        **({"position_ids": rows} if positions else {}),
         "mm_token_type_ids": (ids == image_id).to(torch.int32),
         "pixel_bytes": torch.cat([x["pixel_bytes"] for x in items]),
         "image_grid_thw": torch.stack([x["grid"] for x in items]),
@@ -593,9 +629,49 @@ def profile_training(model, loader, processor, opt, autocast, tc: dict, device: 
     return res
 
 
+def time_training(model, loader, processor, opt, autocast, tc: dict, device: str, out: Path, steps: int,
+                  warmup: int = 5, ctc: LineCTC | None = None, line_ctc: TextLineCTC | None = None,
+                  merge: int = 2) -> dict:
+    """Pages per second of `steps` training steps after `warmup`, as training runs them: no profiler and no device
+    sync between steps (one before, one after), which the profile's per-step timing has. Writes out/train_time.json;
+    the first step's loss lets arms that start from the same weights and pages be compared."""
+    import torch
+
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    it = iter(loader)
+    first_loss = None
+    for _ in range(warmup):
+        batch = model_batch(next(it), processor, device, non_blocking=True)
+        loss = optimizer_step(model, opt, batch, autocast, tc["grad_clip"], ctc, line_ctc, merge)[0]
+        first_loss = loss.item() if first_loss is None else first_loss
+    sync()
+    wait_s, pages, tokens = 0.0, 0, 0
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        t1 = time.perf_counter()
+        batch = next(it)
+        wait_s += time.perf_counter() - t1
+        pages += len(batch["input_ids"])
+        tokens += int(batch["attention_mask"].sum())  # a host tensor: no sync
+        batch = model_batch(batch, processor, device, non_blocking=True)
+        loss = optimizer_step(model, opt, batch, autocast, tc["grad_clip"], ctc, line_ctc, merge)[0]
+    sync()
+    total = time.perf_counter() - t0
+    res = {"batch_size": tc["batch_size"], "warmup_steps": warmup, "steps": steps,
+           "pages_per_s": round(pages / total, 2), "step_ms_mean": round(total / steps * 1e3, 1),
+           "data_wait_share": round(wait_s / total, 3), "tokens_per_step": round(tokens / steps),
+           "first_loss": round(first_loss, 5), "last_loss": round(loss.item(), 5),
+           "gdn_chunk": tc["gdn_chunk"], "rope_positions": tc["rope_positions"]}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "train_time.json").write_text(json.dumps(res, indent=1))
+    print(json.dumps(res), flush=True)
+    return res
+
+
 def train(cfg: dict, synth: Path, model_dir: Path, out: Path, resume: Path | None, device: str,
-          resume_state: Path | None = None, profile_steps: int = 0) -> None:
-    """Train (or profile) for one run; the settings that select implementations are checked before anything loads."""
+          resume_state: Path | None = None, profile_steps: int = 0, time_steps: int = 0) -> None:
+    """Train (or profile, or time) for one run; the settings that select implementations are checked before anything
+    loads."""
     import contextlib
 
     from transformers.models.qwen3_5 import modeling_qwen3_5
@@ -607,16 +683,20 @@ def train(cfg: dict, synth: Path, model_dir: Path, out: Path, resume: Path | Non
         raise ValueError(f"train.vision_attention must be per_image or packed, got {tc['vision_attention']!r}")
     if tc["gated_delta_rule"] not in ("transformers", "chunked"):
         raise ValueError(f"train.gated_delta_rule must be transformers or chunked, got {tc['gated_delta_rule']!r}")
+    if tc["rope_positions"] not in ("loader", "transformers"):
+        raise ValueError(f"train.rope_positions must be loader or transformers, got {tc['rope_positions']!r}")
+    if not isinstance(tc["gdn_chunk"], int) or tc["gdn_chunk"] < 16 or tc["gdn_chunk"] % 16:
+        raise ValueError(f"train.gdn_chunk must be a multiple of 16, got {tc['gdn_chunk']!r}")
     if not 0 <= tc["answer_token_noise"] < 1:
         raise ValueError(f"train.answer_token_noise is a share of answer tokens, 0 <= x < 1, "
                          f"got {tc['answer_token_noise']!r}")
     chunked = tc["gated_delta_rule"] == "chunked"
-    with chunked_gdn_in(modeling_qwen3_5) if chunked else contextlib.nullcontext():
-        _train(cfg, synth, model_dir, out, resume, device, resume_state, profile_steps)
+    with chunked_gdn_in(modeling_qwen3_5, tc["gdn_chunk"]) if chunked else contextlib.nullcontext():
+        _train(cfg, synth, model_dir, out, resume, device, resume_state, profile_steps, time_steps)
 
 
 def _train(cfg: dict, synth: Path, model_dir: Path, out: Path, resume: Path | None, device: str,
-           resume_state: Path | None, profile_steps: int) -> None:
+           resume_state: Path | None, profile_steps: int, time_steps: int) -> None:
     import torch
     from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
 
@@ -663,7 +743,8 @@ def _train(cfg: dict, synth: Path, model_dir: Path, out: Path, resume: Path | No
         page_stream(cfg, synth, model_dir, state["pages"]),
         batch_size=tc["batch_size"],
         num_workers=tc["num_workers"],
-        collate_fn=lambda items: collate(items, builder.ids.endoftext, builder.ids.image_pad),
+        collate_fn=lambda items: collate(items, builder.ids.endoftext, builder.ids.image_pad,
+                                         tc["rope_positions"] == "loader"),
         prefetch_factor=tc["prefetch_factor"] if tc["num_workers"] else None,
         pin_memory=device.startswith("cuda"),  # pageable host-to-device copies cost ~1 ms per tensor (profile)
         persistent_workers=False,
@@ -689,10 +770,19 @@ def _train(cfg: dict, synth: Path, model_dir: Path, out: Path, resume: Path | No
                        "lr_mult": tc["text_line_ctc_lr_mult"]})
     opt = torch.optim.AdamW(groups, lr=tc["lr"], betas=(0.9, 0.95), fused=device.startswith("cuda"))
     autocast = torch.autocast(device_type="cuda" if device.startswith("cuda") else "cpu", dtype=torch.bfloat16)
+    if profile_steps or time_steps:
+        # the schedule's rate where a run would start, not the peak: at the peak (1e-3) session 22's timed steps took
+        # a resumed model's loss from 0.22 to 3.5 within 25 steps, a fresh optimizer's first steps being full-sized
+        for g in opt.param_groups:
+            g["lr"] = lr_at(state["step"], state["elapsed_s"], tc) * g["lr_mult"]
     if profile_steps:
         out.mkdir(parents=True, exist_ok=True)
         profile_training(model, loader, processor, opt, autocast, tc, device, out, profile_steps, ctc=ctc,
                          line_ctc=line_ctc, merge=merge)
+        return
+    if time_steps:
+        time_training(model, loader, processor, opt, autocast, tc, device, out, time_steps, ctc=ctc,
+                      line_ctc=line_ctc, merge=merge)
         return
     check_every = tc.get("image_check_every", 0)
     checks = image_check_batches(cfg, synth, model_dir, state["pages"]) if check_every else None
@@ -794,6 +884,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--resume-state", type=Path, default=None,
                     help="folder with train_state.json/train_log.jsonl when they are not in --resume")
     ap.add_argument("--device", default=None)
+    ap.add_argument("--time-steps", type=int, default=0,
+                    help="train: time this many steps (after 5 warm-up steps), write out/train_time.json, save nothing")
     ap.add_argument("--profile-steps", type=int, default=0,
                     help="train: profile this many steps (after 5 warm-up steps), write out/train_profile.*, save nothing")
     ap.add_argument("--set", action="append", default=[], help="override a config key, e.g. train.batch_size=4")
@@ -807,7 +899,8 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-        train(cfg, args.synth, args.model_dir, args.out, args.resume, device, args.resume_state, args.profile_steps)
+        train(cfg, args.synth, args.model_dir, args.out, args.resume, device, args.resume_state, args.profile_steps,
+              args.time_steps)
     return 0
 
 

@@ -55,9 +55,11 @@ def test_packed_sequences_are_refused():
 
 
 def test_the_swap_is_scoped_to_the_block():
-    with chunked_gdn_in(modeling_qwen3_5):
-        assert modeling_qwen3_5.torch_chunk_gated_delta_rule is chunked_gated_delta_rule
-    assert modeling_qwen3_5.torch_chunk_gated_delta_rule is REFERENCE
+    for chunk in (64, 128):  # train.gdn_chunk reaches the rule
+        with chunked_gdn_in(modeling_qwen3_5, chunk):
+            swapped = modeling_qwen3_5.torch_chunk_gated_delta_rule
+            assert swapped.func is chunked_gated_delta_rule and swapped.keywords == {"chunk_size": chunk}
+        assert modeling_qwen3_5.torch_chunk_gated_delta_rule is REFERENCE
     with pytest.raises(RuntimeError), chunked_gdn_in(modeling_qwen3_5):
         raise RuntimeError("a failing step")
     assert modeling_qwen3_5.torch_chunk_gated_delta_rule is REFERENCE

@@ -74,6 +74,26 @@ def test_batch_has_image_tokens_types_labels_and_answer(small_pages, parts):
         assert torch.equal(labels[answer], batch["input_ids"][i][answer])  # the model shifts labels itself
 
 
+def test_collated_position_ids_are_transformers_rope_index(small_pages, parts):
+    """The rotary positions made in the loader (jobs.train_tiny.mrope_position_ids) are the ones transformers would
+    compute on the device, padding included, and the model's loss is the same with them."""
+    processor, builder = parts
+    model = _mini_model(load_config(CONFIG, MINI), builder)
+    # the last page turned on its side: a landscape image advances the positions by its width, not its height
+    images = [p.image for p in small_pages[:-1]] + [np.ascontiguousarray(np.rot90(small_pages[-1].image))]
+    items = [encode_page(im, p.markdown, processor, builder, 2, 448) for im, p in zip(images, small_pages)]
+    batch = encoded_batch(items, builder, processor)
+    assert len({len(x["input_ids"]) for x in items}) > 1  # right padding is exercised
+    grids = batch["image_grid_thw"].tolist()
+    assert any(h > w for _, h, w in grids) and any(w > h for _, h, w in grids)
+    ref, _ = model.model.get_rope_index(batch["input_ids"], batch["mm_token_type_ids"], batch["image_grid_thw"],
+                                        attention_mask=batch["attention_mask"])
+    assert torch.equal(batch["position_ids"], ref)
+    without = {k: v for k, v in batch.items() if k != "position_ids"}
+    with torch.no_grad():
+        assert torch.equal(model(**batch).loss, model(**without).loss)
+
+
 def test_a_cut_answer_has_no_stop_token(small_pages, parts):
     """An answer longer than max_answer_tokens keeps its first tokens and no <|im_end|>: a stop after the cut taught
     the model to stop in the middle of long pages (bench/results/ocria_tiny_s16_answer_lengths.json)."""
@@ -556,6 +576,32 @@ def test_profile_mode_times_steps_and_data_wait(pool, tmp_path):
     assert res["recorded_steps"] == 2  # the 5 warm-up steps record no events
     assert "aten::" in (out / "train_profile.txt").read_text()
     assert not (out / "ckpt").exists()
+
+
+def test_time_mode_arms_start_from_the_same_loss_and_make_one_table(pool, tmp_path):
+    """`train --time-steps N` (bench/ocria_tiny_step_time.sh's arms): real steps of a miniature model, timed, nothing
+    saved. The arms differ only in how the step computes (who makes the rotary positions, the chunked rule's chunk), so
+    their first losses agree; bench/ocria_tiny_step_time_table.py puts them side by side. Bad settings fail before
+    anything loads."""
+    from jobs.train_tiny import train
+
+    table = load_bench("ocria_tiny_step_time_table")
+    folders = []
+    for rope, chunk in (("transformers", 64), ("loader", 32)):
+        cfg, synth, model_dir = _mini_training_setup(pool, tmp_path / rope, [
+            f"train.rope_positions={rope}", f"train.gdn_chunk={chunk}", "train.image_check_every=0"])
+        folders.append(tmp_path / rope)
+        train(cfg, synth, model_dir, folders[-1] / "run", None, "cpu", time_steps=2)
+        assert not (folders[-1] / "run" / "ckpt").exists()
+    res = table.main([str(f) for f in folders] + ["--out", str(tmp_path / "step_time.json")])
+    first, second = res["arms"]
+    assert (first["arm"], second["arm"]) == ("transformers/64", "loader/32")
+    assert first["speedup"] == 1.0 and second["pages_per_s"] > 0 and first["tokens_per_step"] > 0
+    assert first["first_loss"] == pytest.approx(second["first_loss"], abs=2e-3)
+    assert res["runs"]["loader/32"]["steps"] == 2 and res["runs"]["loader/32"]["batch_size"] == 2
+    for bad, match in (("train.rope_positions=device", "loader or transformers"), ("train.gdn_chunk=40", "multiple of 16")):
+        with pytest.raises(ValueError, match=match):
+            train(load_config(CONFIG, [bad]), tmp_path / "no_synth", tmp_path / "no_model", tmp_path / "o", None, "cpu")
 
 
 def test_an_unknown_vision_attention_fails_before_anything_loads(tmp_path):
