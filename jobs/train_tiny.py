@@ -230,6 +230,8 @@ def encode_page(image, markdown: str | None, processor, builder: PromptBuilder, 
     image tokens (jobs.text_line_ctc.line_geometry)."""
     import torch
 
+    from engine.rope import mrope_positions
+
     raw, grid = processor.merge_order_patches(image)
     n_img = grid[1] * grid[2] // (merge * merge)
     prompt = builder.prompt_ids(n_img)
@@ -240,41 +242,15 @@ def encode_page(image, markdown: str | None, processor, builder: PromptBuilder, 
         "grid": torch.tensor(grid),
         "input_ids": ids,
         "labels": torch.tensor([-100] * len(prompt) + answer),
-        "position_ids": mrope_position_ids(ids, builder.ids.image_pad, [grid], merge),
+        # the decoder's rotary positions, made here in the loader's workers: transformers' own get_rope_index walks
+        # the batch page by page with ~10 device syncs each, ~660 a step at batch 64
+        # (bench/results/ocria_tiny_s21_train_profile_varlen.txt)
+        "position_ids": torch.from_numpy(mrope_positions(ids, builder.ids.image_pad, [grid], merge)[0]),
     }
     if lines is not None:
         item["line_geom"], item["line_chars"] = line_geometry(lines, image.shape[:2], grid[1:], processor.patch_size,
                                                               merge)
     return item
-
-
-def mrope_position_ids(input_ids, image_id: int, grids: list, merge: int):
-    """The decoder's 3-axis rotary positions [3, L] (time, row, column) of one example, as transformers'
-    Qwen3_5Model.get_rope_index gives them: a text token advances all three by one; an image's merged tokens sit at
-    the running position plus their (0, row, column), and the image then advances it by its longer side. Computed in
-    the loader's workers and handed to the model: transformers' own computation walks the batch example by example
-    with ~10 device syncs each, ~660 a step at batch 64 (bench/results/ocria_tiny_s21_train_profile_varlen.txt)."""
-    import torch
-
-    is_image = (input_ids == image_id).tolist()
-    parts, pos, start, images = [], 0, 0, iter(grids)
-    while start < len(is_image):
-        end = start
-        while end < len(is_image) and is_image[end] == is_image[start]:
-            end += 1
-        if not is_image[start]:
-            parts.append(torch.arange(pos, pos + end - start).expand(3, -1))
-            pos += end - start
-        else:
-            t, h, w = (int(x) for x in next(images))
-            lh, lw = h // merge, w // merge
-            if t * lh * lw != end - start:
-                raise ValueError(f"an image of grid {(t, h, w)} has {t * lh * lw} merged tokens, the ids {end - start}")
-            grid = torch.stack(torch.meshgrid(torch.arange(t), torch.arange(lh), torch.arange(lw), indexing="ij"))
-            parts.append(grid.reshape(3, -1) + pos)
-            pos += max(h, w) // merge
-        start = end
-    return torch.cat(parts, 1) if parts else torch.zeros(3, 0, dtype=torch.long)
 
 
 def collate(items: list[dict], pad_id: int, image_id: int, positions: bool = True) -> dict:

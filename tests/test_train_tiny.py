@@ -75,7 +75,7 @@ def test_batch_has_image_tokens_types_labels_and_answer(small_pages, parts):
 
 
 def test_collated_position_ids_are_transformers_rope_index(small_pages, parts):
-    """The rotary positions made in the loader (jobs.train_tiny.mrope_position_ids) are the ones transformers would
+    """The rotary positions made in the loader (engine.rope.mrope_positions) are the ones transformers would
     compute on the device, padding included, and the model's loss is the same with them."""
     processor, builder = parts
     model = _mini_model(load_config(CONFIG, MINI), builder)
