@@ -49,19 +49,9 @@ def line_profile(hyp_md: str, ref_md: str) -> dict:
 def stop_probabilities(reader, image, markdown: str, max_answer: int) -> dict:
     """The reference fed as the answer: P(<|im_end|>) where it is the target, and its highest elsewhere, with the
     reference text just before that position."""
-    import torch
-
-    from jobs.train_tiny import encode_page, encoded_batch, model_inputs
-
     b = reader.builder
-    item = encode_page(image, markdown, reader.processor, b, reader.merge, max_answer)
-    batch = encoded_batch([item], b, reader.processor)
-    with torch.no_grad():
-        logits = reader.model(**model_inputs(batch)).logits[0, :-1].float()
-    labels = batch["labels"][0, 1:]
-    answer = labels != -100
-    p_stop = logits[answer].softmax(-1)[:, b.ids.im_end]
-    targets = labels[answer]
+    logits, targets = reader.fed_answer(image, markdown, max_answer)
+    p_stop = logits.softmax(-1)[:, b.ids.im_end]
     inside = targets != b.ids.im_end
     k = int(p_stop.masked_fill(~inside, -1).argmax())
     return {"p_stop_at_end": round(float(p_stop[~inside].max()), 4) if bool((~inside).any()) else None,

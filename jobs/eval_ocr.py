@@ -160,6 +160,19 @@ class HFPageReader:
         self.model.train(was_training)
         return [self.builder.tok.decode(row[n:].tolist(), skip_special_tokens=True).strip() for row in out.cpu()]
 
+    def fed_answer(self, image: np.ndarray, markdown: str, max_answer: int):
+        """Teacher forcing: the logits [T, V] (float32, on the CPU) the model gives at each of the T answer tokens of
+        `markdown` (cut at `max_answer`, then the stop token) when fed the reference before it, and those tokens."""
+        from jobs.train_tiny import encode_page, encoded_batch, model_inputs
+
+        item = encode_page(image, markdown, self.processor, self.builder, self.merge, max_answer)
+        batch = encoded_batch([item], self.builder, self.processor)
+        with self.torch.no_grad():
+            logits = self.model(**{k: v.to(self.device) for k, v in model_inputs(batch).items()}).logits[0, :-1]
+        labels = batch["labels"][0, 1:]
+        answer = labels != -100
+        return logits.float().cpu()[answer], labels[answer]
+
 
 class EnginePageReader:
     """ocria-tiny through the pipeline's own path: the native engine's parse backend (its processor, chat template

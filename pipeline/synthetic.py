@@ -13,6 +13,7 @@ import io
 import json
 import random
 import re
+import string
 import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
@@ -177,6 +178,42 @@ class Block:
     kind: str  # heading | paragraph | bullets | numbered | code | table
     lines: tuple[str, ...]  # heading/paragraph: 1; lists/code: items; table: rows joined by '\t'
     level: int = 0  # heading level
+
+
+# Made-up words: text no language model can guess, only read. ocria-tiny read held-out words absent from its training
+# text far worse than words it had seen (bench/ocria_tiny_teacher_forced.py): names, paths, numbers.
+EXTENSIONS = ("c", "h", "cpp", "hpp", "py", "txt", "md", "json", "yml", "html", "so", "v2")
+PATH_JOINERS = "/_-."
+
+
+def made_up_word(rng: random.Random, word: str, pool: TextPool, same_length: bool = False) -> str:
+    """A stand-in for `word`: its letters replaced by random ones of the same case (digits and punctuation kept); or
+    (unless `same_length`) a path or identifier of 2-5 pool words, or a short code of letters and digits."""
+    kind = 0.0 if same_length else rng.random()
+    if kind < 0.5:
+        return "".join(rng.choice(string.ascii_lowercase) if c.islower() else
+                       rng.choice(string.ascii_uppercase) if c.isupper() else c for c in word)
+    if kind < 0.75:
+        parts = [re.sub(r"[^A-Za-z0-9]", "", _words(rng, pool, 1, 1)) or "x" for _ in range(rng.randint(2, 5))]
+        joiner = rng.choice(PATH_JOINERS)
+        path = joiner.join(p.lower() if rng.random() < 0.7 else p for p in parts)
+        return path + (f".{rng.choice(EXTENSIONS)}" if rng.random() < 0.5 else "")
+    alphabet = string.ascii_letters + string.digits
+    return "".join(rng.choice(alphabet) for _ in range(rng.randint(2, 9)))
+
+
+def with_made_up_words(b: Block, share: float, rng: random.Random, pool: TextPool) -> Block:
+    """`b` with about `share` of its words replaced by `made_up_word`s; code blocks unchanged, table cells keep their
+    lengths (the columns were sized for them)."""
+    if b.kind == "code" or share <= 0:
+        return b
+    same_length = b.kind == "table"
+
+    def swap(text: str) -> str:
+        return " ".join(made_up_word(rng, w, pool, same_length) if rng.random() < share else w for w in text.split(" "))
+
+    lines = tuple("\t".join(swap(cell) for cell in line.split("\t")) for line in b.lines)
+    return Block(b.kind, lines, b.level)
 
 
 def sample_block(rng: random.Random, pool: TextPool, line_chars: int) -> Block:
@@ -398,6 +435,7 @@ class SynthConfig:
     crop: bool = False  # cut the image to the text (ink_box): short early-curriculum pages become a few tokens
     strict_chars: bool = False  # max_chars is a hard cap: blocks are cut to it (a line of a few words, not a paragraph)
     text_lines: bool = False  # also read where each text line lies (SyntheticPage.lines; ~2 ms a page)
+    made_up_words: float = 0.0  # share of words (not in code) replaced by made-up ones (`made_up_word`)
 
 
 @dataclass
@@ -426,6 +464,9 @@ def make_page(seed: int, pool: TextPool, cfg: SynthConfig, font_dir: Path | None
             break
         blocks.append(b)
         used += size + 2
+    if cfg.made_up_words > 0:  # its own random stream: pages without made-up words stay as they were
+        made_up = random.Random(f"made-up-{seed}")
+        blocks = [with_made_up_words(b, cfg.made_up_words, made_up, pool) for b in blocks]
     archive = pymupdf.Archive(str(font_dir)) if font_dir is not None else None
     while True:  # drop trailing blocks until the rest fits on the page
         pdf, fits = layout_pdf(blocks, style, archive)

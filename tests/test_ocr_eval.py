@@ -122,6 +122,46 @@ def test_synthetic_page_is_deterministic_and_matches_its_text_layer(heldout_pool
         assert levenshtein(layer, truth) / len(truth) < 0.05, (layer[:200], truth[:200])
 
 
+def test_made_up_words_replace_a_share_of_the_words_and_still_match_the_text_layer(heldout_pool, cfg):
+    """A stage's `made_up_words`: that share of the words outside code becomes text no pool holds, drawn from its
+    own random stream (the page's blocks and code lines stay, though longer words may push the last blocks off the
+    page), the same on every call; table cells keep their lengths; and the page's text layer is still its
+    markdown."""
+    import dataclasses
+
+    from pipeline.synthetic import made_up_word
+
+    words = {w for para in heldout_pool.prose for w in para.split()}
+    plain_cfg = synth_config(cfg)
+    made_up_cfg = dataclasses.replace(plain_cfg, made_up_words=0.3)
+    staged = load_config(CONFIG, [*SHIPPED_PAGES, "data.curriculum=[{until_page: 9, font_px: [20, 36], "
+                                  "max_chars: [150, 1300], made_up_words: 0.3}]"])
+    assert synth_config(staged, 0) == dataclasses.replace(made_up_cfg, font_px=(20, 36), max_chars=(150, 1300))
+    swapped = total = 0
+    for seed in (21, 22, 23, 24):
+        plain, a = make_page(seed, heldout_pool, plain_cfg), make_page(seed, heldout_pool, made_up_cfg)
+        assert a.markdown == make_page(seed, heldout_pool, made_up_cfg).markdown
+        blocks_a, blocks_p = a.markdown.split("\n\n"), plain.markdown.split("\n\n")
+        assert len(blocks_p) - 3 <= len(blocks_a) <= len(blocks_p)  # longer words can push trailing blocks off
+        for ba, bp in zip(blocks_a, blocks_p):
+            if bp.startswith("```"):
+                assert ba == bp
+                continue
+            if bp.startswith("|"):
+                assert [len(c) for c in ba.split("|")] == [len(c) for c in bp.split("|")]
+            wa, wp = ba.split(" "), bp.split(" ")
+            if len(wa) == len(wp):  # made-up words hold no spaces, so the words still align
+                total += len(wp)
+                swapped += sum(x != y and x not in words for x, y in zip(wa, wp))
+        layer = normalize_reference(pymupdf.open("pdf", a.pdf)[0].get_text("text")).replace("\u2022 ", "")
+        truth = markdown_to_text(a.markdown)
+        assert levenshtein(layer, truth) / len(truth) < 0.05, (layer[:200], truth[:200])
+    assert total > 200 and 0.2 < swapped / total < 0.4, (swapped, total)
+    rng = random.Random(0)
+    assert made_up_word(rng, "Copyright,", heldout_pool, same_length=True)[-1] == ","
+    assert all(len(made_up_word(rng, "license", heldout_pool, same_length=True)) == 7 for _ in range(20))
+
+
 def test_ink_box_is_the_ink_bounding_box_plus_padding():
     """Ink in any one channel counts; the box is padded by `pad` and clipped at the edges; a blank page has none."""
     from pipeline.synthetic import ink_box

@@ -109,3 +109,47 @@ def test_line_head_reading_of_a_held_out_page(licence_prose, tmp_path):
     assert row["lines"] > 0 and 0 < row["line_chars_read_by_head"] <= row["line_chars"]
     assert row["head_cer"] > 0.5  # an untrained head does not read
     assert res["summary"]["decoder_cer"] == 0.25 and res["summary"]["head_cer"] == row["head_cer"]
+
+
+@pytest.fixture(scope="module")
+def teacher_forced():
+    return load_bench("ocria_tiny_teacher_forced")
+
+
+def test_tokens_take_the_seen_or_unseen_class_of_their_word(teacher_forced):
+    text = "The | (License:) zq_v7 foo"
+    vocabulary = {"The", "License", "foo"}
+    # tokens by offsets: "The", " |", " (Lic", "ense:)", " zq", "_v7", " foo", and a trailing-space token
+    offsets = [(0, 3), (3, 5), (5, 10), (10, 16), (16, 19), (19, 22), (22, 26), (26, 26)]
+    assert teacher_forced.token_seen(offsets, text, vocabulary) == [True, True, True, True, False, False, True, True]
+    assert teacher_forced.word_core("(License:)") == "License" and teacher_forced.word_core("|") == ""
+
+
+def test_teacher_forced_score_of_the_shipped_model_on_a_short_page(teacher_forced, licence_prose):
+    """One page fed its own markdown: every answer token is counted once, split into seen and unseen words with the
+    stop token in `all` only; the sums make the summary's per-token numbers."""
+    from dataclasses import replace
+
+    from conftest import SHIPPED_PAGES
+
+    from jobs.eval_ocr import HFPageReader
+    from jobs.train_tiny import load_config, synth_config
+    from pipeline.synthetic import TextPool, make_page
+
+    cfg = load_config(ROOT / "configs" / "train_tiny.yaml", SHIPPED_PAGES)
+    page = make_page(cfg["data"]["heldout_seed"] + 201, TextPool(prose=licence_prose, code=[["x = 1", "y = x"]]),
+                     replace(synth_config(cfg), max_chars=(150, 300)))
+    reader = HFPageReader(ROOT / "models" / "ocria-tiny")
+    vocabulary = {w.strip(teacher_forced.PUNCTUATION) for w in page.markdown.split()[::2]}
+    row = teacher_forced.score_page(reader, page.image, page.markdown, vocabulary, 1024)
+    n = len(reader.builder.tok.encode(page.markdown, add_special_tokens=False).ids)
+    assert row["tokens"] == n + 1 and row["seen"]["tokens"] + row["unseen"]["tokens"] == n
+    assert row["seen"]["tokens"] > 0 and row["unseen"]["tokens"] > 0
+    assert 0 <= row["right"] <= row["tokens"] and row["nll"] > 0
+    assert row["seen"]["right"] + row["unseen"]["right"] <= row["right"]
+    cut = teacher_forced.score_page(reader, page.image, page.markdown, vocabulary, 8)  # no stop token to score
+    assert cut["tokens"] == 8 == cut["seen"]["tokens"] + cut["unseen"]["tokens"]
+    s = teacher_forced.totals([row, row])
+    assert s["all"]["tokens"] == 2 * row["tokens"]
+    assert s["all"]["top1_accuracy"] == round(row["right"] / row["tokens"], 4)
+    assert s["unseen"]["token_share"] == round(row["unseen"]["tokens"] / n, 4)

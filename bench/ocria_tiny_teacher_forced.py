@@ -1,0 +1,133 @@
+"""How well ocria-tiny reads held-out pages when fed the reference (teacher forcing): per answer token, its loss and
+whether the model's top choice is the reference token. One forward pass a page, so it scores many more pages than
+free-running CER can in the same CPU time, and a page that runs on or stops early does not swamp it: checkpoints
+of one lineage, or two arms of an A/B, compare on reading alone.
+
+Tokens are also split by the word they fall in: words that occur in the training text pool ("seen") and words that
+do not ("unseen": names, paths, numbers, words only the held-out sources use). Words are compared without the
+punctuation around them, and markup (`|`, `###`, `-`) counts as seen. A reader that guesses from its language
+model does much worse on unseen words than one that reads the glyphs.
+
+  .venv/bin/python bench/ocria_tiny_teacher_forced.py --model models/ocria-tiny --heldout 96 \
+      --config bench/results/ocria_tiny_eval_full_pages_1536_config.yaml --out build/tf.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+PUNCTUATION = "\"'`.,;:!?()[]{}<>*_#|-"
+
+
+def word_spans(text: str) -> list[tuple[int, int, str]]:
+    """(start, end, word) of every whitespace-separated word of `text`."""
+    spans, start = [], None
+    for i, ch in enumerate(text + " "):
+        if ch.isspace():
+            if start is not None:
+                spans.append((start, i, text[start:i]))
+                start = None
+        elif start is None:
+            start = i
+    return spans
+
+
+def word_core(word: str) -> str:
+    """The word without the punctuation around it ("(License:" -> "License"); empty for markup such as "|"."""
+    return word.strip(PUNCTUATION)
+
+
+def token_seen(offsets: list[tuple[int, int]], text: str, vocabulary: set[str]) -> list[bool]:
+    """For each token (its character offsets in `text`), whether the word it falls in is seen: markup, or its
+    `word_core` in `vocabulary`. A token that starts with whitespace belongs to the word after it."""
+    spans = word_spans(text)
+    seen, w = [], 0
+    for start, end in offsets:
+        while w < len(spans) and spans[w][1] <= start:
+            w += 1
+        if w == len(spans):
+            seen.append(True)  # trailing whitespace: no word to read
+            continue
+        core = word_core(spans[w][2])
+        seen.append(not core or core in vocabulary)
+    return seen
+
+
+def training_words(pool_path: Path) -> set[str]:
+    from pipeline.synthetic import TextPool
+
+    pool = TextPool.from_json_gz(pool_path)
+    lines = pool.prose + [line for run in pool.code for line in run]
+    return {word_core(w) for line in lines for w in line.split()}
+
+
+def score_page(reader, image, markdown: str, vocabulary: set[str], max_answer: int) -> dict:
+    """Sums over one page's answer tokens (the stop token, if the answer was not cut, in `all` only)."""
+    import torch
+
+    b = reader.builder
+    logits, targets = reader.fed_answer(image, markdown, max_answer)
+    nll = torch.nn.functional.cross_entropy(logits, targets, reduction="none")
+    right = logits.argmax(-1) == targets
+    enc = b.tok.encode(markdown, add_special_tokens=False)
+    # the answer is the markdown's tokens and the stop token, or the tokens alone when cut at max_answer
+    n_text = len(targets) - int(targets[-1] == b.ids.im_end)
+    if enc.ids[:n_text] != targets[:n_text].tolist():
+        raise ValueError("the answer's tokens are not the markdown's: the prompt builder changed how it encodes")
+    seen = torch.tensor(token_seen(enc.offsets[:n_text], markdown, vocabulary))
+    out = {"tokens": len(targets), "nll": float(nll.sum()), "right": int(right.sum())}
+    for name, mask in (("seen", seen), ("unseen", ~seen)):
+        out[name] = {"tokens": int(mask.sum()), "nll": float(nll[:n_text][mask].sum()),
+                     "right": int(right[:n_text][mask].sum())}
+    return out
+
+
+def totals(rows: list[dict]) -> dict:
+    def part(get) -> dict:
+        n = sum(get(r)["tokens"] for r in rows)
+        return {"tokens": n, "nll_per_token": round(sum(get(r)["nll"] for r in rows) / n, 4) if n else None,
+                "top1_accuracy": round(sum(get(r)["right"] for r in rows) / n, 4) if n else None}
+
+    out = {"pages": len(rows), "all": part(lambda r: r)}
+    out["all"]["perplexity"] = round(math.exp(out["all"]["nll_per_token"]), 3)
+    for name in ("seen", "unseen"):
+        out[name] = part(lambda r: r[name])
+    out["unseen"]["token_share"] = round(out["unseen"]["tokens"] / (out["seen"]["tokens"] + out["unseen"]["tokens"]), 4)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from jobs.eval_ocr import HFPageReader, heldout_pages, pool_fingerprint
+    from jobs.train_tiny import load_config
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", type=Path, action="append", required=True, help="repeat to score several checkpoints")
+    ap.add_argument("--config", type=Path, required=True)
+    ap.add_argument("--synth", type=Path, default=Path(".synth"))
+    ap.add_argument("--heldout", type=int, default=96)
+    ap.add_argument("--max-answer", type=int, default=1024)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+
+    pages = heldout_pages(args.heldout, load_config(args.config, []), args.synth)
+    vocabulary = training_words(args.synth / "pool_train.json.gz")
+    out = {"command": "python bench/ocria_tiny_teacher_forced.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+           "pool": pool_fingerprint(args.synth), "models": {}}
+    for model in args.model:
+        reader = HFPageReader(model)
+        rows = []
+        for p in pages:
+            rows.append({"page": p.name, **score_page(reader, p.image, p.reference_md, vocabulary, args.max_answer)})
+        out["models"][str(model)] = {"summary": totals(rows), "per_page": rows}
+        print(json.dumps({str(model): totals(rows)}), flush=True)
+    if args.out:
+        args.out.write_text(json.dumps(out, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
