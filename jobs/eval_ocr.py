@@ -234,16 +234,17 @@ class EvalPage:
     lines: list | None = None  # synthetic pages: their text lines (pipeline.synthetic.TextLine), where each lies
 
 
-def heldout_pages(n: int, cfg: dict, synth: Path, page_index: int | None = None) -> list[EvalPage]:
-    """Pages from the held-out text pool (licences, another package's code) and held-out seeds, drawn like the final
-    training distribution, or like training page `page_index` (its curriculum stage)."""
+def heldout_pages(n: int, cfg: dict, synth: Path, page_index: int | None = None, first: int = 0) -> list[EvalPage]:
+    """Pages `first` .. `first` + n - 1 from the held-out text pool (licences, another package's code) and held-out
+    seeds, drawn like the final training distribution, or like training page `page_index` (its curriculum stage).
+    A later `first` gives pages no earlier choice between checkpoints was made on."""
     from jobs.train_tiny import synth_config
     from pipeline.synthetic import TextPool, make_page
 
     pool = TextPool.from_json_gz(synth / "pool_heldout.json.gz")
     scfg = synth_config(cfg, page_index)
     pages = []
-    for i in range(n):
+    for i in range(first, first + n):
         p = make_page(cfg["data"]["heldout_seed"] + i, pool, scfg, synth / "fonts")
         pages.append(EvalPage(f"heldout_{i:04d}", p.image, p.markdown, markdown_to_text(p.markdown), p.lines))
     return pages
@@ -365,6 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", type=Path, default=Path("configs/train_tiny.yaml"))
     ap.add_argument("--synth", type=Path, default=Path(".synth"))
     ap.add_argument("--heldout", type=int, default=40, help="held-out synthetic pages (0: none)")
+    ap.add_argument("--heldout-from", type=int, default=0, help="the first held-out page's number")
     ap.add_argument("--corpus", type=Path, default=Path("../shared/corpus"))
     ap.add_argument("--corpus-pages", type=int, default=12, help="born-digital corpus pages (0: none)")
     ap.add_argument("--batch", type=int, default=8)
@@ -398,8 +400,8 @@ def main(argv: list[str] | None = None) -> int:
               "model": str(args.model), "reader": args.reader, "num_beams": args.num_beams,
               "loop_stop_tokens": args.loop_stop_tokens, "tesseract": use_tess}
     if args.heldout:
-        result["heldout_synthetic"] = evaluate(heldout_pages(args.heldout, cfg, args.synth), reader, use_tess,
-                                               args.batch, args.max_new_tokens)
+        pages = heldout_pages(args.heldout, cfg, args.synth, first=args.heldout_from)
+        result["heldout_synthetic"] = evaluate(pages, reader, use_tess, args.batch, args.max_new_tokens)
         result["heldout_synthetic"]["pool"] = pool_fingerprint(args.synth)
     if args.corpus_pages:
         result["corpus"] = evaluate(corpus_pages(args.corpus, args.corpus_pages, cfg), reader, use_tess, args.batch,

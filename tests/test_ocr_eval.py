@@ -188,6 +188,10 @@ def test_heldout_pages_follow_a_curriculum_stage(heldout_pool, tmp_path):
     for line, page in zip(lines, final):
         assert line.image.size < page.image.size / 4 and len(line.reference_md) < len(page.reference_md)
         assert line.reference_text == markdown_to_text(line.reference_md)
+    later = heldout_pages(2, staged, tmp_path, first=2)  # pages 2 and 3, as the first four have them
+    first_four = heldout_pages(4, staged, tmp_path)
+    assert [p.name for p in later] == ["heldout_0002", "heldout_0003"]
+    assert [p.reference_md for p in later] == [p.reference_md for p in first_four[2:]]
 
 
 def test_pool_fingerprint_tells_held_out_pools_apart(heldout_pool, tmp_path):
