@@ -96,7 +96,7 @@ case ${RECIPE:-D} in
   # F2U: F2 with a quarter of the words outside code made up (random letters in the word's case pattern, paths and
   # identifiers of pool words, short letter-digit codes: pipeline.synthetic.made_up_word), on line pages too. The
   # shipped model read held-out words absent from its training text far worse than seen ones
-  # (bench/ocria_tiny_teacher_forced.py): text it cannot guess teaches it to read the glyphs. Answers grow ~22 %
+  # (bench/ocria_tiny_teacher_forced.py): text it cannot guess teaches it to read the glyphs. Answers grow ~16 %
   F2U) CURR='data.curriculum=[{until_page: 100000000, font_px: [20, 36], max_chars: [150, 1300], made_up_words: 0.25,
          mix: {share: 0.2, font_px: [20, 36], max_chars: [8, 80], crop: true, strict_chars: true, made_up_words: 0.25}}]'
       RUN+=(--set image.target_longest_px=1536 --set image.max_pixels=2359296 --set "data.font_px=[20,36]") ;;

@@ -109,11 +109,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", type=Path, required=True)
     ap.add_argument("--synth", type=Path, default=Path(".synth"))
     ap.add_argument("--heldout", type=int, default=96)
+    ap.add_argument("--heldout-from", type=int, default=0, help="the first held-out page's number")
     ap.add_argument("--max-answer", type=int, default=1024)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
 
-    pages = heldout_pages(args.heldout, load_config(args.config, []), args.synth)
+    pages = heldout_pages(args.heldout, load_config(args.config, []), args.synth, first=args.heldout_from)
     vocabulary = training_words(args.synth / "pool_train.json.gz")
     out = {"command": "python bench/ocria_tiny_teacher_forced.py " + " ".join(argv if argv is not None else sys.argv[1:]),
            "pool": pool_fingerprint(args.synth), "models": {}}

@@ -162,13 +162,17 @@ class HFPageReader:
 
     def fed_answer(self, image: np.ndarray, markdown: str, max_answer: int):
         """Teacher forcing: the logits [T, V] (float32, on the CPU) the model gives at each of the T answer tokens of
-        `markdown` (cut at `max_answer`, then the stop token) when fed the reference before it, and those tokens."""
+        `markdown` when fed the reference before it, and those tokens. The answer is the markdown's tokens then the
+        stop token, or only its first `max_answer` tokens when it is longer."""
         from jobs.train_tiny import encode_page, encoded_batch, model_inputs
 
         item = encode_page(image, markdown, self.processor, self.builder, self.merge, max_answer)
         batch = encoded_batch([item], self.builder, self.processor)
+        was_training = self.model.training
+        self.model.eval()
         with self.torch.no_grad():
             logits = self.model(**{k: v.to(self.device) for k, v in model_inputs(batch).items()}).logits[0, :-1]
+        self.model.train(was_training)
         labels = batch["labels"][0, 1:]
         answer = labels != -100
         return logits.float().cpu()[answer], labels[answer]

@@ -186,9 +186,10 @@ EXTENSIONS = ("c", "h", "cpp", "hpp", "py", "txt", "md", "json", "yml", "html", 
 PATH_JOINERS = "/_-."
 
 
-def made_up_word(rng: random.Random, word: str, pool: TextPool, same_length: bool = False) -> str:
-    """A stand-in for `word`: its letters replaced by random ones of the same case (digits and punctuation kept); or
-    (unless `same_length`) a path or identifier of 2-5 pool words, or a short code of letters and digits."""
+def made_up_word(rng: random.Random, word: str, pool: TextPool, same_length: bool = False, max_len: int = 40) -> str:
+    """A stand-in for `word`: its letters replaced by random ones of the same case (digits and punctuation kept: a
+    number stays as it is); or (unless `same_length`) a path or identifier of 2-5 pool words, at most `max_len`
+    characters (it cannot wrap, so it must fit a column), or a short code of letters and digits."""
     kind = 0.0 if same_length else rng.random()
     if kind < 0.5:
         return "".join(rng.choice(string.ascii_lowercase) if c.islower() else
@@ -197,20 +198,22 @@ def made_up_word(rng: random.Random, word: str, pool: TextPool, same_length: boo
         parts = [re.sub(r"[^A-Za-z0-9]", "", _words(rng, pool, 1, 1)) or "x" for _ in range(rng.randint(2, 5))]
         joiner = rng.choice(PATH_JOINERS)
         path = joiner.join(p.lower() if rng.random() < 0.7 else p for p in parts)
-        return path + (f".{rng.choice(EXTENSIONS)}" if rng.random() < 0.5 else "")
+        path += f".{rng.choice(EXTENSIONS)}" if rng.random() < 0.5 else ""
+        return path[:max_len].rstrip(PATH_JOINERS)
     alphabet = string.ascii_letters + string.digits
     return "".join(rng.choice(alphabet) for _ in range(rng.randint(2, 9)))
 
 
-def with_made_up_words(b: Block, share: float, rng: random.Random, pool: TextPool) -> Block:
-    """`b` with about `share` of its words replaced by `made_up_word`s; code blocks unchanged, table cells keep their
-    lengths (the columns were sized for them)."""
+def with_made_up_words(b: Block, share: float, rng: random.Random, pool: TextPool, max_len: int = 40) -> Block:
+    """`b` with about `share` of its words replaced by `made_up_word`s (paths at most `max_len` characters); code
+    blocks unchanged, table cells keep their lengths (the columns were sized for them)."""
     if b.kind == "code" or share <= 0:
         return b
     same_length = b.kind == "table"
 
     def swap(text: str) -> str:
-        return " ".join(made_up_word(rng, w, pool, same_length) if rng.random() < share else w for w in text.split(" "))
+        return " ".join(made_up_word(rng, w, pool, same_length, max_len) if rng.random() < share else w
+                        for w in text.split(" "))
 
     lines = tuple("\t".join(swap(cell) for cell in line.split("\t")) for line in b.lines)
     return Block(b.kind, lines, b.level)
@@ -435,7 +438,7 @@ class SynthConfig:
     crop: bool = False  # cut the image to the text (ink_box): short early-curriculum pages become a few tokens
     strict_chars: bool = False  # max_chars is a hard cap: blocks are cut to it (a line of a few words, not a paragraph)
     text_lines: bool = False  # also read where each text line lies (SyntheticPage.lines; ~2 ms a page)
-    made_up_words: float = 0.0  # share of words (not in code) replaced by made-up ones (`made_up_word`)
+    made_up_words: float = 0.0  # share of words (not in code) replaced by made-up ones (`made_up_word`; numbers stay)
 
 
 @dataclass
@@ -456,17 +459,19 @@ def make_page(seed: int, pool: TextPool, cfg: SynthConfig, font_dir: Path | None
     col_w = (column_rects(style)[0].width) / (0.62 * style.font_pt)  # monospace chars per column line
     budget = rng.randint(*cfg.max_chars)
     blocks, used = [], 0
+    # made-up words from a random stream of their own (pages without them stay as they were), before the block is
+    # measured against the budget: paths are longer than the words they replace
+    made_up = random.Random(f"made-up-{seed}") if cfg.made_up_words > 0 else None
     while used < budget:
         b = sample_block(rng, pool, int(col_w))
+        if made_up is not None:
+            b = with_made_up_words(b, cfg.made_up_words, made_up, pool, max_len=max(8, int(col_w) // 2))
         size = len(block_markdown(b))
         if cfg.strict_chars and size > budget - used:
             blocks.append(trim_block(b, budget - used))  # the budget is spent: no trailing scraps of blocks
             break
         blocks.append(b)
         used += size + 2
-    if cfg.made_up_words > 0:  # its own random stream: pages without made-up words stay as they were
-        made_up = random.Random(f"made-up-{seed}")
-        blocks = [with_made_up_words(b, cfg.made_up_words, made_up, pool) for b in blocks]
     archive = pymupdf.Archive(str(font_dir)) if font_dir is not None else None
     while True:  # drop trailing blocks until the rest fits on the page
         pdf, fits = layout_pdf(blocks, style, archive)

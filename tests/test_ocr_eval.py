@@ -157,10 +157,18 @@ def test_made_up_words_replace_a_share_of_the_words_and_still_match_the_text_lay
         layer = normalize_reference(pymupdf.open("pdf", a.pdf)[0].get_text("text")).replace("\u2022 ", "")
         truth = markdown_to_text(a.markdown)
         assert levenshtein(layer, truth) / len(truth) < 0.05, (layer[:200], truth[:200])
+    # a loose band: numbers keep their digits when made up, so some drawn swaps leave the word as it was
     assert total > 200 and 0.2 < swapped / total < 0.4, (swapped, total)
     rng = random.Random(0)
     assert made_up_word(rng, "Copyright,", heldout_pool, same_length=True)[-1] == ","
     assert all(len(made_up_word(rng, "license", heldout_pool, same_length=True)) == 7 for _ in range(20))
+    made_up = [made_up_word(rng, "license", heldout_pool, max_len=12) for _ in range(200)]
+    assert max(map(len, made_up)) == 12 and not any(w[-1] in "/_-." for w in made_up)  # paths are cut to fit
+    # made-up words count against the page's budget: a strict line page stays as long as it would be without them
+    line = dataclasses.replace(made_up_cfg, max_chars=(8, 80), strict_chars=True, crop=True)
+    for seed in range(31, 39):
+        plain = make_page(seed, heldout_pool, dataclasses.replace(line, made_up_words=0.0)).markdown
+        assert len(make_page(seed, heldout_pool, line).markdown) <= max(80, len(plain))
 
 
 def test_ink_box_is_the_ink_bounding_box_plus_padding():

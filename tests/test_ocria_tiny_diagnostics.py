@@ -146,7 +146,15 @@ def test_teacher_forced_score_of_the_shipped_model_on_a_short_page(teacher_force
     assert row["tokens"] == n + 1 and row["seen"]["tokens"] + row["unseen"]["tokens"] == n
     assert row["seen"]["tokens"] > 0 and row["unseen"]["tokens"] > 0
     assert 0 <= row["right"] <= row["tokens"] and row["nll"] > 0
-    assert row["seen"]["right"] + row["unseen"]["right"] <= row["right"]
+    # only the stop token is outside the two classes
+    assert row["right"] - row["seen"]["right"] - row["unseen"]["right"] in (0, 1)
+    # the real tokenizer's offsets: every word known -> nothing unseen; nothing known -> only markup is seen
+    every = {teacher_forced.word_core(w) for w in page.markdown.split()}
+    assert teacher_forced.score_page(reader, page.image, page.markdown, every, 1024)["unseen"]["tokens"] == 0
+    none = teacher_forced.score_page(reader, page.image, page.markdown, set(), 1024)
+    enc = reader.builder.tok.encode(page.markdown, add_special_tokens=False)
+    markup = teacher_forced.token_seen(enc.offsets, page.markdown, set())
+    assert none["seen"]["tokens"] == sum(markup) < n / 4
     cut = teacher_forced.score_page(reader, page.image, page.markdown, vocabulary, 8)  # no stop token to score
     assert cut["tokens"] == 8 == cut["seen"]["tokens"] + cut["unseen"]["tokens"]
     s = teacher_forced.totals([row, row])
