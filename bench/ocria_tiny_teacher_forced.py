@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -24,15 +25,7 @@ PUNCTUATION = "\"'`.,;:!?()[]{}<>*_#|-"
 
 def word_spans(text: str) -> list[tuple[int, int, str]]:
     """(start, end, word) of every whitespace-separated word of `text`."""
-    spans, start = [], None
-    for i, ch in enumerate(text + " "):
-        if ch.isspace():
-            if start is not None:
-                spans.append((start, i, text[start:i]))
-                start = None
-        elif start is None:
-            start = i
-    return spans
+    return [(m.start(), m.end(), m.group()) for m in re.finditer(r"\S+", text)]
 
 
 def word_core(word: str) -> str:
