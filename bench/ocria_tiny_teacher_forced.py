@@ -49,6 +49,11 @@ def token_seen(offsets: list[tuple[int, int]], text: str, vocabulary: set[str]) 
     return seen
 
 
+def token_starts_word(offsets: list[tuple[int, int]], text: str) -> list[bool]:
+    """For each token, whether it begins a word: it starts with whitespace, at the text's start, or after whitespace."""
+    return [s == 0 or text[s:s + 1].isspace() or text[s - 1:s].isspace() for s, _ in offsets]
+
+
 def training_words(pool_path: Path) -> set[str]:
     from pipeline.synthetic import TextPool
 
@@ -71,10 +76,15 @@ def score_page(reader, image, markdown: str, vocabulary: set[str], max_answer: i
     if enc.ids[:n_text] != targets[:n_text].tolist():
         raise ValueError("the answer's tokens are not the markdown's: the prompt builder changed how it encodes")
     seen = torch.tensor(token_seen(enc.offsets[:n_text], markdown, vocabulary))
-    out = {"tokens": len(targets), "nll": float(nll.sum()), "right": int(right.sum())}
-    for name, mask in (("seen", seen), ("unseen", ~seen)):
-        out[name] = {"tokens": int(mask.sum()), "nll": float(nll[:n_text][mask].sum()),
-                     "right": int(right[:n_text][mask].sum())}
+    starts = torch.tensor(token_starts_word(enc.offsets[:n_text], markdown))
+
+    def part(mask) -> dict:
+        return {"tokens": int(mask.sum()), "nll": float(nll[:n_text][mask].sum()), "right": int(right[:n_text][mask].sum())}
+
+    out = {"tokens": len(targets), "nll": float(nll.sum()), "right": int(right.sum()),
+           "seen": part(seen), "unseen": part(~seen), "unseen_inside": part(~seen & ~starts)}
+    tenth = torch.arange(n_text) * 10 // max(n_text, 1)
+    out["by_tenth"] = [part(tenth == t) for t in range(10)]
     return out
 
 
@@ -86,9 +96,10 @@ def totals(rows: list[dict]) -> dict:
 
     out = {"pages": len(rows), "all": part(lambda r: r)}
     out["all"]["perplexity"] = round(math.exp(out["all"]["nll_per_token"]), 3)
-    for name in ("seen", "unseen"):
+    for name in ("seen", "unseen", "unseen_inside"):
         out[name] = part(lambda r: r[name])
     out["unseen"]["token_share"] = round(out["unseen"]["tokens"] / (out["seen"]["tokens"] + out["unseen"]["tokens"]), 4)
+    out["top1_by_tenth"] = [part(lambda r: r["by_tenth"][t])["top1_accuracy"] for t in range(10)]
     return out
 
 

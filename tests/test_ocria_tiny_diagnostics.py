@@ -123,6 +123,7 @@ def test_tokens_take_the_seen_or_unseen_class_of_their_word(teacher_forced):
     offsets = [(0, 3), (3, 5), (5, 10), (10, 16), (16, 19), (19, 22), (22, 26), (26, 26)]
     assert teacher_forced.token_seen(offsets, text, vocabulary) == [True, True, True, True, False, False, True, True]
     assert teacher_forced.word_core("(License:)") == "License" and teacher_forced.word_core("|") == ""
+    assert teacher_forced.token_starts_word(offsets, text) == [True, True, True, False, True, False, True, False]
 
 
 def test_teacher_forced_score_of_the_shipped_model_on_a_short_page(teacher_forced, licence_prose):
@@ -148,6 +149,11 @@ def test_teacher_forced_score_of_the_shipped_model_on_a_short_page(teacher_force
     assert 0 <= row["right"] <= row["tokens"] and row["nll"] > 0
     # only the stop token is outside the two classes
     assert row["right"] - row["seen"]["right"] - row["unseen"]["right"] in (0, 1)
+    # an unseen word's tokens after its first, and the answer's tenths: the text tokens again, each counted once
+    assert 0 < row["unseen_inside"]["tokens"] < row["unseen"]["tokens"]
+    assert row["unseen_inside"]["right"] <= row["unseen"]["right"]
+    assert [p["tokens"] for p in row["by_tenth"]] == [(n * (t + 1) + 9) // 10 - (n * t + 9) // 10 for t in range(10)]
+    assert sum(p["right"] for p in row["by_tenth"]) == row["seen"]["right"] + row["unseen"]["right"]
     # the real tokenizer's offsets: every word known -> nothing unseen; nothing known -> only markup is seen
     every = {teacher_forced.word_core(w) for w in page.markdown.split()}
     assert teacher_forced.score_page(reader, page.image, page.markdown, every, 1024)["unseen"]["tokens"] == 0
@@ -161,3 +167,4 @@ def test_teacher_forced_score_of_the_shipped_model_on_a_short_page(teacher_force
     assert s["all"]["tokens"] == 2 * row["tokens"]
     assert s["all"]["top1_accuracy"] == round(row["right"] / row["tokens"], 4)
     assert s["unseen"]["token_share"] == round(row["unseen"]["tokens"] / n, 4)
+    assert s["top1_by_tenth"] == [round(p["right"] / p["tokens"], 4) for p in row["by_tenth"]]
