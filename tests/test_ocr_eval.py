@@ -29,9 +29,9 @@ ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "models" / "ocria-tiny"
 CONFIG = ROOT / "configs" / "train_tiny.yaml"
 
-# The shipped checkpoint (its pages: conftest.SHIPPED_PAGES) reads held-out pages 0-47 at CER 0.232 (48 pages,
-# bench/results/ocria_tiny_s23_eval_native_greedy_cmd3_1536.json and ..._cmd3_pages24-47_1536.json); on this file's
-# test pages it measured loss 0.30 and CER 0.046 here. Session 22's checkpoint measured 0.37 and 0.06 on them,
+# The shipped checkpoint (its pages: conftest.SHIPPED_PAGES) reads held-out pages 0-47 at CER 0.197 (48 pages,
+# bench/results/ocria_tiny_s24_eval_native_greedy_f2u2_48_1536.json); on this file's test pages it measured loss 0.34
+# and CER 0.038 here. Session 23's checkpoint measured 0.30 and 0.046 on them, session 22's 0.37 and 0.06,
 # session 21's 0.39 and 0.05, session 19's 0.43 and 0.07, session 18's 0.49 and 0.17, session 17's 0.39 and 0.12,
 # session 16's 0.47 and 0.11, session 15's 0.74 and 0.35, run 1 (which did not read) ~3 and ~1.1, random weights
 # loss ~8.3: these bounds fail for session 15's and older.
