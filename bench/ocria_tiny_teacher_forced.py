@@ -6,7 +6,11 @@ of one lineage, or two arms of an A/B, compare on reading alone.
 Tokens are also split by the word they fall in: words that occur in the training text pool ("seen") and words that
 do not ("unseen": names, paths, numbers, words only the held-out sources use). Words are compared without the
 punctuation around them, and markup (`|`, `###`, `-`) counts as seen. A reader that guesses from its language
-model does much worse on unseen words than one that reads the glyphs.
+model does much worse on unseen words than one that reads the glyphs. Unseen words are scored once more on their
+tokens after the one holding the word's first letter ("unseen_inside"; whitespace and punctuation before it left
+out): a reader that finds the word but guesses its rest gets that first token right and the others wrong. And the
+answer's tokens are cut into tenths by their place in it ("by_tenth", pooled over pages, so long pages weigh most
+late): where on a page reading degrades.
 
   .venv/bin/python bench/ocria_tiny_teacher_forced.py --model models/ocria-tiny --heldout 96 \
       --config bench/results/ocria_tiny_eval_full_pages_1536_config.yaml --out build/tf.json
@@ -33,25 +37,32 @@ def word_core(word: str) -> str:
     return word.strip(PUNCTUATION)
 
 
-def token_seen(offsets: list[tuple[int, int]], text: str, vocabulary: set[str]) -> list[bool]:
-    """For each token (its character offsets in `text`), whether the word it falls in is seen: markup, or its
-    `word_core` in `vocabulary`. A token that starts with whitespace belongs to the word after it."""
+def token_words(offsets: list[tuple[int, int]], text: str) -> list[tuple[int, int, str] | None]:
+    """For each token (its character offsets in `text`), the word span it falls in; a token that starts with
+    whitespace belongs to the word after it, and trailing whitespace to none."""
     spans = word_spans(text)
-    seen, w = [], 0
-    for start, end in offsets:
+    words, w = [], 0
+    for start, _ in offsets:
         while w < len(spans) and spans[w][1] <= start:
             w += 1
-        if w == len(spans):
-            seen.append(True)  # trailing whitespace: no word to read
-            continue
-        core = word_core(spans[w][2])
-        seen.append(not core or core in vocabulary)
-    return seen
+        words.append(spans[w] if w < len(spans) else None)
+    return words
 
 
-def token_starts_word(offsets: list[tuple[int, int]], text: str) -> list[bool]:
-    """For each token, whether it begins a word: it starts with whitespace, at the text's start, or after whitespace."""
-    return [s == 0 or text[s:s + 1].isspace() or text[s - 1:s].isspace() for s, _ in offsets]
+def token_seen(offsets: list[tuple[int, int]], text: str, vocabulary: set[str]) -> list[bool]:
+    """For each token, whether the word it falls in is seen: markup, or its `word_core` in `vocabulary` (trailing
+    whitespace, with no word to read, counts as seen)."""
+    return [w is None or not word_core(w[2]) or word_core(w[2]) in vocabulary for w in token_words(offsets, text)]
+
+
+def token_inside_word(offsets: list[tuple[int, int]], text: str) -> list[bool]:
+    """For each token, whether it starts after its word's first letter: the word's rest, once the token holding its
+    start has been written. Whitespace, leading punctuation and markup are never inside."""
+    inside = []
+    for (start, _), w in zip(offsets, token_words(offsets, text)):
+        core = word_core(w[2]) if w else ""
+        inside.append(bool(core) and start > w[0] + len(w[2]) - len(w[2].lstrip(PUNCTUATION)))
+    return inside
 
 
 def training_words(pool_path: Path) -> set[str]:
@@ -63,7 +74,8 @@ def training_words(pool_path: Path) -> set[str]:
 
 
 def score_page(reader, image, markdown: str, vocabulary: set[str], max_answer: int) -> dict:
-    """Sums over one page's answer tokens (the stop token, if the answer was not cut, in `all` only)."""
+    """Sums over one page's answer tokens (the stop token, if the answer was not cut, in `all` only), by class of
+    word and by tenth of the answer (see the module's docstring)."""
     import torch
 
     b = reader.builder
@@ -76,13 +88,14 @@ def score_page(reader, image, markdown: str, vocabulary: set[str], max_answer: i
     if enc.ids[:n_text] != targets[:n_text].tolist():
         raise ValueError("the answer's tokens are not the markdown's: the prompt builder changed how it encodes")
     seen = torch.tensor(token_seen(enc.offsets[:n_text], markdown, vocabulary))
-    starts = torch.tensor(token_starts_word(enc.offsets[:n_text], markdown))
+    inside = torch.tensor(token_inside_word(enc.offsets[:n_text], markdown))
 
     def part(mask) -> dict:
-        return {"tokens": int(mask.sum()), "nll": float(nll[:n_text][mask].sum()), "right": int(right[:n_text][mask].sum())}
+        return {"tokens": int(mask.sum()), "nll": float(nll[:n_text][mask].sum()),
+                "right": int(right[:n_text][mask].sum())}
 
     out = {"tokens": len(targets), "nll": float(nll.sum()), "right": int(right.sum()),
-           "seen": part(seen), "unseen": part(~seen), "unseen_inside": part(~seen & ~starts)}
+           "seen": part(seen), "unseen": part(~seen), "unseen_inside": part(~seen & inside)}
     tenth = torch.arange(n_text) * 10 // max(n_text, 1)
     out["by_tenth"] = [part(tenth == t) for t in range(10)]
     return out
