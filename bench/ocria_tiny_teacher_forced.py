@@ -52,7 +52,8 @@ def token_words(offsets: list[tuple[int, int]], text: str) -> list[tuple[int, in
 def token_seen(offsets: list[tuple[int, int]], text: str, vocabulary: set[str]) -> list[bool]:
     """For each token, whether the word it falls in is seen: markup, or its `word_core` in `vocabulary` (trailing
     whitespace, with no word to read, counts as seen)."""
-    return [w is None or not word_core(w[2]) or word_core(w[2]) in vocabulary for w in token_words(offsets, text)]
+    cores = [word_core(w[2]) if w else "" for w in token_words(offsets, text)]
+    return [not core or core in vocabulary for core in cores]
 
 
 def token_inside_word(offsets: list[tuple[int, int]], text: str) -> list[bool]:
