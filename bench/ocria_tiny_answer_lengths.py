@@ -2,7 +2,8 @@
 and held-out pages (the held-out pool, drawn by jobs.eval_ocr), both as the eval config draws full pages; with
 --model, the model's greedy output on the held-out pages, its length in tokens and the share of each page's
 reference it never reached. Session 16 found the training cap (data.max_answer_tokens 448, with a stop token
-after the cut) taught the model to stop at ~447 tokens on pages that go on.
+after the cut) taught the model to stop at ~447 tokens on pages that go on. --train-set draws the training pages
+as a recipe does (session 25: F2U's and F2UL's page lengths against the held-out pages').
 
   .venv/bin/python bench/ocria_tiny_answer_lengths.py --model models/ocria-tiny --heldout 24 --train-pages 400 \
       --config bench/results/ocria_tiny_eval_full_pages_1536_config.yaml --out bench/results/ocria_tiny_s16_answer_lengths.json
@@ -15,13 +16,13 @@ import sys
 from pathlib import Path
 
 
-def quantiles(lengths: list[int], cap: int) -> dict:
+def quantiles(lengths: list[int], caps: list[int]) -> dict:
     s = sorted(lengths)
     n = len(s)
     if not n:
         return {"pages": 0}
-    return {"pages": n, "p50": s[n // 2], "p90": s[int(n * 0.9)], "max": s[-1],
-            f"share_over_{cap}": round(sum(x > cap for x in s) / n, 3)}
+    return {"pages": n, "mean": round(sum(s) / n, 1), "p50": s[n // 2], "p90": s[int(n * 0.9)],
+            "p99": s[int(n * 0.99)], "max": s[-1], **{f"share_over_{c}": round(sum(x > c for x in s) / n, 3) for c in caps}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,12 +34,17 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", type=Path, required=True)
     ap.add_argument("--set", dest="overrides", action="append", default=[], help="config override, key=value")
+    ap.add_argument("--train-set", dest="train_overrides", action="append", default=[],
+                    help="config override for the training pages only, key=value: a recipe's data.curriculum (its main pages, "
+                         "without the stage's mix)")
     ap.add_argument("--synth", type=Path, default=Path(".synth"))
     ap.add_argument("--tokenizer", type=Path, default=Path("models/ocria-tiny"), help="model folder whose tokenizer counts")
     ap.add_argument("--model", type=Path, default=None, help="read the held-out pages with this checkpoint")
     ap.add_argument("--heldout", type=int, default=24)
     ap.add_argument("--train-pages", type=int, default=400)
     ap.add_argument("--old-cap", type=int, default=447, help="answer tokens the old cap kept before its stop token")
+    ap.add_argument("--share-over", type=int, action="append", default=[],
+                    help="also the share of answers longer than this many tokens (repeat)")
     ap.add_argument("--max-new-tokens", type=int, default=1024)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
@@ -50,12 +56,13 @@ def main(argv: list[str] | None = None) -> int:
         return len(builder.tok.encode(markdown, add_special_tokens=False).ids)
 
     pool = TextPool.from_json_gz(args.synth / "pool_train.json.gz")
-    train = [n_tokens(make_page(cfg["data"]["seed"] + 10_000_000 + i, pool, synth_config(cfg), args.synth / "fonts").markdown)
+    train_cfg = load_config(args.config, args.overrides + args.train_overrides)
+    train = [n_tokens(make_page(cfg["data"]["seed"] + 10_000_000 + i, pool, synth_config(train_cfg, i), args.synth / "fonts").markdown)
              for i in range(args.train_pages)]
     pages = heldout_pages(args.heldout, cfg, args.synth)
     out = {"command": "python bench/ocria_tiny_answer_lengths.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-           "train_pages": quantiles(train, args.old_cap),
-           "heldout_pages": quantiles([n_tokens(p.reference_md) for p in pages], args.old_cap)}
+           "train_pages": quantiles(train, [args.old_cap, *args.share_over]),
+           "heldout_pages": quantiles([n_tokens(p.reference_md) for p in pages], [args.old_cap, *args.share_over])}
     if args.model is not None:
         reader = HFPageReader(args.model)
         rows = []

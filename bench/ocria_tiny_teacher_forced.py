@@ -10,7 +10,12 @@ model does much worse on unseen words than one that reads the glyphs. Unseen wor
 tokens after the one holding the word's first letter ("unseen_inside"; whitespace and punctuation before it left
 out): a reader that finds the word but guesses its rest gets that first token right and the others wrong. And the
 answer's tokens are cut into tenths by their place in it ("by_tenth", pooled over pages, so long pages weigh most
-late): where on a page reading degrades.
+late): where on a page reading degrades. Whether a late dip is what late text is or where it is: each tenth is split
+again by class (the markdown line's kind — paragraph, heading, list, table, code — and seen/unseen), the class mix
+of each tenth gives the top-1 it would have if every class read as well as it does over the whole page
+("top1_by_tenth_expected"), the tenths are scored apart on one- and two-column pages, and the tokens are also
+counted in buckets of 128 by their place in the answer ("top1_by_position"), so a long answer's late tokens compare
+with a short answer's.
 
   .venv/bin/python bench/ocria_tiny_teacher_forced.py --model models/ocria-tiny --heldout 96 \
       --config bench/results/ocria_tiny_eval_full_pages_1536_config.yaml --out build/tf.json
@@ -66,6 +71,42 @@ def token_inside_word(offsets: list[tuple[int, int]], text: str) -> list[bool]:
     return inside
 
 
+POSITION_BUCKET = 128  # answer tokens a "by_position" bucket holds
+
+LINE_KINDS = ("paragraph", "heading", "list", "table", "code")
+
+
+def token_line_kinds(offsets: list[tuple[int, int]], markdown: str) -> list[str]:
+    """For each token, the kind of the markdown line its first character is on (a code fence's lines are code; an
+    empty line, or a line's newline, goes with the line before)."""
+    kinds, starts, fenced = [], [], False
+    pos = 0
+    for line in markdown.split("\n"):
+        if not line and kinds:
+            kind = kinds[-1]
+        elif line.startswith("```"):
+            kind, fenced = "code", not fenced
+        elif fenced:
+            kind = "code"
+        elif line.startswith("|"):
+            kind = "table"
+        elif line.startswith("#"):
+            kind = "heading"
+        elif re.match(r"(- |\d+\. )", line):
+            kind = "list"
+        else:
+            kind = "paragraph"
+        starts.append(pos)
+        kinds.append(kind)
+        pos += len(line) + 1
+    out, i = [], 0
+    for start, _ in offsets:
+        while i + 1 < len(starts) and starts[i + 1] <= start:
+            i += 1
+        out.append(kinds[i])
+    return out
+
+
 def training_words(pool_path: Path) -> set[str]:
     from pipeline.synthetic import TextPool
 
@@ -76,7 +117,7 @@ def training_words(pool_path: Path) -> set[str]:
 
 def score_page(reader, image, markdown: str, vocabulary: set[str], max_answer: int) -> dict:
     """Sums over one page's answer tokens (the stop token, if the answer was not cut, in `all` only), by class of
-    word and by tenth of the answer (see the module's docstring)."""
+    word, by tenth of the answer, and by tenth and class together (see the module's docstring)."""
     import torch
 
     b = reader.builder
@@ -99,14 +140,25 @@ def score_page(reader, image, markdown: str, vocabulary: set[str], max_answer: i
            "seen": part(seen), "unseen": part(~seen), "unseen_inside": part(~seen & inside)}
     tenth = torch.arange(n_text) * 10 // max(n_text, 1)
     out["by_tenth"] = [part(tenth == t) for t in range(10)]
+    # and by place counted in tokens, so a long page's late tokens compare with a short page's
+    bucket = torch.arange(n_text) // POSITION_BUCKET
+    out["by_position"] = [part(bucket == b) for b in range(int(bucket.max()) + 1 if n_text else 0)]
+    kinds = token_line_kinds(enc.offsets[:n_text], markdown)
+    out["by_tenth_class"] = {}
+    for kind in LINE_KINDS:
+        of_kind = torch.tensor([k == kind for k in kinds], dtype=torch.bool)
+        for name, word_class in (("seen", seen), ("unseen", ~seen)):
+            cells = [of_kind & word_class & (tenth == t) for t in range(10)]
+            out["by_tenth_class"][f"{kind}_{name}"] = {"tokens": [int(c.sum()) for c in cells],
+                                                       "right": [int(right[:n_text][c].sum()) for c in cells]}
     return out
 
 
 def totals(rows: list[dict]) -> dict:
-    def part(get) -> dict:
-        n = sum(get(r)["tokens"] for r in rows)
-        return {"tokens": n, "nll_per_token": round(sum(get(r)["nll"] for r in rows) / n, 4) if n else None,
-                "top1_accuracy": round(sum(get(r)["right"] for r in rows) / n, 4) if n else None}
+    def part(get, of: list[dict] = rows) -> dict:
+        n = sum(get(r)["tokens"] for r in of)
+        return {"tokens": n, "nll_per_token": round(sum(get(r)["nll"] for r in of) / n, 4) if n else None,
+                "top1_accuracy": round(sum(get(r)["right"] for r in of) / n, 4) if n else None}
 
     out = {"pages": len(rows), "all": part(lambda r: r)}
     out["all"]["perplexity"] = round(math.exp(out["all"]["nll_per_token"]), 3)
@@ -114,7 +166,42 @@ def totals(rows: list[dict]) -> dict:
         out[name] = part(lambda r: r[name])
     out["unseen"]["token_share"] = round(out["unseen"]["tokens"] / (out["seen"]["tokens"] + out["unseen"]["tokens"]), 4)
     out["top1_by_tenth"] = [part(lambda r: r["by_tenth"][t])["top1_accuracy"] for t in range(10)]
+    buckets = max((len(r.get("by_position", [])) for r in rows), default=0)
+    if buckets:
+        out["top1_by_position"] = {
+            f"{b * POSITION_BUCKET}-{(b + 1) * POSITION_BUCKET - 1}": part(
+                lambda r: r["by_position"][b] if b < len(r["by_position"]) else {"tokens": 0, "nll": 0, "right": 0})
+            for b in range(buckets)}
+    if rows and "by_tenth_class" in rows[0]:
+        out.update(tenths_by_class(rows))
+    for columns in sorted({r["columns"] for r in rows if r.get("columns")}):
+        of = [r for r in rows if r.get("columns") == columns]
+        out.setdefault("top1_by_tenth_by_columns", {})[str(columns)] = {
+            "pages": len(of), "top1": [part(lambda r: r["by_tenth"][t], of)["top1_accuracy"] for t in range(10)]}
     return out
+
+
+def tenths_by_class(rows: list[dict]) -> dict:
+    """Each class's share of each tenth's tokens and its top-1 there, and the top-1 each tenth would have with its
+    own class mix but every class reading at its whole-page rate."""
+    classes = list(rows[0]["by_tenth_class"])
+    tok = {c: [sum(r["by_tenth_class"][c]["tokens"][t] for r in rows) for t in range(10)] for c in classes}
+    hit = {c: [sum(r["by_tenth_class"][c]["right"][t] for r in rows) for t in range(10)] for c in classes}
+    per_tenth = [sum(tok[c][t] for c in classes) for t in range(10)]
+    rate = {c: sum(hit[c]) / sum(tok[c]) for c in classes if sum(tok[c])}
+
+    def ratio(a, b):
+        return round(a / b, 4) if b else None
+
+    kinds = {k: [c for c in classes if c.startswith(k + "_")] for k in LINE_KINDS}
+    return {
+        "token_share_by_tenth": {c: [ratio(tok[c][t], per_tenth[t]) for t in range(10)] for c in classes},
+        "top1_by_tenth_class": {c: [ratio(hit[c][t], tok[c][t]) for t in range(10)] for c in classes},
+        "top1_by_tenth_kind": {k: [ratio(sum(hit[c][t] for c in cs), sum(tok[c][t] for c in cs)) for t in range(10)]
+                               for k, cs in kinds.items()},
+        "top1_by_tenth_expected": [ratio(sum(tok[c][t] * rate.get(c, 0) for c in classes), per_tenth[t])
+                                   for t in range(10)],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -140,7 +227,8 @@ def main(argv: list[str] | None = None) -> int:
         reader = HFPageReader(model)
         rows = []
         for p in pages:
-            rows.append({"page": p.name, **score_page(reader, p.image, p.reference_md, vocabulary, args.max_answer)})
+            rows.append({"page": p.name, "columns": p.columns,
+                         **score_page(reader, p.image, p.reference_md, vocabulary, args.max_answer)})
         out["models"][str(model)] = {"summary": totals(rows), "per_page": rows}
         print(json.dumps({str(model): totals(rows)}), flush=True)
     if args.out:

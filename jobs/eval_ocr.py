@@ -236,6 +236,7 @@ class EvalPage:
     reference_md: str | None  # synthetic pages only
     reference_text: str
     lines: list | None = None  # synthetic pages: their text lines (pipeline.synthetic.TextLine), where each lies
+    columns: int | None = None  # synthetic pages: how many columns the layout had
 
 
 def heldout_pages(n: int, cfg: dict, synth: Path, page_index: int | None = None, first: int = 0) -> list[EvalPage]:
@@ -250,7 +251,8 @@ def heldout_pages(n: int, cfg: dict, synth: Path, page_index: int | None = None,
     pages = []
     for i in range(first, first + n):
         p = make_page(cfg["data"]["heldout_seed"] + i, pool, scfg, synth / "fonts")
-        pages.append(EvalPage(f"heldout_{i:04d}", p.image, p.markdown, markdown_to_text(p.markdown), p.lines))
+        pages.append(EvalPage(f"heldout_{i:04d}", p.image, p.markdown, markdown_to_text(p.markdown), p.lines,
+                              p.style.columns))
     return pages
 
 

@@ -178,3 +178,47 @@ def test_teacher_forced_score_of_the_shipped_model_on_a_short_page(teacher_force
     assert s["unseen"]["token_share"] == round(row["unseen"]["tokens"] / n, 4)
     assert s["top1_by_tenth"] == [round(p["right"] / p["tokens"], 4) for p in row["by_tenth"]]
     assert s["unseen_inside"]["tokens"] == 2 * row["unseen_inside"]["tokens"]
+    # buckets of 128 answer tokens: the text tokens once more
+    assert len(row["by_position"]) == (n + 127) // 128
+    assert [b["tokens"] for b in row["by_position"]] == [min(128, n - 128 * b) for b in range((n + 127) // 128)]
+    assert sum(b["right"] for b in row["by_position"]) == sum(p["right"] for p in row["by_tenth"])
+    assert s["top1_by_position"]["0-127"]["tokens"] == 2 * row["by_position"][0]["tokens"]
+    # tenths apart on one- and two-column pages: each group's own pages
+    two = dict(row, columns=2, by_tenth=[dict(p, right=0) for p in row["by_tenth"]])
+    by_columns = teacher_forced.totals([dict(row, columns=1), two])["top1_by_tenth_by_columns"]
+    assert by_columns["1"] == {"pages": 1, "top1": s["top1_by_tenth"]} and by_columns["2"]["top1"] == [0.0] * 10
+    # tenths by class: every text token in one cell, each tenth's shares summing to one
+    cells = row["by_tenth_class"]
+    assert [sum(c["tokens"][t] for c in cells.values()) for t in range(10)] == [p["tokens"] for p in row["by_tenth"]]
+    assert [sum(c["right"][t] for c in cells.values()) for t in range(10)] == [p["right"] for p in row["by_tenth"]]
+    for t in range(10):
+        assert abs(sum(sh[t] or 0 for sh in s["token_share_by_tenth"].values()) - 1) < 1e-3
+
+
+def test_line_kinds_and_the_tenths_expected_from_the_class_mix(teacher_forced):
+    md = "# Title\n\nSome prose.\n\n- item\n2. item\n\n```\n| not a table\n```\n\n| a | b |\n|---|---|"
+    # a token at each line's start, one inside the prose, the heading's newline and the empty line after it
+    starts = [0, 7, 8, 9, 14, 22, 29, 38, 42, 56, 61, 71]
+    assert [md[i] for i in starts] == ["#", "\n", "\n", "S", "p", "-", "2", "`", "|", "`", "|", "|"]
+    kinds = teacher_forced.token_line_kinds([(i, i + 1) for i in starts], md)
+    assert kinds == ["heading", "heading", "heading", "paragraph", "paragraph", "list", "list", "code", "code", "code",
+                     "table", "table"]
+
+    def row(tokens, right):  # one page: class "paragraph_seen" in tenth 0, "code_unseen" in tenth 9
+        cells = {c: {"tokens": [0] * 10, "right": [0] * 10} for c in ("paragraph_seen", "code_unseen")}
+        cells["paragraph_seen"]["tokens"][0], cells["paragraph_seen"]["right"][0] = tokens[0], right[0]
+        cells["code_unseen"]["tokens"][9], cells["code_unseen"]["right"][9] = tokens[1], right[1]
+        return {"by_tenth_class": cells}
+
+    # the late tenth is all code, which reads at 0.5 wherever it is: the mix explains its dip entirely
+    out = teacher_forced.tenths_by_class([row((10, 10), (9, 9)), row((10, 10), (9, 1))])
+    assert out["top1_by_tenth_expected"][0] == 0.9 and out["top1_by_tenth_expected"][9] == 0.5
+    assert out["top1_by_tenth_class"]["code_unseen"][9] == 0.5 and out["top1_by_tenth_expected"][4] is None
+    assert out["token_share_by_tenth"]["paragraph_seen"] == [1.0] + [None] * 8 + [0.0]
+    assert out["top1_by_tenth_kind"]["code"][9] == 0.5 and out["top1_by_tenth_kind"]["table"] == [None] * 10
+
+
+def test_answer_length_quantiles_count_each_share_over_its_cap():
+    q = load_bench("ocria_tiny_answer_lengths").quantiles([100, 700, 300, 900, 500], [447, 640])
+    assert q == {"pages": 5, "mean": 500.0, "p50": 500, "p90": 900, "p99": 900, "max": 900,
+                 "share_over_447": 0.6, "share_over_640": 0.4}
