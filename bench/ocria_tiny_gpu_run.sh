@@ -100,6 +100,15 @@ case ${RECIPE:-D} in
   F2U) CURR='data.curriculum=[{until_page: 100000000, font_px: [20, 36], max_chars: [150, 1300], made_up_words: 0.25,
          mix: {share: 0.2, font_px: [20, 36], max_chars: [8, 80], crop: true, strict_chars: true, made_up_words: 0.25}}]'
       RUN+=(--set image.target_longest_px=1536 --set image.max_pixels=2359296 --set "data.font_px=[20,36]") ;;
+  # F2UL: F2U with pages of up to 2,000 characters instead of 1,300, so answers reach the lengths of held-out pages
+  # (licences, paths: more tokens per character). Past 640 tokens: 12.5 % of F2UL's pages, 1.8 % of F2U's, 5.5 % of
+  # the held-out pages; past 768: 5.2 %, 0 %, 2 %; ~23 % more tokens a page (ocria_tiny_s25_answer_lengths_f2u*.json).
+  # Fed the reference, the session-24 model reads an answer's tokens 640-767 at top-1 0.64 and 768+ at 0.24, against
+  # 0.91 for tokens 0-127 (bench/results/ocria_tiny_s25_teacher_forced.json)
+  F2UL) CURR='data.curriculum=[{until_page: 100000000, font_px: [20, 36], max_chars: [150, 2000], made_up_words: 0.25,
+         mix: {share: 0.2, font_px: [20, 36], max_chars: [8, 80], crop: true, strict_chars: true, made_up_words: 0.25}}]'
+      RUN+=(--set image.target_longest_px=1536 --set image.max_pixels=2359296 --set "data.font_px=[20,36]"
+        --set data.max_answer_tokens=1280) ;;
   # F3: F2 with smaller and denser text for real pages: the corpus' median font is 17.4 px when the pipeline draws its
   # pages at 1,536 px, below F2's 20-36 (bench/results/ocria_tiny_s16_corpus_glyph_size.json), and its pages hold
   # 2-20 k characters, F2's at most 1,300. Fonts 16-36 px, up to 2,600 characters: answers of up to ~1,200 tokens
@@ -109,7 +118,7 @@ case ${RECIPE:-D} in
          mix: {share: 0.2, font_px: [16, 36], max_chars: [8, 80], crop: true, strict_chars: true}}]'
       RUN+=(--set image.target_longest_px=1536 --set image.max_pixels=2359296 --set "data.font_px=[16,36]"
         --set "data.max_chars=[150,2600]" --set data.max_answer_tokens=1280) ;;
-  *) echo "RECIPE must be D, E, F, F2, F2U, F3 or H" >&2; exit 2 ;;
+  *) echo "RECIPE must be D, E, F, F2, F2U, F2UL, F3 or H" >&2; exit 2 ;;
 esac
 status=0
 timeout ${TIMEOUT_S:-565} python3 -m jobs.train_tiny train --model-dir "$model" --out "$out/run" ${resume:+--resume "$resume"} \

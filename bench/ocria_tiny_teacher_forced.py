@@ -217,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--heldout-from", type=int, default=0, help="the first held-out page's number")
     ap.add_argument("--max-answer", type=int, default=1024)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--device", default="cpu", help="cuda scores A/B arms on the training machine (fp32 there too)")
     args = ap.parse_args(argv)
 
     pages = heldout_pages(args.heldout, load_config(args.config, []), args.synth, first=args.heldout_from)
@@ -224,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     out = {"command": "python bench/ocria_tiny_teacher_forced.py " + " ".join(argv if argv is not None else sys.argv[1:]),
            "pool": pool_fingerprint(args.synth), "models": {}}
     for model in args.model:
-        reader = HFPageReader(model)
+        reader = HFPageReader(model, device=args.device)
         rows = []
         for p in pages:
             rows.append({"page": p.name, "columns": p.columns,

@@ -222,3 +222,50 @@ def test_answer_length_quantiles_count_each_share_over_its_cap():
     q = load_bench("ocria_tiny_answer_lengths").quantiles([100, 700, 300, 900, 500], [447, 640])
     assert q == {"pages": 5, "mean": 500.0, "p50": 500, "p90": 900, "p99": 900, "max": 900,
                  "share_over_447": 0.6, "share_over_640": 0.4}
+
+
+def test_arm_pick_stages_the_arm_that_reads_better(licence_prose, tmp_path):
+    """bench/ocria_tiny_arm_pick.py on one held-out page: of the shipped model and a copy with noise in its weights
+    (named first, so a tie or a reversed comparison would stage it), the shipped one is staged with its recipe, and
+    the stage holds that checkpoint's own files (a stale merged model.safetensors of the model folder is not used)."""
+    import shutil
+
+    import torch
+    import yaml
+    from conftest import SHIPPED_PAGES
+    from safetensors.torch import load_file, save_file
+
+    from jobs.train_tiny import load_config
+    from pipeline.synthetic import TextPool
+
+    pick = load_bench("ocria_tiny_arm_pick")
+    synth = tmp_path / "synth"
+    synth.mkdir()
+    TextPool(prose=licence_prose, code=[]).to_json_gz(synth / "pool_heldout.json.gz")
+    TextPool(prose=licence_prose[::2], code=[]).to_json_gz(synth / "pool_train.json.gz")
+    (synth / "fonts").mkdir()
+    config = tmp_path / "shipped.yaml"
+    config.write_text(yaml.safe_dump(load_config(ROOT / "configs" / "train_tiny.yaml", SHIPPED_PAGES)))
+    shipped = ROOT / "models" / "ocria-tiny"
+    noisy = tmp_path / "noisy_ckpt"
+    noisy.mkdir()
+    shutil.copy(shipped / "config.json", noisy / "config.json")
+    g = torch.Generator().manual_seed(7)
+    weights = {k: v.float() + 0.5 * v.float().std().nan_to_num() * torch.randn(v.shape, generator=g)
+               for k, v in load_file(shipped / "model.safetensors").items()}
+    save_file({k: v.to(torch.bfloat16) for k, v in weights.items()}, noisy / "model.safetensors")
+    (noisy / "train_state.json").write_text("{}")
+    out = tmp_path / "pick.json"
+    assert pick.main(["--model-dir", str(shipped), "--arm", f"NOISY={noisy}", "--arm", f"SHIPPED={shipped}",
+                      "--config", str(config), "--synth", str(synth), "--heldout", "1", "--device", "cpu",
+                      "--stage", str(tmp_path / "stage"), "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["winner"] == "SHIPPED" and res["top1"]["NOISY"] < res["top1"]["SHIPPED"]
+    assert (tmp_path / "stage" / "recipe").read_text().strip() == "SHIPPED"
+    staged = tmp_path / "stage" / "ckpt"
+    assert (staged / "model.safetensors").read_bytes() == (shipped / "model.safetensors").read_bytes()
+    # each arm was scored with its own weights and the model folder's tokenizer
+    assert (tmp_path / "stage" / "score_NOISY" / "tokenizer.json").exists()
+    assert (tmp_path / "stage" / "score_NOISY" / "model.safetensors").read_bytes() == \
+        (noisy / "model.safetensors").read_bytes()
+    assert not (tmp_path / "stage" / "score_NOISY" / "train_state.json").exists()
