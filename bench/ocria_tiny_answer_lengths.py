@@ -21,8 +21,9 @@ def quantiles(lengths: list[int], caps: list[int]) -> dict:
     n = len(s)
     if not n:
         return {"pages": 0}
+    shares = {f"share_over_{c}": round(sum(x > c for x in s) / n, 3) for c in caps}
     return {"pages": n, "mean": round(sum(s) / n, 1), "p50": s[n // 2], "p90": s[int(n * 0.9)],
-            "p99": s[int(n * 0.99)], "max": s[-1], **{f"share_over_{c}": round(sum(x > c for x in s) / n, 3) for c in caps}}
+            "p99": s[int(n * 0.99)], "max": s[-1], **shares}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,8 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", type=Path, required=True)
     ap.add_argument("--set", dest="overrides", action="append", default=[], help="config override, key=value")
     ap.add_argument("--train-set", dest="train_overrides", action="append", default=[],
-                    help="config override for the training pages only, key=value: a recipe's data.curriculum (its main pages, "
-                         "without the stage's mix)")
+                    help="config override for the training pages only, key=value: a recipe's data.curriculum "
+                         "(its main pages, without the stage's mix)")
     ap.add_argument("--synth", type=Path, default=Path(".synth"))
     ap.add_argument("--tokenizer", type=Path, default=Path("models/ocria-tiny"), help="model folder whose tokenizer counts")
     ap.add_argument("--model", type=Path, default=None, help="read the held-out pages with this checkpoint")
@@ -57,8 +58,8 @@ def main(argv: list[str] | None = None) -> int:
 
     pool = TextPool.from_json_gz(args.synth / "pool_train.json.gz")
     train_cfg = load_config(args.config, args.overrides + args.train_overrides)
-    train = [n_tokens(make_page(cfg["data"]["seed"] + 10_000_000 + i, pool, synth_config(train_cfg, i), args.synth / "fonts").markdown)
-             for i in range(args.train_pages)]
+    train = [n_tokens(make_page(cfg["data"]["seed"] + 10_000_000 + i, pool, synth_config(train_cfg, i),
+                                args.synth / "fonts").markdown) for i in range(args.train_pages)]
     pages = heldout_pages(args.heldout, cfg, args.synth)
     out = {"command": "python bench/ocria_tiny_answer_lengths.py " + " ".join(argv if argv is not None else sys.argv[1:]),
            "train_pages": quantiles(train, [args.old_cap, *args.share_over]),

@@ -54,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     arms = dict(a.split("=", 1) for a in args.arm)
-    models = {name: arm_model_dir(args.model_dir, Path(ckpt), args.stage / f"score_{name}") for name, ckpt in arms.items()}
+    models = {name: arm_model_dir(args.model_dir, Path(ckpt), args.stage / f"score_{name}")
+              for name, ckpt in arms.items()}
     scored = args.out.with_name(args.out.stem + "_teacher_forced.json")
     cmd = [a for m in models.values() for a in ("--model", str(m))]
     teacher_forced.main(cmd + ["--config", str(args.config), "--synth", str(args.synth), "--heldout", str(args.heldout),

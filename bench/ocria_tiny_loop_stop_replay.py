@@ -28,6 +28,7 @@ def main() -> None:
     ap.add_argument("--config", type=Path, default=Path("bench/results/ocria_tiny_eval_full_pages_1536_config.yaml"))
     ap.add_argument("--synth", type=Path, default=Path(".synth"))
     ap.add_argument("--spans", type=int, nargs="+", default=[16, 24, 32, 48, 64])
+    ap.add_argument("--heldout-from", type=int, default=0, help="the eval's first held-out page (its --heldout-from)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     from tokenizers import Tokenizer
@@ -36,7 +37,8 @@ def main() -> None:
 
     tok = Tokenizer.from_file(str(args.model / "tokenizer.json"))
     saved = json.loads(args.eval.read_text())["heldout_synthetic"]["per_page"]
-    refs = {p.name: p for p in heldout_pages(len(saved), load_config(args.config, []), args.synth)}
+    pages = heldout_pages(len(saved), load_config(args.config, []), args.synth, first=args.heldout_from)
+    refs = {p.name: p for p in pages}
     rows, summary = [], {}
     for span in [0] + args.spans:
         score, cut_pages, cut_refs = Score(), [], []
