@@ -5,7 +5,9 @@ Each arm is a checkpoint kept with `SAVE_AS=DIR` by bench/ocria_tiny_gpu_run.sh 
 are scored with the teacher-forced reading score (bench/ocria_tiny_teacher_forced.py, fp32 on the GPU) on held-out
 pages; the arm with the higher top-1 is copied to the stage the next run resumes from, and its recipe is written
 beside the stage, so the next call continues it with `RECIPE=$(cat /tmp/stage/recipe)`. The free-running CER of
-every arm is measured afterwards on the CPU, as before: this pick only decides what to continue.
+every arm is measured afterwards on the CPU, as before: this pick only decides what to continue. The two can
+disagree: in session 26 F2UL led fed the reference (0.898 against 0.891) and its continuation read the held-out
+pages worst free, from longer loops at page ends (bench/results/ocria_tiny_commands.md).
 
   python3 bench/ocria_tiny_arm_pick.py --model-dir build/ocria-tiny-1536 --arm F2U=/tmp/arm_f2u \\
       --arm F2UL=/tmp/arm_f2ul --heldout 48 --out $OUT/arm_pick.json
