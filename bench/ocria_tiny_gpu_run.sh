@@ -103,8 +103,10 @@ case ${RECIPE:-D} in
   # F2UL: F2U with pages of up to 2,000 characters instead of 1,300, so answers reach the lengths of held-out pages
   # (licences, paths: more tokens per character). Past 640 tokens: 12.5 % of F2UL's pages, 1.8 % of F2U's, 5.5 % of
   # the held-out pages; past 768: 5.2 %, 0 %, 2 %; ~23 % more tokens a page (ocria_tiny_s25_answer_lengths_f2u*.json).
-  # Fed the reference, the session-24 model reads an answer's tokens 640-767 at top-1 0.64 and 768+ at 0.24, against
-  # 0.91 for tokens 0-127 (bench/results/ocria_tiny_s25_teacher_forced.json)
+  # Fed the reference, the session-24 model read an answer's tokens 640-767 at top-1 0.64 and 768+ at 0.24, against
+  # 0.91 for tokens 0-127 (session 25; its file was lost with it). Session 26's A/B: 640-767 at 0.68 after 504 s of
+  # F2U, 0.72 after 504 s of F2UL (0.78 after 424 s more), but F2UL's continuation read free worse, from longer loops
+  # at page ends (bench/results/ocria_tiny_s26_runs.json)
   F2UL) CURR='data.curriculum=[{until_page: 100000000, font_px: [20, 36], max_chars: [150, 2000], made_up_words: 0.25,
          mix: {share: 0.2, font_px: [20, 36], max_chars: [8, 80], crop: true, strict_chars: true, made_up_words: 0.25}}]'
       RUN+=(--set image.target_longest_px=1536 --set image.max_pixels=2359296 --set "data.font_px=[20,36]"
