@@ -30,6 +30,28 @@ def load_bench(name: str):
 SHIPPED_PAGES = ["image.target_longest_px=1536", "image.max_pixels=2359296", "data.font_px=[20.0,36.0]"]
 
 
+def write_synth(folder: Path, heldout=None, train=None) -> Path:
+    """A text-pool folder laid out as jobs/make_synthetic_pages.py writes .synth: the given pools (TextPool) and an
+    empty fonts/ (PyMuPDF's built-in fonts only)."""
+    (folder / "fonts").mkdir(parents=True, exist_ok=True)
+    if heldout is not None:
+        heldout.to_json_gz(folder / "pool_heldout.json.gz")
+    if train is not None:
+        train.to_json_gz(folder / "pool_train.json.gz")
+    return folder
+
+
+def shipped_pages_config(folder: Path) -> Path:
+    """configs/train_tiny.yaml with SHIPPED_PAGES, as a YAML file for the scripts that take --config."""
+    import yaml
+
+    from jobs.train_tiny import load_config
+
+    path = folder / "shipped.yaml"
+    path.write_text(yaml.safe_dump(load_config(ROOT / "configs" / "train_tiny.yaml", SHIPPED_PAGES)))
+    return path
+
+
 @pytest.fixture(scope="session")
 def text_ckpt(tmp_path_factory, tiny_tokenizer):
     """A tiny random text-only checkpoint (qwen3_5_text, tied head) for the engine tests."""

@@ -12,7 +12,7 @@ import numpy as np
 import pymupdf
 import pytest
 
-from conftest import CORPUS, SHIPPED_PAGES
+from conftest import CORPUS, SHIPPED_PAGES, shipped_pages_config, write_synth
 from jobs.eval_ocr import (
     Score,
     born_digital_rows,
@@ -187,8 +187,7 @@ def test_heldout_pages_follow_a_curriculum_stage(heldout_pool, tmp_path):
     """quick_eval's stage pages (page_index): drawn like that training page, from the held-out pool and seeds."""
     from jobs.eval_ocr import heldout_pages
 
-    heldout_pool.to_json_gz(tmp_path / "pool_heldout.json.gz")
-    (tmp_path / "fonts").mkdir()
+    write_synth(tmp_path, heldout=heldout_pool)
     staged = load_config(CONFIG, [("data.curriculum=[{until_page: 50, font_px: [24, 30], max_chars: [8, 40], "
                                    "crop: true, strict_chars: true}]")])
     lines = heldout_pages(3, staged, tmp_path, page_index=10)
@@ -212,8 +211,7 @@ def test_pool_fingerprint_tells_held_out_pools_apart(heldout_pool, tmp_path):
     a, b, c = (tmp_path / x for x in "abc")
     for d, pool in ((a, heldout_pool), (b, heldout_pool),
                     (c, TextPool(prose=heldout_pool.prose[1:], code=heldout_pool.code))):
-        (d / "fonts").mkdir(parents=True)
-        pool.to_json_gz(d / "pool_heldout.json.gz")
+        write_synth(d, heldout=pool)
     fa, fb, fc = map(pool_fingerprint, (a, b, c))
     assert fa == fb and fa["paragraphs"] == len(heldout_pool.prose) and fa["code_runs"] == len(heldout_pool.code)
     assert fc["sha256"] != fa["sha256"] and fc["paragraphs"] == fa["paragraphs"] - 1
@@ -231,8 +229,7 @@ def test_quick_eval_scores_the_final_pages_and_the_current_stage(heldout_pool, t
 
     if not (MODEL / "model.safetensors").is_file():
         pytest.skip("no shipped checkpoint")
-    heldout_pool.to_json_gz(tmp_path / "pool_heldout.json.gz")
-    (tmp_path / "fonts").mkdir()
+    write_synth(tmp_path, heldout=heldout_pool)
     cfg = load_config(CONFIG, ["train.eval_pages=1", "train.eval_max_new_tokens=4",
                                "data.curriculum=[{until_page: 50, font_px: [24, 30], max_chars: [8, 40], crop: true}]"])
     model = Qwen3_5ForConditionalGeneration.from_pretrained(MODEL, dtype=torch.float32)
@@ -330,14 +327,10 @@ def test_eval_job_runs_at_the_models_page_size_and_refuses_another(heldout_pool,
     page size; a config drawing pages for another size fails before any page is made, saying what to pass."""
     import json
 
-    import yaml
-
     from jobs.eval_ocr import main
 
-    heldout_pool.to_json_gz(tmp_path / "pool_heldout.json.gz")
-    (tmp_path / "fonts").mkdir()
-    shipped = tmp_path / "shipped.yaml"
-    shipped.write_text(yaml.safe_dump(load_config(CONFIG, SHIPPED_PAGES)))
+    write_synth(tmp_path, heldout=heldout_pool)
+    shipped = shipped_pages_config(tmp_path)
     common = ["--model", str(MODEL), "--synth", str(tmp_path), "--heldout", "1", "--corpus-pages", "0",
               "--no-tesseract", "--max-new-tokens", "8"]
     assert main([*common, "--config", str(shipped), "--out", str(tmp_path / "eval.json")]) == 0

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import load_bench
+from conftest import load_bench, shipped_pages_config, write_synth
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -85,17 +85,12 @@ def test_line_head_reading_of_a_held_out_page(licence_prose, tmp_path):
     """bench/ocria_tiny_line_head_reading.py on one page with the shipped model and an untrained head: every line is
     placed and read, and the decoder's CER comes from the eval file given."""
     import torch
-    import yaml
-    from conftest import SHIPPED_PAGES
 
     from jobs.text_line_ctc import CTC_CLASSES, LINE_BUCKETS
-    from jobs.train_tiny import load_config
     from pipeline.synthetic import TextPool
 
-    TextPool(prose=licence_prose, code=[]).to_json_gz(tmp_path / "pool_heldout.json.gz")
-    (tmp_path / "fonts").mkdir()
-    config = tmp_path / "shipped.yaml"
-    config.write_text(yaml.safe_dump(load_config(ROOT / "configs" / "train_tiny.yaml", SHIPPED_PAGES)))
+    write_synth(tmp_path, heldout=TextPool(prose=licence_prose, code=[]))
+    config = shipped_pages_config(tmp_path)
     torch.save(torch.nn.Linear(2 * 256, LINE_BUCKETS * 8 * CTC_CLASSES).state_dict(), tmp_path / "head.pt")
     eval_file = tmp_path / "eval.json"
     eval_file.write_text(json.dumps({"heldout_synthetic": {"per_page": [
@@ -231,21 +226,14 @@ def test_arm_pick_stages_the_arm_that_reads_better(licence_prose, tmp_path):
     import shutil
 
     import torch
-    import yaml
-    from conftest import SHIPPED_PAGES
     from safetensors.torch import load_file, save_file
 
-    from jobs.train_tiny import load_config
     from pipeline.synthetic import TextPool
 
     pick = load_bench("ocria_tiny_arm_pick")
-    synth = tmp_path / "synth"
-    synth.mkdir()
-    TextPool(prose=licence_prose, code=[]).to_json_gz(synth / "pool_heldout.json.gz")
-    TextPool(prose=licence_prose[::2], code=[]).to_json_gz(synth / "pool_train.json.gz")
-    (synth / "fonts").mkdir()
-    config = tmp_path / "shipped.yaml"
-    config.write_text(yaml.safe_dump(load_config(ROOT / "configs" / "train_tiny.yaml", SHIPPED_PAGES)))
+    synth = write_synth(tmp_path / "synth", heldout=TextPool(prose=licence_prose, code=[]),
+                        train=TextPool(prose=licence_prose[::2], code=[]))
+    config = shipped_pages_config(tmp_path)
     shipped = ROOT / "models" / "ocria-tiny"
     noisy = tmp_path / "noisy_ckpt"
     noisy.mkdir()

@@ -17,7 +17,7 @@ import pytest
 import torch
 from PIL import Image
 
-from conftest import SHIPPED_PAGES, load_bench
+from conftest import SHIPPED_PAGES, load_bench, write_synth
 from engine.hf_format import special_token_ids
 from jobs.train_tiny import (PromptBuilder, collate, curriculum_stage, encode_page, encoded_batch, hf_config,
                              image_use, load_config, load_image_processor, param_groups, synth_config)
@@ -554,10 +554,7 @@ def _mini_training_setup(pool, tmp_path, overrides: list[str]):
     cfg = load_config(CONFIG, MINI + ["image.target_longest_px=256", "image.max_pixels=65536",
                                       "data.max_chars=[40,120]", "train.batch_size=2", "train.num_workers=0"] + overrides)
     hf_config(cfg, special_token_ids(PromptBuilder(model_dir, cfg["prompt"]).tok)).save_pretrained(model_dir)
-    synth = tmp_path / "synth"
-    (synth / "fonts").mkdir(parents=True)  # no extra TTFs: the built-in fonts
-    pool.to_json_gz(synth / "pool_train.json.gz")
-    pool.to_json_gz(synth / "pool_heldout.json.gz")
+    synth = write_synth(tmp_path / "synth", heldout=pool, train=pool)
     return cfg, synth, model_dir
 
 
@@ -685,9 +682,7 @@ def test_line_ctc_training_logs_its_reading_and_a_resumed_run_keeps_its_head(poo
 
 def test_datagen_bench_times_every_page_kind(pool, tmp_path):
     """bench/ocria_tiny_datagen_bench.py: the real page generator and encoder, one page of each kind, timed."""
-    synth = tmp_path / "synth"
-    (synth / "fonts").mkdir(parents=True)
-    pool.to_json_gz(synth / "pool_train.json.gz")
+    synth = write_synth(tmp_path / "synth", train=pool)
     bench = load_bench("ocria_tiny_datagen_bench")
     out = tmp_path / "datagen.json"
     res = bench.main(["--synth", str(synth), "--model-dir", str(MODEL), "--pages", "1", "--out", str(out)])
