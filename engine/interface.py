@@ -24,6 +24,8 @@ class SamplingParams:
     length_penalty: float = 1.0  # beam search: a finished beam's score is log p / length ** length_penalty
     loop_stop_tokens: int = 0  # > 0 (>= 3): end an answer whose tail repeats one unit over this many tokens, keeping
     #   one copy (finish_reason "loop", engine/loop_guard.py); greedy and sampling, not beam search
+    loop_drop_tokens: int = 0  # > 0 (>= 3): leave out of the answer the repeats of any loop over this many tokens and
+    #   read on (engine/loop_guard.LoopDrop); not with loop_stop_tokens or beam search
 
 
 @dataclass
@@ -42,6 +44,7 @@ class PageResult:
     output_tokens: int
     finish_reason: str  # "stop" | "length" | "loop" | "error"
     error: str | None = None
+    loop_dropped_tokens: int = 0  # generated tokens left out of `text` as a loop's repeats (SamplingParams)
     ttft_s: float = 0.0  # request submitted -> first output token
     decode_s: float = 0.0  # first token -> last token
     total_s: float = 0.0

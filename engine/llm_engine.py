@@ -67,6 +67,7 @@ class RequestOutput:
     decode_s: float = 0.0
     total_s: float = 0.0
     num_preemptions: int = 0
+    loop_dropped_tokens: int = 0  # output tokens left out of `text` as a loop's repeats (SamplingParams)
     logits: torch.Tensor | None = field(default=None, repr=False)  # [output_tokens, V] when requested
 
     @property
@@ -175,9 +176,10 @@ class Engine:
             raise RequestRejected(f"request {request_id!r}: max_tokens must be >= 1, got {sampling.max_tokens}")
         if sampling.temperature < 0 or not 0 < sampling.top_p <= 1 or sampling.top_k < 0 or sampling.num_beams < 1:
             raise RequestRejected(f"request {request_id!r}: bad sampling params {sampling}")
-        if sampling.loop_stop_tokens and (sampling.loop_stop_tokens < 3 or sampling.num_beams > 1):
-            raise RequestRejected(f"request {request_id!r}: loop_stop_tokens must be 0 (off) or >= 3, and works without "
-                                  f"beam search only; got {sampling}")
+        loops = [n for n in (sampling.loop_stop_tokens, sampling.loop_drop_tokens) if n]
+        if loops and (min(loops) < 3 or len(loops) > 1 or sampling.num_beams > 1):
+            raise RequestRejected(f"request {request_id!r}: loop_stop_tokens and loop_drop_tokens must be 0 (off) or "
+                                  f">= 3, one of them at most, and work without beam search only; got {sampling}")
         beams = sampling.num_beams
         if beams > 1 and (sampling.temperature > 0 or keep_logits or beams > self.options.max_num_seqs):
             raise RequestRejected(f"request {request_id!r}: beam search needs temperature 0, no keep_logits and "
@@ -359,6 +361,8 @@ class Engine:
             reason = "stop" if tok in seq.stop_ids else ("length" if i + 1 - seq.prompt_len >= seq.sampling.max_tokens
                                                         else None)
             keep = seq.loop_guard.push(seq.token_ids, seq.prompt_len, i + 1) if seq.loop_guard else None
+            if seq.loop_drop is not None:
+                seq.loop_drop.push(seq.token_ids, seq.prompt_len, i + 1)
             if keep is not None and reason != "stop":
                 reason, i = "loop", seq.prompt_len + keep - 1  # the answer ends after the loop's first unit
                 if seq.logits is not None:
@@ -503,6 +507,8 @@ class Engine:
         self._seqs.pop(seq.request_id, None)
         out_ids = seq.output_ids
         text_ids = out_ids[:-1] if out_ids and out_ids[-1] in seq.stop_ids else out_ids
+        if seq.loop_drop is not None:
+            text_ids = seq.loop_drop.kept(text_ids)
         text = self.processor.decode(text_ids) if self.processor is not None else ""
         first = seq.first_token_time or seq.arrival_time
         last = seq.last_token_time or first
@@ -510,6 +516,7 @@ class Engine:
             request_id=seq.request_id, prompt_token_ids=seq.token_ids[:seq.prompt_len], output_token_ids=out_ids,
             text=text, finish_reason=seq.finish_reason, ttft_s=first - seq.arrival_time, decode_s=last - first,
             total_s=last - seq.arrival_time, num_preemptions=seq.num_preemptions,
+            loop_dropped_tokens=sum(e - s for s, e in seq.loop_drop.spans) if seq.loop_drop is not None else 0,
             logits=torch.stack(seq.logits) if seq.logits else None)
 
     # ------------------------------------------------------------------ convenience

@@ -7,6 +7,10 @@ p tokens repeated over at least `min_tokens` tokens, and keeps a single copy of 
 
 Per period p (1 <= p <= min_tokens // 3, so a loop is at least three units) it counts how many of the latest tokens
 equal the token p before them: O(max period) work per new token, on the host, with no look back over the answer.
+
+Ending the answer loses what the model reads after a loop it leaves by itself, which it does on real pages
+(session 21: the corpus read worse with the stop). LoopDrop keeps reading instead and leaves the loop's repeats out
+of the answer: the same guard marks each repeat as it comes, and the answer is the tokens outside those spans.
 """
 from __future__ import annotations
 
@@ -24,21 +28,77 @@ class LoopGuard:
         (through the loop's first unit) once the tail is a loop of at least min_tokens tokens; else None."""
         n = end - start
         last = tokens[end - 1]
-        for p in range(1, self.max_period + 1):
+        for p in range(1, self.max_period + 1):  # every period's run first: LoopDrop reads on after a fire
             self.runs[p] = self.runs[p] + 1 if n > p and tokens[end - 1 - p] == last else 0
+        for p in range(1, self.max_period + 1):
             if self.runs[p] + p >= self.min_tokens:  # tokens[end - runs - p : end] repeat one unit of p tokens
                 return n - self.runs[p]
         return None
 
 
-def find_loop(tokens: list[int], min_tokens: int) -> int | None:
-    """The reference: the first length of `tokens` at which the guard fires, and the length it keeps; by brute force
-    over every prefix, period and span. Returns the kept length or None."""
+class LoopDrop:
+    """The spans of an answer that repeat a loop's first unit, found as the tokens come, so they can be left out."""
+
+    def __init__(self, min_tokens: int):
+        self.guard = LoopGuard(min_tokens)
+        self.spans: list[tuple[int, int]] = []  # [first, end) answer indices left out, in order
+
+    def push(self, tokens: list[int], start: int, end: int) -> int:
+        """As LoopGuard.push; returns how many answer tokens in a row have been left out, ending with the new one
+        (0: it is kept)."""
+        keep = self.guard.push(tokens, start, end)
+        if keep is None:
+            return 0
+        n = end - start
+        if self.spans and keep <= self.spans[-1][1]:  # the loop goes on, or a new one overlaps the last span
+            self.spans[-1] = (min(self.spans[-1][0], keep), n)
+        else:
+            self.spans.append((keep, n))
+        first, last = self.spans[-1]
+        return last - first
+
+    def kept(self, answer: list[int]) -> list[int]:
+        out, at = [], 0
+        for first, end in self.spans:
+            out += answer[at:first]
+            at = end
+        return out + answer[at:]
+
+
+def drop_loops(tokens: list[int], min_tokens: int) -> list[int]:
+    """The answer with every loop's repeats left out, as LoopDrop leaves them out token by token."""
+    drop = LoopDrop(min_tokens)
     for n in range(1, len(tokens) + 1):
-        for p in range(1, min_tokens // 3 + 1):
-            span = p
-            while span < n and tokens[n - 1 - span] == tokens[n - 1 - span + p]:
-                span += 1
-            if span >= min_tokens:
-                return n - (span - p)
+        drop.push(tokens, 0, n)
+    return drop.kept(tokens)
+
+
+def tail_loop(tokens: list[int], n: int, min_tokens: int) -> int | None:
+    """The reference's test of one prefix: the length to keep if tokens[:n] ends in a loop of at least min_tokens
+    tokens (the first period that makes one), by brute force over periods and spans; else None."""
+    for p in range(1, min_tokens // 3 + 1):
+        span = p
+        while span < n and tokens[n - 1 - span] == tokens[n - 1 - span + p]:
+            span += 1
+        if span >= min_tokens:
+            return n - (span - p)
     return None
+
+
+def find_loop(tokens: list[int], min_tokens: int) -> int | None:
+    """The reference of the stop: the kept length at the first prefix of `tokens` that ends in a loop, or None."""
+    for n in range(1, len(tokens) + 1):
+        keep = tail_loop(tokens, n, min_tokens)
+        if keep is not None:
+            return keep
+    return None
+
+
+def drop_loops_reference(tokens: list[int], min_tokens: int) -> list[int]:
+    """The reference of the drop: every prefix that ends in a loop leaves out tokens[keep:n]; the rest stays."""
+    out = [True] * len(tokens)
+    for n in range(1, len(tokens) + 1):
+        keep = tail_loop(tokens, n, min_tokens)
+        if keep is not None:
+            out[keep:n] = [False] * (n - keep)
+    return [t for t, k in zip(tokens, out) if k]

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from engine.interface import SamplingParams
-from engine.loop_guard import LoopGuard
+from engine.loop_guard import LoopDrop, LoopGuard
 
 
 class SeqStatus(enum.Enum):
@@ -56,6 +56,7 @@ class Sequence:
         self.num_preemptions = 0
         self.beam = None  # engine.beam_search.BeamGroup of a beam-search request's members
         self.loop_guard = LoopGuard(sampling.loop_stop_tokens) if sampling.loop_stop_tokens else None
+        self.loop_drop = LoopDrop(sampling.loop_drop_tokens) if sampling.loop_drop_tokens else None
 
     def __len__(self) -> int:
         return len(self.token_ids)

@@ -180,11 +180,12 @@ class HFPageReader:
 
 class EnginePageReader:
     """ocria-tiny through the pipeline's own path: the native engine's parse backend (its processor, chat template
-    and decoding), greedy or beam search with `num_beams` > 1; `loop_stop_tokens` > 0 ends looping answers
-    (engine/loop_guard.py). dtype "auto": fp32 on CPU, bf16 on CUDA."""
+    and decoding), greedy or beam search with `num_beams` > 1; `loop_stop_tokens` > 0 ends looping answers,
+    `loop_drop_tokens` > 0 leaves the loops' repeats out and reads on (engine/loop_guard.py). dtype "auto": fp32 on
+    CPU, bf16 on CUDA."""
 
     def __init__(self, model_dir: Path, device: str = "cpu", num_beams: int = 1, batch: int = 8,
-                 dtype: str = "auto", loop_stop_tokens: int = 0):
+                 dtype: str = "auto", loop_stop_tokens: int = 0, loop_drop_tokens: int = 0):
         from engine.backends import load_backend
 
         self.backend = load_backend("native", str(model_dir), device=device, dtype=dtype,
@@ -192,12 +193,13 @@ class EnginePageReader:
         self.processor = self.backend.engine.processor.image_processor
         self.num_beams = num_beams
         self.loop_stop_tokens = loop_stop_tokens
+        self.loop_drop_tokens = loop_drop_tokens
 
     def read(self, images: list[np.ndarray], max_new_tokens: int = 512) -> list[str]:
         from engine.interface import PageRequest, SamplingParams
 
         sampling = SamplingParams(max_tokens=max_new_tokens, num_beams=self.num_beams,
-                                  loop_stop_tokens=self.loop_stop_tokens)
+                                  loop_stop_tokens=self.loop_stop_tokens, loop_drop_tokens=self.loop_drop_tokens)
         results = self.backend.parse([PageRequest(f"page-{i}", im, sampling=sampling) for i, im in enumerate(images)])
         failed = [f"{r.request_id}: {r.error}" for r in results if r.finish_reason == "error"]
         if failed:
@@ -380,6 +382,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--num-beams", type=int, default=1, help="1: greedy decoding")
     ap.add_argument("--loop-stop-tokens", type=int, default=0,
                     help="native reader: end an answer that loops over this many tokens (0: off)")
+    ap.add_argument("--loop-drop-tokens", type=int, default=0,
+                    help="native reader: leave out the repeats of a loop over this many tokens and read on (0: off)")
     ap.add_argument("--reader", choices=["transformers", "native"], default="transformers",
                     help="native: the pipeline's engine and processor (engine.native_backend)")
     ap.add_argument("--no-model", action="store_true")
@@ -388,15 +392,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     cfg = load_config(args.config, [])
-    if args.loop_stop_tokens and args.reader != "native":
-        raise SystemExit("--loop-stop-tokens needs --reader native (transformers' generate has no such stop)")
+    if (args.loop_stop_tokens or args.loop_drop_tokens) and args.reader != "native":
+        raise SystemExit("--loop-stop-tokens and --loop-drop-tokens need --reader native (transformers' generate "
+                         "has neither)")
     use_tess = not args.no_tesseract and tesseract_available()
     if not args.no_tesseract and not use_tess:
         print("tesseract not found: skipping the Tesseract baseline "
               "(apt-get install -y --no-install-recommends tesseract-ocr tesseract-ocr-eng)", file=sys.stderr)
     readers = {"transformers": lambda: HFPageReader(args.model, args.device, num_beams=args.num_beams),
                "native": lambda: EnginePageReader(args.model, args.device, args.num_beams, args.batch,
-                                                  loop_stop_tokens=args.loop_stop_tokens)}
+                                                  loop_stop_tokens=args.loop_stop_tokens,
+                                                  loop_drop_tokens=args.loop_drop_tokens)}
     reader = None if args.no_model else readers[args.reader]()
     if reader is not None and reader.processor.max_pixels != cfg["image"]["max_pixels"]:
         raise SystemExit(f"{args.config} draws pages for max_pixels {cfg['image']['max_pixels']:,} but {args.model} "
@@ -404,7 +410,8 @@ def main(argv: list[str] | None = None) -> int:
                          "bench/results/ocria_tiny_eval_full_pages_1536_config.yaml for the shipped model)")
     result = {"command": " ".join([Path(sys.executable).name, "-m", "jobs.eval_ocr", *(argv or sys.argv[1:])]),
               "model": str(args.model), "reader": args.reader, "num_beams": args.num_beams,
-              "loop_stop_tokens": args.loop_stop_tokens, "tesseract": use_tess}
+              "loop_stop_tokens": args.loop_stop_tokens, "loop_drop_tokens": args.loop_drop_tokens,
+              "tesseract": use_tess}
     if args.heldout:
         pages = heldout_pages(args.heldout, cfg, args.synth, first=args.heldout_from)
         result["heldout_synthetic"] = evaluate(pages, reader, use_tess, args.batch, args.max_new_tokens)

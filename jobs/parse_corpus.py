@@ -29,7 +29,7 @@ def _overrides(**flags) -> dict:
         "s3_region": ("storage", "s3_region"), "backend": ("model", "backend"), "checkpoint": ("model", "checkpoint"),
         "device": ("model", "device"), "dtype": ("model", "dtype"), "max_tokens": ("model", "max_tokens"),
         "prompt": ("model", "prompt"), "num_beams": ("model", "num_beams"),
-        "loop_stop_tokens": ("model", "loop_stop_tokens"),
+        "loop_stop_tokens": ("model", "loop_stop_tokens"), "loop_drop_tokens": ("model", "loop_drop_tokens"),
         "max_pages": ("raster", "max_pages_per_doc"),
         "target_longest_px": ("raster", "target_longest_px"), "doc_timeout": ("raster", "doc_timeout_s"),
         "batch_size": ("parse", "batch_size"), "num_engines": ("parse", "num_actors"),
@@ -66,6 +66,8 @@ def _overrides(**flags) -> dict:
 @click.option("--prompt")
 @click.option("--num-beams", type=int, help="beam search of this width (1: greedy)")
 @click.option("--loop-stop-tokens", type=int, help="end a page's answer that loops over this many tokens (0: off)")
+@click.option("--loop-drop-tokens", type=int,
+              help="leave out the repeats of a loop over this many tokens and read on (0: off)")
 @click.option("--max-pages", type=int, help="pages per document")
 @click.option("--target-longest-px", type=int, help="longest page side when rendering")
 @click.option("--doc-timeout", type=float, help="seconds per document before the renderer is killed")

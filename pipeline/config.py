@@ -59,6 +59,9 @@ class ModelConfig(Strict):
     length_penalty: float = Field(1.0, description="beam search: finished beams are ranked by log p / length ** this")
     loop_stop_tokens: int = Field(0, ge=0, description="> 0 (>= 3): end a page's answer once it repeats one unit over "
                                   "this many tokens, keeping one copy (native backend, without beam search)")
+    loop_drop_tokens: int = Field(0, ge=0, description="> 0 (>= 3): leave out of a page's answer the repeats of any "
+                                  "loop over this many tokens, keeping one copy, and read on (native backend, without "
+                                  "beam search; not with loop_stop_tokens)")
     options: dict = Field(default_factory=dict, description="extra keyword arguments for the backend")
 
     @model_validator(mode="after")
@@ -66,9 +69,14 @@ class ModelConfig(Strict):
         if self.num_beams > 1 and self.temperature > 0:
             raise ValueError(f"model.num_beams={self.num_beams} needs model.temperature 0 (beam search does not "
                              f"sample); got temperature {self.temperature}")
-        if self.loop_stop_tokens and (self.loop_stop_tokens < 3 or self.backend != "native" or self.num_beams > 1):
-            raise ValueError(f"model.loop_stop_tokens={self.loop_stop_tokens} must be 0 (off) or >= 3, with "
-                             f"model.backend native and model.num_beams 1 (got {self.backend}, {self.num_beams})")
+        for name in ("loop_stop_tokens", "loop_drop_tokens"):
+            n = getattr(self, name)
+            if n and (n < 3 or self.backend != "native" or self.num_beams > 1):
+                raise ValueError(f"model.{name}={n} must be 0 (off) or >= 3, with model.backend native and "
+                                 f"model.num_beams 1 (got {self.backend}, {self.num_beams})")
+        if self.loop_stop_tokens and self.loop_drop_tokens:
+            raise ValueError(f"model.loop_stop_tokens={self.loop_stop_tokens} and model.loop_drop_tokens="
+                             f"{self.loop_drop_tokens}: set one of them (the stop ends the answer, the drop reads on)")
         return self
 
 

@@ -152,7 +152,7 @@ def build_dataset(ray, prep: Prepared, pools: PoolSizes):
             device="cuda" if pools.gpus_per_engine else "cpu", dtype=m.dtype, prompt=m.prompt,
             sampling=dict(max_tokens=m.max_tokens, temperature=m.temperature, top_p=m.top_p, top_k=m.top_k, seed=m.seed,
                           num_beams=m.num_beams, length_penalty=m.length_penalty,
-                          loop_stop_tokens=m.loop_stop_tokens),
+                          loop_stop_tokens=m.loop_stop_tokens, loop_drop_tokens=m.loop_drop_tokens),
             fallback_to_text_layer=cfg.parse.fallback_to_text_layer, options=m.options),
         compute=ActorPoolStrategy(size=pools.engines, max_concurrent_calls_per_actor=calls,
                                   enable_true_multi_threading=calls > 1),

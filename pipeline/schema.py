@@ -46,6 +46,7 @@ PAGE_SCHEMA = pa.schema([
     ("prompt_tokens", pa.int32()),
     ("output_tokens", pa.int32()),
     ("finish_reason", pa.string()),
+    ("loop_dropped_tokens", pa.int32()),  # output tokens left out of `text` as a loop's repeats (model.loop_drop_tokens)
     ("backend", pa.string()),
     ("model_id", pa.string()),
     ("raster_s", pa.float64()),

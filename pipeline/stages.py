@@ -112,7 +112,8 @@ class ParseStage:
         for i, res in zip(todo, results):
             row = out[i]
             row.update(prompt_tokens=res.prompt_tokens, output_tokens=res.output_tokens, finish_reason=res.finish_reason,
-                       ttft_s=res.ttft_s, decode_s=res.decode_s, parse_s=res.total_s or share, engine_s=share)
+                       loop_dropped_tokens=res.loop_dropped_tokens, ttft_s=res.ttft_s, decode_s=res.decode_s,
+                       parse_s=res.total_s or share, engine_s=share)
             if res.finish_reason != "error":
                 row.update(status="ok", text=res.text)
             elif self.fallback and (row["text_layer"] or "").strip():

@@ -29,6 +29,8 @@ class RunStats:
     errors: Counter = field(default_factory=Counter)  # error kind -> documents
     output_tokens: int = 0
     prompt_tokens: int = 0
+    loop_dropped_tokens: int = 0
+    pages_loop_dropped: int = 0  # pages whose answer had a loop's repeats left out
     raster_actors: int = 1
     engine_busy_s: float = 0.0
     raster_s: list[float] = field(default_factory=list)
@@ -53,6 +55,8 @@ class RunStats:
             self.pages[r["status"]] += 1
             self.output_tokens += r["output_tokens"] or 0
             self.prompt_tokens += r["prompt_tokens"] or 0
+            self.loop_dropped_tokens += r["loop_dropped_tokens"] or 0
+            self.pages_loop_dropped += bool(r["loop_dropped_tokens"])
             self.raster_s.append(r["raster_s"] or 0.0)
             self.engine_busy_s += r["engine_s"] or 0.0
             if r["parse_s"] is not None:
@@ -98,6 +102,8 @@ class RunStats:
             "raster_actors": self.raster_actors,
             "prompt_tokens": self.prompt_tokens,
             "output_tokens": self.output_tokens,
+            "loop_dropped_tokens": self.loop_dropped_tokens,
+            "pages_loop_dropped": self.pages_loop_dropped,
             "raster_s_per_page": percentiles(self.raster_s),
             "parse_s_per_page": percentiles(self.parse_s),
             "ttft_s": percentiles(self.ttft_s),
@@ -139,6 +145,7 @@ def format_table(s: dict) -> str:
         f"{'pages/s':<24}{s['pages_per_s']:>10.3f}   per engine {s['pages_per_s_per_engine']:.3f}   "
         f"after warm-up ({s['warmup_s'] or s['first_result_s']:.1f} s) {s['steady_pages_per_s']:.3f}",
         f"{'output tokens/s':<24}{s['output_tokens_per_s']:>10.1f}   per engine {s['output_tokens_per_s_per_engine']:.1f}",
+        f"{'loop repeats left out':<24}{s['loop_dropped_tokens']:>10}   tokens, on {s['pages_loop_dropped']} pages",
         f"{'busy share':<24}engines {s['engine_busy_fraction']:.2f}   rasterizers {s['raster_busy_fraction']:.2f} "
         f"(of up to {s['raster_actors']})",
         f"{'raster ms/page':<24}{pct(s['raster_s_per_page'])}",

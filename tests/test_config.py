@@ -40,6 +40,11 @@ def test_loop_stop_needs_the_native_greedy_engine():
                 {"loop_stop_tokens": 48, "num_beams": 4}):
         with pytest.raises(ConfigError, match="model.loop_stop_tokens="):
             load_config(None, {"input": {"uris": ["x"]}, "model": bad})
+    assert load_config(None, {"input": {"uris": ["x"]}, "model": {"loop_drop_tokens": 64}}).model.loop_drop_tokens == 64
+    for bad in ({"loop_drop_tokens": 2}, {"loop_drop_tokens": 48, "backend": "transformers"},
+                {"loop_drop_tokens": 48, "loop_stop_tokens": 48}):
+        with pytest.raises(ConfigError, match="model.loop_(drop|stop)_tokens="):
+            load_config(None, {"input": {"uris": ["x"]}, "model": bad})
 
 
 def test_flags_override_yaml(tmp_path):

@@ -1,12 +1,13 @@
-"""engine/loop_guard.py: the incremental guard against its brute-force reference, and the engine ending looping
-answers with it (finish_reason "loop", one copy of the unit kept) while leaving every other answer as it was."""
+"""engine/loop_guard.py: the incremental guard and drop against their brute-force references, and the engine ending
+looping answers with the guard (finish_reason "loop", one copy of the unit kept) or leaving their repeats out with the
+drop, while leaving every other answer as it was."""
 import kernels.testing  # noqa: F401  (sets TRITON_INTERPRET before any kernel module is compiled)
 import numpy as np
 import pytest
 
 from engine.interface import SamplingParams
 from engine.llm_engine import Engine, RequestRejected
-from engine.loop_guard import LoopGuard, find_loop
+from engine.loop_guard import LoopDrop, LoopGuard, drop_loops, drop_loops_reference, find_loop
 from engine.testing import build_checkpoint
 
 
@@ -19,23 +20,53 @@ def guard_fires(tokens, min_tokens, start=0):
     return None
 
 
+def random_answers(rng, min_tokens, n, loops_each=1):
+    """Small vocabularies and spliced repeats: loops of every period, and near-loops that must not fire."""
+    for trial in range(n):
+        vocab = int(rng.integers(2, 6))
+        toks = rng.integers(0, vocab, int(rng.integers(1, 40))).tolist()
+        for _ in range(loops_each if trial % 2 else 0):
+            unit = rng.integers(0, vocab, int(rng.integers(1, min_tokens // 3 + 2))).tolist()
+            reps = -(-int(rng.integers(1, 2 * min_tokens)) // len(unit))  # spans below and above min_tokens
+            toks += unit * reps + rng.integers(0, vocab, int(rng.integers(0, 5))).tolist()
+        yield vocab, toks
+
+
 @pytest.mark.parametrize("min_tokens", [3, 7, 10, 13])
 def test_guard_matches_brute_force_reference(min_tokens):
     rng = np.random.default_rng(min_tokens)
     fired = 0
-    for trial in range(300):
-        # small vocabularies and spliced repeats make loops of every period, and near-loops that must not fire
-        vocab = int(rng.integers(2, 6))
-        toks = rng.integers(0, vocab, int(rng.integers(1, 40))).tolist()
-        if trial % 2:
-            unit = rng.integers(0, vocab, int(rng.integers(1, min_tokens // 3 + 2))).tolist()
-            reps = -(-int(rng.integers(1, 2 * min_tokens)) // len(unit))  # spans below and above min_tokens
-            toks += unit * reps + rng.integers(0, vocab, int(rng.integers(0, 5))).tolist()
+    for vocab, toks in random_answers(rng, min_tokens, 300):
         prompt = rng.integers(0, vocab, int(rng.integers(0, 9))).tolist()  # never part of a loop
         want = find_loop(toks, min_tokens)
         assert guard_fires(prompt + toks, min_tokens, start=len(prompt)) == want, (toks, min_tokens)
         fired += want is not None
     assert 45 < fired < 255, fired  # both outcomes well covered
+
+
+@pytest.mark.parametrize("min_tokens", [3, 8, 11])
+def test_drop_matches_brute_force_reference(min_tokens):
+    rng = np.random.default_rng(100 + min_tokens)
+    dropped = several = 0
+    for _, toks in random_answers(rng, min_tokens, 200, loops_each=3):  # loops after loops, with text between
+        got = drop_loops(toks, min_tokens)
+        assert got == drop_loops_reference(toks, min_tokens), (toks, min_tokens)
+        drop = LoopDrop(min_tokens)
+        for n in range(1, len(toks) + 1):
+            drop.push(toks, 0, n)
+        assert len(toks) - len(got) == sum(e - s for s, e in drop.spans)
+        keep = find_loop(toks, min_tokens)
+        if keep is not None:  # the drop keeps what the stop keeps, then reads on
+            assert got[:keep] == toks[:keep] and len(got) >= keep
+            dropped += 1
+            several += len(drop.spans) > 1
+    assert 30 < dropped < 170 and several > 5, (dropped, several)
+
+
+def test_drop_keeps_one_unit_and_reads_on():
+    toks = [5, 6, 1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 7, 8]
+    assert drop_loops(toks, 10) == [5, 6, 1, 2, 3, 7, 8]  # "1 2 3 1 2 3 1" after the first unit left out
+    assert drop_loops(toks, 11) == toks
 
 
 def test_guard_keeps_one_unit():
@@ -76,7 +107,26 @@ def test_engine_ends_looping_answers_only(eng):
     assert loops == 5, loops
 
 
+def test_engine_drops_loops_and_reads_on(eng):
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(0, 500, int(rng.integers(5, 30))).tolist() for _ in range(8)]
+    span = 9
+    free = eng.generate([dict(prompt_token_ids=p, sampling=SamplingParams(max_tokens=100), ignore_eos=True)
+                         for p in prompts])
+    dropped = eng.generate([dict(prompt_token_ids=p, sampling=SamplingParams(max_tokens=100, loop_drop_tokens=span),
+                                 ignore_eos=True) for p in prompts])
+    loops = 0
+    for f, d in zip(free, dropped):
+        assert d.output_token_ids == f.output_token_ids and d.finish_reason == f.finish_reason == "length"
+        kept = drop_loops(f.output_token_ids, span)
+        assert d.text == eng.processor.decode(kept) and d.loop_dropped_tokens == f.output_tokens - len(kept)
+        loops += len(kept) < f.output_tokens
+    assert loops >= 4, loops
+
+
 def test_engine_rejects_bad_loop_settings(eng):
-    for sp in (SamplingParams(loop_stop_tokens=2), SamplingParams(loop_stop_tokens=8, num_beams=2)):
-        with pytest.raises(RequestRejected, match="loop_stop_tokens"):
+    for sp in (SamplingParams(loop_stop_tokens=2), SamplingParams(loop_stop_tokens=8, num_beams=2),
+               SamplingParams(loop_drop_tokens=2), SamplingParams(loop_drop_tokens=8, num_beams=2),
+               SamplingParams(loop_stop_tokens=8, loop_drop_tokens=8)):
+        with pytest.raises(RequestRejected, match="loop_stop_tokens and loop_drop_tokens"):
             eng.add_request("bad", prompt_token_ids=[1, 2, 3], sampling=sp)

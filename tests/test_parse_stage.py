@@ -5,6 +5,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pyarrow as pa
 
+from engine.testing import build_checkpoint
 from pipeline.config import StorageConfig
 from pipeline.schema import RASTER_SCHEMA, empty_row
 from pipeline.stages import ParseStage
@@ -36,3 +37,30 @@ def test_concurrent_batches_keep_rows_and_share_engine_time(tiny_checkpoint, tmp
     shares = sum(sum(t.column("engine_s").to_pylist()) for t in outs)
     assert abs(shares - stage.backend.busy_s) < 1e-6 and shares > 0
     stage.backend.close()
+
+
+def test_loop_drop_reaches_the_page_rows(tmp_path):
+    """model.loop_drop_tokens: rows count the tokens a loop's repeats took out of the text, and the text is the
+    answer without them (the same pages read without the drop give the full answer)."""
+    # tied embeddings: a random model then mostly repeats its last token, so greedy answers fall into loops
+    ckpt = build_checkpoint(tmp_path / "tied", seed=6, tie=True)
+
+    def read(sampling):
+        stage = ParseStage(run_id="r", backend_name="native", checkpoint=str(ckpt),
+                           storage=StorageConfig(), cache_dir=str(tmp_path), device="cpu", dtype="float32",
+                           sampling=sampling, prompt="Read.", fallback_to_text_layer=False,
+                           options={"max_num_seqs": 4, "num_blocks": 96})
+        out = stage(_batch("d", 4, 7))
+        stage.backend.close()
+        return out.to_pylist()
+
+    free = read({"max_tokens": 40, "temperature": 0.0})
+    dropped = read({"max_tokens": 40, "temperature": 0.0, "loop_drop_tokens": 6})
+    assert [r["loop_dropped_tokens"] for r in free] == [0] * 4
+    assert [r["output_tokens"] for r in dropped] == [r["output_tokens"] for r in free]
+    for f, d in zip(free, dropped):
+        if d["loop_dropped_tokens"]:
+            assert len(d["text"]) < len(f["text"])
+        else:
+            assert d["text"] == f["text"]
+    assert any(r["loop_dropped_tokens"] for r in dropped), [r["text"] for r in free]
