@@ -177,9 +177,11 @@ class Engine:
         if sampling.temperature < 0 or not 0 < sampling.top_p <= 1 or sampling.top_k < 0 or sampling.num_beams < 1:
             raise RequestRejected(f"request {request_id!r}: bad sampling params {sampling}")
         loops = [n for n in (sampling.loop_stop_tokens, sampling.loop_drop_tokens) if n]
-        if loops and (min(loops) < 3 or len(loops) > 1 or sampling.num_beams > 1):
+        if (loops and (min(loops) < 3 or len(loops) > 1 or sampling.num_beams > 1)
+                or (sampling.loop_ban_next and not sampling.loop_drop_tokens)):
             raise RequestRejected(f"request {request_id!r}: loop_stop_tokens and loop_drop_tokens must be 0 (off) or "
-                                  f">= 3, one of them at most, and work without beam search only; got {sampling}")
+                                  f">= 3, one of them at most, and work without beam search only; loop_ban_next needs "
+                                  f"loop_drop_tokens; got {sampling}")
         beams = sampling.num_beams
         if beams > 1 and (sampling.temperature > 0 or keep_logits or beams > self.options.max_num_seqs):
             raise RequestRejected(f"request {request_id!r}: beam search needs temperature 0, no keep_logits and "

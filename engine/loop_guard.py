@@ -11,6 +11,8 @@ equal the token p before them: O(max period) work per new token, on the host, wi
 Ending the answer loses what the model reads after a loop it leaves by itself, which it does on real pages
 (session 21: the corpus read worse with the stop). LoopDrop keeps reading instead and leaves the loop's repeats out
 of the answer: the same guard marks each repeat as it comes, and the answer is the tokens outside those spans.
+With the ban (SamplingParams.loop_ban_next) the engine also forbids the token that would go on with the loop, at the
+first step it can still change, so the model leaves the loop instead of waiting for it to leave by itself.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ class LoopGuard:
         self.min_tokens = min_tokens
         self.max_period = min_tokens // 3
         self.runs = [0] * (self.max_period + 1)  # runs[p]: latest tokens equal to the one p before them
+        self.period = 0  # the loop's period at the latest push that fired, else 0
 
     def push(self, tokens: list[int], start: int, end: int) -> int | None:
         """tokens[start:end] is the answer so far, tokens[end - 1] its new token. Returns the answer's length to keep
@@ -32,7 +35,9 @@ class LoopGuard:
             self.runs[p] = self.runs[p] + 1 if n > p and tokens[end - 1 - p] == last else 0
         for p in range(1, self.max_period + 1):
             if self.runs[p] + p >= self.min_tokens:  # tokens[end - runs - p : end] repeat one unit of p tokens
+                self.period = p
                 return n - self.runs[p]
+        self.period = 0
         return None
 
 
@@ -56,6 +61,21 @@ class LoopDrop:
             self.spans.append((keep, n))
         first, last = self.spans[-1]
         return last - first
+
+    @property
+    def looping(self) -> bool:
+        """Whether the newest pushed token went on with a loop."""
+        return self.guard.period > 0
+
+    def next_in_loop(self, tokens: list[int], known: int, at: int) -> int:
+        """The token that goes on with the current loop at index `at` of `tokens`, of which the first `known` are
+        known (the engine samples a token or two ahead of the ones it has seen): the one a whole number of periods
+        before it among the known tokens."""
+        p = self.guard.period
+        i = at - p
+        while i >= known:
+            i -= p
+        return tokens[i]
 
     def kept(self, answer: list[int]) -> list[int]:
         out, at = [], 0

@@ -24,7 +24,14 @@ def filter_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
 
 class Sampler:
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-        """logits [B, V] fp32 -> one token id per sequence, [B] int64 on the logits' device (no host sync)."""
+        """logits [B, V] fp32 -> one token id per sequence, [B] int64 on the logits' device (no host sync). A
+        sequence's banned token (Sequence.loop_ban) is never chosen."""
+        bans = [(row, tok) for row, s in enumerate(seqs) if (tok := s.loop_ban()) is not None]
+        if bans:
+            rows, toks = zip(*bans)
+            dev = logits.device
+            logits = logits.clone()  # the caller's logits stay as the model gave them (keep_logits)
+            logits[to_device(list(rows), torch.int64, dev), to_device(list(toks), torch.int64, dev)] = -torch.inf
         tokens = logits.argmax(dim=-1)
         rows = [i for i, s in enumerate(seqs) if s.sampling.temperature > 0]
         if rows:

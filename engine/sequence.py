@@ -58,6 +58,12 @@ class Sequence:
         self.loop_guard = LoopGuard(sampling.loop_stop_tokens) if sampling.loop_stop_tokens else None
         self.loop_drop = LoopDrop(sampling.loop_drop_tokens) if sampling.loop_drop_tokens else None
 
+    def loop_ban(self) -> int | None:
+        """The token to forbid at the position about to be sampled (sampling.loop_ban_next), or None."""
+        if not (self.sampling.loop_ban_next and self.loop_drop is not None and self.loop_drop.looping):
+            return None
+        return self.loop_drop.next_in_loop(self.token_ids, self.num_known, len(self.token_ids))
+
     def __len__(self) -> int:
         return len(self.token_ids)
 

@@ -185,7 +185,8 @@ class EnginePageReader:
     CPU, bf16 on CUDA."""
 
     def __init__(self, model_dir: Path, device: str = "cpu", num_beams: int = 1, batch: int = 8,
-                 dtype: str = "auto", loop_stop_tokens: int = 0, loop_drop_tokens: int = 0):
+                 dtype: str = "auto", loop_stop_tokens: int = 0, loop_drop_tokens: int = 0,
+                 loop_ban_next: bool = False):
         from engine.backends import load_backend
 
         self.backend = load_backend("native", str(model_dir), device=device, dtype=dtype,
@@ -194,12 +195,14 @@ class EnginePageReader:
         self.num_beams = num_beams
         self.loop_stop_tokens = loop_stop_tokens
         self.loop_drop_tokens = loop_drop_tokens
+        self.loop_ban_next = loop_ban_next
 
     def read(self, images: list[np.ndarray], max_new_tokens: int = 512) -> list[str]:
         from engine.interface import PageRequest, SamplingParams
 
         sampling = SamplingParams(max_tokens=max_new_tokens, num_beams=self.num_beams,
-                                  loop_stop_tokens=self.loop_stop_tokens, loop_drop_tokens=self.loop_drop_tokens)
+                                  loop_stop_tokens=self.loop_stop_tokens, loop_drop_tokens=self.loop_drop_tokens,
+                                  loop_ban_next=self.loop_ban_next)
         results = self.backend.parse([PageRequest(f"page-{i}", im, sampling=sampling) for i, im in enumerate(images)])
         failed = [f"{r.request_id}: {r.error}" for r in results if r.finish_reason == "error"]
         if failed:
@@ -384,6 +387,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="native reader: end an answer that loops over this many tokens (0: off)")
     ap.add_argument("--loop-drop-tokens", type=int, default=0,
                     help="native reader: leave out the repeats of a loop over this many tokens and read on (0: off)")
+    ap.add_argument("--loop-ban-next", action="store_true",
+                    help="with --loop-drop-tokens: forbid the token that would go on with a loop")
     ap.add_argument("--reader", choices=["transformers", "native"], default="transformers",
                     help="native: the pipeline's engine and processor (engine.native_backend)")
     ap.add_argument("--no-model", action="store_true")
@@ -402,7 +407,8 @@ def main(argv: list[str] | None = None) -> int:
     readers = {"transformers": lambda: HFPageReader(args.model, args.device, num_beams=args.num_beams),
                "native": lambda: EnginePageReader(args.model, args.device, args.num_beams, args.batch,
                                                   loop_stop_tokens=args.loop_stop_tokens,
-                                                  loop_drop_tokens=args.loop_drop_tokens)}
+                                                  loop_drop_tokens=args.loop_drop_tokens,
+                                                  loop_ban_next=args.loop_ban_next)}
     reader = None if args.no_model else readers[args.reader]()
     if reader is not None and reader.processor.max_pixels != cfg["image"]["max_pixels"]:
         raise SystemExit(f"{args.config} draws pages for max_pixels {cfg['image']['max_pixels']:,} but {args.model} "
@@ -411,6 +417,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"command": " ".join([Path(sys.executable).name, "-m", "jobs.eval_ocr", *(argv or sys.argv[1:])]),
               "model": str(args.model), "reader": args.reader, "num_beams": args.num_beams,
               "loop_stop_tokens": args.loop_stop_tokens, "loop_drop_tokens": args.loop_drop_tokens,
+              "loop_ban_next": args.loop_ban_next,
               "tesseract": use_tess}
     if args.heldout:
         pages = heldout_pages(args.heldout, cfg, args.synth, first=args.heldout_from)

@@ -30,6 +30,7 @@ def _overrides(**flags) -> dict:
         "device": ("model", "device"), "dtype": ("model", "dtype"), "max_tokens": ("model", "max_tokens"),
         "prompt": ("model", "prompt"), "num_beams": ("model", "num_beams"),
         "loop_stop_tokens": ("model", "loop_stop_tokens"), "loop_drop_tokens": ("model", "loop_drop_tokens"),
+        "loop_ban_next": ("model", "loop_ban_next"),
         "max_pages": ("raster", "max_pages_per_doc"),
         "target_longest_px": ("raster", "target_longest_px"), "doc_timeout": ("raster", "doc_timeout_s"),
         "batch_size": ("parse", "batch_size"), "num_engines": ("parse", "num_actors"),
@@ -68,6 +69,8 @@ def _overrides(**flags) -> dict:
 @click.option("--loop-stop-tokens", type=int, help="end a page's answer that loops over this many tokens (0: off)")
 @click.option("--loop-drop-tokens", type=int,
               help="leave out the repeats of a loop over this many tokens and read on (0: off)")
+@click.option("--loop-ban-next", is_flag=True,
+              help="with --loop-drop-tokens: forbid the token that would go on with a loop")
 @click.option("--max-pages", type=int, help="pages per document")
 @click.option("--target-longest-px", type=int, help="longest page side when rendering")
 @click.option("--doc-timeout", type=float, help="seconds per document before the renderer is killed")

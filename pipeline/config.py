@@ -62,6 +62,8 @@ class ModelConfig(Strict):
     loop_drop_tokens: int = Field(0, ge=0, description="> 0 (>= 3): leave out of a page's answer the repeats of any "
                                   "loop over this many tokens, keeping one copy, and read on (native backend, without "
                                   "beam search; not with loop_stop_tokens)")
+    loop_ban_next: bool = Field(False, description="with loop_drop_tokens: forbid the token that would go on with a "
+                                "loop the drop found, so the model leaves it")
     options: dict = Field(default_factory=dict, description="extra keyword arguments for the backend")
 
     @model_validator(mode="after")
@@ -74,6 +76,8 @@ class ModelConfig(Strict):
             if n and (n < 3 or self.backend != "native" or self.num_beams > 1):
                 raise ValueError(f"model.{name}={n} must be 0 (off) or >= 3, with model.backend native and "
                                  f"model.num_beams 1 (got {self.backend}, {self.num_beams})")
+        if self.loop_ban_next and not self.loop_drop_tokens:
+            raise ValueError("model.loop_ban_next needs model.loop_drop_tokens > 0 (the drop finds the loops it bans)")
         if self.loop_stop_tokens and self.loop_drop_tokens:
             raise ValueError(f"model.loop_stop_tokens={self.loop_stop_tokens} and model.loop_drop_tokens="
                              f"{self.loop_drop_tokens}: set one of them (the stop ends the answer, the drop reads on)")

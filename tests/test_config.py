@@ -45,6 +45,8 @@ def test_loop_stop_needs_the_native_greedy_engine():
                 {"loop_drop_tokens": 48, "loop_stop_tokens": 48}):
         with pytest.raises(ConfigError, match="model.loop_(drop|stop)_tokens="):
             load_config(None, {"input": {"uris": ["x"]}, "model": bad})
+    with pytest.raises(ConfigError, match="model.loop_ban_next needs model.loop_drop_tokens"):
+        load_config(None, {"input": {"uris": ["x"]}, "model": {"loop_ban_next": True}})
 
 
 def test_flags_override_yaml(tmp_path):

@@ -124,9 +124,38 @@ def test_engine_drops_loops_and_reads_on(eng):
     assert loops >= 4, loops
 
 
+def test_engine_bans_the_token_that_goes_on_with_a_loop(eng):
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(0, 500, int(rng.integers(5, 30))).tolist() for _ in range(8)]
+    span = 9
+    free = eng.generate([dict(prompt_token_ids=p, sampling=SamplingParams(max_tokens=100), ignore_eos=True)
+                         for p in prompts])
+    banned = eng.generate([dict(prompt_token_ids=p, ignore_eos=True,
+                                sampling=SamplingParams(max_tokens=100, loop_drop_tokens=span, loop_ban_next=True))
+                           for p in prompts])
+    changed = 0
+    for f, b in zip(free, banned):
+        drop = LoopDrop(span)
+        for n in range(1, b.output_tokens + 1):
+            drop.push(b.output_token_ids, 0, n)
+        assert b.text == eng.processor.decode(drop.kept(b.output_token_ids))
+        # a loop is seen at its min_tokens-th token, with at most min_tokens - 1 repeats; the next token was already
+        # on its way, and the one after that is banned
+        assert all(e - s <= span for s, e in drop.spans), drop.spans
+        first = drop_loops(f.output_token_ids, span) != f.output_token_ids
+        if first:  # the same answer up to two tokens past where the free answer's first loop was seen
+            seen = next(n for n in range(1, f.output_tokens + 1) if find_loop(f.output_token_ids[:n], span))
+            assert b.output_token_ids[:seen + 1] == f.output_token_ids[:seen + 1]
+            assert b.output_token_ids[seen + 1] != f.output_token_ids[seen + 1]
+            changed += 1
+        else:
+            assert b.output_token_ids == f.output_token_ids
+    assert changed >= 4, changed
+
+
 def test_engine_rejects_bad_loop_settings(eng):
     for sp in (SamplingParams(loop_stop_tokens=2), SamplingParams(loop_stop_tokens=8, num_beams=2),
                SamplingParams(loop_drop_tokens=2), SamplingParams(loop_drop_tokens=8, num_beams=2),
-               SamplingParams(loop_stop_tokens=8, loop_drop_tokens=8)):
+               SamplingParams(loop_stop_tokens=8, loop_drop_tokens=8), SamplingParams(loop_ban_next=True)):
         with pytest.raises(RequestRejected, match="loop_stop_tokens and loop_drop_tokens"):
             eng.add_request("bad", prompt_token_ids=[1, 2, 3], sampling=sp)
