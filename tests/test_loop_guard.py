@@ -107,14 +107,17 @@ def test_engine_ends_looping_answers_only(eng):
     assert loops == 5, loops
 
 
-def test_engine_drops_loops_and_reads_on(eng):
+def free_and_ruled(eng, **loop_rule):
+    """Eight random prompts' answers of 100 tokens, free and with the loop rule given."""
     rng = np.random.default_rng(1)
     prompts = [rng.integers(0, 500, int(rng.integers(5, 30))).tolist() for _ in range(8)]
+    return [eng.generate([dict(prompt_token_ids=p, sampling=SamplingParams(max_tokens=100, **rule), ignore_eos=True)
+                          for p in prompts]) for rule in ({}, loop_rule)]
+
+
+def test_engine_drops_loops_and_reads_on(eng):
     span = 9
-    free = eng.generate([dict(prompt_token_ids=p, sampling=SamplingParams(max_tokens=100), ignore_eos=True)
-                         for p in prompts])
-    dropped = eng.generate([dict(prompt_token_ids=p, sampling=SamplingParams(max_tokens=100, loop_drop_tokens=span),
-                                 ignore_eos=True) for p in prompts])
+    free, dropped = free_and_ruled(eng, loop_drop_tokens=span)
     loops = 0
     for f, d in zip(free, dropped):
         assert d.output_token_ids == f.output_token_ids and d.finish_reason == f.finish_reason == "length"
@@ -125,14 +128,8 @@ def test_engine_drops_loops_and_reads_on(eng):
 
 
 def test_engine_bans_the_token_that_goes_on_with_a_loop(eng):
-    rng = np.random.default_rng(1)
-    prompts = [rng.integers(0, 500, int(rng.integers(5, 30))).tolist() for _ in range(8)]
     span = 9
-    free = eng.generate([dict(prompt_token_ids=p, sampling=SamplingParams(max_tokens=100), ignore_eos=True)
-                         for p in prompts])
-    banned = eng.generate([dict(prompt_token_ids=p, ignore_eos=True,
-                                sampling=SamplingParams(max_tokens=100, loop_drop_tokens=span, loop_ban_next=True))
-                           for p in prompts])
+    free, banned = free_and_ruled(eng, loop_drop_tokens=span, loop_ban_next=True)
     changed = 0
     for f, b in zip(free, banned):
         drop = LoopDrop(span)
