@@ -78,6 +78,7 @@ class LoopDrop:
         return tokens[i]
 
     def kept(self, answer: list[int]) -> list[int]:
+        """The answer's tokens outside the spans left out."""
         out, at = [], 0
         for first, end in self.spans:
             out += answer[at:first]
