@@ -41,9 +41,9 @@ def check_request(req: PageRequest) -> None:
         raise ValueError(f"sampling.top_k must be >= 0 (0 = off), got {sp.top_k}")
     if sp.num_beams < 1 or (sp.num_beams > 1 and sp.temperature > 0):
         raise ValueError(f"sampling.num_beams must be >= 1, and 1 when sampling (temperature > 0); got {sp}")
-    if sp.loop_stop_tokens or sp.loop_drop_tokens:
-        raise ValueError(f"sampling.loop_stop_tokens and loop_drop_tokens are the native engine's "
-                         f"(engine/loop_guard.py); the transformers backend takes 0, got {sp}")
+    if sp.loop_stop_tokens or sp.loop_drop_tokens or sp.loop_ban_next:
+        raise ValueError(f"sampling.loop_stop_tokens, loop_drop_tokens and loop_ban_next are the native engine's "
+                         f"(engine/loop_guard.py); the transformers backend takes 0 and False, got {sp}")
 
 
 @dataclass

@@ -518,7 +518,7 @@ class Engine:
             request_id=seq.request_id, prompt_token_ids=seq.token_ids[:seq.prompt_len], output_token_ids=out_ids,
             text=text, finish_reason=seq.finish_reason, ttft_s=first - seq.arrival_time, decode_s=last - first,
             total_s=last - seq.arrival_time, num_preemptions=seq.num_preemptions,
-            loop_dropped_tokens=sum(e - s for s, e in seq.loop_drop.spans) if seq.loop_drop is not None else 0,
+            loop_dropped_tokens=seq.loop_drop.left_out if seq.loop_drop is not None else 0,
             logits=torch.stack(seq.logits) if seq.logits else None)
 
     # ------------------------------------------------------------------ convenience

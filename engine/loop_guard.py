@@ -48,19 +48,30 @@ class LoopDrop:
         self.guard = LoopGuard(min_tokens)
         self.spans: list[tuple[int, int]] = []  # [first, end) answer indices left out, in order
 
-    def push(self, tokens: list[int], start: int, end: int) -> int:
-        """As LoopGuard.push; returns how many answer tokens in a row have been left out, ending with the new one
-        (0: it is kept)."""
+    @classmethod
+    def over(cls, answer: list[int], min_tokens: int) -> "LoopDrop":
+        """The drop after every token of a whole answer was pushed."""
+        drop = cls(min_tokens)
+        for n in range(1, len(answer) + 1):
+            drop.push(answer, 0, n)
+        return drop
+
+    def push(self, tokens: list[int], start: int, end: int) -> None:
+        """As LoopGuard.push: tokens[start:end] is the answer so far; marks its new token left out if it goes on with
+        a loop."""
         keep = self.guard.push(tokens, start, end)
         if keep is None:
-            return 0
+            return
         n = end - start
         if self.spans and keep <= self.spans[-1][1]:  # the loop goes on, or a new one overlaps the last span
             self.spans[-1] = (min(self.spans[-1][0], keep), n)
         else:
             self.spans.append((keep, n))
-        first, last = self.spans[-1]
-        return last - first
+
+    @property
+    def left_out(self) -> int:
+        """How many answer tokens the spans leave out."""
+        return sum(end - first for first, end in self.spans)
 
     @property
     def looping(self) -> bool:
@@ -88,10 +99,7 @@ class LoopDrop:
 
 def drop_loops(tokens: list[int], min_tokens: int) -> list[int]:
     """The answer with every loop's repeats left out, as LoopDrop leaves them out token by token."""
-    drop = LoopDrop(min_tokens)
-    for n in range(1, len(tokens) + 1):
-        drop.push(tokens, 0, n)
-    return drop.kept(tokens)
+    return LoopDrop.over(tokens, min_tokens).kept(tokens)
 
 
 def tail_loop(tokens: list[int], n: int, min_tokens: int) -> int | None:

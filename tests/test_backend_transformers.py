@@ -115,6 +115,8 @@ def test_bad_request_fails_alone(backend):
         PageRequest("too-wide", np.zeros((10, 3000, 3), np.uint8)),
         PageRequest("no-tokens", good[0].image, sampling=SamplingParams(max_tokens=0)),
         PageRequest("neg-temp", good[0].image, sampling=SamplingParams(temperature=-1.0)),
+        PageRequest("loop-drop", good[0].image, sampling=SamplingParams(loop_drop_tokens=64)),
+        PageRequest("loop-ban", good[0].image, sampling=SamplingParams(loop_ban_next=True)),
     ]
     mixed = [good[0], bad[0], good[1], *bad[1:], good[2]]
     results = backend.parse(mixed)
@@ -127,6 +129,7 @@ def test_bad_request_fails_alone(backend):
     assert "H x W x 3 uint8" in by_id["gray"].error and "H x W x 3 uint8" in by_id["float"].error
     assert "aspect ratio" in by_id["too-wide"].error
     assert "max_tokens" in by_id["no-tokens"].error
+    assert "native engine's" in by_id["loop-drop"].error and "native engine's" in by_id["loop-ban"].error
     assert [_key(by_id[r.request_id]) for r in good] == [_key(r) for r in backend.parse(good)]
 
 

@@ -51,10 +51,8 @@ def test_drop_matches_brute_force_reference(min_tokens):
     for _, toks in random_answers(rng, min_tokens, 200, loops_each=3):  # loops after loops, with text between
         got = drop_loops(toks, min_tokens)
         assert got == drop_loops_reference(toks, min_tokens), (toks, min_tokens)
-        drop = LoopDrop(min_tokens)
-        for n in range(1, len(toks) + 1):
-            drop.push(toks, 0, n)
-        assert len(toks) - len(got) == sum(e - s for s, e in drop.spans)
+        drop = LoopDrop.over(toks, min_tokens)
+        assert len(toks) - len(got) == drop.left_out
         keep = find_loop(toks, min_tokens)
         if keep is not None:  # the drop keeps what the stop keeps, then reads on
             assert got[:keep] == toks[:keep] and len(got) >= keep
@@ -132,9 +130,7 @@ def test_engine_bans_the_token_that_goes_on_with_a_loop(eng):
     free, banned = free_and_ruled(eng, loop_drop_tokens=span, loop_ban_next=True)
     changed = 0
     for f, b in zip(free, banned):
-        drop = LoopDrop(span)
-        for n in range(1, b.output_tokens + 1):
-            drop.push(b.output_token_ids, 0, n)
+        drop = LoopDrop.over(b.output_token_ids, span)
         assert b.text == eng.processor.decode(drop.kept(b.output_token_ids))
         # a loop is seen at its min_tokens-th token, with at most min_tokens - 1 repeats; the next token was already
         # on its way, and the one after that is banned
