@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.loop_guard import drop_loops, find_loop  # noqa: E402
+from engine.loop_guard import LoopDrop, find_loop  # noqa: E402
 from jobs.eval_ocr import Score, corpus_pages, heldout_pages, markdown_to_text  # noqa: E402
 
 
@@ -59,11 +59,12 @@ def main() -> None:
             res = score.add(markdown_to_text(text), page.reference_text)
             if keep is not None:
                 cut_pages.append({"page": rec["page"], "tokens": len(ids), "kept": keep, "cer": round(res["cer"], 4)})
-            kept = drop_loops(ids, span) if span else ids
+            drop = LoopDrop.over(ids, span) if span else None
+            kept = drop.kept(ids) if drop else ids
             res = drop_score.add(markdown_to_text(tok.decode(kept)), page.reference_text)
             if len(kept) < len(ids):
                 dropped_pages.append({"page": rec["page"], "tokens": len(ids), "kept": len(kept),
-                                      "cer": round(res["cer"], 4)})
+                                      "spans": drop.spans, "cer": round(res["cer"], 4)})
             ref_ids = tok.encode(page.reference_md, add_special_tokens=False).ids if page.reference_md else []
             if span and find_loop(ref_ids, span) is not None:
                 cut_refs.append(rec["page"])
