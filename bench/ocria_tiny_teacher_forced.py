@@ -29,6 +29,10 @@ import re
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from jobs.eval_ocr import MARKDOWN_LINE_KINDS, markdown_line_kinds  # noqa: E402
+
 PUNCTUATION = "\"'`.,;:!?()[]{}<>*_#|-"
 
 
@@ -73,31 +77,15 @@ def token_inside_word(offsets: list[tuple[int, int]], text: str) -> list[bool]:
 
 POSITION_BUCKET = 128  # answer tokens a "by_position" bucket holds
 
-LINE_KINDS = ("paragraph", "heading", "list", "table", "code")
+LINE_KINDS = MARKDOWN_LINE_KINDS
 
 
 def token_line_kinds(offsets: list[tuple[int, int]], markdown: str) -> list[str]:
     """For each token, the kind of the markdown line its first character is on (a code fence's lines are code; an
     empty line, or a line's newline, goes with the line before)."""
-    kinds, starts, fenced = [], [], False
-    pos = 0
+    kinds, starts, pos = markdown_line_kinds(markdown), [], 0
     for line in markdown.split("\n"):
-        if not line and kinds:
-            kind = kinds[-1]
-        elif line.startswith("```"):
-            kind, fenced = "code", not fenced
-        elif fenced:
-            kind = "code"
-        elif line.startswith("|"):
-            kind = "table"
-        elif line.startswith("#"):
-            kind = "heading"
-        elif re.match(r"(- |\d+\. )", line):
-            kind = "list"
-        else:
-            kind = "paragraph"
         starts.append(pos)
-        kinds.append(kind)
         pos += len(line) + 1
     out, i = [], 0
     for start, _ in offsets:
@@ -205,7 +193,6 @@ def tenths_by_class(rows: list[dict]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from jobs.eval_ocr import HFPageReader, heldout_pages, pool_fingerprint
     from jobs.train_tiny import load_config
 

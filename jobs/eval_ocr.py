@@ -77,6 +77,33 @@ def markdown_to_text(md: str) -> str:
     return collapse_ws(text)
 
 
+MARKDOWN_LINE_KINDS = ("paragraph", "heading", "list", "table", "code")
+
+
+def markdown_line_kinds(markdown: str) -> list[str]:
+    """The kind of each line of `markdown.split("\\n")` in our markdown subset: a code fence's lines (fences
+    included) are code; an empty line goes with the line before."""
+    kinds: list[str] = []
+    fenced = False
+    for line in markdown.split("\n"):
+        if not line and kinds:
+            kind = kinds[-1]
+        elif line.startswith("```"):
+            kind, fenced = "code", not fenced
+        elif fenced:
+            kind = "code"
+        elif line.startswith("|"):
+            kind = "table"
+        elif line.startswith("#"):
+            kind = "heading"
+        elif re.match(r"(- |\d+\. )", line):
+            kind = "list"
+        else:
+            kind = "paragraph"
+        kinds.append(kind)
+    return kinds
+
+
 def normalize_reference(text: str) -> str:
     """Corpus text layers: compatibility forms folded (ligatures -> letters), whitespace collapsed."""
     return collapse_ws(unicodedata.normalize("NFKC", text))

@@ -257,3 +257,36 @@ def test_arm_pick_stages_the_arm_that_reads_better(licence_prose, tmp_path):
     assert (tmp_path / "stage" / "score_NOISY" / "model.safetensors").read_bytes() == \
         (noisy / "model.safetensors").read_bytes()
     assert not (tmp_path / "stage" / "score_NOISY" / "train_state.json").exists()
+
+
+@pytest.fixture(scope="module")
+def by_block():
+    return load_bench("ocria_tiny_errors_by_block")
+
+
+def test_charged_edits_add_up_to_the_edit_distance(by_block):
+    import random
+
+    from jobs.eval_ocr import levenshtein
+
+    rng = random.Random()
+    for _ in range(60):
+        ref = "".join(rng.choice("ab c/") for _ in range(rng.randrange(1, 37)))
+        hyp = "".join(rng.choice("ab c/x") for _ in range(rng.randrange(0, 41)))
+        edits = by_block.edits_per_ref_char(hyp, ref)
+        assert len(edits) == len(ref) and (edits >= 0).all()
+        assert int(edits.sum()) == levenshtein(hyp, ref), (hyp, ref)
+
+
+def test_edits_are_charged_to_the_kind_of_reference_text_they_fall_in(by_block):
+    ref = ("# Title\n\nSome words here.\n\nlibs/a_b/c.hpp libs/d.cpp\n\n- see libs/x_y.h now\n\n| x | y |\n|---|---|"
+           "\n\n```\nint x;\n```")
+    hyp = ("# Title\n\nSome wards here.\n\nlibs/a_b/c.hpq libs/d.cpp\n\n- see libs/x_z.h now\n\n| x | yy |\n\n"
+           "```\nint z; q\n```")
+    got = by_block.page_by_kind(hyp, ref)
+    # characters of each kind's text, each with the space after it; the list line's path is a path
+    assert got == {"words": [17, 1], "paths": [26 + 11, 2], "list": [4 + 4, 0], "heading": [6, 0], "table": [4, 1],
+                   "code": [6, 3]}
+    assert [k for k, _ in by_block.line_kinds(ref)] == ["heading", "words", "words", "list", "table", "code"]
+    assert [bool(by_block._PATHY.search(w)) for w in ("and/or", "libs/x.h", "a/b/c", "x_y", "2.5/3", "e.g.")] == [
+        False, True, True, True, False, False]

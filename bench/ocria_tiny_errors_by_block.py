@@ -1,0 +1,161 @@
+"""Which kinds of text carry ocria-tiny's character errors on held-out pages: the saved answers of eval_ocr results,
+aligned character by character with their references, each edit charged to the kind of reference text it falls in.
+
+    .venv/bin/python bench/ocria_tiny_errors_by_block.py \
+        --eval bench/results/ocria_tiny_s27_eval_native_ban64_c3_48_1536.json:0 \
+        --eval bench/results/ocria_tiny_s27_eval_native_ban64_c3_pages48-95_1536.json:48 --out ...
+
+Kinds of reference text: the kind of its line (jobs.eval_ocr.markdown_line_kinds: code, table, heading, list, and
+paragraph, here "words"), except that words in paragraph and list lines that hold '_' or '\\', two slashes, or a
+slash and a later dot are `paths` (the file lists and identifiers of licence files; "and/or" stays a word). The
+alignment is one optimal edit script (ties broken towards substitution, then deletion); an insertion is charged to
+the reference character before it. Each page's charged edits must add up to its edit distance (checked), so the
+kinds' edits sum to the eval's pooled CER.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from jobs.eval_ocr import (collapse_ws, heldout_pages, levenshtein, markdown_line_kinds,  # noqa: E402
+                           markdown_to_text)
+
+KINDS = ("words", "paths", "list", "heading", "table", "code")
+_PATHY = re.compile(r"[_\\]|/.*/|/[^/]*\.")  # an identifier, or a path: two slashes, or one and a dot
+
+
+def line_kinds(md: str) -> list[tuple[str, str]]:
+    """(kind, text) for every line of a page's markdown with text, as markdown_to_text gives it for that line;
+    paragraph lines are "words"."""
+    out = []
+    for line, kind in zip(md.split("\n"), markdown_line_kinds(md)):
+        text = markdown_to_text(line)
+        if text:
+            out.append(("words" if kind == "paragraph" else kind, text))
+    return out
+
+
+def ref_char_kinds(lines: list[tuple[str, str]]) -> list[str]:
+    """The kind of each character of the lines' texts joined by spaces: its line's, except that in words and list
+    lines a word that looks like a file path or an identifier (_PATHY) is "paths"; a space goes with the character
+    before it."""
+    out: list[str] = []
+    for n, (kind, text) in enumerate(lines):
+        if n:
+            out.append(out[-1])
+        for m, word in enumerate(text.split(" ")):
+            if m:
+                out.append(out[-1])
+            out += [("paths" if kind in ("words", "list") and _PATHY.search(word) else kind)] * len(word)
+    return out
+
+
+def edits_per_ref_char(hyp: str, ref: str) -> np.ndarray:
+    """edits[i]: the edits one optimal alignment charges to ref[i] (its substitution or deletion, and insertions
+    after it; insertions before ref[0] go to ref[0])."""
+    n, m = len(ref), len(hyp)
+    codes: dict[str, int] = {}
+    r = np.array([codes.setdefault(c, len(codes)) for c in ref], dtype=np.int64)
+    h = np.array([codes.setdefault(c, len(codes)) for c in hyp], dtype=np.int64)
+    d = np.empty((n + 1, m + 1), dtype=np.int32)
+    j = np.arange(m + 1, dtype=np.int64)
+    d[0] = j
+    for i in range(1, n + 1):
+        row = np.empty(m + 1, dtype=np.int64)
+        row[0] = i
+        row[1:] = np.minimum(d[i - 1, 1:] + 1, d[i - 1, :-1] + (h != r[i - 1]))
+        d[i] = np.minimum.accumulate(row - j) + j
+    edits = np.zeros(max(n, 1), dtype=np.int64)
+    i, k = n, m
+    while i > 0 or k > 0:
+        if i > 0 and k > 0 and d[i, k] == d[i - 1, k - 1] + (h[k - 1] != r[i - 1]):
+            edits[i - 1] += int(h[k - 1] != r[i - 1])
+            i, k = i - 1, k - 1
+        elif i > 0 and d[i, k] == d[i - 1, k] + 1:
+            edits[i - 1] += 1
+            i -= 1
+        else:  # insertion of hyp[k - 1] after ref[i - 1]
+            edits[max(i - 1, 0)] += 1
+            k -= 1
+    return edits
+
+
+def page_by_kind(hyp_md: str, ref_md: str) -> dict[str, list[int]]:
+    """{kind: [reference characters, edits charged]} for one page."""
+    lines = line_kinds(ref_md)
+    ref = " ".join(text for _, text in lines)
+    assert ref == collapse_ws(markdown_to_text(ref_md)), "line split does not rebuild the page's reference text"
+    hyp = markdown_to_text(hyp_md)
+    edits = edits_per_ref_char(hyp, ref)
+    assert int(edits.sum()) == levenshtein(hyp, ref), "charged edits differ from the edit distance"
+    out = {k: [0, 0] for k in KINDS}
+    for kind, e in zip(ref_char_kinds(lines), edits.tolist()):
+        out[kind][0] += 1
+        out[kind][1] += e
+    return out
+
+
+def kind_table(pages: list[dict]) -> dict:
+    """Pooled characters, edits, CER and shares per kind over per-page `by_kind` records."""
+    sums = {k: [0, 0] for k in KINDS}
+    for page in pages:
+        for k, (chars, edits) in page["by_kind"].items():
+            sums[k][0] += chars
+            sums[k][1] += edits
+    chars_all, edits_all = sum(c for c, _ in sums.values()), sum(e for _, e in sums.values())
+    kinds = {k: {"ref_chars": c, "edits": e, "cer": round(e / c, 4) if c else None,
+                 "share_of_chars": round(c / chars_all, 4), "share_of_edits": round(e / max(1, edits_all), 4)}
+             for k, (c, e) in sums.items()}
+    return {"pages": len(pages), "ref_chars": chars_all, "edits": edits_all, "cer": round(edits_all / chars_all, 4),
+            "by_kind": kinds}
+
+
+def print_table(title: str, table: dict) -> None:
+    print(f"{title}: {table['pages']} pages, CER {table['cer']:.4f}")
+    print(f"  {'kind':<8} {'chars':>7} {'share':>6} {'edits':>6} {'share':>6} {'CER':>6}")
+    for k, v in table["by_kind"].items():
+        cer = f"{v['cer']:.3f}" if v["cer"] is not None else "-"
+        print(f"  {k:<8} {v['ref_chars']:>7} {v['share_of_chars']:>6.3f} {v['edits']:>6} {v['share_of_edits']:>6.3f} "
+              f"{cer:>6}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--eval", action="append", required=True,
+                    help="RESULT.json:FIRST, an eval_ocr result and its --heldout-from; repeat to pool")
+    ap.add_argument("--config", type=Path, default=Path("bench/results/ocria_tiny_eval_full_pages_1536_config.yaml"))
+    ap.add_argument("--synth", type=Path, default=Path(".synth"))
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    from jobs.train_tiny import load_config
+
+    cfg = load_config(args.config, [])
+    pages = []
+    for spec in args.eval:
+        path, first = spec.rsplit(":", 1)
+        saved = json.loads(Path(path).read_text())["heldout_synthetic"]["per_page"]
+        refs = {p.name: p for p in heldout_pages(len(saved), cfg, args.synth, first=int(first))}
+        for rec in saved:
+            page = refs[rec["page"]]
+            kinds = page_by_kind(rec["model_output"], page.reference_md)
+            pages.append({"page": rec["page"], "columns": page.columns,
+                          "by_kind": {k: v for k, v in kinds.items() if v[0]}})
+    out = {"all": kind_table(pages)}
+    print_table("all pages", out["all"])
+    for columns in sorted({p["columns"] for p in pages}):
+        out[f"columns_{columns}"] = kind_table([p for p in pages if p["columns"] == columns])
+        print_table(f"{columns} column(s)", out[f"columns_{columns}"])
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"command": "python " + " ".join(sys.argv), "evals": args.eval, **out,
+                                    "per_page": pages}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
