@@ -102,6 +102,18 @@ def page_by_kind(hyp_md: str, ref_md: str) -> dict[str, list[int]]:
     return out
 
 
+def pool_path_share(pool_path: Path) -> float:
+    """Share of a text pool's prose characters (words, spaces left out) in words that look like paths (_PATHY)."""
+    from pipeline.synthetic import TextPool
+
+    chars = path_chars = 0
+    for paragraph in TextPool.from_json_gz(pool_path).prose:
+        for word in paragraph.split():
+            chars += len(word)
+            path_chars += len(word) if _PATHY.search(word) else 0
+    return round(path_chars / max(1, chars), 4)
+
+
 def kind_table(pages: list[dict]) -> dict:
     """Pooled characters, edits, CER and shares per kind over per-page `by_kind` records."""
     sums = {k: [0, 0] for k in KINDS}
@@ -152,9 +164,11 @@ def main() -> None:
     for columns in sorted({p["columns"] for p in pages}):
         out[f"columns_{columns}"] = kind_table([p for p in pages if p["columns"] == columns])
         print_table(f"{columns} column(s)", out[f"columns_{columns}"])
+    pools = {name: pool_path_share(args.synth / f"pool_{name}.json.gz") for name in ("train", "heldout")}
+    print(f"path characters in the prose pools: training {pools['train']:.3f}, held-out {pools['heldout']:.3f}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"command": "python " + " ".join(sys.argv), "evals": args.eval, **out,
-                                    "per_page": pages}, indent=1))
+                                    "pool_path_share": pools, "per_page": pages}, indent=1))
 
 
 if __name__ == "__main__":

@@ -290,3 +290,12 @@ def test_edits_are_charged_to_the_kind_of_reference_text_they_fall_in(by_block):
     assert [k for k, _ in by_block.line_kinds(ref)] == ["heading", "words", "words", "list", "table", "code"]
     assert [bool(by_block._PATHY.search(w)) for w in ("and/or", "libs/x.h", "a/b/c", "x_y", "2.5/3", "e.g.")] == [
         False, True, True, True, False, False]
+
+
+def test_pool_path_share_counts_the_characters_of_path_like_words(by_block, tmp_path):
+    from pipeline.synthetic import TextPool
+
+    # words: "see" 3, "libs/a.h" 8, "and/or" 6, "x_y" 3, "now." 4 -> paths 11 of 24
+    pool = TextPool(prose=["see libs/a.h and/or", "x_y  now."], code=[["libs/b_c.h"]])
+    pool.to_json_gz(tmp_path / "pool.json.gz")
+    assert by_block.pool_path_share(tmp_path / "pool.json.gz") == round(11 / 24, 4)
