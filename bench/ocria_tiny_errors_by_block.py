@@ -96,6 +96,9 @@ def page_by_kind(hyp_md: str, ref_md: str) -> dict[str, list[int]]:
     edits = edits_per_ref_char(hyp, ref)
     assert int(edits.sum()) == levenshtein(hyp, ref), "charged edits differ from the edit distance"
     out = {k: [0, 0] for k in KINDS}
+    if not ref:  # nothing to charge an answer to on an empty page: its insertions count as words
+        out["words"][1] = len(hyp)
+        return out
     for kind, e in zip(ref_char_kinds(lines), edits.tolist()):
         out[kind][0] += 1
         out[kind][1] += e

@@ -288,6 +288,7 @@ def test_edits_are_charged_to_the_kind_of_reference_text_they_fall_in(by_block):
     assert got == {"words": [17, 1], "paths": [26 + 11, 2], "list": [4 + 4, 0], "heading": [6, 0], "table": [4, 1],
                    "code": [6, 3]}
     assert [k for k, _ in by_block.line_kinds(ref)] == ["heading", "words", "words", "list", "table", "code"]
+    assert by_block.page_by_kind("stray text", "```\n```")["words"] == [0, 10]
     assert [bool(by_block._PATHY.search(w)) for w in ("and/or", "libs/x.h", "a/b/c", "x_y", "2.5/3", "e.g.")] == [
         False, True, True, True, False, False]
 
