@@ -171,6 +171,60 @@ def test_made_up_words_replace_a_share_of_the_words_and_still_match_the_text_lay
         assert len(make_page(seed, heldout_pool, line).markdown) <= max(80, len(plain))
 
 
+def test_path_lists_are_built_from_pool_words_and_still_match_the_text_layer(heldout_pool, cfg):
+    """A stage's `path_lists`: that share of paragraphs and list items becomes a label and file paths below one shared
+    root, each part made of the pool's own words (so no other text's path leaks in); pages without them stay as they
+    were, pages with them are the same on every call, and the text layer is still the markdown once the line breaks
+    that wrap a path after '/' or '-' are taken out."""
+    import dataclasses
+    import re
+
+    from pipeline.synthetic import EXTENSIONS, PATH_LIST_LABELS, Block, path_list, with_path_lists
+
+    pieces = {re.sub(r"[^a-z0-9]", "", w.lower()) for para in heldout_pool.prose for w in para.split()}
+    rng = random.Random()
+    for _ in range(40):
+        text = path_list(rng, heldout_pool, line_chars=37)
+        words = text.split(" ")
+        label = words[0] if words[0] in PATH_LIST_LABELS else ""
+        paths = words[1:] if label else words
+        assert 1 <= len(paths) <= 6
+        roots = {tuple(path.split("/")[:1]) for path in paths}
+        assert len(roots) == 1, paths  # one shared root directory
+        for path in paths:
+            *dirs, name = path.split("/")
+            stem, ext = name.rsplit(".", 1)
+            assert 2 <= len(dirs) <= 9 and ext in EXTENSIONS, path
+            for part in [*dirs, stem]:
+                assert 1 <= len(part) <= 18 and part[-1] not in "_-", part  # half of a 37-character line
+                assert all(any(bit in piece for piece in pieces) for bit in re.split(r"[_-]", part)), part
+    para, bullets = Block("paragraph", ("some words",)), Block("bullets", ("one", "two", "three"))
+    code, heading = Block("code", ("x = 1",)), Block("heading", ("Title",), level=2)
+    for b in (para, bullets, code, heading):
+        assert with_path_lists(b, 0.0, rng, heldout_pool, 40) == b
+    assert with_path_lists(code, 1.0, rng, heldout_pool, 40) == code
+    assert with_path_lists(heading, 1.0, rng, heldout_pool, 40) == heading
+    assert "/" in with_path_lists(para, 1.0, rng, heldout_pool, 40).lines[0]
+    assert all("/" in item for item in with_path_lists(bullets, 1.0, rng, heldout_pool, 40).lines)
+
+    plain_cfg = synth_config(cfg)
+    paths_cfg = dataclasses.replace(plain_cfg, path_lists=0.5)
+    staged = load_config(CONFIG, [*SHIPPED_PAGES, "data.curriculum=[{until_page: 9, font_px: [20, 36], "
+                                  "max_chars: [150, 1300], path_lists: 0.5}]"])
+    assert synth_config(staged, 0) == dataclasses.replace(paths_cfg, font_px=(20, 36), max_chars=(150, 1300))
+    assert dataclasses.replace(plain_cfg, path_lists=0.0) == plain_cfg
+    with_paths = 0
+    for seed in (41, 42, 43, 44):
+        a = make_page(seed, heldout_pool, paths_cfg)
+        assert a.markdown == make_page(seed, heldout_pool, paths_cfg).markdown
+        with_paths += sum(len(re.findall(r"\S+/\S+/\S+\.\w+", block)) > 0 for block in a.markdown.split("\n\n"))
+        layer = normalize_reference(pymupdf.open("pdf", a.pdf)[0].get_text("text")).replace("\u2022 ", "")
+        layer = re.sub(r"([/-]) ", r"\1", layer)
+        truth = re.sub(r"([/-]) ", r"\1", markdown_to_text(a.markdown))
+        assert levenshtein(layer, truth) / len(truth) < 0.05, (layer[:200], truth[:200])
+    assert with_paths >= 4
+
+
 def test_ink_box_is_the_ink_bounding_box_plus_padding():
     """Ink in any one channel counts; the box is padded by `pad` and clipped at the edges; a blank page has none."""
     from pipeline.synthetic import ink_box

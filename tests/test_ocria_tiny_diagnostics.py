@@ -300,3 +300,15 @@ def test_pool_path_share_counts_the_characters_of_path_like_words(by_block, tmp_
     pool = TextPool(prose=["see libs/a.h and/or", "x_y  now."], code=[["libs/b_c.h"]])
     pool.to_json_gz(tmp_path / "pool.json.gz")
     assert by_block.pool_path_share(tmp_path / "pool.json.gz") == round(11 / 24, 4)
+
+
+def test_path_share_grows_with_the_path_lists_share(licence_prose, tmp_path, monkeypatch):
+    from pipeline.synthetic import TextPool
+
+    synth = write_synth(tmp_path / "synth", train=TextPool(prose=licence_prose, code=[["x = 1", "y = 2"]]))
+    out = tmp_path / "share.json"
+    monkeypatch.setattr("sys.argv", ["ocria_tiny_path_share.py", "--synth", str(synth), "--shares", "0", "1",
+                                     "--pages", "3", "--out", str(out)])
+    load_bench("ocria_tiny_path_share").main()
+    share = json.loads(out.read_text())["paths_share_of_chars"]
+    assert share["0.0"] < 0.2 < 0.5 < share["1.0"] <= 1.0, share
