@@ -10,7 +10,10 @@ paragraph, here "words"), except that words in paragraph and list lines that hol
 slash and a later dot are `paths` (the file lists and identifiers of licence files; "and/or" stays a word). The
 alignment is one optimal edit script (ties broken towards substitution, then deletion); an insertion is charged to
 the reference character before it. Each page's charged edits must add up to its edit distance (checked), so the
-kinds' edits sum to the eval's pooled CER.
+kinds' edits sum to the eval's pooled CER. Beside them, the share of reference characters in markdown lines (a
+paragraph, a list item, a table row) that some answer line reads closely, or none does
+(bench/ocria_tiny_error_profile.py's line match, which ignores order): lines read closely but in another order would
+show as read; many lines misread mean the errors are reading, not the order of the columns.
 """
 from __future__ import annotations
 
@@ -23,9 +26,11 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from jobs.eval_ocr import (collapse_ws, heldout_pages, levenshtein, markdown_line_kinds,  # noqa: E402
                            markdown_to_text)
+from ocria_tiny_error_profile import LINE_MISSED_CER, LINE_READ_CER, line_profile  # noqa: E402
 
 KINDS = ("words", "paths", "list", "heading", "table", "code")
 _PATHY = re.compile(r"[_\\]|/.*/|/[^/]*\.")  # an identifier, or a path: two slashes, or one and a dot
@@ -128,12 +133,18 @@ def kind_table(pages: list[dict]) -> dict:
     kinds = {k: {"ref_chars": c, "edits": e, "cer": round(e / c, 4) if c else None,
                  "share_of_chars": round(c / chars_all, 4), "share_of_edits": round(e / max(1, edits_all), 4)}
              for k, (c, e) in sums.items()}
+    # where the reference's lines went (ocria_tiny_error_profile.line_profile, order-free): misread lines, or lines
+    # read right in another order, or never written
+    lines = {key: round(sum(p["lines"][key] * sum(c for c, _ in p["by_kind"].values()) for p in pages) / chars_all, 4)
+             for key in ("chars_in_lines_read", "chars_in_lines_missed")}
     return {"pages": len(pages), "ref_chars": chars_all, "edits": edits_all, "cer": round(edits_all / chars_all, 4),
-            "by_kind": kinds}
+            "by_kind": kinds, "lines": lines}
 
 
 def print_table(title: str, table: dict) -> None:
-    print(f"{title}: {table['pages']} pages, CER {table['cer']:.4f}")
+    print(f"{title}: {table['pages']} pages, CER {table['cer']:.4f}; characters in reference lines read (line CER <= "
+          f"{LINE_READ_CER}) {table['lines']['chars_in_lines_read']:.3f}, missed (> {LINE_MISSED_CER}) "
+          f"{table['lines']['chars_in_lines_missed']:.3f}")
     print(f"  {'kind':<8} {'chars':>7} {'share':>6} {'edits':>6} {'share':>6} {'CER':>6}")
     for k, v in table["by_kind"].items():
         cer = f"{v['cer']:.3f}" if v["cer"] is not None else "-"
@@ -160,8 +171,10 @@ def main() -> None:
         for rec in saved:
             page = refs[rec["page"]]
             kinds = page_by_kind(rec["model_output"], page.reference_md)
+            profile = line_profile(rec["model_output"], page.reference_md)
             pages.append({"page": rec["page"], "columns": page.columns,
-                          "by_kind": {k: v for k, v in kinds.items() if v[0]}})
+                          "by_kind": {k: v for k, v in kinds.items() if v[0]},
+                          "lines": {k: profile[k] for k in ("chars_in_lines_read", "chars_in_lines_missed")}})
     out = {"all": kind_table(pages)}
     print_table("all pages", out["all"])
     for columns in sorted({p["columns"] for p in pages}):
