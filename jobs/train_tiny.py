@@ -93,9 +93,9 @@ def settings_config(cfg: dict, d: dict):
 
 
 def curriculum_stage(cfg: dict, page_index: int) -> dict:
-    """data.curriculum: stages [{until_page, font_px, max_chars[, crop, strict_chars, canvas_px, made_up_words, path_lists,
-    mix]}, ...] in order; pages past the last stage use data.font_px / data.max_chars. Keyed on the page index, so
-    data-loader workers and resumed runs agree."""
+    """data.curriculum: stages [{until_page, font_px, max_chars[, crop, strict_chars, canvas_px, made_up_words,
+    path_lists, mix]}, ...] in order; pages past the last stage use data.font_px / data.max_chars. Keyed on the page
+    index, so data-loader workers and resumed runs agree."""
     for stage in cfg["data"].get("curriculum") or []:
         if page_index < stage["until_page"]:
             return stage

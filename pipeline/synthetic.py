@@ -235,7 +235,7 @@ def _path_part(rng: random.Random, pool: TextPool, max_len: int) -> str:
 
 def path_list(rng: random.Random, pool: TextPool, line_chars: int) -> str:
     """A label and 1-6 file paths below one shared root of 1-4 directories, each path 1-5 more directories and a file
-    with an extension. Each part fits half a line: paths wrap only after a '/'."""
+    with an extension. Each part fits half a line: the layout wraps a path only after a '/' or a '-'."""
     part_len = max(4, line_chars // 2)
     root = [_path_part(rng, pool, part_len) for _ in range(rng.randint(1, 4))]
     paths = []
