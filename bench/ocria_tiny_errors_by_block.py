@@ -28,8 +28,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from jobs.eval_ocr import (collapse_ws, heldout_pages, levenshtein, markdown_line_kinds,  # noqa: E402
-                           markdown_to_text)
+from jobs.eval_ocr import (collapse_ws, edit_distance_rows, heldout_pages, levenshtein,  # noqa: E402
+                           markdown_line_kinds, markdown_to_text)
 from ocria_tiny_error_profile import LINE_MISSED_CER, LINE_READ_CER, line_profile  # noqa: E402
 
 KINDS = ("words", "paths", "list", "heading", "table", "code")
@@ -66,22 +66,12 @@ def edits_per_ref_char(hyp: str, ref: str) -> np.ndarray:
     """edits[i]: the edits one optimal alignment charges to ref[i] (its substitution or deletion, and insertions
     after it; insertions before ref[0] go to ref[0])."""
     n, m = len(ref), len(hyp)
-    codes: dict[str, int] = {}
-    r = np.array([codes.setdefault(c, len(codes)) for c in ref], dtype=np.int64)
-    h = np.array([codes.setdefault(c, len(codes)) for c in hyp], dtype=np.int64)
-    d = np.empty((n + 1, m + 1), dtype=np.int32)
-    j = np.arange(m + 1, dtype=np.int64)
-    d[0] = j
-    for i in range(1, n + 1):
-        row = np.empty(m + 1, dtype=np.int64)
-        row[0] = i
-        row[1:] = np.minimum(d[i - 1, 1:] + 1, d[i - 1, :-1] + (h != r[i - 1]))
-        d[i] = np.minimum.accumulate(row - j) + j
+    d = np.stack(list(edit_distance_rows(ref, hyp)))  # d[i, k]: distance of ref[:i] to hyp[:k]
     edits = np.zeros(max(n, 1), dtype=np.int64)
     i, k = n, m
     while i > 0 or k > 0:
-        if i > 0 and k > 0 and d[i, k] == d[i - 1, k - 1] + (h[k - 1] != r[i - 1]):
-            edits[i - 1] += int(h[k - 1] != r[i - 1])
+        if i > 0 and k > 0 and d[i, k] == d[i - 1, k - 1] + (hyp[k - 1] != ref[i - 1]):
+            edits[i - 1] += int(hyp[k - 1] != ref[i - 1])
             i, k = i - 1, k - 1
         elif i > 0 and d[i, k] == d[i - 1, k] + 1:
             edits[i - 1] += 1

@@ -1,7 +1,10 @@
 """Share of path characters (bench/ocria_tiny_errors_by_block.py's `paths` kind) on training pages at several
-`path_lists` shares, to set recipe F2UP's share against the held-out pages' (0.272, ocria_tiny_s28_runs.json).
+`path_lists` shares, to set recipe F2UP's share against the held-out pages' (0.272, ocria_tiny_s28_runs.json). The
+pages are a recipe's (its data.curriculum, without the stage's mix, as bench/ocria_tiny_answer_lengths.py's
+--train-set) from the training pool, with each share in turn.
 
-    .venv/bin/python bench/ocria_tiny_path_share.py --shares 0 0.1 0.2 0.3 \
+    .venv/bin/python bench/ocria_tiny_path_share.py --shares 0 0.1 0.2 0.3 --train-set "data.curriculum=[{until_page: \
+        100000000, font_px: [20, 36], max_chars: [150, 1300], made_up_words: 0.25}]" \
         --out bench/results/ocria_tiny_s28_path_share.json
 """
 from __future__ import annotations
@@ -22,6 +25,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", type=Path, default=Path("bench/results/ocria_tiny_eval_full_pages_1536_config.yaml"))
     ap.add_argument("--synth", type=Path, default=Path(".synth"))
+    ap.add_argument("--train-set", dest="overrides", action="append", default=[],
+                    help="config override, key=value: a recipe's data.curriculum (its main pages)")
     ap.add_argument("--shares", type=float, nargs="+", default=[0.0, 0.1, 0.2, 0.3])
     ap.add_argument("--pages", type=int, default=40)
     ap.add_argument("--first-seed", type=int, default=2000)
@@ -31,12 +36,10 @@ def main() -> None:
     from pipeline.synthetic import TextPool, make_page
 
     pool = TextPool.from_json_gz(args.synth / "pool_train.json.gz")
-    # recipe F2U's full pages (bench/ocria_tiny_gpu_run.sh), the training pool
-    f2u = dataclasses.replace(synth_config(load_config(args.config, [])), font_px=(20, 36), max_chars=(150, 1300),
-                              made_up_words=0.25)
+    recipe = synth_config(load_config(args.config, args.overrides), page_index=0)
     out = {}
     for share in args.shares:
-        cfg = dataclasses.replace(f2u, path_lists=share)
+        cfg = dataclasses.replace(recipe, path_lists=share)
         kinds = []
         for seed in range(args.first_seed, args.first_seed + args.pages):
             kinds += ref_char_kinds(line_kinds(make_page(seed, pool, cfg, args.synth / "fonts").markdown))

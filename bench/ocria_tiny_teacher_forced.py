@@ -77,8 +77,6 @@ def token_inside_word(offsets: list[tuple[int, int]], text: str) -> list[bool]:
 
 POSITION_BUCKET = 128  # answer tokens a "by_position" bucket holds
 
-LINE_KINDS = MARKDOWN_LINE_KINDS
-
 
 def token_line_kinds(offsets: list[tuple[int, int]], markdown: str) -> list[str]:
     """For each token, the kind of the markdown line its first character is on (a code fence's lines are code; an
@@ -133,7 +131,7 @@ def score_page(reader, image, markdown: str, vocabulary: set[str], max_answer: i
     out["by_position"] = [part(bucket == b) for b in range(int(bucket.max()) + 1 if n_text else 0)]
     kinds = token_line_kinds(enc.offsets[:n_text], markdown)
     out["by_tenth_class"] = {}
-    for kind in LINE_KINDS:
+    for kind in MARKDOWN_LINE_KINDS:
         of_kind = torch.tensor([k == kind for k in kinds], dtype=torch.bool)
         for name, word_class in (("seen", seen), ("unseen", ~seen)):
             cells = [of_kind & word_class & (tenth == t) for t in range(10)]
@@ -181,7 +179,7 @@ def tenths_by_class(rows: list[dict]) -> dict:
     def ratio(a, b):
         return round(a / b, 4) if b else None
 
-    kinds = {k: [c for c in classes if c.startswith(k + "_")] for k in LINE_KINDS}
+    kinds = {k: [c for c in classes if c.startswith(k + "_")] for k in MARKDOWN_LINE_KINDS}
     return {
         "token_share_by_tenth": {c: [ratio(tok[c][t], per_tenth[t]) for t in range(10)] for c in classes},
         "top1_by_tenth_class": {c: [ratio(hit[c][t], tok[c][t]) for t in range(10)] for c in classes},

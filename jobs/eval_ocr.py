@@ -27,32 +27,41 @@ import time
 import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 
 # ---------------------------------------------------------------- metrics
 
 
-def levenshtein(a: Sequence, b: Sequence) -> int:
-    """Edit distance (unit insert / delete / substitute). One numpy row per element of `a`: the insertion chain
+def edit_distance_rows(a: Sequence, b: Sequence) -> Iterator[np.ndarray]:
+    """The rows of the edit-distance table (unit insert / delete / substitute): row i holds the distances of a[:i]
+    to every prefix of b, rows 0..len(a). One numpy row per element of `a`: the insertion chain
     d[j] = min(d[j], d[j-1] + 1) is a running minimum of d[k] - k, plus j."""
-    if len(a) < len(b):
-        a, b = b, a
-    if not b:
-        return len(a)
-    codes = {}
+    codes: dict = {}
     ai = np.array([codes.setdefault(x, len(codes)) for x in a], dtype=np.int64)
     bi = np.array([codes.setdefault(x, len(codes)) for x in b], dtype=np.int64)
     j = np.arange(len(b) + 1, dtype=np.int64)
     prev = j.copy()
+    yield prev
     for i, x in enumerate(ai, 1):
         cur = np.empty_like(prev)
         cur[0] = i
         cur[1:] = np.minimum(prev[1:] + 1, prev[:-1] + (bi != x))  # deletion, substitution / match
         cur = np.minimum.accumulate(cur - j) + j  # insertion chains
+        yield cur
         prev = cur
-    return int(prev[-1])
+
+
+def levenshtein(a: Sequence, b: Sequence) -> int:
+    """Edit distance (unit insert / delete / substitute), over the shorter sequence's rows."""
+    if len(a) < len(b):
+        a, b = b, a
+    if not b:
+        return len(a)
+    for row in edit_distance_rows(a, b):
+        pass
+    return int(row[-1])
 
 
 def collapse_ws(text: str) -> str:

@@ -307,8 +307,9 @@ def test_path_share_grows_with_the_path_lists_share(licence_prose, tmp_path, mon
 
     synth = write_synth(tmp_path / "synth", train=TextPool(prose=licence_prose, code=[["x = 1", "y = 2"]]))
     out = tmp_path / "share.json"
-    monkeypatch.setattr("sys.argv", ["ocria_tiny_path_share.py", "--synth", str(synth), "--shares", "0", "1",
-                                     "--pages", "3", "--out", str(out)])
+    f2u = "data.curriculum=[{until_page: 100000000, font_px: [20, 36], max_chars: [150, 1300], made_up_words: 0.25}]"
+    monkeypatch.setattr("sys.argv", ["ocria_tiny_path_share.py", "--synth", str(synth), "--train-set", f2u,
+                                     "--shares", "0", "1", "--pages", "3", "--out", str(out)])
     load_bench("ocria_tiny_path_share").main()
     share = json.loads(out.read_text())["paths_share_of_chars"]
     assert share["0.0"] < 0.2 < 0.5 < share["1.0"] <= 1.0, share
