@@ -219,10 +219,12 @@ def test_answer_length_quantiles_count_each_share_over_its_cap():
                  "share_over_447": 0.6, "share_over_640": 0.4}
 
 
-def test_arm_pick_stages_the_arm_that_reads_better(licence_prose, tmp_path):
-    """bench/ocria_tiny_arm_pick.py on one held-out page: of the shipped model and a copy with noise in its weights
-    (named first, so a tie or a reversed comparison would stage it), the shipped one is staged with its recipe, and
-    the stage holds that checkpoint's own files (a stale merged model.safetensors of the model folder is not used)."""
+@pytest.mark.parametrize("rule", ["teacher_forced", "free_cer"])
+def test_arm_pick_stages_the_arm_that_reads_better(licence_prose, tmp_path, rule):
+    """bench/ocria_tiny_arm_pick.py on one held-out page, by either rule: of the shipped model and a copy with noise in
+    its weights (named first, so a tie or a reversed comparison would stage it), the shipped one is staged with its
+    recipe, and the stage holds that checkpoint's own files (a stale merged model.safetensors of the model folder is
+    not used); a reference model is scored and never staged."""
     import shutil
 
     import torch
@@ -245,10 +247,13 @@ def test_arm_pick_stages_the_arm_that_reads_better(licence_prose, tmp_path):
     (noisy / "train_state.json").write_text("{}")
     out = tmp_path / "pick.json"
     assert pick.main(["--model-dir", str(shipped), "--arm", f"NOISY={noisy}", "--arm", f"SHIPPED={shipped}",
-                      "--config", str(config), "--synth", str(synth), "--heldout", "1", "--device", "cpu",
-                      "--stage", str(tmp_path / "stage"), "--out", str(out)]) == 0
+                      "--reference", f"AGAIN={shipped}", "--by", rule, "--max-new-tokens", "300",
+                      "--config", str(config), "--synth", str(synth), "--heldout", "1", "--heldout-from", "2",
+                      "--device", "cpu", "--stage", str(tmp_path / "stage"), "--out", str(out)]) == 0
     res = json.loads(out.read_text())
-    assert res["winner"] == "SHIPPED" and res["top1"]["NOISY"] < res["top1"]["SHIPPED"]
+    better = (lambda a, b: a > b) if rule == "teacher_forced" else (lambda a, b: a < b)
+    assert res["winner"] == "SHIPPED" and better(res[rule]["SHIPPED"], res[rule]["NOISY"])
+    assert res[rule]["AGAIN"] == res[rule]["SHIPPED"] and res["pages"] == [2, 2]
     assert (tmp_path / "stage" / "recipe").read_text().strip() == "SHIPPED"
     staged = tmp_path / "stage" / "ckpt"
     assert (staged / "model.safetensors").read_bytes() == (shipped / "model.safetensors").read_bytes()
