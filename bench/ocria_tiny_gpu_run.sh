@@ -120,6 +120,14 @@ case ${RECIPE:-D} in
          path_lists: 0.1,
          mix: {share: 0.2, font_px: [20, 36], max_chars: [8, 80], crop: true, strict_chars: true, made_up_words: 0.25}}]'
       RUN+=(--set image.target_longest_px=1536 --set image.max_pixels=2359296 --set "data.font_px=[20,36]") ;;
+  # F2UC: F2U with two columns on 80 % of the pages wide enough for them instead of 35 % (pipeline.synthetic.
+  # sample_style; the pages' sizes, margins and fonts stay F2U's). Two-column held-out pages read at 0.26 against 0.10,
+  # and it is misreading, not order: 44 % of their characters in lines read closely, one-column pages 82 %
+  # (ocria_tiny_s28_errors_by_block_ban64_c3.json). Share of two-column pages: ocria_tiny_s29_two_column_share.json
+  F2UC) CURR='data.curriculum=[{until_page: 100000000, font_px: [20, 36], max_chars: [150, 1300], made_up_words: 0.25,
+         two_columns: 0.8,
+         mix: {share: 0.2, font_px: [20, 36], max_chars: [8, 80], crop: true, strict_chars: true, made_up_words: 0.25}}]'
+      RUN+=(--set image.target_longest_px=1536 --set image.max_pixels=2359296 --set "data.font_px=[20,36]") ;;
   # F3: F2 with smaller and denser text for real pages: the corpus' median font is 17.4 px when the pipeline draws its
   # pages at 1,536 px, below F2's 20-36 (bench/results/ocria_tiny_s16_corpus_glyph_size.json), and its pages hold
   # 2-20 k characters, F2's at most 1,300. Fonts 16-36 px, up to 2,600 characters: answers of up to ~1,200 tokens
@@ -129,7 +137,7 @@ case ${RECIPE:-D} in
          mix: {share: 0.2, font_px: [16, 36], max_chars: [8, 80], crop: true, strict_chars: true}}]'
       RUN+=(--set image.target_longest_px=1536 --set image.max_pixels=2359296 --set "data.font_px=[16,36]"
         --set "data.max_chars=[150,2600]" --set data.max_answer_tokens=1280) ;;
-  *) echo "RECIPE must be D, E, F, F2, F2U, F2UL, F2UP, F3 or H" >&2; exit 2 ;;
+  *) echo "RECIPE must be D, E, F, F2, F2U, F2UC, F2UL, F2UP, F3 or H" >&2; exit 2 ;;
 esac
 status=0
 timeout ${TIMEOUT_S:-565} python3 -m jobs.train_tiny train --model-dir "$model" --out "$out/run" ${resume:+--resume "$resume"} \

@@ -72,7 +72,7 @@ def synth_config(cfg: dict, page_index: int | None = None, mix: bool = False):
 
 def settings_config(cfg: dict, d: dict):
     """SynthConfig of one set of page settings {font_px, max_chars[, crop, strict_chars, canvas_px, made_up_words,
-    path_lists]}."""
+    path_lists, two_columns]}."""
     from pipeline.synthetic import SynthConfig
 
     # canvas_px: lay the page out (and render it) on a larger canvas, so big glyphs fit long lines without wrapping;
@@ -87,6 +87,7 @@ def settings_config(cfg: dict, d: dict):
         strict_chars=bool(d.get("strict_chars", False)),
         made_up_words=float(d.get("made_up_words", 0.0)),
         path_lists=float(d.get("path_lists", 0.0)),
+        two_columns=float(d.get("two_columns", SynthConfig.two_columns)),
         # the text lines cost ~2 ms a page: only when the loss that reads them is on (evaluation configs may predate it)
         text_lines=cfg["train"].get("text_line_ctc_weight", 0.0) > 0,
     )
@@ -94,7 +95,7 @@ def settings_config(cfg: dict, d: dict):
 
 def curriculum_stage(cfg: dict, page_index: int) -> dict:
     """data.curriculum: stages [{until_page, font_px, max_chars[, crop, strict_chars, canvas_px, made_up_words,
-    path_lists, mix]}, ...] in order; pages past the last stage use data.font_px / data.max_chars. Keyed on the page
+    path_lists, two_columns, mix]}, ...] in order; pages past the last stage use data.font_px / data.max_chars. Keyed on the page
     index, so data-loader workers and resumed runs agree."""
     for stage in cfg["data"].get("curriculum") or []:
         if page_index < stage["until_page"]:

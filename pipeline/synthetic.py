@@ -380,16 +380,19 @@ def font_families(font_dir: Path | None) -> list[str]:
     return fams
 
 
-def sample_style(rng: random.Random, families: list[str], target_longest_px: int, font_px: tuple[float, float]) -> PageStyle:
+def sample_style(rng: random.Random, families: list[str], target_longest_px: int, font_px: tuple[float, float],
+                 two_columns: float = 0.35) -> PageStyle:
     """Page size, margins, columns and font. The font size is drawn in *rendered pixels* so text stays legible at the
-    model's resolution whatever the page size: pt = px * longest_pt / target_longest_px."""
+    model's resolution whatever the page size: pt = px * longest_pt / target_longest_px. Pages wide enough for two
+    columns of 35+ characters get two with probability `two_columns` (the draw is the same whatever the share, so
+    pages keep their size, margins and font when it changes)."""
     width = rng.uniform(280, 620)
     height = width * rng.uniform(1.2, 1.45)
     px = rng.uniform(*font_px)
     font_pt = px * height / target_longest_px
     margin = rng.uniform(0.04, 0.12) * width
     col_chars = (width - 2 * margin) / (0.5 * font_pt)
-    columns = 2 if col_chars > 70 and rng.random() < 0.35 else 1
+    columns = 2 if col_chars > 70 and rng.random() < two_columns else 1
     return PageStyle(width, height, margin, columns, rng.choice(families), font_pt, rng.random() < 0.6)
 
 
@@ -478,6 +481,7 @@ class SynthConfig:
     text_lines: bool = False  # also read where each text line lies (SyntheticPage.lines; ~2 ms a page)
     made_up_words: float = 0.0  # share of words (not in code) replaced by made-up ones (`made_up_word`; numbers stay)
     path_lists: float = 0.0  # share of paragraphs and list items replaced by file-path lists (`path_list`)
+    two_columns: float = 0.35  # share of the pages wide enough for two columns that get them (`sample_style`)
 
 
 @dataclass
@@ -494,7 +498,7 @@ class SyntheticPage:
 
 def make_page(seed: int, pool: TextPool, cfg: SynthConfig, font_dir: Path | None = None) -> SyntheticPage:
     rng = random.Random(seed)
-    style = sample_style(rng, font_families(font_dir), cfg.target_longest_px, cfg.font_px)
+    style = sample_style(rng, font_families(font_dir), cfg.target_longest_px, cfg.font_px, cfg.two_columns)
     col_w = (column_rects(style)[0].width) / (0.62 * style.font_pt)  # monospace chars per column line
     budget = rng.randint(*cfg.max_chars)
     blocks, used = [], 0

@@ -225,6 +225,37 @@ def test_path_lists_are_built_from_pool_words_and_still_match_the_text_layer(hel
     assert with_paths >= 4
 
 
+def test_two_columns_share_sets_how_many_wide_pages_get_two_columns(heldout_pool, cfg):
+    """A stage's `two_columns`: the share of pages wide enough for two columns that get them. The pages keep their
+    size, margins and font whatever the share (the same draw decides), so only the columns change; at 0 no page has
+    two, at 1 every wide page does, and the default is the 35 % the held-out pages are drawn with."""
+    import dataclasses
+
+    from pipeline.synthetic import font_families, sample_style
+
+    base = synth_config(cfg)
+    assert base.two_columns == 0.35
+    staged = load_config(CONFIG, [*SHIPPED_PAGES, "data.curriculum=[{until_page: 9, font_px: [20, 36], "
+                                  "max_chars: [150, 1300], two_columns: 0.8}]"])
+    assert synth_config(staged, 0) == dataclasses.replace(base, max_chars=(150, 1300), two_columns=0.8)
+    families = font_families(None)
+    seeds = random.Random().sample(range(10**6), 300)
+
+    def styles(share):
+        return [sample_style(random.Random(s), families, base.target_longest_px, base.font_px, share) for s in seeds]
+
+    by_share = {share: styles(share) for share in (0.0, 0.35, 0.8, 1.0)}
+    size = [(st.width_pt, st.height_pt, st.margin_pt, st.font_pt, st.family) for st in by_share[0.35]]
+    for share, sts in by_share.items():
+        assert [(st.width_pt, st.height_pt, st.margin_pt, st.font_pt, st.family) for st in sts] == size
+    two = {share: sum(st.columns == 2 for st in sts) for share, sts in by_share.items()}
+    assert two[0.0] == 0 < two[0.35] < two[0.8] <= two[1.0]
+    wide = two[1.0]
+    assert 0.2 * wide < two[0.35] < 0.5 * wide and 0.65 * wide < two[0.8] < 0.95 * wide, two
+    page = make_page(seeds[0], heldout_pool, dataclasses.replace(base, two_columns=1.0))
+    assert page.style.columns == by_share[1.0][0].columns
+
+
 def test_ink_box_is_the_ink_bounding_box_plus_padding():
     """Ink in any one channel counts; the box is padded by `pad` and clipped at the edges; a blank page has none."""
     from pipeline.synthetic import ink_box
