@@ -85,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--heldout", type=int, default=48)
     ap.add_argument("--heldout-from", type=int, default=0, help="the first held-out page's number")
     ap.add_argument("--by", choices=sorted(RULES), default="teacher_forced")
-    ap.add_argument("--reference", action="append", default=[], help="NAME=MODEL_DIR scored beside the arms, not staged")
+    ap.add_argument("--reference", action="append", default=[],
+                    help="NAME=MODEL_DIR scored beside the arms, never staged")
     ap.add_argument("--max-new-tokens", type=int, default=1024, help="free_cer: as jobs.eval_ocr")
     ap.add_argument("--loop-drop-tokens", type=int, default=64, help="free_cer: with the loop's next token banned")
     ap.add_argument("--device", default="cuda")

@@ -198,7 +198,8 @@ def test_path_lists_are_built_from_pool_words_and_still_match_the_text_layer(hel
             for part in [*dirs, stem]:
                 assert 1 <= len(part) <= 18 and part[-1] not in "_-", part  # half of a 37-character line
                 # pool words, or "src" where the words drawn had no letter or digit (_path_part's fallback)
-                assert part == "src" or all(any(bit in piece for piece in pieces) for bit in re.split(r"[_-]", part)), part
+                bits = re.split(r"[_-]", part)
+                assert part == "src" or all(any(bit in piece for piece in pieces) for bit in bits), part
     para, bullets = Block("paragraph", ("some words",)), Block("bullets", ("one", "two", "three"))
     code, heading = Block("code", ("x = 1",)), Block("heading", ("Title",), level=2)
     for b in (para, bullets, code, heading):
