@@ -50,7 +50,27 @@ def load_config(path: Path, overrides: list[str]) -> dict:
         if isinstance(node[leaf], float) and isinstance(parsed, str):
             parsed = float(parsed)  # YAML 1.1 reads "1e-3" (no dot) as a string
         node[leaf] = parsed
+    check_curriculum(cfg["data"].get("curriculum") or [])
     return cfg
+
+
+PAGE_SETTINGS = {"font_px", "max_chars", "crop", "strict_chars", "canvas_px", "made_up_words", "path_lists",
+                 "two_columns"}
+
+
+def check_curriculum(stages: list[dict]) -> None:
+    """A stage's keys are page settings (settings_config), until_page and mix (page settings and a share): a
+    misspelt key would otherwise be ignored and the run would train on the pages it meant to change."""
+    for i, stage in enumerate(stages):
+        for where, keys, known in ((f"stage {i}", set(stage), PAGE_SETTINGS | {"until_page", "mix"}),
+                                   (f"stage {i}'s mix", set(stage.get("mix") or {}), PAGE_SETTINGS | {"share"})):
+            if keys - known:
+                raise ValueError(f"data.curriculum {where}: unknown key(s) {sorted(keys - known)}; "
+                                 f"known: {sorted(known)}")
+        if not {"until_page", "font_px", "max_chars"} <= set(stage):
+            raise ValueError(f"data.curriculum stage {i}: needs until_page, font_px and max_chars")
+        if stage.get("mix") and not {"share", "font_px", "max_chars"} <= set(stage["mix"]):
+            raise ValueError(f"data.curriculum stage {i}'s mix: needs share, font_px and max_chars")
 
 
 def mixed_in(page_index: int, share: float) -> bool:
@@ -95,8 +115,8 @@ def settings_config(cfg: dict, d: dict):
 
 def curriculum_stage(cfg: dict, page_index: int) -> dict:
     """data.curriculum: stages [{until_page, font_px, max_chars[, crop, strict_chars, canvas_px, made_up_words,
-    path_lists, two_columns, mix]}, ...] in order; pages past the last stage use data.font_px / data.max_chars. Keyed on the page
-    index, so data-loader workers and resumed runs agree."""
+    path_lists, two_columns, mix]}, ...] in order; pages past the last stage use data.font_px / data.max_chars. Keyed
+    on the page index, so data-loader workers and resumed runs agree."""
     for stage in cfg["data"].get("curriculum") or []:
         if page_index < stage["until_page"]:
             return stage

@@ -1,0 +1,56 @@
+"""bench/ocria_tiny_gpu_run.sh's recipes: each one's curriculum and settings load as a training config and give the
+page settings of its stages, so a typo fails here and not on the rented GPU; a misspelt or missing stage key fails
+when the config loads."""
+import re
+from pathlib import Path
+
+import pytest
+
+from jobs.train_tiny import curriculum_stage, load_config, synth_config
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = (ROOT / "bench" / "ocria_tiny_gpu_run.sh").read_text()
+RECIPE = re.compile(r"^  (\w+)\) CURR='(data\.curriculum=.*?)'(.*?);;", re.S | re.M)
+
+
+def recipes() -> dict[str, tuple[str, list[str]]]:
+    out = {}
+    for name, curr, rest in RECIPE.findall(SCRIPT):
+        sets = re.findall(r'--set "?([\w.]+=[^"\s]+)"?', rest)
+        out[name] = (" ".join(curr.split()), sets)
+    return out
+
+
+def test_every_recipe_the_script_names_is_found():
+    named = re.search(r'RECIPE must be ([^"]+)"', SCRIPT).group(1).replace(" or ", ", ").split(", ")
+    assert sorted(recipes()) == sorted(named)
+
+
+@pytest.mark.parametrize("name", sorted(recipes()))
+def test_recipe_loads_as_a_curriculum(name):
+    curr, sets = recipes()[name]
+    cfg = load_config(ROOT / "configs" / "train_tiny.yaml", [*sets, curr])
+    stages = cfg["data"]["curriculum"]
+    assert stages and all("until_page" in s for s in stages)
+    for stage in stages:
+        first = 0 if stage is stages[0] else stages[stages.index(stage) - 1]["until_page"]
+        assert curriculum_stage(cfg, first) == stage
+        page = synth_config(cfg, first)
+        assert page.font_px == tuple(stage["font_px"]) and page.max_chars == tuple(stage["max_chars"])
+        for key in ("made_up_words", "path_lists", "two_columns"):
+            if key in stage:
+                assert getattr(page, key) == stage[key]
+
+
+@pytest.mark.parametrize("stage, message", [
+    ("{until_page: 9, font_px: [20, 36], max_chars: [150, 1300], made_up_wrds: 0.5}",
+     "unknown key(s) ['made_up_wrds']"),
+    ("{until_page: 9, font_px: [20, 36], max_chars: [150, 1300], mix: {share: 0.2, font_px: [20, 36], "
+     "max_chars: [8, 80], cropp: true}}", "stage 0's mix: unknown key(s) ['cropp']"),
+    ("{font_px: [20, 36], max_chars: [150, 1300]}", "needs until_page, font_px and max_chars"),
+    ("{until_page: 9, font_px: [20, 36], max_chars: [150, 1300], mix: {font_px: [20, 36], max_chars: [8, 80]}}",
+     "mix: needs share"),
+])
+def test_a_misspelt_or_missing_stage_key_fails_when_the_config_loads(stage, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        load_config(ROOT / "configs" / "train_tiny.yaml", [f"data.curriculum=[{stage}]"])
