@@ -297,6 +297,14 @@ def heldout_pages(n: int, cfg: dict, synth: Path, page_index: int | None = None,
     return pages
 
 
+def pymupdf_version() -> str:
+    """The PyMuPDF that drew the pages: versions lay the same page out with more or less text (1.26.7 on the GPU
+    machine and 2.0 here differ on 2 of 96 held-out pages, session 29), so references match only within one."""
+    import pymupdf
+
+    return pymupdf.__version__
+
+
 def pool_fingerprint(synth: Path) -> dict:
     """Which held-out pool drew the pages: its size and a hash of its file (written byte-stable, gzip mtime 0).
     The pool is collected from the machine's licences and numpy's code, so another machine image can give other
@@ -454,7 +462,7 @@ def main(argv: list[str] | None = None) -> int:
               "model": str(args.model), "reader": args.reader, "num_beams": args.num_beams,
               "loop_stop_tokens": args.loop_stop_tokens, "loop_drop_tokens": args.loop_drop_tokens,
               "loop_ban_next": args.loop_ban_next,
-              "tesseract": use_tess}
+              "tesseract": use_tess, "pymupdf": pymupdf_version()}
     if args.heldout:
         pages = heldout_pages(args.heldout, cfg, args.synth, first=args.heldout_from)
         result["heldout_synthetic"] = evaluate(pages, reader, use_tess, args.batch, args.max_new_tokens)

@@ -421,7 +421,9 @@ def test_eval_job_runs_at_the_models_page_size_and_refuses_another(heldout_pool,
     common = ["--model", str(MODEL), "--synth", str(tmp_path), "--heldout", "1", "--corpus-pages", "0",
               "--no-tesseract", "--max-new-tokens", "8"]
     assert main([*common, "--config", str(shipped), "--out", str(tmp_path / "eval.json")]) == 0
-    result = json.loads((tmp_path / "eval.json").read_text())["heldout_synthetic"]
+    saved = json.loads((tmp_path / "eval.json").read_text())
+    assert saved["pymupdf"] == pymupdf.__version__  # which layout drew the references
+    result = saved["heldout_synthetic"]
     assert result["model_text"]["pages"] == 1 and max(result["per_page"][0]["size"]) == 1536
     with pytest.raises(SystemExit, match="ocria_tiny_eval_full_pages_1536_config.yaml"):
         main([*common, "--config", str(CONFIG)])

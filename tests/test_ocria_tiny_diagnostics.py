@@ -318,3 +318,30 @@ def test_path_share_grows_with_the_path_lists_share(licence_prose, tmp_path, mon
     load_bench("ocria_tiny_path_share").main()
     share = json.loads(out.read_text())["paths_share_of_chars"]
     assert share["0.0"] < 0.2 < 0.5 < share["1.0"] <= 1.0, share
+
+
+def test_errors_by_block_leaves_out_pages_drawn_otherwise_where_they_were_scored(by_block, licence_prose, tmp_path,
+                                                                                   monkeypatch):
+    """A saved answer whose page held another amount of text where it was scored (another PyMuPDF) is left out and
+    listed, not aligned with this machine's page; the others are charged as usual."""
+    from jobs.eval_ocr import heldout_pages
+    from jobs.train_tiny import load_config
+    from pipeline.synthetic import TextPool
+
+    synth = write_synth(tmp_path / "synth", heldout=TextPool(prose=licence_prose, code=[]),
+                        train=TextPool(prose=licence_prose[::2], code=[]))
+    config = shipped_pages_config(tmp_path)
+    pages = heldout_pages(2, load_config(config, []), synth, first=1)
+    saved = [{"page": p.name, "model_output": p.reference_md, "model_text": {"ref_chars": len(p.reference_text)}}
+             for p in pages]
+    saved[1]["model_text"]["ref_chars"] += 7
+    result = tmp_path / "eval.json"
+    result.write_text(json.dumps({"heldout_synthetic": {"per_page": saved}}))
+    out = tmp_path / "by_block.json"
+    monkeypatch.setattr("sys.argv", ["ocria_tiny_errors_by_block.py", "--eval", f"{result}:1", "--config", str(config),
+                                     "--synth", str(synth), "--out", str(out)])
+    by_block.main()
+    res = json.loads(out.read_text())
+    assert res["pages_left_out"] == [{"page": pages[1].name, "ref_chars_scored": len(pages[1].reference_text) + 7,
+                                      "ref_chars_here": len(pages[1].reference_text)}]
+    assert [p["page"] for p in res["per_page"]] == [pages[0].name] and res["all"]["cer"] == 0.0
