@@ -112,5 +112,6 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(result))
     return 0
 
+
 if __name__ == "__main__":
     raise SystemExit(main())

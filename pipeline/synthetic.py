@@ -381,7 +381,7 @@ def font_families(font_dir: Path | None) -> list[str]:
 
 
 def sample_style(rng: random.Random, families: list[str], target_longest_px: int, font_px: tuple[float, float],
-                 two_columns: float = 0.35) -> PageStyle:
+                 two_columns: float) -> PageStyle:
     """Page size, margins, columns and font. The font size is drawn in *rendered pixels* so text stays legible at the
     model's resolution whatever the page size: pt = px * longest_pt / target_longest_px. Pages wide enough for two
     columns of 35+ characters get two with probability `two_columns` (the draw is the same whatever the share, so
