@@ -224,7 +224,7 @@ def test_arm_pick_stages_the_arm_that_reads_better(licence_prose, tmp_path, rule
     """bench/ocria_tiny_arm_pick.py on one held-out page, by either rule: of the shipped model and a copy with noise in
     its weights (named first, so a tie or a reversed comparison would stage it), the shipped one is staged with its
     recipe, and the stage holds that checkpoint's own files (a stale merged model.safetensors of the model folder is
-    not used); a reference model is scored and never staged."""
+    not used); a reference model is scored like an arm and never staged."""
     import shutil
 
     import torch
@@ -246,14 +246,18 @@ def test_arm_pick_stages_the_arm_that_reads_better(licence_prose, tmp_path, rule
     save_file({k: v.to(torch.bfloat16) for k, v in weights.items()}, noisy / "model.safetensors")
     (noisy / "train_state.json").write_text("{}")
     out = tmp_path / "pick.json"
+    # a reference is scored by the same code as the arms: one rule checks it (a free-running read costs ~10 s here)
+    reference = ["--reference", f"AGAIN={shipped}"] if rule == "teacher_forced" else []
     assert pick.main(["--model-dir", str(shipped), "--arm", f"NOISY={noisy}", "--arm", f"SHIPPED={shipped}",
-                      "--reference", f"AGAIN={shipped}", "--by", rule, "--max-new-tokens", "300",
+                      *reference, "--by", rule, "--max-new-tokens", "160",
                       "--config", str(config), "--synth", str(synth), "--heldout", "1", "--heldout-from", "2",
                       "--device", "cpu", "--stage", str(tmp_path / "stage"), "--out", str(out)]) == 0
     res = json.loads(out.read_text())
     better = (lambda a, b: a > b) if rule == "teacher_forced" else (lambda a, b: a < b)
     assert res["winner"] == "SHIPPED" and better(res[rule]["SHIPPED"], res[rule]["NOISY"])
-    assert res[rule]["AGAIN"] == res[rule]["SHIPPED"] and res["pages"] == [2, 2]
+    assert res["pages"] == [2, 2] and set(res[rule]) == {"NOISY", "SHIPPED"} | ({"AGAIN"} if reference else set())
+    if reference:
+        assert res[rule]["AGAIN"] == res[rule]["SHIPPED"]
     assert (tmp_path / "stage" / "recipe").read_text().strip() == "SHIPPED"
     staged = tmp_path / "stage" / "ckpt"
     assert (staged / "model.safetensors").read_bytes() == (shipped / "model.safetensors").read_bytes()
