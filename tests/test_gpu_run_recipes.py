@@ -32,8 +32,8 @@ def test_recipe_loads_as_a_curriculum(name):
     cfg = load_config(ROOT / "configs" / "train_tiny.yaml", [*sets, curr])
     stages = cfg["data"]["curriculum"]
     assert stages and all("until_page" in s for s in stages)
-    for stage in stages:
-        first = 0 if stage is stages[0] else stages[stages.index(stage) - 1]["until_page"]
+    for i, stage in enumerate(stages):
+        first = stages[i - 1]["until_page"] if i else 0
         assert curriculum_stage(cfg, first) == stage
         page = synth_config(cfg, first)
         assert page.font_px == tuple(stage["font_px"]) and page.max_chars == tuple(stage["max_chars"])

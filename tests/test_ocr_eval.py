@@ -246,10 +246,12 @@ def test_two_columns_share_sets_how_many_wide_pages_get_two_columns(heldout_pool
     def styles(share):
         return [sample_style(random.Random(s), families, base.target_longest_px, base.font_px, share) for s in seeds]
 
+    def layouts(sts):
+        return [(st.width_pt, st.height_pt, st.margin_pt, st.font_pt, st.family) for st in sts]
+
     by_share = {share: styles(share) for share in (0.0, 0.35, 0.8, 1.0)}
-    size = [(st.width_pt, st.height_pt, st.margin_pt, st.font_pt, st.family) for st in by_share[0.35]]
     for share, sts in by_share.items():
-        assert [(st.width_pt, st.height_pt, st.margin_pt, st.font_pt, st.family) for st in sts] == size
+        assert layouts(sts) == layouts(by_share[0.35])
     two = {share: sum(st.columns == 2 for st in sts) for share, sts in by_share.items()}
     assert two[0.0] == 0 < two[0.35] < two[0.8] <= two[1.0]
     wide = two[1.0]
