@@ -41,6 +41,8 @@
 # LR sets train.lr, the schedule's peak (default 1e-3). The schedule follows wall-clock time from the run's start, so
 #   a long run resumed with a larger TOTAL_S restarts near the cosine's tail: LR scales that tail instead (session 20:
 #   the shipped model grown by 2 blocks at 8,625 s, LR=3e-3 TOTAL_S=9800 gives 2.5e-4 -> 1.5e-4 over two 470 s runs).
+# WARMUP=N sets train.warmup_steps (default 100): every run, a resumed one too, ramps its learning rate up over its
+#   first N steps, since a resumed run starts a fresh AdamW (its moments are not saved).
 # EVAL_PAGES=0 skips the end-of-run evaluation; KEEP_STAGE=1 leaves /tmp/stage/ckpt as it was (A/B arms from one start:
 #   bench/ocria_tiny_gdn_ab.sh); SAVE_AS=DIR also keeps the whole checkpoint at DIR on the machine (an A/B arm that a
 #   later call may continue: its files come back without the state a resume needs).
@@ -62,7 +64,7 @@ elif [ ! -d /tmp/site_train/pymupdf ]; then
 fi
 export PYTHONPATH=/tmp/site_train PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 RUN=(--set image.image_mean=1.0 --set model.text.partial_rotary_factor=1.0 --set "model.text.mrope_section=[11,11,10]"
-  --set train.batch_size=${BATCH:-64} --set train.lr=${LR:-1e-3} --set train.warmup_steps=100 --set train.total_train_s=${TOTAL_S:-1350}
+  --set train.batch_size=${BATCH:-64} --set train.lr=${LR:-1e-3} --set train.warmup_steps=${WARMUP:-100} --set train.total_train_s=${TOTAL_S:-1350}
   --set train.run_train_s=${RUN_S:-450} --set train.ctc_weight=1.0 --set train.ctc_subframes=6 --set train.num_workers=14
   --set train.image_check_every=100 --set train.eval_pages=${EVAL_PAGES:-16} ${VISION_ATTENTION:+--set train.vision_attention=$VISION_ATTENTION}
   ${TEXT_LINE_CTC:+--set train.text_line_ctc_weight=$TEXT_LINE_CTC --set train.text_line_ctc_head_steps=80

@@ -771,3 +771,19 @@ def test_answer_token_noise_reaches_the_training_loss(pool, tmp_path):
     with pytest.raises(ValueError, match="answer_token_noise"):
         train(load_config(CONFIG, ["train.answer_token_noise=1.0"]), tmp_path / "no_synth", tmp_path / "no_model",
               tmp_path / "out", None, "cpu")
+
+
+def test_every_run_warms_up_a_resumed_one_too(pool, tmp_path):
+    """The optimizer's moments are not saved, so a resumed run starts a fresh AdamW: its first steps ramp up to the
+    schedule's rate as a new run's do, instead of taking full-sized steps from the resumed step on."""
+    from jobs.train_tiny import lr_at, train
+
+    cfg, synth, model_dir = _mini_training_setup(pool, tmp_path, [
+        "train.warmup_steps=4", "train.max_run_steps=2", "train.total_train_s=1000000", "train.run_train_s=600",
+        "train.image_check_every=0", "train.log_every=1", "train.eval_pages=0"])
+    train(cfg, synth, model_dir, tmp_path / "run1", None, "cpu")
+    train(cfg, synth, model_dir, tmp_path / "run2", tmp_path / "run1" / "ckpt", "cpu")
+    log = [json.loads(x) for x in (tmp_path / "run2" / "ckpt" / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [1, 2, 3, 4]
+    for r, ramp in zip(log, (1 / 4, 2 / 4, 1 / 4, 2 / 4)):  # steps 3 and 4 begin the resumed run
+        assert r["lr"] == pytest.approx(lr_at(r["elapsed_s"], cfg["train"]) * ramp, rel=1e-6), log
