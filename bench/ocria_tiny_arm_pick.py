@@ -45,6 +45,16 @@ def best_arm(scores: dict[str, float], higher_is_better: bool) -> str:
     return max(scores, key=lambda name: sign * scores[name])
 
 
+def stage_checkpoint(checkpoint: Path, stage: Path) -> Path:
+    """Copy the winner's checkpoint to the stage, unless it is the stage itself (an arm scored where it was trained,
+    `--arm NAME=/tmp/stage/ckpt`: session 31's pick deleted it before copying)."""
+    if stage.exists() and checkpoint.resolve() == stage.resolve():
+        return stage
+    shutil.rmtree(stage, ignore_errors=True)
+    shutil.copytree(checkpoint, stage)
+    return stage
+
+
 def teacher_forced_top1(models: dict[str, Path], args) -> tuple[dict[str, float], list[str]]:
     from bench import ocria_tiny_teacher_forced as teacher_forced
 
@@ -101,9 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     score, higher_is_better = RULES[args.by]
     scores, files = score(models | {name: Path(m) for name, m in references.items()}, args)
     winner = best_arm({name: scores[name] for name in arms}, higher_is_better)
-    stage = args.stage / "ckpt"
-    shutil.rmtree(stage, ignore_errors=True)
-    shutil.copytree(arms[winner], stage)
+    stage = stage_checkpoint(Path(arms[winner]), args.stage / "ckpt")
     (args.stage / "recipe").write_text(winner + "\n")
     result = {"arms": arms, "references": references, "by": args.by,
               "pages": [args.heldout_from, args.heldout_from + args.heldout - 1], args.by: scores, "winner": winner,

@@ -268,6 +268,19 @@ def test_arm_pick_stages_the_arm_that_reads_better(licence_prose, tmp_path, rule
     assert not (tmp_path / "stage" / "score_NOISY" / "train_state.json").exists()
 
 
+def test_arm_pick_stages_a_copy_and_keeps_an_arm_that_is_the_stage(tmp_path):
+    pick = load_bench("ocria_tiny_arm_pick")
+    arm, stage = tmp_path / "arm", tmp_path / "stage" / "ckpt"
+    for d, text in ((arm, "arm"), (stage, "old")):
+        d.mkdir(parents=True)
+        (d / "model.safetensors").write_text(text)
+    assert pick.stage_checkpoint(arm, stage) == stage
+    assert (stage / "model.safetensors").read_text() == "arm" and (arm / "model.safetensors").exists()
+    (stage / "model.safetensors").write_text("trained in place")
+    assert pick.stage_checkpoint(tmp_path / "stage" / ".." / "stage" / "ckpt", stage) == stage
+    assert (stage / "model.safetensors").read_text() == "trained in place"
+
+
 @pytest.fixture(scope="module")
 def by_block():
     return load_bench("ocria_tiny_errors_by_block")
