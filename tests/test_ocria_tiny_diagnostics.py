@@ -281,6 +281,48 @@ def test_arm_pick_stages_a_copy_and_keeps_an_arm_that_is_the_stage(tmp_path):
     assert (stage / "model.safetensors").read_text() == "trained in place"
 
 
+def test_pool_coverage_counts_word_occurrences_and_takes_docstrings_outside_numpy_and_tests(tmp_path):
+    cov = load_bench("ocria_tiny_pool_coverage")
+    assert cov.coverage(["deed", "grant", "deed"], {"deed"}) == pytest.approx(2 / 3)
+    said = {name: f"{name} says this in six or more words." for name in ("pkg", "test", "numpy", "known", "f")}
+    modules = {"pkg/mod.py": said["pkg"], "pkg/tests/test_mod.py": said["test"], "numpy/core.py": said["numpy"],
+               "other.py": said["known"]}
+    for rel, doc in modules.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(f'"""{doc}"""\n\ndef f():\n    """{said["f"]}"""\n')
+    found, chars = cov.site_docstrings(tmp_path, known={said["known"]})
+    assert found == [said["f"], said["pkg"]]  # other.py's f first: sorted paths; f's docstring once
+    assert set(chars) == {"pkg", "other.py"} and chars["pkg"] == len(said["pkg"] + said["f"])
+
+
+def test_paired_cer_pools_edits_over_characters_and_bootstraps_the_pages_together(tmp_path):
+    paired = load_bench("ocria_tiny_paired_cer")
+
+    def eval_file(name, cers, chars, first=0):
+        rows = [{"page": f"heldout_{first + i:04d}", "model_text": {"cer": c, "ref_chars": n}}
+                for i, (c, n) in enumerate(zip(cers, chars))]
+        (tmp_path / name).write_text(json.dumps({"heldout_synthetic": {"per_page": rows}}))
+        return tmp_path / name
+
+    chars = [100, 300, 200, 400, 150, 250, 350]
+    cers_a = [0.10, 0.20, 0.05, 0.10, 0.30, 0.10, 0.15]
+    a = eval_file("a.json", cers_a, chars)
+    b = eval_file("b.json", [0.05, 0.10, 0.04, 0.08, 0.20, 0.05, 0.90], chars)  # better on 6, one page runs on
+    res = paired.compare(paired.page_errors([a]), paired.page_errors([b]), draws=500, seed=3)
+    assert res["pooled"]["a"] == pytest.approx(sum(c * n for c, n in zip(cers_a, chars)) / sum(chars), abs=1e-4)
+    assert (res["pages_b_better"], res["pages_b_worse"]) == (6, 1)
+    assert res["median_page"] == {"a": 0.1, "b": 0.08}
+    assert res["largest_losses"][0] == "heldout_0006 0.150 -> 0.900"
+    lo, hi = res["bootstrap_90pct"]
+    assert lo <= res["difference_b_minus_a"] <= hi and lo < 0 < hi  # one run-on page makes the sign uncertain
+    assert 0 < res["share_of_draws_b_better"] < 1
+    # the same pages read from two files per side (two processes' halves) give the same errors
+    halves = [eval_file("a0.json", cers_a[:4], chars[:4]), eval_file("a1.json", cers_a[4:], chars[4:], first=4)]
+    assert paired.page_errors(halves) == paired.page_errors([a])
+    with pytest.raises(ValueError, match="different pages"):
+        paired.compare(paired.page_errors([a]), paired.page_errors(halves[:1]))
+
+
 @pytest.fixture(scope="module")
 def by_block():
     return load_bench("ocria_tiny_errors_by_block")

@@ -1,0 +1,87 @@
+"""Two models read the same held-out pages: their pooled CERs, page by page, and how sure the difference is.
+
+Each side is one or more `jobs.eval_ocr` outputs (their `heldout_synthetic.per_page`), e.g. the two halves of pages
+96-191. The pooled CER sums the edits of all pages over their reference characters, so a few pages that run on or
+fall apart decide much of it: the report gives the median page and the pages that moved most beside it, and a
+bootstrap over pages (both models resampled together, pages drawn with replacement) for the difference's interval.
+
+  python bench/ocria_tiny_paired_cer.py \\
+      --a bench/results/ocria_tiny_s28_eval_native_ban64_c3_pages{96-143,144-191}_1536.json \\
+      --b bench/results/ocria_tiny_s31_eval_native_ban64_c3_pages{96-143,144-191}_1536.json \\
+      --out bench/results/ocria_tiny_s31_paired_c3_pages96-191.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+from pathlib import Path
+
+
+def page_errors(files: list[Path]) -> dict[str, tuple[float, int]]:
+    """page -> (edits, reference characters) of the plain-text CER, over all `files`."""
+    out = {}
+    for f in files:
+        for p in json.loads(f.read_text())["heldout_synthetic"]["per_page"]:
+            m = p["model_text"]
+            out[p["page"]] = (m["cer"] * m["ref_chars"], m["ref_chars"])
+    return out
+
+
+def pooled(errors: dict[str, tuple[float, int]], pages: list[str]) -> float:
+    return sum(errors[p][0] for p in pages) / sum(errors[p][1] for p in pages)
+
+
+def bootstrap_difference(a: dict, b: dict, pages: list[str], draws: int, seed: int) -> list[float]:
+    """pooled(b) - pooled(a) on `draws` resamplings of the pages, sorted."""
+    rng = random.Random(seed)
+    diffs = []
+    for _ in range(draws):
+        sample = [pages[rng.randrange(len(pages))] for _ in pages]
+        diffs.append(pooled(b, sample) - pooled(a, sample))
+    return sorted(diffs)
+
+
+def compare(a: dict, b: dict, draws: int = 2000, seed: int = 0, moved: int = 4) -> dict:
+    if set(a) != set(b):
+        raise ValueError(f"the two sides read different pages: {sorted(set(a) ^ set(b))[:5]} ...")
+    pages = sorted(a)
+    cer = {side: {p: e[p][0] / e[p][1] for p in pages} for side, e in (("a", a), ("b", b))}
+    diffs = bootstrap_difference(a, b, pages, draws, seed)
+    change = sorted(pages, key=lambda p: cer["b"][p] - cer["a"][p])
+    return {
+        "pages": len(pages),
+        "pooled": {"a": round(pooled(a, pages), 4), "b": round(pooled(b, pages), 4)},
+        "difference_b_minus_a": round(pooled(b, pages) - pooled(a, pages), 4),
+        "bootstrap_90pct": [round(diffs[int(0.05 * draws)], 4), round(diffs[int(0.95 * draws) - 1], 4)],
+        "share_of_draws_b_better": round(sum(d < 0 for d in diffs) / draws, 3),
+        "median_page": {"a": round(statistics.median(cer["a"].values()), 4),
+                        "b": round(statistics.median(cer["b"].values()), 4)},
+        "pages_b_better": sum(cer["b"][p] < cer["a"][p] for p in pages),
+        "pages_b_worse": sum(cer["b"][p] > cer["a"][p] for p in pages),
+        "largest_gains": [f"{p} {cer['a'][p]:.3f} -> {cer['b'][p]:.3f}" for p in change[:moved]],
+        "largest_losses": [f"{p} {cer['a'][p]:.3f} -> {cer['b'][p]:.3f}" for p in change[::-1][:moved]],
+        "bootstrap": {"draws": draws, "seed": seed},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--a", type=Path, nargs="+", required=True, help="eval_ocr outputs of model A (the reference)")
+    ap.add_argument("--b", type=Path, nargs="+", required=True, help="eval_ocr outputs of model B, the same pages")
+    ap.add_argument("--draws", type=int, default=2000)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args(argv)
+    result = {"a": [str(f) for f in args.a], "b": [str(f) for f in args.b]}
+    result |= compare(page_errors(args.a), page_errors(args.b), args.draws, args.seed)
+    text = json.dumps(result, indent=1) + "\n"
+    if args.out:
+        args.out.write_text(text)
+    print(text, end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
