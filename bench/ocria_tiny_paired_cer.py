@@ -2,8 +2,8 @@
 
 Each side is one or more `jobs.eval_ocr` outputs (their `heldout_synthetic.per_page`), e.g. the two halves of pages
 96-191. The pooled CER sums the edits of all pages over their reference characters, so a few pages that run on or
-fall apart decide much of it: the report gives the median page and the pages that moved most beside it, and a
-bootstrap over pages (both models resampled together, pages drawn with replacement) for the difference's interval.
+fall apart decide much of it: the report gives the median page, the pages that moved most and the pages that ran on
+beside it, and a bootstrap over pages (both models resampled together, pages drawn with replacement) for the difference's interval.
 
   python bench/ocria_tiny_paired_cer.py \\
       --a bench/results/ocria_tiny_s28_eval_native_ban64_c3_pages{96-143,144-191}_1536.json \\
@@ -27,6 +27,16 @@ def page_errors(files: list[Path]) -> dict[str, tuple[float, int]]:
             m = p["model_text"]
             out[p["page"]] = (m["cer"] * m["ref_chars"], m["ref_chars"])
     return out
+
+
+def run_on_pages(files: list[Path], ratio: float = 1.25) -> dict:
+    """Pages whose answer is over `ratio` times its reference markdown's length (a run into loops or into text the
+    page does not hold), and their share of all the edits."""
+    rows = [p for f in files for p in json.loads(f.read_text())["heldout_synthetic"]["per_page"]]
+    edits = {p["page"]: p["model_text"]["cer"] * p["model_text"]["ref_chars"] for p in rows}
+    long = sorted(p["page"] for p in rows if len(p["model_output"]) > ratio * p["model_md"]["ref_chars"])
+    return {"ratio": ratio, "pages": long,
+            "share_of_edits": round(sum(edits[p] for p in long) / max(1e-9, sum(edits.values())), 3)}
 
 
 def pooled(errors: dict[str, tuple[float, int]], pages: list[str]) -> float:
@@ -76,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     result = {"a": [str(f) for f in args.a], "b": [str(f) for f in args.b]}
     result |= compare(page_errors(args.a), page_errors(args.b), args.draws, args.seed)
+    result["run_on"] = {"a": run_on_pages(args.a), "b": run_on_pages(args.b)}
     text = json.dumps(result, indent=1) + "\n"
     if args.out:
         args.out.write_text(text)

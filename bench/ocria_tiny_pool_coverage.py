@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -34,6 +35,24 @@ def pool_words(pool: TextPool, with_code: bool = True) -> list[str]:
 def coverage(words: list[str], vocabulary: set[str]) -> float:
     """The share of `words` (occurrences, not distinct words) that `vocabulary` holds."""
     return sum(w in vocabulary for w in words) / max(1, len(words))
+
+
+def word_kind(word: str) -> str:
+    """A rough class of a word: what kind of text a reader must take from the glyphs when no pool holds it."""
+    if "@" in word:
+        return "address"
+    if "/" in word or "\\" in word or "_" in word or re.search(r"\.[A-Za-z]", word):
+        return "path_or_identifier"
+    if re.search(r"\d", word):
+        return "has_digit"
+    return "capitalised" if word[:1].isupper() else "lower_case"
+
+
+def unseen_kinds(words: list[str], vocabulary: set[str]) -> dict[str, float]:
+    """The share of each word_kind among the occurrences of `words` that `vocabulary` lacks."""
+    kinds = collections.Counter(word_kind(w) for w in words if w not in vocabulary)
+    total = max(1, sum(kinds.values()))
+    return {k: round(n / total, 3) for k, n in kinds.most_common()}
 
 
 def site_docstrings(site: Path, known: set[str]) -> tuple[list[str], collections.Counter]:
@@ -66,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "heldout_prose_words": len(heldout_words),
         "train_pool": {"paragraphs": len(train.prose), "chars": sum(map(len, train.prose)),
-                       "vocabulary": len(vocabulary), "heldout_coverage": round(coverage(heldout_words, vocabulary), 4)},
+                       "vocabulary": len(vocabulary), "heldout_coverage": round(coverage(heldout_words, vocabulary), 4),
+                       "heldout_words_missing_by_kind": unseen_kinds(heldout_words, vocabulary)},
         "site_docstrings": {"paragraphs": len(extra), "chars": sum(map(len, extra)),
                             "top_packages_chars": dict(chars.most_common(10))},
         "train_pool_with_site_docstrings": {"vocabulary": len(broader),

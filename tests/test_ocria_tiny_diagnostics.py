@@ -284,6 +284,9 @@ def test_arm_pick_stages_a_copy_and_keeps_an_arm_that_is_the_stage(tmp_path):
 def test_pool_coverage_counts_word_occurrences_and_takes_docstrings_outside_numpy_and_tests(tmp_path):
     cov = load_bench("ocria_tiny_pool_coverage")
     assert cov.coverage(["deed", "grant", "deed"], {"deed"}) == pytest.approx(2 / 3)
+    words = ["deed", "usr/share/doc", "a@b.org", "GPL-2.0", "1998", "Joyent", "grant", "numpy.linalg"]
+    assert cov.unseen_kinds(words, {"deed"}) == {"path_or_identifier": 0.286, "has_digit": 0.286, "address": 0.143,
+                                                 "capitalised": 0.143, "lower_case": 0.143}
     said = {name: f"{name} says this in six or more words." for name in ("pkg", "test", "numpy", "known", "f")}
     modules = {"pkg/mod.py": said["pkg"], "pkg/tests/test_mod.py": said["test"], "numpy/core.py": said["numpy"],
                "other.py": said["known"]}
@@ -299,7 +302,8 @@ def test_paired_cer_pools_edits_over_characters_and_bootstraps_the_pages_togethe
     paired = load_bench("ocria_tiny_paired_cer")
 
     def eval_file(name, cers, chars, first=0):
-        rows = [{"page": f"heldout_{first + i:04d}", "model_text": {"cer": c, "ref_chars": n}}
+        rows = [{"page": f"heldout_{first + i:04d}", "model_text": {"cer": c, "ref_chars": n},
+                 "model_md": {"ref_chars": n + 10}, "model_output": "x" * int((n + 10) * (1 + c))}
                 for i, (c, n) in enumerate(zip(cers, chars))]
         (tmp_path / name).write_text(json.dumps({"heldout_synthetic": {"per_page": rows}}))
         return tmp_path / name
@@ -316,6 +320,11 @@ def test_paired_cer_pools_edits_over_characters_and_bootstraps_the_pages_togethe
     lo, hi = res["bootstrap_90pct"]
     assert lo <= res["difference_b_minus_a"] <= hi and lo < 0 < hi  # one run-on page makes the sign uncertain
     assert 0 < res["share_of_draws_b_better"] < 1
+    assert paired.run_on_pages([b]) == {"ratio": 1.25, "pages": ["heldout_0006"],
+                                        "share_of_edits": round(0.9 * 350 / (0.9 * 350 + 0.05 * 100 + 0.1 * 300 +
+                                                                            0.04 * 200 + 0.08 * 400 + 0.2 * 150 +
+                                                                            0.05 * 250), 3)}
+    assert paired.run_on_pages([a])["pages"] == ["heldout_0004"]  # 1.3x its reference
     # the same pages read from two files per side (two processes' halves) give the same errors
     halves = [eval_file("a0.json", cers_a[:4], chars[:4]), eval_file("a1.json", cers_a[4:], chars[4:], first=4)]
     assert paired.page_errors(halves) == paired.page_errors([a])
