@@ -3,7 +3,8 @@
 Each side is one or more `jobs.eval_ocr` outputs (their `heldout_synthetic.per_page`), e.g. the two halves of pages
 96-191. The pooled CER sums the edits of all pages over their reference characters, so a few pages that run on or
 fall apart decide much of it: the report gives the median page, the pages that moved most and the pages that ran on
-beside it, and a bootstrap over pages (both models resampled together, pages drawn with replacement) for the difference's interval.
+beside it, and a bootstrap over pages (both models resampled together, pages drawn with replacement) for the
+difference's interval.
 
   python bench/ocria_tiny_paired_cer.py \\
       --a bench/results/ocria_tiny_s28_eval_native_ban64_c3_pages{96-143,144-191}_1536.json \\
