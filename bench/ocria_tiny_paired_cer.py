@@ -20,21 +20,21 @@ import statistics
 from pathlib import Path
 
 
-def page_errors(files: list[Path]) -> dict[str, tuple[float, int]]:
-    """page -> (edits, reference characters) of the plain-text CER, over all `files`."""
-    out = {}
-    for f in files:
-        for p in json.loads(f.read_text())["heldout_synthetic"]["per_page"]:
-            m = p["model_text"]
-            out[p["page"]] = (m["cer"] * m["ref_chars"], m["ref_chars"])
-    return out
+def read_pages(files: list[Path]) -> list[dict]:
+    """The held-out pages' rows of all `files`."""
+    return [p for f in files for p in json.loads(f.read_text())["heldout_synthetic"]["per_page"]]
 
 
-def run_on_pages(files: list[Path], ratio: float = 1.25) -> dict:
+def page_errors(rows: list[dict]) -> dict[str, tuple[float, int]]:
+    """page -> (edits, reference characters) of the plain-text CER."""
+    return {p["page"]: (p["model_text"]["cer"] * p["model_text"]["ref_chars"], p["model_text"]["ref_chars"])
+            for p in rows}
+
+
+def run_on_pages(rows: list[dict], ratio: float = 1.25) -> dict:
     """Pages whose answer is over `ratio` times its reference markdown's length (a run into loops or into text the
     page does not hold), and their share of all the edits."""
-    rows = [p for f in files for p in json.loads(f.read_text())["heldout_synthetic"]["per_page"]]
-    edits = {p["page"]: p["model_text"]["cer"] * p["model_text"]["ref_chars"] for p in rows}
+    edits = {page: e for page, (e, _) in page_errors(rows).items()}
     long = sorted(p["page"] for p in rows if len(p["model_output"]) > ratio * p["model_md"]["ref_chars"])
     return {"ratio": ratio, "pages": long,
             "share_of_edits": round(sum(edits[p] for p in long) / max(1e-9, sum(edits.values())), 3)}
@@ -86,8 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     result = {"a": [str(f) for f in args.a], "b": [str(f) for f in args.b]}
-    result |= compare(page_errors(args.a), page_errors(args.b), args.draws, args.seed)
-    result["run_on"] = {"a": run_on_pages(args.a), "b": run_on_pages(args.b)}
+    rows = {"a": read_pages(args.a), "b": read_pages(args.b)}
+    result |= compare(page_errors(rows["a"]), page_errors(rows["b"]), args.draws, args.seed)
+    result["run_on"] = {side: run_on_pages(r) for side, r in rows.items()}
     text = json.dumps(result, indent=1) + "\n"
     if args.out:
         args.out.write_text(text)

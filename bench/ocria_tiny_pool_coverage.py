@@ -21,15 +21,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.ocria_tiny_teacher_forced import word_core  # noqa: E402
+from bench.ocria_tiny_teacher_forced import pool_vocabulary, word_core  # noqa: E402
 from pipeline.synthetic import TextPool, python_docstrings  # noqa: E402
 
 LEFT_OUT_PACKAGES = ("numpy",)
 
 
-def pool_words(pool: TextPool, with_code: bool = True) -> list[str]:
-    lines = pool.prose + ([line for run in pool.code for line in run] if with_code else [])
-    return [c for line in lines for w in line.split() if (c := word_core(w))]
+def prose_words(pool: TextPool) -> list[str]:
+    """Every word of the pool's prose as its `word_core`, in order, repeats kept (markup left out)."""
+    return [c for para in pool.prose for w in para.split() if (c := word_core(w))]
 
 
 def coverage(words: list[str], vocabulary: set[str]) -> float:
@@ -78,10 +78,10 @@ def main(argv: list[str] | None = None) -> int:
 
     t0 = time.time()
     train = TextPool.from_json_gz(args.synth / "pool_train.json.gz")
-    heldout_words = pool_words(TextPool.from_json_gz(args.synth / "pool_heldout.json.gz"), with_code=False)
-    vocabulary = set(pool_words(train))
+    heldout_words = prose_words(TextPool.from_json_gz(args.synth / "pool_heldout.json.gz"))
+    vocabulary = pool_vocabulary(train)
     extra, chars = site_docstrings(args.site_packages, set(train.prose))
-    broader = vocabulary | {c for p in extra for w in p.split() if (c := word_core(w))}
+    broader = vocabulary | pool_vocabulary(TextPool(prose=extra, code=[]))
     result = {
         "heldout_prose_words": len(heldout_words),
         "train_pool": {"paragraphs": len(train.prose), "chars": sum(map(len, train.prose)),

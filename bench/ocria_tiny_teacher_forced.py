@@ -93,12 +93,16 @@ def token_line_kinds(offsets: list[tuple[int, int]], markdown: str) -> list[str]
     return out
 
 
+def pool_vocabulary(pool) -> set[str]:
+    """The `word_core`s of a TextPool's prose and code words (markup, whose core is empty, left out)."""
+    lines = pool.prose + [line for run in pool.code for line in run]
+    return {c for line in lines for w in line.split() if (c := word_core(w))}
+
+
 def training_words(pool_path: Path) -> set[str]:
     from pipeline.synthetic import TextPool
 
-    pool = TextPool.from_json_gz(pool_path)
-    lines = pool.prose + [line for run in pool.code for line in run]
-    return {word_core(w) for line in lines for w in line.split()}
+    return pool_vocabulary(TextPool.from_json_gz(pool_path))
 
 
 def score_page(reader, image, markdown: str, vocabulary: set[str], max_answer: int) -> dict:

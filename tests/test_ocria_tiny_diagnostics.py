@@ -312,7 +312,8 @@ def test_paired_cer_pools_edits_over_characters_and_bootstraps_the_pages_togethe
     cers_a = [0.10, 0.20, 0.05, 0.10, 0.30, 0.10, 0.15]
     a = eval_file("a.json", cers_a, chars)
     b = eval_file("b.json", [0.05, 0.10, 0.04, 0.08, 0.20, 0.05, 0.90], chars)  # better on 6, one page runs on
-    res = paired.compare(paired.page_errors([a]), paired.page_errors([b]), draws=500, seed=3)
+    rows_a, rows_b = paired.read_pages([a]), paired.read_pages([b])
+    res = paired.compare(paired.page_errors(rows_a), paired.page_errors(rows_b), draws=500, seed=3)
     assert res["pooled"]["a"] == pytest.approx(sum(c * n for c, n in zip(cers_a, chars)) / sum(chars), abs=1e-4)
     assert (res["pages_b_better"], res["pages_b_worse"]) == (6, 1)
     assert res["median_page"] == {"a": 0.1, "b": 0.08}
@@ -320,16 +321,16 @@ def test_paired_cer_pools_edits_over_characters_and_bootstraps_the_pages_togethe
     lo, hi = res["bootstrap_90pct"]
     assert lo <= res["difference_b_minus_a"] <= hi and lo < 0 < hi  # one run-on page makes the sign uncertain
     assert 0 < res["share_of_draws_b_better"] < 1
-    assert paired.run_on_pages([b]) == {"ratio": 1.25, "pages": ["heldout_0006"],
-                                        "share_of_edits": round(0.9 * 350 / (0.9 * 350 + 0.05 * 100 + 0.1 * 300 +
-                                                                            0.04 * 200 + 0.08 * 400 + 0.2 * 150 +
-                                                                            0.05 * 250), 3)}
-    assert paired.run_on_pages([a])["pages"] == ["heldout_0004"]  # 1.3x its reference
+    assert paired.run_on_pages(rows_b) == {"ratio": 1.25, "pages": ["heldout_0006"],
+                                           "share_of_edits": round(0.9 * 350 / (0.9 * 350 + 0.05 * 100 + 0.1 * 300 +
+                                                                               0.04 * 200 + 0.08 * 400 + 0.2 * 150 +
+                                                                               0.05 * 250), 3)}
+    assert paired.run_on_pages(rows_a)["pages"] == ["heldout_0004"]  # 1.3x its reference
     # the same pages read from two files per side (two processes' halves) give the same errors
     halves = [eval_file("a0.json", cers_a[:4], chars[:4]), eval_file("a1.json", cers_a[4:], chars[4:], first=4)]
-    assert paired.page_errors(halves) == paired.page_errors([a])
+    assert paired.page_errors(paired.read_pages(halves)) == paired.page_errors(rows_a)
     with pytest.raises(ValueError, match="different pages"):
-        paired.compare(paired.page_errors([a]), paired.page_errors(halves[:1]))
+        paired.compare(paired.page_errors(rows_a), paired.page_errors(paired.read_pages(halves[:1])))
 
 
 @pytest.fixture(scope="module")
