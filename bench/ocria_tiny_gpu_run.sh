@@ -136,6 +136,17 @@ case ${RECIPE:-D} in
          two_columns: 0.8,
          mix: {share: 0.2, font_px: [20, 36], max_chars: [8, 80], crop: true, strict_chars: true, made_up_words: 0.25}}]'
       RUN+=(--set image.target_longest_px=1536 --set image.max_pixels=2359296 --set "data.font_px=[20,36]") ;;
+  # F2UG: F2U's full pages drawn again so their body text's em is 29-35 px (pipeline.synthetic.SynthConfig.glyph_px),
+  # as the job draws pages for a model with a reading size (ocria_info.json glyph_px; pipeline.rasterize.page_scale);
+  # line pages stay at 20-36 px, so pages without a text layer (drawn at 1,536 px) still read. At 1,536 px the shipped
+  # model reads 20-24 px text at CER 0.13 and 32-36 px at 0.04, but drawn at 33 px without training it reads worse:
+  # pages with small text grow to ~2,400 px, larger than any it was trained on (bench/results/ocria_tiny_s32_runs.json).
+  # ~1.5x the image tokens a page on average, and padded batches up to ~2.5x: BATCH=20 fits the H200 (48 did not).
+  # MODEL_DIR's processor must let the pixels through (max_pixels 2,688^2)
+  F2UG) CURR='data.curriculum=[{until_page: 100000000, font_px: [20, 36], max_chars: [150, 1300], made_up_words: 0.25,
+         glyph_px: [29, 35],
+         mix: {share: 0.2, font_px: [20, 36], max_chars: [8, 80], crop: true, strict_chars: true, made_up_words: 0.25}}]'
+      RUN+=(--set image.target_longest_px=1536 --set image.max_pixels=7225344 --set "data.font_px=[20,36]") ;;
   # F3: F2 with smaller and denser text for real pages: the corpus' median font is 17.4 px when the pipeline draws its
   # pages at 1,536 px, below F2's 20-36 (bench/results/ocria_tiny_s16_corpus_glyph_size.json), and its pages hold
   # 2-20 k characters, F2's at most 1,300. Fonts 16-36 px, up to 2,600 characters: answers of up to ~1,200 tokens
@@ -145,7 +156,7 @@ case ${RECIPE:-D} in
          mix: {share: 0.2, font_px: [16, 36], max_chars: [8, 80], crop: true, strict_chars: true}}]'
       RUN+=(--set image.target_longest_px=1536 --set image.max_pixels=2359296 --set "data.font_px=[16,36]"
         --set "data.max_chars=[150,2600]" --set data.max_answer_tokens=1280) ;;
-  *) echo "RECIPE must be D, E, F, F2, F2U, F2U5, F2UC, F2UL, F2UP, F3 or H" >&2; exit 2 ;;
+  *) echo "RECIPE must be D, E, F, F2, F2U, F2U5, F2UC, F2UG, F2UL, F2UP, F3 or H" >&2; exit 2 ;;
 esac
 status=0
 timeout ${TIMEOUT_S:-565} python3 -m jobs.train_tiny train --model-dir "$model" --out "$out/run" ${resume:+--resume "$resume"} \

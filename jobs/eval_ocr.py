@@ -25,7 +25,7 @@ import sys
 import tempfile
 import time
 import unicodedata
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -278,12 +278,44 @@ class EvalPage:
     reference_text: str
     lines: list | None = None  # synthetic pages: their text lines (pipeline.synthetic.TextLine), where each lies
     columns: int | None = None  # synthetic pages: how many columns the layout had
+    pdf: bytes | None = None  # synthetic pages: the one-page PDF the image was drawn from
 
 
-def heldout_pages(n: int, cfg: dict, synth: Path, page_index: int | None = None, first: int = 0) -> list[EvalPage]:
+@dataclass(frozen=True)
+class Drawing:
+    """How the pages are drawn for the reader: at the config's page size, or, with glyph_px > 0, pages with a text
+    layer so their body text's em is glyph_px pixels within max_pixels, as the job draws them
+    (pipeline.rasterize.page_scale)."""
+    target_longest_px: int
+    max_pixels: int
+    glyph_px: float = 0.0
+
+    def render(self, page) -> np.ndarray:
+        from pipeline.rasterize import render_page
+
+        return render_page(page, self.target_longest_px, self.max_pixels, self.glyph_px)
+
+
+def glyph_drawing(cfg: dict, model_dir: Path, glyph_px: float, max_new_tokens: int) -> Drawing:
+    """Pages at glyph_px up to the pixels the model's processor lets through and its context holds beside
+    max_new_tokens of answer (pipeline.checkpoint.context_pixels, as the job caps them)."""
+    import math
+
+    from pipeline.checkpoint import context_pixels, image_processor
+
+    proc = image_processor(str(model_dir))
+    fits = context_pixels(str(model_dir), proc, max_new_tokens, math.isqrt(proc.max_pixels))
+    return Drawing(cfg["image"]["target_longest_px"], min(proc.max_pixels, fits), glyph_px)
+
+
+def heldout_pages(n: int, cfg: dict, synth: Path, page_index: int | None = None, first: int = 0,
+                  drawing: Drawing | None = None) -> list[EvalPage]:
     """Pages `first` .. `first` + n - 1 from the held-out text pool (licences, another package's code) and held-out
     seeds, drawn like the final training distribution, or like training page `page_index` (its curriculum stage).
-    A later `first` gives pages no earlier choice between checkpoints was made on."""
+    A later `first` gives pages no earlier choice between checkpoints was made on. With a glyph-size `drawing` each
+    page's PDF is drawn again that way (the same documents; their text-line boxes are then left out)."""
+    import pymupdf
+
     from jobs.train_tiny import synth_config
     from pipeline.synthetic import TextPool, make_page
 
@@ -293,8 +325,20 @@ def heldout_pages(n: int, cfg: dict, synth: Path, page_index: int | None = None,
     for i in range(first, first + n):
         p = make_page(cfg["data"]["heldout_seed"] + i, pool, scfg, synth / "fonts")
         pages.append(EvalPage(f"heldout_{i:04d}", p.image, p.markdown, markdown_to_text(p.markdown), p.lines,
-                              p.style.columns))
-    return pages
+                              p.style.columns, p.pdf))
+    return redrawn(pages, drawing) if drawing is not None and drawing.glyph_px else pages
+
+
+def redrawn(pages: list[EvalPage], drawing: Drawing) -> list[EvalPage]:
+    """Synthetic pages drawn again from their PDFs by `drawing` (the same documents at another size; their text-line
+    boxes, drawn for the first size, are left out)."""
+    import pymupdf
+
+    out = []
+    for p in pages:
+        with pymupdf.open("pdf", p.pdf) as doc:
+            out.append(replace(p, image=drawing.render(doc[0]), lines=None))
+    return out
 
 
 def pymupdf_version() -> str:
@@ -351,13 +395,13 @@ def born_digital_rows(corpus: Path, min_chars: int = 200, readable_only: bool = 
     return sorted(rows, key=lambda r: r["filename"])
 
 
-def corpus_pages(corpus: Path, n: int, cfg: dict, min_chars: int = 200) -> list[EvalPage]:
+def corpus_pages(corpus: Path, n: int, cfg: dict, min_chars: int = 200, drawing: Drawing | None = None) -> list[EvalPage]:
     """First pages of born-digital corpus PDFs (manifest: expected ok, category text/table/multicol, a text layer,
-    not rendered blank), rendered by the pipeline's rasterizer; the reference is the page's text layer."""
+    not rendered blank), rendered by the pipeline's rasterizer (at the config's page size unless `drawing` says
+    otherwise); the reference is the page's text layer."""
     import pymupdf
 
-    from pipeline.rasterize import render_page
-
+    drawing = drawing or Drawing(cfg["image"]["target_longest_px"], cfg["image"]["max_pixels"])
     pages = []
     for r in born_digital_rows(corpus, min_chars):
         if len(pages) >= n:
@@ -368,7 +412,7 @@ def corpus_pages(corpus: Path, n: int, cfg: dict, min_chars: int = 200) -> list[
             ref = normalize_reference(page.get_text("text"))
             if len(ref) < min_chars:
                 continue
-            image = render_page(page, cfg["image"]["target_longest_px"], cfg["image"]["max_pixels"])
+            image = drawing.render(page)
         finally:
             doc.close()
         pages.append(EvalPage(r["filename"], image, None, ref))
@@ -376,6 +420,17 @@ def corpus_pages(corpus: Path, n: int, cfg: dict, min_chars: int = 200) -> list[
 
 
 # ---------------------------------------------------------------- run
+
+
+def config_fits_model(cfg: dict, model_dir: Path, processor_max_pixels: int) -> bool:
+    """Whether the config draws pages at the model's own size: the page size its ocria_info.json names (page_px),
+    within what its processor lets through unshrunk; without page_px, its processor's max_pixels exactly."""
+    from pipeline.checkpoint import checkpoint_info
+
+    page_px = checkpoint_info(str(model_dir)).get("page_px")
+    if page_px:
+        return cfg["image"]["target_longest_px"] == page_px and cfg["image"]["max_pixels"] <= processor_max_pixels
+    return cfg["image"]["max_pixels"] == processor_max_pixels
 
 
 def evaluate(pages: list[EvalPage], reader: HFPageReader | EnginePageReader | None, use_tesseract: bool,
@@ -433,11 +488,16 @@ def main(argv: list[str] | None = None) -> int:
                     help="native reader: leave out the repeats of a loop over this many tokens and read on (0: off)")
     ap.add_argument("--loop-ban-next", action="store_true",
                     help="with --loop-drop-tokens: forbid the token that would go on with a loop")
+    ap.add_argument("--glyph-px", type=float, default=0.0,
+                    help="draw pages with a text layer so their body text is this many pixels (the job's "
+                         "raster.glyph_px; 0: every page at the config's size)")
     ap.add_argument("--reader", choices=["transformers", "native"], default="transformers",
                     help="native: the pipeline's engine and processor (engine.native_backend)")
     ap.add_argument("--no-model", action="store_true")
     ap.add_argument("--no-tesseract", action="store_true")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                    help="native reader: auto is fp32 on the CPU, bf16 on CUDA")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     cfg = load_config(args.config, [])
@@ -449,26 +509,31 @@ def main(argv: list[str] | None = None) -> int:
         print("tesseract not found: skipping the Tesseract baseline "
               "(apt-get install -y --no-install-recommends tesseract-ocr tesseract-ocr-eng)", file=sys.stderr)
     readers = {"transformers": lambda: HFPageReader(args.model, args.device, num_beams=args.num_beams),
-               "native": lambda: EnginePageReader(args.model, args.device, args.num_beams, args.batch,
+               "native": lambda: EnginePageReader(args.model, args.device, args.num_beams, args.batch, args.dtype,
                                                   loop_stop_tokens=args.loop_stop_tokens,
                                                   loop_drop_tokens=args.loop_drop_tokens,
                                                   loop_ban_next=args.loop_ban_next)}
     reader = None if args.no_model else readers[args.reader]()
-    if reader is not None and reader.processor.max_pixels != cfg["image"]["max_pixels"]:
-        raise SystemExit(f"{args.config} draws pages for max_pixels {cfg['image']['max_pixels']:,} but {args.model} "
-                         f"reads {reader.processor.max_pixels:,}: pass a --config at the model's size (e.g. "
-                         "bench/results/ocria_tiny_eval_full_pages_1536_config.yaml for the shipped model)")
+    if reader is not None and not config_fits_model(cfg, args.model, reader.processor.max_pixels):
+        raise SystemExit(f"{args.config} draws pages at {cfg['image']['target_longest_px']} px, max_pixels "
+                         f"{cfg['image']['max_pixels']:,}, but {args.model} reads pages of another size (its "
+                         f"processor's max_pixels {reader.processor.max_pixels:,}, ocria_info.json's page_px): pass a "
+                         "--config at the model's size (e.g. bench/results/ocria_tiny_eval_full_pages_1536_config.yaml "
+                         "for the shipped model)")
+    drawing = Drawing(cfg["image"]["target_longest_px"], cfg["image"]["max_pixels"])
+    if args.glyph_px:
+        drawing = glyph_drawing(cfg, args.model, args.glyph_px, args.max_new_tokens)
     result = {"command": " ".join([Path(sys.executable).name, "-m", "jobs.eval_ocr", *(argv or sys.argv[1:])]),
               "model": str(args.model), "reader": args.reader, "num_beams": args.num_beams,
               "loop_stop_tokens": args.loop_stop_tokens, "loop_drop_tokens": args.loop_drop_tokens,
-              "loop_ban_next": args.loop_ban_next,
+              "loop_ban_next": args.loop_ban_next, "glyph_px": args.glyph_px,
               "tesseract": use_tess, "pymupdf": pymupdf_version()}
     if args.heldout:
-        pages = heldout_pages(args.heldout, cfg, args.synth, first=args.heldout_from)
+        pages = heldout_pages(args.heldout, cfg, args.synth, first=args.heldout_from, drawing=drawing)
         result["heldout_synthetic"] = evaluate(pages, reader, use_tess, args.batch, args.max_new_tokens)
         result["heldout_synthetic"]["pool"] = pool_fingerprint(args.synth)
     if args.corpus_pages:
-        result["corpus"] = evaluate(corpus_pages(args.corpus, args.corpus_pages, cfg), reader, use_tess, args.batch,
+        result["corpus"] = evaluate(corpus_pages(args.corpus, args.corpus_pages, cfg, drawing=drawing), reader, use_tess, args.batch,
                                     args.max_new_tokens)
         result["corpus"]["left_out_unreadable_text_layer"] = [
             r["filename"] for r in born_digital_rows(args.corpus, readable_only=False)

@@ -32,7 +32,7 @@ def _overrides(**flags) -> dict:
         "loop_stop_tokens": ("model", "loop_stop_tokens"), "loop_drop_tokens": ("model", "loop_drop_tokens"),
         "loop_ban_next": ("model", "loop_ban_next"),
         "max_pages": ("raster", "max_pages_per_doc"),
-        "target_longest_px": ("raster", "target_longest_px"), "doc_timeout": ("raster", "doc_timeout_s"),
+        "target_longest_px": ("raster", "target_longest_px"), "glyph_px": ("raster", "glyph_px"), "doc_timeout": ("raster", "doc_timeout_s"),
         "batch_size": ("parse", "batch_size"), "num_engines": ("parse", "num_actors"),
         "retry_failed": ("run", "retry_failed"), "reparse": ("run", "reparse"), "max_attempts": ("run", "max_attempts"),
         "ray_address": ("run", "ray_address"), "num_cpus": ("run", "num_cpus"),
@@ -73,6 +73,9 @@ def _overrides(**flags) -> dict:
               help="with --loop-drop-tokens: forbid the token that would go on with a loop")
 @click.option("--max-pages", type=int, help="pages per document")
 @click.option("--target-longest-px", type=int, help="longest page side when rendering")
+@click.option("--glyph-px", type=float,
+              help="draw pages with a text layer so their body text is this many pixels high (0: off; default: the "
+                   "checkpoint's reading size)")
 @click.option("--doc-timeout", type=float, help="seconds per document before the renderer is killed")
 @click.option("--batch-size", type=int, help="pages per engine batch")
 @click.option("--num-engines", type=int, help="engine actors (default: one per GPU)")

@@ -55,7 +55,7 @@ def load_config(path: Path, overrides: list[str]) -> dict:
 
 
 PAGE_SETTINGS = {"font_px", "max_chars", "crop", "strict_chars", "canvas_px", "made_up_words", "path_lists",
-                 "two_columns"}
+                 "two_columns", "glyph_px"}
 
 
 def check_curriculum(stages: list[dict]) -> None:
@@ -92,7 +92,7 @@ def synth_config(cfg: dict, page_index: int | None = None, mix: bool = False):
 
 def settings_config(cfg: dict, d: dict):
     """SynthConfig of one set of page settings {font_px, max_chars[, crop, strict_chars, canvas_px, made_up_words,
-    path_lists, two_columns]}."""
+    path_lists, two_columns, glyph_px]}."""
     from pipeline.synthetic import SynthConfig
 
     # canvas_px: lay the page out (and render it) on a larger canvas, so big glyphs fit long lines without wrapping;
@@ -108,6 +108,7 @@ def settings_config(cfg: dict, d: dict):
         made_up_words=float(d.get("made_up_words", 0.0)),
         path_lists=float(d.get("path_lists", 0.0)),
         two_columns=float(d.get("two_columns", SynthConfig.two_columns)),
+        glyph_px=tuple(d["glyph_px"]) if d.get("glyph_px") else None,
         # the text lines cost ~2 ms a page: only when the loss that reads them is on (evaluation configs may predate it)
         text_lines=cfg["train"].get("text_line_ctc_weight", 0.0) > 0,
     )

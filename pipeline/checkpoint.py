@@ -9,12 +9,15 @@ import os
 import shutil
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pyarrow.fs as pafs
 
-from pipeline.config import JobConfig, StorageConfig
 from pipeline.rasterize import RasterOptions
 from pipeline.storage import resolve
+
+if TYPE_CHECKING:  # annotations only: jobs.eval_ocr reads checkpoints here on machines without pydantic (the H200)
+    from pipeline.config import JobConfig, StorageConfig
 
 
 class CheckpointError(Exception):
@@ -62,10 +65,15 @@ def validate(path: str) -> str:
         raise CheckpointError(f"checkpoint {path} is not usable: {e}") from e
 
 
+def checkpoint_info(path: str) -> dict:
+    """What the checkpoint's builder wrote about it in ocria_info.json ({} without one)."""
+    info = Path(path) / "ocria_info.json"
+    return json.loads(info.read_text()) if info.is_file() else {}
+
+
 def checkpoint_note(path: str) -> str:
     """What the checkpoint's builder says about it (e.g. that its weights are random), from ocria_info.json."""
-    info = Path(path) / "ocria_info.json"
-    return json.loads(info.read_text()).get("note", "") if info.is_file() else ""
+    return checkpoint_info(path).get("note", "")
 
 
 def image_processor(path: str):
@@ -106,17 +114,22 @@ def context_pixels(checkpoint_dir: str, proc, max_tokens: int, longest_px: int) 
 
 
 def raster_options(cfg: JobConfig, checkpoint_dir: str) -> RasterOptions:
-    """The page size follows the model: a longest side of sqrt(max_pixels) of its processor, the size ocria-tiny was
-    trained at, or 1288 px when the processor allows more than MODEL_PAGE_PX_MAX; and no more pixels than leave room
-    for model.max_tokens in the context (a square page at 1,536 px with 2,048 answer tokens would not fit 4,096);
-    unless configured."""
+    """The page size follows the model: the page size its ocria_info.json names (page_px), else a longest side of
+    sqrt(max_pixels) of its processor, the size ocria-tiny was trained at, or 1288 px when the processor allows more
+    than MODEL_PAGE_PX_MAX; and no more pixels than leave room for model.max_tokens in the context (a square page at
+    1,536 px with 2,048 answer tokens would not fit 4,096); unless configured. With a glyph size (raster.glyph_px, else
+    the checkpoint's), pages with a text layer are drawn at it, up to the processor's pixels that fit the context."""
     proc = image_processor(checkpoint_dir)
+    info = checkpoint_info(checkpoint_dir)
     model_px = math.isqrt(proc.max_pixels) if proc else None
-    target = cfg.raster.target_longest_px or (model_px if model_px and model_px <= MODEL_PAGE_PX_MAX
-                                              else GENERIC_PAGE_PX)
+    target = cfg.raster.target_longest_px or info.get("page_px") or (
+        model_px if model_px and model_px <= MODEL_PAGE_PX_MAX else GENERIC_PAGE_PX)
+    glyph_px = cfg.raster.glyph_px if cfg.raster.glyph_px is not None else float(info.get("glyph_px", 0.0))
     max_pixels = cfg.raster.max_pixels
     if not max_pixels:
-        fits = context_pixels(checkpoint_dir, proc, cfg.model.max_tokens, target) if proc else None
-        max_pixels = min(c for c in (target * target, proc and proc.max_pixels, fits) if c)
+        longest = model_px if glyph_px and model_px else target  # a glyph-sized page may be as large as the processor
+        fits = context_pixels(checkpoint_dir, proc, cfg.model.max_tokens, max(longest, target)) if proc else None
+        ceiling = None if glyph_px and proc else target * target
+        max_pixels = min(c for c in (ceiling, proc and proc.max_pixels, fits) if c)
     return RasterOptions(target_longest_px=target, max_pixels=max_pixels, max_pages=cfg.raster.max_pages_per_doc,
-                         extract_text=cfg.raster.extract_text)
+                         extract_text=cfg.raster.extract_text, glyph_px=glyph_px)

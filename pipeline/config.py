@@ -35,6 +35,11 @@ class RasterConfig(Strict):
         None, ge=64, le=10000, description="longest page side in pixels; null = derived from the checkpoint's max_pixels"
     )
     max_pixels: int | None = Field(None, ge=64 * 64, description="pixel cap per page; null = the checkpoint's max_pixels")
+    glyph_px: float | None = Field(
+        None, ge=0, le=200, description="draw pages with a text layer so their body text's em is this many pixels "
+        "(within max_pixels); 0 = off (every page at target_longest_px); null = the checkpoint's reading size "
+        "(ocria_info.json glyph_px), else off"
+    )
     max_pages_per_doc: int = Field(500, ge=1)
     doc_timeout_s: float = Field(300.0, gt=0, description="wall-clock limit per document; the renderer is killed past it")
     memory_limit_mb: int = Field(4096, ge=0, description="address-space cap of the render process; 0 = none")

@@ -30,6 +30,10 @@ class RasterOptions:
     max_pixels: int = 1288 * 1288  # caps huge pages (a 612 x 14295 pt strip) and decompression bombs
     max_pages: int = 500  # pages beyond this are not rendered; the document row says so
     extract_text: bool = True
+    # > 0: a page with a text layer is drawn so its body text's em is this many pixels (within max_pixels), the glyph
+    # size its reader reads best; pages without one keep target_longest_px. A small reader trained on 20-36 px glyphs
+    # reads 20-24 px text at CER 0.13 and 32-36 px at 0.04 (bench/results/ocria_tiny_s32_*)
+    glyph_px: float = 0.0
 
 
 @dataclass
@@ -55,12 +59,45 @@ def render_scale(width_pt: float, height_pt: float, opts: RasterOptions) -> floa
     return min(scale, math.sqrt(opts.max_pixels / (width_pt * height_pt)))
 
 
-def render_page(page: pymupdf.Page, target_longest_px: int, max_pixels: int) -> np.ndarray:
-    """One page -> H x W x 3 uint8 RGB, sized by `render_scale` (the longest side is at most the target)."""
+BODY_PT_RANGE = (2.0, 200.0)  # body sizes outside this are a text layer's oddity, not a font: the page keeps its target
+
+
+def body_font_pt(page: pymupdf.Page) -> float | None:
+    """The font size (pt) most of the page's text-layer characters are set in, or None without a text layer. Headings
+    and footnotes are few characters, so the body text decides."""
+    chars: dict[float, int] = {}
+    for block in page.get_text("dict", flags=0)["blocks"]:
+        for line in block.get("lines", ()):
+            for span in line["spans"]:
+                n = len(span["text"].strip())
+                if n:
+                    size = round(span["size"], 2)
+                    chars[size] = chars.get(size, 0) + n
+    if not chars:
+        return None
+    size = max(chars, key=chars.get)
+    return size if BODY_PT_RANGE[0] <= size <= BODY_PT_RANGE[1] else None
+
+
+def page_scale(page: pymupdf.Page, opts: RasterOptions) -> float:
+    """Points to pixels for one page: the glyph size's scale when opts.glyph_px is set and the page has a text layer
+    (bounded by max_pixels only), else `render_scale`."""
     rect = page.rect
-    scale = render_scale(rect.width, rect.height, RasterOptions(target_longest_px, max_pixels))
+    scale = render_scale(rect.width, rect.height, opts)
+    if opts.glyph_px > 0 and (pt := body_font_pt(page)) is not None:
+        scale = min(opts.glyph_px / pt, math.sqrt(opts.max_pixels / (rect.width * rect.height)))
+    return scale
+
+
+def render_page(page: pymupdf.Page, target_longest_px: int, max_pixels: int, glyph_px: float = 0.0) -> np.ndarray:
+    """One page -> H x W x 3 uint8 RGB, sized by `page_scale` (the longest side is at most the target, unless the
+    page is drawn at glyph_px)."""
+    opts = RasterOptions(target_longest_px, max_pixels, glyph_px=glyph_px)
+    scale = page_scale(page, opts)
     pix = page.get_pixmap(matrix=pymupdf.Matrix(scale, scale), colorspace=pymupdf.csRGB, alpha=False)
-    over = max(pix.width * pix.height / max_pixels, max(pix.width, pix.height) / target_longest_px)
+    # a page drawn larger for its glyphs may pass the target: only the pixel cap bounds it
+    longest = math.inf if scale > render_scale(page.rect.width, page.rect.height, opts) else target_longest_px
+    over = max(pix.width * pix.height / max_pixels, max(pix.width, pix.height) / longest)
     if over > 1:  # MuPDF rounds the pixel box outwards; at the cap that can add a row or column
         scale *= 0.998 / math.sqrt(over) if pix.width * pix.height > max_pixels else 0.998 / over
         pix = page.get_pixmap(matrix=pymupdf.Matrix(scale, scale), colorspace=pymupdf.csRGB, alpha=False)
@@ -108,7 +145,7 @@ def rasterize(data: bytes, uri: str, opts: RasterOptions) -> Iterator[tuple[int,
             t0 = time.perf_counter()
             try:
                 page = doc.load_page(i)
-                image = render_page(page, opts.target_longest_px, opts.max_pixels)
+                image = render_page(page, opts.target_longest_px, opts.max_pixels, opts.glyph_px)
                 text = page.get_text("text") if opts.extract_text else ""
             except DocumentError:
                 raise

@@ -8,12 +8,14 @@ import fnmatch
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from pipeline.config import StorageConfig
+if TYPE_CHECKING:  # annotations only, as in pipeline.checkpoint
+    from pipeline.config import StorageConfig
 
 
 @dataclass(frozen=True)

@@ -482,6 +482,9 @@ class SynthConfig:
     made_up_words: float = 0.0  # share of words (not in code) replaced by made-up ones (`made_up_word`; numbers stay)
     path_lists: float = 0.0  # share of paragraphs and list items replaced by file-path lists (`path_list`)
     two_columns: float = 0.35  # share of the pages wide enough for two columns that get them (`sample_style`)
+    # (lo, hi): each page is drawn again so its body text's em is a size drawn from this range, within max_pixels, as
+    # the job draws pages at a reader's glyph size (pipeline.rasterize.page_scale); the layout stays font_px's
+    glyph_px: tuple[float, float] | None = None
 
 
 @dataclass
@@ -531,9 +534,11 @@ def make_page(seed: int, pool: TextPool, cfg: SynthConfig, font_dir: Path | None
             b = Block("paragraph", (" ".join(words[: len(words) * 2 // 3]),))
             blocks = [b]
             pdf, fits = layout_pdf(blocks, style, archive)
+    # the glyph size from a random stream of its own, so the page's layout and text stay as without it
+    glyph = random.Random(f"glyph-{seed}").uniform(*cfg.glyph_px) if cfg.glyph_px else 0.0
     doc = pymupdf.open("pdf", pdf)
     try:
-        image = render_page(doc[0], cfg.target_longest_px, cfg.max_pixels)
+        image = render_page(doc[0], cfg.target_longest_px, cfg.max_pixels, glyph)
         box = ink_box(image) if cfg.crop else None
         y0, x0 = (box[0], box[2]) if box else (0, 0)
         lines = None

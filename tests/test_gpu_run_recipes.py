@@ -40,6 +40,8 @@ def test_recipe_loads_as_a_curriculum(name):
         for key in ("made_up_words", "path_lists", "two_columns"):
             if key in stage:
                 assert getattr(page, key) == stage[key]
+        if "glyph_px" in stage:
+            assert page.glyph_px == tuple(stage["glyph_px"])
 
 
 @pytest.mark.parametrize("stage, message", [

@@ -1,0 +1,151 @@
+"""Pages drawn at a reader's glyph size: the body text's em in pixels decides the scale of a page with a text layer
+(pipeline.rasterize.page_scale), the job takes the size from the checkpoint (pipeline.checkpoint.raster_options), and
+the evaluation and the training pages draw the same documents that way (jobs.eval_ocr, pipeline.synthetic)."""
+import json
+import random
+import shutil
+import subprocess
+import sys
+
+import pymupdf
+import pytest
+from conftest import ROOT, SHIPPED_PAGES, write_synth
+
+from pipeline.rasterize import RasterOptions, body_font_pt, page_scale, render_page, render_scale
+
+MODEL = ROOT / "models" / "ocria-tiny"
+
+
+def _page(width_pt: float, height_pt: float, body_pt: float | None, heading_pt: float = 0.0) -> pymupdf.Page:
+    doc = pymupdf.open()
+    page = doc.new_page(width=width_pt, height=height_pt)
+    y = 40.0
+    if heading_pt:
+        page.insert_text((30, y), "Annual Report", fontsize=heading_pt)
+        y += 2 * heading_pt
+    if body_pt:
+        for i in range(12):  # the body text: far more characters than the heading
+            page.insert_text((30, y), f"line {i}: the archive team digitized pages", fontsize=body_pt)
+            y += 1.4 * body_pt
+    page.doc_keepalive = doc  # the page needs its document alive
+    return page
+
+
+@pytest.mark.parametrize("body_pt, heading_pt", [(10.0, 24.0), (7.5, 0.0), (13.3, 30.0)])
+def test_the_body_texts_size_is_the_one_most_characters_have(body_pt, heading_pt):
+    assert body_font_pt(_page(612, 792, body_pt, heading_pt)) == pytest.approx(body_pt, abs=0.01)
+
+
+def test_a_page_without_a_text_layer_has_no_body_size_and_keeps_the_target():
+    page = _page(612, 792, None)
+    assert body_font_pt(page) is None
+    opts = RasterOptions(target_longest_px=1536, max_pixels=2688 * 2688, glyph_px=32)
+    assert page_scale(page, opts) == render_scale(612, 792, opts)
+    assert max(render_page(page, 1536, 2688 * 2688, glyph_px=32).shape[:2]) == 1536
+
+
+@pytest.mark.parametrize("body_pt, glyph_px", [(10.0, 32.0), (7.5, 24.0), (14.0, 33.0)])
+def test_a_page_is_drawn_so_its_body_text_is_the_glyph_size(body_pt, glyph_px):
+    """A small font grows the page past the target (letter at 10 pt, 32 px: 2,534 px high); a large one shrinks it."""
+    page = _page(612, 792, body_pt)
+    image = render_page(page, 1536, 2688 * 2688, glyph_px=glyph_px)
+    scale = image.shape[0] / 792
+    assert body_pt * scale == pytest.approx(glyph_px, rel=0.01)
+    fixed = render_page(page, 1536, 2688 * 2688)
+    assert max(fixed.shape[:2]) == 1536
+    assert (image.shape[0] > fixed.shape[0]) == (glyph_px / body_pt > 1536 / 792)
+
+
+def test_the_pixel_cap_bounds_a_glyph_sized_page():
+    page = _page(612, 792, 5.0)  # 32 px glyphs would need 5,069 px of height
+    cap = 1800 * 1800
+    image = render_page(page, 1536, cap, glyph_px=32)
+    assert image.shape[0] * image.shape[1] <= cap
+    assert image.shape[0] * image.shape[1] > 0.98 * cap  # the cap, not the target, stopped it
+
+
+def _model_dir(tmp_path, info: dict, max_side: int = 2688):
+    for f in MODEL.iterdir():
+        if f.name != "model.safetensors":
+            shutil.copy(f, tmp_path / f.name)
+    proc = json.loads((tmp_path / "preprocessor_config.json").read_text())
+    proc["size"]["longest_edge"] = max_side * max_side
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(proc))
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg["text_config"]["max_position_embeddings"] = 8192
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    (tmp_path / "ocria_info.json").write_text(json.dumps(info))
+    return tmp_path
+
+
+def test_the_job_draws_at_the_checkpoints_glyph_size_unless_configured(tmp_path):
+    """ocria_info.json names the page size (page_px) and the glyph size; the pixels are the processor's, as many as
+    the context holds beside model.max_tokens; raster.glyph_px 0 turns it off (pages at page_px, its pixels)."""
+    from pipeline.checkpoint import context_pixels, image_processor, raster_options
+    from pipeline.config import JobConfig
+
+    model = _model_dir(tmp_path, {"page_px": 1536, "glyph_px": 32})
+    job = JobConfig.model_validate({"input": {"uris": ["samples"]}})
+    opts = raster_options(job, str(model))
+    fits = context_pixels(str(model), image_processor(str(model)), job.model.max_tokens, 2688)
+    assert (opts.target_longest_px, opts.glyph_px, opts.max_pixels) == (1536, 32.0, min(2688 * 2688, fits))
+    off = JobConfig.model_validate({"input": {"uris": ["samples"]}, "raster": {"glyph_px": 0}})
+    assert (raster_options(off, str(model)).glyph_px, raster_options(off, str(model)).max_pixels) == (0.0, 1536 ** 2)
+    mine = JobConfig.model_validate({"input": {"uris": ["samples"]}, "raster": {"glyph_px": 28.5}})
+    assert raster_options(mine, str(model)).glyph_px == 28.5
+    assert raster_options(job, str(MODEL)).glyph_px == 0.0  # no glyph size named: off
+
+
+def test_the_cli_flag_sets_the_glyph_size():
+    from jobs.parse_corpus import _overrides
+
+    assert _overrides(glyph_px=0.0) == {"raster": {"glyph_px": 0.0}}
+    assert _overrides(glyph_px=30.0, target_longest_px=None) == {"raster": {"glyph_px": 30.0}}
+
+
+def test_the_checkpoint_reader_imports_without_pydantic():
+    """jobs.eval_ocr reads the checkpoint's sizes through pipeline.checkpoint on the H200, which has no pydantic."""
+    code = "import sys; sys.modules['pydantic'] = None; import pipeline.checkpoint"
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
+
+
+@pytest.fixture(scope="module")
+def heldout_pool(licence_prose, tmp_path_factory):
+    """A .synth folder with a held-out pool of licence paragraphs."""
+    from pipeline.synthetic import TextPool
+
+    return write_synth(tmp_path_factory.mktemp("synth"), heldout=TextPool(prose=licence_prose, code=[["x = 1"]]))
+
+
+def test_evaluation_draws_the_same_documents_at_the_glyph_size(tmp_path, heldout_pool):
+    """Held-out pages drawn again from their PDFs: the same references, each page's body text at the glyph size."""
+    from jobs.eval_ocr import Drawing, config_fits_model, glyph_drawing, heldout_pages
+    from jobs.train_tiny import load_config
+
+    cfg = load_config(ROOT / "configs" / "train_tiny.yaml", SHIPPED_PAGES)
+    model = _model_dir(tmp_path, {"page_px": cfg["image"]["target_longest_px"], "glyph_px": 30})
+    drawing = glyph_drawing(cfg, model, 30.0, 512)
+    assert isinstance(drawing, Drawing) and drawing.glyph_px == 30.0
+    fixed = heldout_pages(3, cfg, heldout_pool)
+    drawn = heldout_pages(3, cfg, heldout_pool, drawing=drawing)
+    assert [p.reference_md for p in drawn] == [p.reference_md for p in fixed]
+    for p in drawn:
+        with pymupdf.open("pdf", p.pdf) as doc:
+            assert body_font_pt(doc[0]) * p.image.shape[0] / doc[0].rect.height == pytest.approx(30.0, rel=0.01)
+    assert config_fits_model(cfg, model, 2688 * 2688)
+    assert not config_fits_model(cfg | {"image": cfg["image"] | {"target_longest_px": 999}}, model, 2688 * 2688)
+
+
+def test_training_pages_keep_their_layout_at_a_glyph_size(heldout_pool):
+    """SynthConfig.glyph_px draws the page again at a size from the range, from a random stream of its own: the text
+    and layout are those of the page without it."""
+    from pipeline.synthetic import SynthConfig, TextPool, make_page
+
+    pool = TextPool.from_json_gz(heldout_pool / "pool_heldout.json.gz")
+    base = SynthConfig(target_longest_px=512, max_pixels=512 * 512, font_px=(8.0, 14.0))
+    glyph = SynthConfig(target_longest_px=512, max_pixels=1200 * 1200, font_px=(8.0, 14.0), glyph_px=(20.0, 24.0))
+    for seed in (3, 11):
+        a, b = make_page(seed, pool, base), make_page(seed, pool, glyph)
+        assert a.markdown == b.markdown and a.style == b.style
+        want = random.Random(f"glyph-{seed}").uniform(20.0, 24.0)
+        assert b.style.font_pt * b.image.shape[0] / b.style.height_pt == pytest.approx(want, rel=0.01)
