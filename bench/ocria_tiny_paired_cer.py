@@ -10,6 +10,8 @@ difference's interval.
       --a bench/results/ocria_tiny_s28_eval_native_ban64_c3_pages{96-143,144-191}_1536.json \\
       --b bench/results/ocria_tiny_s31_eval_native_ban64_c3_pages{96-143,144-191}_1536.json \\
       --out bench/results/ocria_tiny_s31_paired_c3_pages96-191.json
+
+`--pages FIRST LAST` takes one range of files that hold more (session 32 read pages 0-191 in one file per model).
 """
 from __future__ import annotations
 
@@ -20,9 +22,12 @@ import statistics
 from pathlib import Path
 
 
-def read_pages(files: list[Path]) -> list[dict]:
-    """The held-out pages' rows of all `files`."""
-    return [p for f in files for p in json.loads(f.read_text())["heldout_synthetic"]["per_page"]]
+def read_pages(files: list[Path], pages: tuple[int, int] | None = None) -> list[dict]:
+    """The held-out pages' rows of all `files`, only pages first..last (inclusive) when `pages` says so."""
+    rows = [p for f in files for p in json.loads(f.read_text())["heldout_synthetic"]["per_page"]]
+    if pages is None:
+        return rows
+    return [p for p in rows if pages[0] <= int(p["page"].rsplit("_", 1)[1]) <= pages[1]]
 
 
 def page_errors(rows: list[dict]) -> dict[str, tuple[float, int]]:
@@ -81,12 +86,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--a", type=Path, nargs="+", required=True, help="eval_ocr outputs of model A (the reference)")
     ap.add_argument("--b", type=Path, nargs="+", required=True, help="eval_ocr outputs of model B, the same pages")
+    ap.add_argument("--pages", type=int, nargs=2, metavar=("FIRST", "LAST"),
+                    help="only held-out pages FIRST..LAST of the files (e.g. one range of a 0-191 read)")
     ap.add_argument("--draws", type=int, default=2000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
-    result = {"a": [str(f) for f in args.a], "b": [str(f) for f in args.b]}
-    rows = {"a": read_pages(args.a), "b": read_pages(args.b)}
+    result = {"a": [str(f) for f in args.a], "b": [str(f) for f in args.b], "page_range": args.pages}
+    rows = {"a": read_pages(args.a, args.pages), "b": read_pages(args.b, args.pages)}
     result |= compare(page_errors(rows["a"]), page_errors(rows["b"]), args.draws, args.seed)
     result["run_on"] = {side: run_on_pages(r) for side, r in rows.items()}
     text = json.dumps(result, indent=1) + "\n"

@@ -329,6 +329,8 @@ def test_paired_cer_pools_edits_over_characters_and_bootstraps_the_pages_togethe
     # the same pages read from two files per side (two processes' halves) give the same errors
     halves = [eval_file("a0.json", cers_a[:4], chars[:4]), eval_file("a1.json", cers_a[4:], chars[4:], first=4)]
     assert paired.page_errors(paired.read_pages(halves)) == paired.page_errors(rows_a)
+    # one range of a file that holds more: pages 4-6 are the second half's
+    assert paired.page_errors(paired.read_pages([a], (4, 6))) == paired.page_errors(paired.read_pages(halves[1:]))
     with pytest.raises(ValueError, match="different pages"):
         paired.compare(paired.page_errors(rows_a), paired.page_errors(paired.read_pages(halves[:1])))
 
@@ -414,3 +416,29 @@ def test_errors_by_block_leaves_out_pages_drawn_otherwise_where_they_were_scored
     assert res["pages_left_out"] == [{"page": pages[1].name, "ref_chars_scored": len(pages[1].reference_text) + 7,
                                       "ref_chars_here": len(pages[1].reference_text)}]
     assert [p["page"] for p in res["per_page"]] == [pages[0].name] and res["all"]["cer"] == 0.0
+
+
+def test_cer_by_glyph_finds_each_pages_font_size_and_pools_by_range(licence_prose):
+    """bench/ocria_tiny_cer_by_glyph.py: a held-out page's glyph size is the one make_page drew it at (its style from
+    its seed), and a range's CER is pooled over its pages' characters, one and two columns apart."""
+    from conftest import ROOT, SHIPPED_PAGES
+
+    from jobs.train_tiny import load_config, synth_config
+    from pipeline.synthetic import TextPool, font_families, make_page
+
+    by_glyph = load_bench("ocria_tiny_cer_by_glyph")
+    cfg = load_config(ROOT / "configs" / "train_tiny.yaml", SHIPPED_PAGES)
+    pool = TextPool(prose=licence_prose, code=[["x = 1"]])
+    for seed in (5, 17):
+        style = make_page(seed, pool, synth_config(cfg)).style
+        px, columns = by_glyph.page_glyph_px(seed, cfg, font_families(None))  # make_page's families without fonts/
+        assert px == pytest.approx(style.font_pt * 1536 / style.height_pt) and columns == style.columns
+        assert 20 <= px <= 36
+    pages = [{"glyph_px": 21.0, "columns": 1, "cer": 0.5, "ref_chars": 100},
+             {"glyph_px": 23.9, "columns": 1, "cer": 0.0, "ref_chars": 300},
+             {"glyph_px": 22.0, "columns": 2, "cer": 0.2, "ref_chars": 50},
+             {"glyph_px": 35.0, "columns": 1, "cer": 0.1, "ref_chars": 10}]
+    rows = {(r["px"][0], r["columns"]): r for r in by_glyph.by_glyph(pages)}
+    assert rows[(20.0, 1)]["pages"] == 2 and rows[(20.0, 1)]["pooled_cer"] == pytest.approx(50 / 400)
+    assert rows[(20.0, 2)]["pooled_cer"] == pytest.approx(0.2) and rows[(32.0, 1)]["pages"] == 1
+    assert (24.0, 1) not in rows
