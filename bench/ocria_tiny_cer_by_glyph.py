@@ -3,7 +3,8 @@ size (its style, drawn again from its seed: pipeline.synthetic.sample_style), gr
 two-column pages apart, pooled over jobs.eval_ocr outputs (several files: their pages together).
 
   python bench/ocria_tiny_cer_by_glyph.py --eval bench/results/ocria_tiny_s28_eval_native_ban64_c3_48_1536.json \\
-      --config bench/results/ocria_tiny_eval_full_pages_1536_config.yaml --out bench/results/ocria_tiny_s32_cer_by_glyph.json
+      --config bench/results/ocria_tiny_eval_full_pages_1536_config.yaml \\
+      --out bench/results/ocria_tiny_s32_cer_by_glyph.json
 
 Session 32: the shipped model read 20-24 px text at 0.13 and 32-36 px at 0.04, which is what drawing pages at one
 glyph size (raster.glyph_px) is for.

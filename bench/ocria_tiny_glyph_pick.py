@@ -79,8 +79,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{g or 'fixed':>9} {r['pooled_cer']:>11.4f} {better:>7} {worse:>6} {r['median_image_tokens']:>7} "
               f"{r['seconds']:>8}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"command": " ".join(["python3", "bench/ocria_tiny_glyph_pick.py", *(argv or sys.argv[1:])]),
-                                    "model": str(args.model), "heldout_from": args.heldout_from,
+    command = " ".join(["python3", "bench/ocria_tiny_glyph_pick.py", *(argv or sys.argv[1:])])
+    args.out.write_text(json.dumps({"command": command, "model": str(args.model), "heldout_from": args.heldout_from,
                                     "heldout": args.heldout, "runs": {str(g): r for g, r in runs.items()}}, indent=1))
     return 0
 

@@ -313,9 +313,7 @@ def heldout_pages(n: int, cfg: dict, synth: Path, page_index: int | None = None,
     """Pages `first` .. `first` + n - 1 from the held-out text pool (licences, another package's code) and held-out
     seeds, drawn like the final training distribution, or like training page `page_index` (its curriculum stage).
     A later `first` gives pages no earlier choice between checkpoints was made on. With a glyph-size `drawing` each
-    page's PDF is drawn again that way (the same documents; their text-line boxes are then left out)."""
-    import pymupdf
-
+    page's PDF is drawn again that way (`redrawn`)."""
     from jobs.train_tiny import synth_config
     from pipeline.synthetic import TextPool, make_page
 
@@ -395,7 +393,8 @@ def born_digital_rows(corpus: Path, min_chars: int = 200, readable_only: bool = 
     return sorted(rows, key=lambda r: r["filename"])
 
 
-def corpus_pages(corpus: Path, n: int, cfg: dict, min_chars: int = 200, drawing: Drawing | None = None) -> list[EvalPage]:
+def corpus_pages(corpus: Path, n: int, cfg: dict, min_chars: int = 200,
+                 drawing: Drawing | None = None) -> list[EvalPage]:
     """First pages of born-digital corpus PDFs (manifest: expected ok, category text/table/multicol, a text layer,
     not rendered blank), rendered by the pipeline's rasterizer (at the config's page size unless `drawing` says
     otherwise); the reference is the page's text layer."""
@@ -533,8 +532,8 @@ def main(argv: list[str] | None = None) -> int:
         result["heldout_synthetic"] = evaluate(pages, reader, use_tess, args.batch, args.max_new_tokens)
         result["heldout_synthetic"]["pool"] = pool_fingerprint(args.synth)
     if args.corpus_pages:
-        result["corpus"] = evaluate(corpus_pages(args.corpus, args.corpus_pages, cfg, drawing=drawing), reader, use_tess, args.batch,
-                                    args.max_new_tokens)
+        result["corpus"] = evaluate(corpus_pages(args.corpus, args.corpus_pages, cfg, drawing=drawing), reader,
+                                    use_tess, args.batch, args.max_new_tokens)
         result["corpus"]["left_out_unreadable_text_layer"] = [
             r["filename"] for r in born_digital_rows(args.corpus, readable_only=False)
             if not first_page_reads(args.corpus / r["filename"])]

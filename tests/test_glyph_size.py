@@ -65,6 +65,7 @@ def test_the_pixel_cap_bounds_a_glyph_sized_page():
 
 
 def _model_dir(tmp_path, info: dict, max_side: int = 2688):
+    tmp_path.mkdir(parents=True, exist_ok=True)
     for f in MODEL.iterdir():
         if f.name != "model.safetensors":
             shutil.copy(f, tmp_path / f.name)
@@ -93,7 +94,9 @@ def test_the_job_draws_at_the_checkpoints_glyph_size_unless_configured(tmp_path)
     assert (raster_options(off, str(model)).glyph_px, raster_options(off, str(model)).max_pixels) == (0.0, 1536 ** 2)
     mine = JobConfig.model_validate({"input": {"uris": ["samples"]}, "raster": {"glyph_px": 28.5}})
     assert raster_options(mine, str(model)).glyph_px == 28.5
-    assert raster_options(job, str(MODEL)).glyph_px == 0.0  # no glyph size named: off
+    plain = _model_dir(tmp_path / "plain", {"page_px": 1536})  # no glyph size named: off
+    assert raster_options(job, str(plain)).glyph_px == 0.0
+    assert raster_options(job, str(MODEL)).glyph_px == json.loads((MODEL / "ocria_info.json").read_text())["glyph_px"]
 
 
 def test_the_cli_flag_sets_the_glyph_size():

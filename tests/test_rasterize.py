@@ -195,25 +195,28 @@ def test_pages_are_drawn_at_the_checkpoints_size(tmp_path, side, expected):
 
 @pytest.mark.parametrize("width_pt, height_pt", [(612, 792), (792, 612), (600, 600), (300, 1500), (595, 842)])
 def test_pages_leave_room_for_the_answer_in_the_context(width_pt, height_pt):
-    """With model.max_tokens 2048 (configs/gpu.yaml) the shipped model's 1,536 px budget would overflow its 4,096-token
-    context on squarish pages: raster_options caps the pixels so that the engine's own prompt for the rendered page
-    plus the answer fits, whatever the page's shape."""
+    """With model.max_tokens 2048 (configs/gpu.yaml) the shipped model's largest pages (drawn at its glyph size: up to
+    its processor's 2,688 px a side) would overflow its 8,192-token context: raster_options caps the pixels so that
+    the engine's own prompt for the rendered page plus the answer fits, whatever the page's shape and font size."""
     from engine.config import default_max_model_len, load_config
     from engine.processor import Processor
-    from pipeline.checkpoint import CheckpointError, raster_options
+    from pipeline.checkpoint import CheckpointError, image_processor, raster_options
     from pipeline.config import JobConfig
 
     model = ROOT / "models" / "ocria-tiny"
     cfg = load_config(model)
     job = JobConfig.model_validate({"input": {"uris": ["samples"]}, "model": {"max_tokens": 2048}})
     opts = raster_options(job, str(model))
-    assert opts.target_longest_px == 1536 and opts.max_pixels < 1536 * 1536
-    doc = pymupdf.open()
-    page = doc.new_page(width=width_pt, height=height_pt)
-    page.insert_text((40, 60), "Quarterly report", fontsize=14)
-    image = render_page(page, opts.target_longest_px, opts.max_pixels)
-    ids, _, _ = Processor(model, cfg).page_inputs(image, "Convert this page to markdown.")
-    assert len(ids) + 2048 <= default_max_model_len(cfg.text), (image.shape, len(ids))
-    too_long = JobConfig.model_validate({"input": {"uris": ["samples"]}, "model": {"max_tokens": 4000}})
+    assert opts.target_longest_px == 1536 and opts.glyph_px > 0
+    assert opts.max_pixels < image_processor(str(model)).max_pixels
+    for fontsize in (6, 14):  # a small font draws the page as large as the cap allows
+        doc = pymupdf.open()
+        page = doc.new_page(width=width_pt, height=height_pt)
+        for i in range(8):
+            page.insert_text((40, 60 + 2 * fontsize * i), "Quarterly report of the archive", fontsize=fontsize)
+        image = render_page(page, opts.target_longest_px, opts.max_pixels, opts.glyph_px)
+        ids, _, _ = Processor(model, cfg).page_inputs(image, "Convert this page to markdown.")
+        assert len(ids) + 2048 <= default_max_model_len(cfg.text), (image.shape, len(ids))
+    too_long = JobConfig.model_validate({"input": {"uris": ["samples"]}, "model": {"max_tokens": 8000}})
     with pytest.raises(CheckpointError, match="lower model.max_tokens"):
         raster_options(too_long, str(model))
