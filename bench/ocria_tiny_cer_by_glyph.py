@@ -24,12 +24,12 @@ EDGES = (20.0, 24.0, 28.0, 32.0, 36.01)
 
 def page_glyph_px(seed: int, cfg: dict, families: list[str]) -> tuple[float, int]:
     """A held-out page's body font size in pixels at the config's page size, and its columns."""
+    from jobs.train_tiny import synth_config
     from pipeline.synthetic import sample_style
 
-    d, image = cfg["data"], cfg["image"]
-    style = sample_style(random.Random(seed), families, image["target_longest_px"], tuple(d["font_px"]),
-                         float(d.get("two_columns", 0.35)))
-    return style.font_pt * image["target_longest_px"] / max(style.width_pt, style.height_pt), style.columns
+    page = synth_config(cfg)  # the held-out pages' settings, as jobs.eval_ocr.heldout_pages draws them
+    style = sample_style(random.Random(seed), families, page.target_longest_px, page.font_px, page.two_columns)
+    return style.font_pt * page.target_longest_px / max(style.width_pt, style.height_pt), style.columns
 
 
 def by_glyph(pages: list[dict], edges: tuple[float, ...] = EDGES) -> list[dict]:

@@ -21,14 +21,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def image_tokens(shape: tuple[int, ...], token_px: int = 32) -> int:
-    """Merged image tokens of an H x W page as the processor rounds it (whole tokens a side)."""
-    return round(shape[0] / token_px) * round(shape[1] / token_px)
-
-
-def pooled_cer(per_page: list[dict]) -> float:
-    edits = sum(p["model_md"]["cer"] * p["model_md"]["ref_chars"] for p in per_page)
-    return edits / sum(p["model_md"]["ref_chars"] for p in per_page)
+def image_tokens(processor, shape: tuple[int, ...]) -> int:
+    """Merged image tokens of an H x W page as the reader's processor resizes it."""
+    height, width = processor.resized_size(shape[0], shape[1])
+    token_px = processor.patch_size * processor.merge_size
+    return height // token_px * (width // token_px)
 
 
 def compare(fixed: list[dict], other: list[dict]) -> tuple[int, int]:
@@ -67,9 +64,9 @@ def main(argv: list[str] | None = None) -> int:
         drawn = redrawn(pages, drawing)
         t0 = time.time()
         scored = evaluate(drawn, reader, False, args.batch, args.max_new_tokens)
-        runs[g] = {"drawing": vars(drawing), "seconds": round(time.time() - t0, 1),
-                   "median_image_tokens": statistics.median(image_tokens(tuple(p["size"])) for p in scored["per_page"]),
-                   "pooled_cer": pooled_cer(scored["per_page"]), "per_page": scored["per_page"]}
+        tokens = statistics.median(image_tokens(reader.processor, p["size"]) for p in scored["per_page"])
+        runs[g] = {"drawing": vars(drawing), "seconds": round(time.time() - t0, 1), "median_image_tokens": tokens,
+                   "pooled_cer": scored["model_md"]["cer"], "per_page": scored["per_page"]}
     reader.close()
     base = runs.get(0.0)
     print(f"{'glyph px':>9} {'pooled CER':>11} {'better':>7} {'worse':>6} {'tokens':>7} {'seconds':>8}")

@@ -298,14 +298,12 @@ class Drawing:
 
 def glyph_drawing(cfg: dict, model_dir: Path, glyph_px: float, max_new_tokens: int) -> Drawing:
     """Pages at glyph_px up to the pixels the model's processor lets through and its context holds beside
-    max_new_tokens of answer (pipeline.checkpoint.context_pixels, as the job caps them)."""
-    import math
+    max_new_tokens of answer, as the job caps them (pipeline.checkpoint.glyph_max_pixels)."""
+    from pipeline.checkpoint import glyph_max_pixels, image_processor
 
-    from pipeline.checkpoint import context_pixels, image_processor
-
-    proc = image_processor(str(model_dir))
-    fits = context_pixels(str(model_dir), proc, max_new_tokens, math.isqrt(proc.max_pixels))
-    return Drawing(cfg["image"]["target_longest_px"], min(proc.max_pixels, fits), glyph_px)
+    target = cfg["image"]["target_longest_px"]
+    cap = glyph_max_pixels(str(model_dir), image_processor(str(model_dir)), max_new_tokens, target)
+    return Drawing(target, cap, glyph_px)
 
 
 def heldout_pages(n: int, cfg: dict, synth: Path, page_index: int | None = None, first: int = 0,

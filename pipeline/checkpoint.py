@@ -113,6 +113,13 @@ def context_pixels(checkpoint_dir: str, proc, max_tokens: int, longest_px: int) 
     return tokens * token_px * token_px
 
 
+def glyph_max_pixels(checkpoint_dir: str, proc, max_tokens: int, target: int) -> int:
+    """The pixel cap of pages drawn at a glyph size: as many as the processor lets through and the context holds
+    beside max_tokens of answer. Such a page may pass the target, up to the processor's longest side."""
+    fits = context_pixels(checkpoint_dir, proc, max_tokens, max(math.isqrt(proc.max_pixels), target))
+    return min(c for c in (proc.max_pixels, fits) if c)
+
+
 def raster_options(cfg: JobConfig, checkpoint_dir: str) -> RasterOptions:
     """The page size follows the model: the page size its ocria_info.json names (page_px), else a longest side of
     sqrt(max_pixels) of its processor, the size ocria-tiny was trained at, or 1288 px when the processor allows more
@@ -126,10 +133,10 @@ def raster_options(cfg: JobConfig, checkpoint_dir: str) -> RasterOptions:
         model_px if model_px and model_px <= MODEL_PAGE_PX_MAX else GENERIC_PAGE_PX)
     glyph_px = cfg.raster.glyph_px if cfg.raster.glyph_px is not None else float(info.get("glyph_px", 0.0))
     max_pixels = cfg.raster.max_pixels
-    if not max_pixels:
-        longest = model_px if glyph_px and model_px else target  # a glyph-sized page may be as large as the processor
-        fits = context_pixels(checkpoint_dir, proc, cfg.model.max_tokens, max(longest, target)) if proc else None
-        ceiling = None if glyph_px and proc else target * target
-        max_pixels = min(c for c in (ceiling, proc and proc.max_pixels, fits) if c)
+    if not max_pixels and glyph_px and proc:
+        max_pixels = glyph_max_pixels(checkpoint_dir, proc, cfg.model.max_tokens, target)
+    elif not max_pixels:
+        fits = context_pixels(checkpoint_dir, proc, cfg.model.max_tokens, target) if proc else None
+        max_pixels = min(c for c in (target * target, proc and proc.max_pixels, fits) if c)
     return RasterOptions(target_longest_px=target, max_pixels=max_pixels, max_pages=cfg.raster.max_pages_per_doc,
                          extract_text=cfg.raster.extract_text, glyph_px=glyph_px)
