@@ -31,6 +31,8 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from pipeline.text import collapse_ws, markdown_to_text  # noqa: F401 (the metric's plain text, re-exported)
+
 # ---------------------------------------------------------------- metrics
 
 
@@ -62,28 +64,6 @@ def levenshtein(a: Sequence, b: Sequence) -> int:
     for row in edit_distance_rows(a, b):
         pass
     return int(row[-1])
-
-
-def collapse_ws(text: str) -> str:
-    return " ".join(text.split())
-
-
-_FENCE = re.compile(r"^\s*```.*$", re.M)
-_HEADING = re.compile(r"^\s{0,3}#{1,6}\s+", re.M)
-_LIST = re.compile(r"^\s*(?:[-*+]|\d+[.)])\s+", re.M)
-_TABLE_SEP = re.compile(r"^\s*\|?\s*:?-{3,}:?\s*(?:\|\s*:?-{3,}:?\s*)*\|?\s*$", re.M)
-
-
-def markdown_to_text(md: str) -> str:
-    """Plain text of our markdown subset: fences, heading marks, list markers, table pipes and rules removed."""
-    text = _FENCE.sub("", md)
-    text = _TABLE_SEP.sub("", text)
-    text = _HEADING.sub("", text)
-    text = _LIST.sub("", text)
-    text = re.sub(r"^\s*\|", "", text, flags=re.M)
-    text = re.sub(r"\|\s*$", "", text, flags=re.M)
-    text = text.replace(" | ", " ")
-    return collapse_ws(text)
 
 
 MARKDOWN_LINE_KINDS = ("paragraph", "heading", "list", "table", "code")
@@ -247,6 +227,38 @@ class EnginePageReader:
 
     def close(self) -> None:
         self.backend.close()
+
+
+class BlockReader:
+    """Another reader, page by page in blocks of at most `max_lines` text lines (pipeline.blocks): all blocks of the
+    pages in one call to the reader, their answers joined again per page. With `tolerance` > 0 the pages are read whole
+    too, and the whole read is kept unless its length differs from the blocks' by more (pipeline.blocks.prefer_blocks),
+    as the job does (model.block_lines, model.block_tolerance)."""
+
+    def __init__(self, reader: HFPageReader | EnginePageReader, max_lines: int, tolerance: float = 0.0):
+        self.reader = reader
+        self.processor = reader.processor
+        self.max_lines = max_lines
+        self.tolerance = tolerance
+        self.chose_blocks: list[bool] = []  # per page read so far, with a tolerance: whether the blocks' read was taken
+
+    def read(self, images: list[np.ndarray], max_new_tokens: int = 512) -> list[str]:
+        from pipeline.blocks import join_block_texts, page_blocks, prefer_blocks
+
+        token_px = self.processor.patch_size * self.processor.merge_size
+        pages = [page_blocks(im, self.max_lines, token_px) for im in images]
+        crops = [c for _, cs in pages for c in cs]
+        texts = iter(self.reader.read(crops, max_new_tokens) if crops else [])
+        by_blocks = [join_block_texts(bs, [next(texts) for _ in bs]) for bs, _ in pages]
+        if not self.tolerance:
+            return by_blocks
+        whole = self.reader.read(images, max_new_tokens)
+        chosen = [prefer_blocks(w, b, self.tolerance) for w, b in zip(whole, by_blocks)]
+        self.chose_blocks += chosen
+        return [b if c else w for w, b, c in zip(whole, by_blocks, chosen)]
+
+    def close(self) -> None:
+        self.reader.close()
 
 
 def tesseract_available() -> bool:
@@ -465,6 +477,13 @@ def evaluate(pages: list[EvalPage], reader: HFPageReader | EnginePageReader | No
     return out
 
 
+def note_blocks_taken(reader, section: dict) -> None:
+    """With a BlockReader that reads pages both ways: the pages whose block read was taken."""
+    if isinstance(reader, BlockReader) and reader.tolerance:
+        section["blocks_taken"] = [r["page"] for r, c in zip(section["per_page"], reader.chose_blocks) if c]
+        reader.chose_blocks = []
+
+
 def main(argv: list[str] | None = None) -> int:
     from jobs.train_tiny import load_config
 
@@ -490,6 +509,12 @@ def main(argv: list[str] | None = None) -> int:
                          "raster.glyph_px; 0: every page at the config's size)")
     ap.add_argument("--reader", choices=["transformers", "native"], default="transformers",
                     help="native: the pipeline's engine and processor (engine.native_backend)")
+    ap.add_argument("--block-lines", type=int, default=0,
+                    help="read each page in blocks of at most this many text lines (pipeline.blocks; 0: whole pages)")
+    ap.add_argument("--block-tolerance", type=float, default=0.0,
+                    help="with --block-lines: read pages whole too and keep that read unless its plain text's length "
+                         "differs from the blocks' by more than this share (the job's model.block_tolerance; 0: "
+                         "blocks only)")
     ap.add_argument("--no-model", action="store_true")
     ap.add_argument("--no-tesseract", action="store_true")
     ap.add_argument("--device", default="cpu")
@@ -511,6 +536,8 @@ def main(argv: list[str] | None = None) -> int:
                                                   loop_drop_tokens=args.loop_drop_tokens,
                                                   loop_ban_next=args.loop_ban_next)}
     reader = None if args.no_model else readers[args.reader]()
+    if reader is not None and args.block_lines:
+        reader = BlockReader(reader, args.block_lines, args.block_tolerance)
     if reader is not None and not config_fits_model(cfg, args.model, reader.processor.max_pixels):
         raise SystemExit(f"{args.config} draws pages at {cfg['image']['target_longest_px']} px, max_pixels "
                          f"{cfg['image']['max_pixels']:,}, but {args.model} reads pages of another size (its "
@@ -523,15 +550,18 @@ def main(argv: list[str] | None = None) -> int:
     result = {"command": " ".join([Path(sys.executable).name, "-m", "jobs.eval_ocr", *(argv or sys.argv[1:])]),
               "model": str(args.model), "reader": args.reader, "num_beams": args.num_beams,
               "loop_stop_tokens": args.loop_stop_tokens, "loop_drop_tokens": args.loop_drop_tokens,
-              "loop_ban_next": args.loop_ban_next, "glyph_px": args.glyph_px,
+              "loop_ban_next": args.loop_ban_next, "glyph_px": args.glyph_px, "block_lines": args.block_lines,
+              "block_tolerance": args.block_tolerance,
               "tesseract": use_tess, "pymupdf": pymupdf_version()}
     if args.heldout:
         pages = heldout_pages(args.heldout, cfg, args.synth, first=args.heldout_from, drawing=drawing)
         result["heldout_synthetic"] = evaluate(pages, reader, use_tess, args.batch, args.max_new_tokens)
+        note_blocks_taken(reader, result["heldout_synthetic"])
         result["heldout_synthetic"]["pool"] = pool_fingerprint(args.synth)
     if args.corpus_pages:
         result["corpus"] = evaluate(corpus_pages(args.corpus, args.corpus_pages, cfg, drawing=drawing), reader,
                                     use_tess, args.batch, args.max_new_tokens)
+        note_blocks_taken(reader, result["corpus"])
         result["corpus"]["left_out_unreadable_text_layer"] = [
             r["filename"] for r in born_digital_rows(args.corpus, readable_only=False)
             if not first_page_reads(args.corpus / r["filename"])]

@@ -30,7 +30,8 @@ def _overrides(**flags) -> dict:
         "device": ("model", "device"), "dtype": ("model", "dtype"), "max_tokens": ("model", "max_tokens"),
         "prompt": ("model", "prompt"), "num_beams": ("model", "num_beams"),
         "loop_stop_tokens": ("model", "loop_stop_tokens"), "loop_drop_tokens": ("model", "loop_drop_tokens"),
-        "loop_ban_next": ("model", "loop_ban_next"),
+        "loop_ban_next": ("model", "loop_ban_next"), "block_lines": ("model", "block_lines"),
+        "block_tolerance": ("model", "block_tolerance"),
         "max_pages": ("raster", "max_pages_per_doc"),
         "target_longest_px": ("raster", "target_longest_px"), "glyph_px": ("raster", "glyph_px"),
         "doc_timeout": ("raster", "doc_timeout_s"),
@@ -72,6 +73,11 @@ def _overrides(**flags) -> dict:
               help="leave out the repeats of a loop over this many tokens and read on (0: off)")
 @click.option("--loop-ban-next", is_flag=True,
               help="with --loop-drop-tokens: forbid the token that would go on with a loop")
+@click.option("--block-lines", type=int,
+              help="also read pages in blocks of this many text lines and take that read where the page's own "
+                   "disagrees in length (0: off; default: the checkpoint's)")
+@click.option("--block-tolerance", type=float,
+              help="with --block-lines: the length difference, as a share, past which the blocks' read is taken")
 @click.option("--max-pages", type=int, help="pages per document")
 @click.option("--target-longest-px", type=int, help="longest page side when rendering")
 @click.option("--glyph-px", type=float,

@@ -13,11 +13,15 @@ from typing import TYPE_CHECKING
 
 import pyarrow.fs as pafs
 
+from pipeline.blocks import BlockReading
 from pipeline.rasterize import RasterOptions
 from pipeline.storage import resolve
 
 if TYPE_CHECKING:  # annotations only: jobs.eval_ocr reads checkpoints here on machines without pydantic (the H200)
     from pipeline.config import JobConfig, StorageConfig
+
+
+DEFAULT_BLOCK_TOLERANCE = 0.1  # session 33's pick on held-out pages 288-335 (pipeline/blocks.py)
 
 
 class CheckpointError(Exception):
@@ -140,3 +144,16 @@ def raster_options(cfg: JobConfig, checkpoint_dir: str) -> RasterOptions:
         max_pixels = min(c for c in (target * target, proc and proc.max_pixels, fits) if c)
     return RasterOptions(target_longest_px=target, max_pixels=max_pixels, max_pages=cfg.raster.max_pages_per_doc,
                          extract_text=cfg.raster.extract_text, glyph_px=glyph_px)
+
+
+def block_reading(cfg: JobConfig, checkpoint_dir: str) -> BlockReading:
+    """Whether and how pages are read in blocks too (model.block_lines, block_tolerance), else as the checkpoint's
+    ocria_info.json says; the block images' sides are whole vision tokens of its processor."""
+    info = checkpoint_info(checkpoint_dir)
+    lines = cfg.model.block_lines if cfg.model.block_lines is not None else int(info.get("block_lines", 0))
+    tolerance = cfg.model.block_tolerance or float(info.get("block_tolerance", DEFAULT_BLOCK_TOLERANCE))
+    proc = image_processor(checkpoint_dir) if lines else None
+    if lines and proc is None:
+        raise CheckpointError(f"model.block_lines={lines} needs the checkpoint's preprocessor_config.json (the size of "
+                              f"a vision token), which {checkpoint_dir} lacks: set model.block_lines 0")
+    return BlockReading(lines, tolerance, proc.patch_size * proc.merge_size if proc else 1)

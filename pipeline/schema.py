@@ -47,6 +47,7 @@ PAGE_SCHEMA = pa.schema([
     ("output_tokens", pa.int32()),
     ("finish_reason", pa.string()),
     ("loop_dropped_tokens", pa.int32()),  # output tokens left out of `text` as a loop's repeats (model.loop_drop_tokens)
+    ("read_by", pa.string()),  # page | blocks: whose read `text` is (model.block_lines: a page read in blocks too)
     ("backend", pa.string()),
     ("model_id", pa.string()),
     ("raster_s", pa.float64()),

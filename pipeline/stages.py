@@ -12,6 +12,7 @@ from typing import Iterator
 import numpy as np
 import pyarrow as pa
 
+from pipeline.blocks import BlockReading, join_block_texts, page_blocks, prefer_blocks
 from pipeline.checkpoint import localize
 from pipeline.config import StorageConfig
 from pipeline.isolation import IsolatedRasterizer
@@ -81,11 +82,12 @@ class ParseStage:
 
     def __init__(self, run_id: str, backend_name: str, checkpoint: str, storage: StorageConfig, cache_dir: str,
                  device: str, dtype: str, sampling: dict, prompt: str, fallback_to_text_layer: bool,
-                 options: dict | None = None):
+                 options: dict | None = None, block_reading: BlockReading = BlockReading()):
         from engine.backends import load_backend
         from engine.interface import SamplingParams
 
         self.run_id, self.prompt, self.fallback = run_id, prompt, fallback_to_text_layer
+        self.blocks = block_reading
         self.sampling = SamplingParams(**sampling)
         checkpoint_dir = localize(checkpoint, storage, cache_dir)  # this node's copy (the driver's may be elsewhere)
         self.backend = load_backend(backend_name, checkpoint_dir, device=device, dtype=dtype, **(options or {}))
@@ -97,16 +99,12 @@ class ParseStage:
 
         rows = batch.to_pylist()
         todo = [i for i, r in enumerate(rows) if r["status"] == "ok"]
-        requests = [
-            PageRequest(
-                request_id=f"{rows[i]['sha256']}:{rows[i]['page_index']}",
-                image=np.frombuffer(rows[i]["image"], np.uint8).reshape(rows[i]["image_height"], rows[i]["image_width"], 3),
-                prompt=self.prompt,
-                sampling=self.sampling,
-            )
-            for i in todo
-        ]
+        images = {i: np.frombuffer(rows[i]["image"], np.uint8).reshape(rows[i]["image_height"], rows[i]["image_width"], 3)
+                  for i in todo}
+        requests = [PageRequest(f"{rows[i]['sha256']}:{rows[i]['page_index']}", images[i], self.prompt, self.sampling)
+                    for i in todo]
         results = self.backend.parse(requests) if requests else []
+        by_blocks = self._read_in_blocks(rows, images, results) if self.blocks.lines else {}
         share = self._engine_time() / max(len(requests), 1)  # each page's part of the engine time
         out = [self._page_row(r) for r in rows]
         for i, res in zip(todo, results):
@@ -115,12 +113,37 @@ class ParseStage:
                        loop_dropped_tokens=res.loop_dropped_tokens, ttft_s=res.ttft_s, decode_s=res.decode_s,
                        parse_s=res.total_s or share, engine_s=share)
             if res.finish_reason != "error":
-                row.update(status="ok", text=res.text)
+                row.update(status="ok", text=res.text, read_by="page")
+                if i in by_blocks:
+                    text, prompt_tokens, output_tokens = by_blocks[i]
+                    row.update(prompt_tokens=row["prompt_tokens"] + prompt_tokens,
+                               output_tokens=row["output_tokens"] + output_tokens)
+                    if prefer_blocks(res.text, text, self.blocks.tolerance):
+                        row.update(text=text, read_by="blocks")
             elif self.fallback and (row["text_layer"] or "").strip():
                 row.update(status="fallback", text=row["text_layer"], error_kind="engine", error=res.error)
             else:
                 row.update(status="error", error_kind="engine", error=res.error or "engine failed")
         return pa.Table.from_pylist(out, schema=PAGE_SCHEMA)
+
+    def _read_in_blocks(self, rows: list[dict], images: dict, results: list) -> dict[int, tuple[str, int, int]]:
+        """Each page the engine read, read again in blocks of a few lines (pipeline.blocks): row index -> (the blocks'
+        joined answers, their prompt and output tokens). A page with a failed block, or without ink dark enough to cut,
+        keeps its own read only."""
+        from engine.interface import PageRequest
+
+        pages = {i: page_blocks(images[i], self.blocks.lines, self.blocks.token_px)
+                 for i, res in zip(images, results) if res.finish_reason != "error"}
+        requests = [PageRequest(f"{rows[i]['sha256']}:{rows[i]['page_index']}:block{k}", crop, self.prompt, self.sampling)
+                    for i, (_, crops) in pages.items() for k, crop in enumerate(crops)]
+        results = iter(self.backend.parse(requests) if requests else [])
+        out = {}
+        for i, (blocks, _) in pages.items():
+            got = [next(results) for _ in blocks]
+            if blocks and all(r.finish_reason != "error" for r in got):  # no blocks: no ink to measure it by
+                out[i] = (join_block_texts(blocks, [r.text for r in got]), sum(r.prompt_tokens for r in got),
+                          sum(r.output_tokens for r in got))
+        return out
 
     def _engine_time(self) -> float:
         """Engine seconds since the previous call took its share. Calls may overlap (parse.concurrent_batches), so

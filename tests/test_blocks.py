@@ -1,0 +1,247 @@
+"""Pages cut into blocks of a few text lines (pipeline.blocks): the cut finds the lines and columns the layout drew,
+each line falls in one block, and the blocks' answers join into the page's text."""
+import numpy as np
+import pytest
+
+from pipeline.blocks import TextBlock, block_image, column_spans, ink_mask, join_block_texts, text_blocks, text_lines
+from pipeline.synthetic import SynthConfig, TextPool, column_rects, make_page
+
+SEEDS = range(40)
+
+
+@pytest.fixture(scope="module")
+def pages(licence_prose):
+    """Synthetic pages at the shipped model's page size, with where each text line lies; two columns wherever the page
+    is wide enough."""
+    pool = TextPool(prose=licence_prose, code=[["def area(r):", "    return 3.14159 * r * r"]])
+    cfg = SynthConfig(target_longest_px=1536, max_pixels=1536 * 1536, font_px=(20.0, 36.0), max_chars=(150, 1300),
+                      two_columns=1.0, text_lines=True)
+    return [make_page(seed, pool, cfg) for seed in SEEDS]
+
+
+def layout_rows(lines, x0=0.0, x1=np.inf) -> list[tuple[float, float]]:
+    """The page's text lines within columns x0..x1 grouped into rows (a table's cells side by side are one row)."""
+    rows: list[list[float]] = []
+    for ln in sorted((ln for ln in lines if x0 <= (ln.x0 + ln.x1) / 2 < x1), key=lambda ln: ln.y0):
+        if rows and ln.y0 < rows[-1][1] - 0.3 * (ln.y1 - ln.y0):
+            rows[-1][1] = max(rows[-1][1], ln.y1)
+        else:
+            rows.append([ln.y0, ln.y1])
+    return [tuple(r) for r in rows]
+
+
+def right_column_px(page) -> float:
+    """Where the layout's second column begins in the image (beyond the page for one column)."""
+    rects = column_rects(page.style)
+    return rects[1].x0 * page.image.shape[1] / page.style.width_pt - 1 if len(rects) == 2 else np.inf
+
+
+def test_the_cut_finds_the_columns_and_lines_the_layout_drew(pages):
+    two = 0
+    for p in pages:
+        mask = ink_mask(p.image)
+        spans = column_spans(mask)
+        used = 1 + any(ln.x0 >= right_column_px(p) for ln in p.lines)  # a short page fills its left column only
+        assert len(spans) == used, p.seed
+        two += used == 2
+        for x0, x1 in spans:
+            found = text_lines(mask[:, x0:x1])
+            rows = layout_rows(p.lines, x0 - 1, x1 + 1)
+            line_px = np.median([b - a for a, b in found])
+            held = [[r for r in rows if a <= (r[0] + r[1]) / 2 < b] for a, b in found]
+            assert sum(map(len, held)) == len(rows), (p.seed, x0)  # each row's middle in one found line
+            for (a, b), h in zip(found, held):  # one row each, but a table's borders join its rows
+                assert len(h) == 1 or (b - a > 1.5 * line_px and len(h) > 1), (p.seed, a, b, h)
+    assert 5 <= two < len(pages)  # both layouts were tried
+
+
+@pytest.mark.parametrize("max_lines", [1, 3, 4])
+def test_each_line_falls_in_one_block_of_at_most_max_lines(pages, max_lines):
+    for p in pages:
+        blocks = text_blocks(p.image, max_lines)
+        assert blocks[0].joins == "" and all(b.joins in (" ", "\n\n") for b in blocks[1:])
+        mask = ink_mask(p.image)
+        for b in blocks:  # no more lines than max_lines, unless one tall run of ink (a bordered table) is the block
+            found = text_lines(mask[b.y0:b.y1, b.x0:b.x1])
+            assert len(found) <= max_lines or len(found) == 1, p.seed
+        for ln in p.lines:
+            cy, cx = (ln.y0 + ln.y1) / 2, (ln.x0 + ln.x1) / 2
+            holders = [b for b in blocks if b.y0 <= cy < b.y1 and b.x0 <= cx < b.x1]
+            assert len(holders) == 1, (p.seed, ln.text)
+        # reading order: down the left column, then down the right
+        keys = [(b.x0 >= right_column_px(p), b.y0) for b in blocks]
+        assert keys == sorted(keys), p.seed
+
+
+def test_a_paragraph_is_cut_into_near_equal_parts_that_join_with_a_space():
+    image = np.full((400, 300, 3), 255, np.uint8)
+    for k in range(7):  # one paragraph of seven lines, 20 px high, 10 px apart
+        image[20 + 30 * k: 40 + 30 * k, 20:280] = 0
+    image[20 + 30 * 7 + 60: 20 + 30 * 7 + 80, 20:200] = 0  # a second paragraph after a wide gap
+    blocks = text_blocks(image, max_lines=3)
+    assert [(b.y0, b.y1) for b in blocks] == [(20, 70), (80, 160), (170, 220), (290, 310)]
+    assert [b.joins for b in blocks] == ["", " ", " ", "\n\n"]
+    assert blocks[3].x1 == 200
+
+
+def test_a_thin_mark_joins_its_line():
+    image = np.full((200, 300, 3), 255, np.uint8)
+    image[20:23, 20:30] = 0  # i-dots 3 px above their line
+    image[26:46, 20:280] = 0
+    image[60:80, 20:280] = 0
+    image[82:84, 20:280] = 0  # an underline just below
+    assert text_lines(ink_mask(image)) == [(20, 46), (60, 84)]
+
+
+def test_no_gutter_no_columns():
+    image = np.full((200, 400, 3), 255, np.uint8)
+    image[20:40, 20:380] = 0  # a full-width line over two half-width ones
+    image[60:80, 20:170] = 0
+    image[60:80, 230:380] = 0
+    assert column_spans(ink_mask(image)) == [(20, 380)]
+    image[20:40, 180:220] = 255  # now a gutter runs the whole height
+    assert column_spans(ink_mask(image)) == [(20, 180), (220, 380)]
+    assert text_blocks(np.full((50, 50, 3), 255, np.uint8)) == []
+
+
+def test_a_block_image_is_its_pixels_on_white_paper():
+    rng = np.random.default_rng(0)
+    image = rng.integers(0, 256, (97, 131, 3), dtype=np.uint8)
+    block = TextBlock(10, 40, 5, 77, "")
+    out = block_image(image, block, pad=7)
+    assert out.shape == (30 + 14, 72 + 14, 3)
+    assert (out[7:37, 7:79] == image[10:40, 5:77]).all()
+    out[7:37, 7:79] = 255
+    assert (out == 255).all()
+    out = block_image(image, block, pad=7, multiple=32)  # paper added evenly up to whole tokens
+    assert out.shape == (64, 96, 3)
+    assert (out[17:47, 12:84] == image[10:40, 5:77]).all() and (out[:17] == 255).all() and (out[:, 84:] == 255).all()
+
+
+def test_block_texts_join_as_the_page_wrote_them():
+    b = [TextBlock(0, 1, 0, 1, j) for j in ("", " ", " ", "\n\n", " ", " ")]
+    texts = ["Files: libs/type_traits/", "include/boost/x.hpp and", "- second item", "## Heading", "", "end"]
+    assert join_block_texts(b, texts) == ("Files: libs/type_traits/include/boost/x.hpp and\n- second item\n\n"
+                                          "## Heading end")
+    assert join_block_texts(b[:2], ["", "first"]) == "first"
+
+
+def _info_model(folder, info: dict | None, processor: bool = True):
+    """models/ocria-tiny's small files with another ocria_info.json (the weights are not needed to plan)."""
+    import json
+    import shutil
+
+    from conftest import ROOT
+
+    folder.mkdir(parents=True)
+    for f in (ROOT / "models" / "ocria-tiny").iterdir():
+        if f.suffix != ".safetensors" and (processor or f.name != "preprocessor_config.json"):
+            shutil.copy(f, folder / f.name)
+    (folder / "ocria_info.json").write_text(json.dumps(info or {}))
+    return str(folder)
+
+
+def test_the_job_reads_in_blocks_as_the_checkpoint_says_unless_configured(tmp_path):
+    from pipeline.blocks import BlockReading
+    from pipeline.checkpoint import CheckpointError, block_reading
+    from pipeline.config import JobConfig
+
+    def job(**model):
+        return JobConfig.model_validate({"input": {"uris": ["samples"]}, "model": model})
+
+    named = _info_model(tmp_path / "named", {"block_lines": 8, "block_tolerance": 0.2})
+    assert block_reading(job(), named) == BlockReading(8, 0.2, 32)
+    assert block_reading(job(block_lines=0), named).lines == 0
+    assert block_reading(job(block_lines=5, block_tolerance=0.3), named) == BlockReading(5, 0.3, 32)
+    silent = _info_model(tmp_path / "silent", {})
+    assert block_reading(job(), silent) == BlockReading(0, 0.1, 1)
+    assert block_reading(job(block_lines=4), silent) == BlockReading(4, 0.1, 32)
+    bare = _info_model(tmp_path / "bare", {"block_lines": 8}, processor=False)
+    with pytest.raises(CheckpointError, match="preprocessor_config.json"):
+        block_reading(job(), bare)
+    with pytest.raises(ValueError):
+        job(block_tolerance=0)
+
+
+def _text_page(seed: int) -> np.ndarray:
+    """A page image of dark bars laid out as text lines: two paragraphs of a few lines."""
+    rng = np.random.default_rng(seed)
+    image = np.full((224, 160, 3), 255, np.uint8)
+    y = 12
+    for para in (3 + seed % 3, 2):
+        for _ in range(para):
+            image[y:y + 12, 10:10 + int(rng.integers(60, 140))] = rng.integers(0, 120)
+            y += 18
+        y += 20
+    return image
+
+
+def test_the_parse_stage_takes_the_block_read_where_the_lengths_disagree(tiny_checkpoint, tmp_path):
+    """Pages read whole and in blocks by one engine (a random model: the answers are arbitrary, which reads are made
+    and which is kept is what is tested): a huge tolerance keeps every page read, a tiny one takes the blocks' read
+    wherever the two lengths differ at all; both count the blocks' tokens."""
+    import pyarrow as pa
+
+    from engine.interface import PageRequest, SamplingParams
+    from pipeline.blocks import BlockReading, join_block_texts, page_blocks
+    from pipeline.config import StorageConfig
+    from pipeline.schema import RASTER_SCHEMA, empty_row
+    from pipeline.stages import ParseStage
+    from pipeline.text import markdown_to_text
+
+    images = [_text_page(s) for s in range(3)]
+    batch = pa.Table.from_pylist([
+        empty_row(RASTER_SCHEMA, uri="file:///d.pdf", sha256="ab" * 32, page_index=i, page_count=3, total_pages=3,
+                  status="ok", image=im.tobytes(), image_height=im.shape[0], image_width=im.shape[1], text_layer="",
+                  raster_s=0.01) for i, im in enumerate(images)], schema=RASTER_SCHEMA)
+    sampling = {"max_tokens": 12, "temperature": 0.0}
+
+    def read(blocks: BlockReading):
+        stage = ParseStage(run_id="r", backend_name="native", checkpoint=str(tiny_checkpoint), storage=StorageConfig(),
+                           cache_dir=str(tmp_path), device="cpu", dtype="float32", sampling=sampling, prompt="Read.",
+                           fallback_to_text_layer=False, options={"max_num_seqs": 4, "num_blocks": 256},
+                           block_reading=blocks)
+        rows = stage(batch).to_pylist()
+        joined = []
+        for im in images:  # the blocks' read, made here on the same engine
+            cut, crops = page_blocks(im, blocks.lines or 2, 32)
+            res = stage.backend.parse([PageRequest(f"c{k}", c, "Read.", SamplingParams(**sampling))
+                                       for k, c in enumerate(crops)])
+            joined.append(join_block_texts(cut, [r.text for r in res]))
+        stage.backend.close()
+        return rows, joined
+
+    plain, _ = read(BlockReading(0))
+    kept, _ = read(BlockReading(2, 1e9, 32))
+    taken, joined = read(BlockReading(2, 1e-9, 32))
+    assert [r["read_by"] for r in plain] == [r["read_by"] for r in kept] == ["page"] * 3
+    assert [r["text"] for r in kept] == [r["text"] for r in plain]
+    for p, k, t, j in zip(plain, kept, taken, joined):
+        assert k["prompt_tokens"] > p["prompt_tokens"] and t["prompt_tokens"] == k["prompt_tokens"]
+        differ = len(markdown_to_text(p["text"])) != len(markdown_to_text(j))
+        assert (t["read_by"], t["text"]) == (("blocks", j) if differ else ("page", p["text"]))
+    assert "blocks" in [t["read_by"] for t in taken]
+
+
+def test_the_eval_reader_reads_blocks_and_chooses_as_the_job_does():
+    """jobs.eval_ocr.BlockReader around a stand-in reader whose whole-page answers run on (500 letters) and whose block
+    answers are short: blocks only, or the whole page unless the lengths disagree by more than the tolerance."""
+    from types import SimpleNamespace
+
+    from jobs.eval_ocr import BlockReader
+    from pipeline.blocks import join_block_texts, page_blocks
+
+    class RunOnReader:
+        processor = SimpleNamespace(patch_size=16, merge_size=2)
+
+        def read(self, images, max_new_tokens=512):
+            return ["x" * 500 if im.shape[0] > 100 else f"line {im.shape[1]}" for im in images]
+
+    pages = [_text_page(s) for s in range(3)]
+    cut = [page_blocks(im, 2, 32) for im in pages]
+    by_blocks = [join_block_texts(bs, [f"line {c.shape[1]}" for c in crops]) for bs, crops in cut]
+    assert BlockReader(RunOnReader(), 2).read(pages) == by_blocks
+    lenient = BlockReader(RunOnReader(), 2, tolerance=100.0)
+    assert lenient.read(pages) == ["x" * 500] * 3 and lenient.chose_blocks == [False] * 3
+    strict = BlockReader(RunOnReader(), 2, tolerance=0.5)
+    assert strict.read(pages) == by_blocks and strict.chose_blocks == [True] * 3
