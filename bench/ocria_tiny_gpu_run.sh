@@ -147,6 +147,16 @@ case ${RECIPE:-D} in
          glyph_px: [29, 35],
          mix: {share: 0.2, font_px: [20, 36], max_chars: [8, 80], crop: true, strict_chars: true, made_up_words: 0.25}}]'
       RUN+=(--set image.target_longest_px=1536 --set image.max_pixels=7225344 --set "data.font_px=[20,36]") ;;
+  # F2UGB: F2UG with a third of its pages cut to their text (crop) and short (60-700 characters, a few lines to a few
+  # paragraphs) at the same glyph size: blocks as pipeline.blocks cuts pages for the job's block reading
+  # (model.block_lines). Session 33: blocks of 8 lines read held-out pages 288-335 at 0.078 against whole pages'
+  # 0.094, but worse on most pages (16 better, 29 worse): the model was trained on whole pages and single lines
+  F2UGB) CURR='data.curriculum=[{until_page: 100000000, font_px: [20, 36], max_chars: [150, 1300], made_up_words: 0.25,
+         glyph_px: [29, 35],
+         mix: [{share: 0.2, font_px: [20, 36], max_chars: [8, 80], crop: true, strict_chars: true, made_up_words: 0.25},
+               {share: 0.3, font_px: [20, 36], max_chars: [60, 700], crop: true, made_up_words: 0.25,
+                glyph_px: [29, 35]}]}]'
+      RUN+=(--set image.target_longest_px=1536 --set image.max_pixels=7225344 --set "data.font_px=[20,36]") ;;
   # F3: F2 with smaller and denser text for real pages: the corpus' median font is 17.4 px when the pipeline draws its
   # pages at 1,536 px, below F2's 20-36 (bench/results/ocria_tiny_s16_corpus_glyph_size.json), and its pages hold
   # 2-20 k characters, F2's at most 1,300. Fonts 16-36 px, up to 2,600 characters: answers of up to ~1,200 tokens
@@ -156,7 +166,7 @@ case ${RECIPE:-D} in
          mix: {share: 0.2, font_px: [16, 36], max_chars: [8, 80], crop: true, strict_chars: true}}]'
       RUN+=(--set image.target_longest_px=1536 --set image.max_pixels=2359296 --set "data.font_px=[16,36]"
         --set "data.max_chars=[150,2600]" --set data.max_answer_tokens=1280) ;;
-  *) echo "RECIPE must be D, E, F, F2, F2U, F2U5, F2UC, F2UG, F2UL, F2UP, F3 or H" >&2; exit 2 ;;
+  *) echo "RECIPE must be D, E, F, F2, F2U, F2U5, F2UC, F2UG, F2UGB, F2UL, F2UP, F3 or H" >&2; exit 2 ;;
 esac
 status=0
 timeout ${TIMEOUT_S:-565} python3 -m jobs.train_tiny train --model-dir "$model" --out "$out/run" ${resume:+--resume "$resume"} \

@@ -58,24 +58,36 @@ PAGE_SETTINGS = {"font_px", "max_chars", "crop", "strict_chars", "canvas_px", "m
                  "two_columns", "glyph_px"}
 
 
+def stage_mixes(stage: dict) -> list[dict]:
+    """A stage's mix pages: one {share, page settings...} or a list of them."""
+    mix = stage.get("mix") or []
+    return [mix] if isinstance(mix, dict) else list(mix)
+
+
 def check_curriculum(stages: list[dict]) -> None:
-    """A stage's keys are page settings (settings_config), until_page and mix (page settings and a share): a
-    misspelt key would otherwise be ignored and the run would train on the pages it meant to change."""
+    """A stage's keys are page settings (settings_config), until_page and mix (page settings and a share, or a list
+    of them): a misspelt key would otherwise be ignored and the run would train on the pages it meant to change."""
     for i, stage in enumerate(stages):
-        for where, keys, known in ((f"stage {i}", set(stage), PAGE_SETTINGS | {"until_page", "mix"}),
-                                   (f"stage {i}'s mix", set(stage.get("mix") or {}), PAGE_SETTINGS | {"share"})):
+        mixes = stage_mixes(stage)
+        named = [(f"stage {i}", set(stage), PAGE_SETTINGS | {"until_page", "mix"})]
+        named += [(f"stage {i}'s mix" + (f" {k}" if len(mixes) > 1 else ""), set(m), PAGE_SETTINGS | {"share"})
+                  for k, m in enumerate(mixes)]
+        for where, keys, known in named:
             if keys - known:
                 raise ValueError(f"data.curriculum {where}: unknown key(s) {sorted(keys - known)}; "
                                  f"known: {sorted(known)}")
         if not {"until_page", "font_px", "max_chars"} <= set(stage):
             raise ValueError(f"data.curriculum stage {i}: needs until_page, font_px and max_chars")
-        if stage.get("mix") and not {"share", "font_px", "max_chars"} <= set(stage["mix"]):
+        if any(not {"share", "font_px", "max_chars"} <= set(m) for m in mixes):
             raise ValueError(f"data.curriculum stage {i}'s mix: needs share, font_px and max_chars")
+        if sum(m["share"] for m in mixes) > 1:
+            raise ValueError(f"data.curriculum stage {i}'s mix: the shares add up to more than 1")
 
 
 def mixed_in(page_index: int, share: float) -> bool:
-    """Whether training page `page_index` is one of a stage's `mix` pages: a fixed pseudo-random share of the page
-    indices (a multiplicative hash), so data-loader workers and resumed runs agree."""
+    """Whether training page `page_index` is among a fixed pseudo-random `share` of the page indices (a multiplicative
+    hash), so data-loader workers and resumed runs agree on a stage's mix pages; the pages of a smaller share are
+    among those of a larger one."""
     return (page_index * 2654435761) % 2**32 < share * 2**32
 
 
@@ -83,10 +95,16 @@ def synth_config(cfg: dict, page_index: int | None = None, mix: bool = False):
     """Page settings of the final (evaluation) distribution, or of training page `page_index` under the curriculum.
     mix=True (the training stream): a stage's `mix: {share, font_px, max_chars, ...}` replaces the stage's settings for
     that share of its pages, e.g. line pages kept in the stream so the line CTC loss goes on teaching glyphs while
-    the decoder learns paragraphs. Held-out and check pages (mix=False) follow the stage's own settings."""
+    the decoder learns paragraphs; a list of mixes takes their shares in turn. Held-out and check pages (mix=False)
+    follow the stage's own settings."""
     d = curriculum_stage(cfg, page_index) if page_index is not None else cfg["data"]
-    if mix and page_index is not None and d.get("mix") and mixed_in(page_index, d["mix"]["share"]):
-        d = d["mix"]
+    if mix and page_index is not None:
+        edge = 0.0
+        for m in stage_mixes(d):
+            edge += m["share"]
+            if mixed_in(page_index, edge):
+                d = m
+                break
     return settings_config(cfg, d)
 
 
@@ -795,8 +813,8 @@ def _train(cfg: dict, synth: Path, model_dir: Path, out: Path, resume: Path | No
     check_every = tc.get("image_check_every", 0)
     checks = image_check_batches(cfg, synth, model_dir, state["pages"]) if check_every else None
     line_checks = checks[0] if checks else None  # where the CTC head's reading is checked
-    if checks and ctc is not None and (mix := curriculum_stage(cfg, state["pages"]).get("mix")):
-        line_checks = image_check_batches(cfg, synth, model_dir, state["pages"], 16, settings=mix)[0]  # its lines
+    if checks and ctc is not None and (mixes := stage_mixes(curriculum_stage(cfg, state["pages"]))):
+        line_checks = image_check_batches(cfg, synth, model_dir, state["pages"], 16, settings=mixes[0])[0]  # its lines
     budget = min(tc["run_train_s"], tc["total_train_s"] - state["elapsed_s"])
     t_start = time.time()
     t_first = None  # the clock starts at the first batch: worker start-up is not training time

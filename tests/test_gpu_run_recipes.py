@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.train_tiny import curriculum_stage, load_config, synth_config
+from jobs.train_tiny import curriculum_stage, load_config, mixed_in, synth_config
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = (ROOT / "bench" / "ocria_tiny_gpu_run.sh").read_text()
@@ -54,5 +54,33 @@ def test_recipe_loads_as_a_curriculum(name):
      "mix: needs share"),
 ])
 def test_a_misspelt_or_missing_stage_key_fails_when_the_config_loads(stage, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        load_config(ROOT / "configs" / "train_tiny.yaml", [f"data.curriculum=[{stage}]"])
+
+
+def test_a_list_of_mixes_takes_its_shares_in_turn():
+    """Recipe F2UGB mixes line pages (0.2) and short cropped pages at the glyph size (0.3) into its full pages: each
+    page index picks one, in those shares; the line pages are the ones a single line mix of 0.2 would pick."""
+    curr, sets = recipes()["F2UGB"]
+    cfg = load_config(ROOT / "configs" / "train_tiny.yaml", [*sets, curr])
+    kinds = []
+    for i in range(4000):
+        page = synth_config(cfg, i, mix=True)
+        kinds.append("line" if page.strict_chars else "block" if page.crop else "full")
+        assert kinds[-1] != "line" or mixed_in(i, 0.2)
+        assert (page.glyph_px is None) == (kinds[-1] == "line")
+    shares = {k: kinds.count(k) / len(kinds) for k in ("line", "block", "full")}
+    assert shares == pytest.approx({"line": 0.2, "block": 0.3, "full": 0.5}, abs=0.03)
+    assert synth_config(cfg, 7).crop is False  # held-out and check pages: the stage's own
+
+
+@pytest.mark.parametrize("mix, message", [
+    ("[{share: 0.2, font_px: [20, 36], max_chars: [8, 80]}, {share: 0.3, font_px: [20, 36], max_chars: [8, 80], "
+     "glyph: [29, 35]}]", "stage 0's mix 1: unknown key(s) ['glyph']"),
+    ("[{share: 0.6, font_px: [20, 36], max_chars: [8, 80]}, {share: 0.5, font_px: [20, 36], max_chars: [8, 80]}]",
+     "add up to more than 1"),
+])
+def test_a_bad_mix_in_a_list_fails_when_the_config_loads(mix, message):
+    stage = f"{{until_page: 9, font_px: [20, 36], max_chars: [150, 1300], mix: {mix}}}"
     with pytest.raises(ValueError, match=re.escape(message)):
         load_config(ROOT / "configs" / "train_tiny.yaml", [f"data.curriculum=[{stage}]"])
