@@ -26,17 +26,23 @@ def pages_of(files: list[Path], section: str) -> dict[str, dict]:
     return {p["page"]: p for f in files for p in json.loads(f.read_text())[section]["per_page"]}
 
 
+def same_reference(a: dict, b: dict) -> bool:
+    return a["model_text"]["ref_chars"] == b["model_text"]["ref_chars"]
+
+
 def pooled(rows: list[dict]) -> float:
     return sum(p["model_text"]["cer"] * p["model_text"]["ref_chars"] for p in rows) / sum(
         p["model_text"]["ref_chars"] for p in rows)
 
 
 def choose(whole: dict[str, dict], blocks: dict[str, dict], tolerance: float) -> tuple[list[dict], list[str]]:
-    """Per page of the block read, the row kept, and the pages whose block read was taken."""
+    """Per page of the block read, the row kept, and the pages whose block read was taken. A page whose two reads
+    have other references (drawn by another PyMuPDF, the same seed lays out another document) keeps its whole read:
+    its block read read another page."""
     rows, taken = [], []
     for page, b in blocks.items():
         w = whole[page]
-        if prefer_blocks(w["model_output"], b["model_output"], tolerance):
+        if same_reference(w, b) and prefer_blocks(w["model_output"], b["model_output"], tolerance):
             rows.append(b)
             taken.append(page)
         else:
@@ -56,6 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     missing = sorted(set(blocks) - set(whole))
     if missing:
         raise SystemExit(f"pages read in blocks but not whole: {missing[:5]}")
+    differ = sorted(p for p in blocks if not same_reference(whole[p], blocks[p]))
+    if differ:
+        print(f"pages whose two reads have other references (another PyMuPDF): {differ}; their whole read is kept")
     print(f"{len(blocks)} pages: whole {pooled([whole[p] for p in blocks]):.4f}, blocks {pooled(list(blocks.values())):.4f}")
     print("tolerance  pooled CER  blocks taken")
     for t in args.tolerance:
@@ -65,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         rows, taken = choose(whole, blocks, args.tolerance[0])
         out = {"command": " ".join(["python", *sys.argv]), "page_read": [str(f) for f in args.page_read],
                "block_read": [str(f) for f in args.block_read], "tolerance": args.tolerance[0],
+               "references_differ": differ,
                args.section: {"per_page": rows, "blocks_taken": taken,
                               "model_text": {"cer": pooled(rows), "pages": len(rows)}}}
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -14,10 +14,12 @@ only (no text layer), so scans read the same way:
 `join_block_texts` puts the blocks' answers together again: a paragraph cut in two joins with a space (none after a
 line that ends in "/", where paths wrap), paragraphs and columns with a blank line.
 
-Blocks read each glyph a little worse than the whole page does (the model's pages are whole pages), so the job reads
-both and keeps the page's read unless its length disagrees with the blocks' (`prefer_blocks`): a page read that ran on
-or skipped lines. Held-out pages 288-335: whole pages 0.094 pooled CER, blocks of 8 lines 0.078, the two this way
-0.062 (bench/results/ocria_tiny_s33_runs.json).
+Blocks read most glyphs a little worse than the whole page does (ocria-tiny was trained on whole pages and single
+lines), so the job can read both and keep the page's read unless its length disagrees with the blocks'
+(`prefer_blocks`): a page read that ran on or skipped lines. It is off unless configured or named by the checkpoint:
+for the shipped model (session 33, bench/results/ocria_tiny_s33_runs.json) the two reads this way took held-out pages
+0-95 from 0.110 to 0.089 pooled CER but pages 96-191 only from 0.068 to 0.067, and the model trained on in session 33
+read worse this way than alone.
 """
 from __future__ import annotations
 
@@ -38,7 +40,7 @@ class BlockReading:
     taken where the page's read differs in length by more than `tolerance`, block images in whole tokens of
     `token_px`."""
     lines: int = 0
-    tolerance: float = 0.1
+    tolerance: float = 0.1  # session 33's pick on held-out pages 288-335
     token_px: int = 32
 
 

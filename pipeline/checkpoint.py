@@ -21,9 +21,6 @@ if TYPE_CHECKING:  # annotations only: jobs.eval_ocr reads checkpoints here on m
     from pipeline.config import JobConfig, StorageConfig
 
 
-DEFAULT_BLOCK_TOLERANCE = 0.1  # session 33's pick on held-out pages 288-335 (pipeline/blocks.py)
-
-
 class CheckpointError(Exception):
     pass
 
@@ -151,7 +148,7 @@ def block_reading(cfg: JobConfig, checkpoint_dir: str) -> BlockReading:
     ocria_info.json says; the block images' sides are whole vision tokens of its processor."""
     info = checkpoint_info(checkpoint_dir)
     lines = cfg.model.block_lines if cfg.model.block_lines is not None else int(info.get("block_lines", 0))
-    tolerance = cfg.model.block_tolerance or float(info.get("block_tolerance", DEFAULT_BLOCK_TOLERANCE))
+    tolerance = cfg.model.block_tolerance or float(info.get("block_tolerance", BlockReading.tolerance))
     proc = image_processor(checkpoint_dir) if lines else None
     if lines and proc is None:
         raise CheckpointError(f"model.block_lines={lines} needs the checkpoint's preprocessor_config.json (the size of "

@@ -333,6 +333,13 @@ def test_paired_cer_pools_edits_over_characters_and_bootstraps_the_pages_togethe
     assert paired.page_errors(paired.read_pages([a], (4, 6))) == paired.page_errors(paired.read_pages(halves[1:]))
     with pytest.raises(ValueError, match="different pages"):
         paired.compare(paired.page_errors(rows_a), paired.page_errors(paired.read_pages(halves[:1])))
+    # a page whose reference is another on one side (another PyMuPDF drew another document) is left out and listed
+    other = eval_file("other.json", cers_a, [*chars[:2], 999, *chars[3:]])
+    assert paired.references_differ(rows_a, paired.read_pages([other])) == ["heldout_0002"]
+    out = tmp_path / "pair.json"
+    paired.main(["--a", str(a), "--b", str(other), "--out", str(out), "--draws", "50"])
+    res = json.loads(out.read_text())
+    assert res["left_out_references_differ"] == ["heldout_0002"] and res["pages"] == 6
 
 
 @pytest.fixture(scope="module")
@@ -442,3 +449,17 @@ def test_cer_by_glyph_finds_each_pages_font_size_and_pools_by_range(licence_pros
     assert rows[(20.0, 1)]["pages"] == 2 and rows[(20.0, 1)]["pooled_cer"] == pytest.approx(50 / 400)
     assert rows[(20.0, 2)]["pooled_cer"] == pytest.approx(0.2) and rows[(32.0, 1)]["pages"] == 1
     assert (24.0, 1) not in rows
+
+
+def test_hybrid_read_takes_the_block_read_where_lengths_disagree_on_the_same_page():
+    hybrid = load_bench("ocria_tiny_hybrid_read")
+
+    def row(page, output, ref_chars=100, cer=0.1):
+        return {"page": page, "model_output": output, "model_text": {"cer": cer, "ref_chars": ref_chars}}
+
+    whole = {"p0": row("p0", "a" * 100), "p1": row("p1", "a" * 300, cer=2.0), "p2": row("p2", "a" * 300)}
+    blocks = {"p0": row("p0", "b" * 95), "p1": row("p1", "b" * 100, cer=0.2), "p2": row("p2", "b" * 100, 120)}
+    rows, taken = hybrid.choose(whole, blocks, 0.1)
+    assert taken == ["p1"]  # p0 agrees within 10 %; p2's block read is of another document (its reference differs)
+    assert rows == [whole["p0"], blocks["p1"], whole["p2"]]
+    assert hybrid.pooled(rows) == pytest.approx((10 + 20 + 10) / 300)
