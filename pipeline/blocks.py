@@ -15,11 +15,11 @@ on from memory: the 25 of 192 held-out pages it reads worst carry 58 % of its ed
 line that ends in "/", where paths wrap), paragraphs and columns with a blank line.
 
 Blocks read most glyphs a little worse than the whole page does (ocria-tiny was trained on whole pages and single
-lines), so the job can read both and keep the page's read unless its length disagrees with the blocks'
-(`prefer_blocks`): a page read that ran on or skipped lines. It is off unless configured or named by the checkpoint:
-for the shipped model (session 33, bench/results/ocria_tiny_s33_runs.json) the two reads this way took held-out pages
-0-95 from 0.110 to 0.089 pooled CER but pages 96-191 only from 0.068 to 0.067, and the model trained on in session 33
-read worse this way than alone.
+lines), so the job reads both and keeps the page's read unless its length disagrees with the blocks'
+(`prefer_blocks`): a page read that ran on or skipped lines. The checkpoint names it (ocria_info.json block_lines):
+for the shipped model (session 33, bench/results/ocria_tiny_s33_runs.json) it took held-out pages 192-287 from 0.091
+to 0.068 pooled CER (CPU), pages 0-95 from 0.110 to 0.089, pages 96-191 from 0.068 to 0.067, and the corpus from 0.893
+to 0.773. A model trained on further in session 33 read worse this way than alone: a choice per model.
 """
 from __future__ import annotations
 

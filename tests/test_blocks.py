@@ -161,6 +161,8 @@ def test_the_job_reads_in_blocks_as_the_checkpoint_says_unless_configured(tmp_pa
         block_reading(job(), bare)
     with pytest.raises(ValueError):
         job(block_tolerance=0)
+    from conftest import ROOT  # the shipped model names block reading (session 33's rule R6)
+    assert block_reading(job(), str(ROOT / "models" / "ocria-tiny")) == BlockReading(8, 0.1, 32)
 
 
 def _text_page(seed: int) -> np.ndarray:
