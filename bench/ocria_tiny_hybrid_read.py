@@ -19,11 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.ocria_tiny_paired_cer import read_pages  # noqa: E402
 from pipeline.blocks import prefer_blocks  # noqa: E402
-
-
-def pages_of(files: list[Path], section: str) -> dict[str, dict]:
-    return {p["page"]: p for f in files for p in json.loads(f.read_text())[section]["per_page"]}
 
 
 def same_reference(a: dict, b: dict) -> bool:
@@ -58,7 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--section", default="heldout_synthetic", choices=["heldout_synthetic", "corpus"])
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
-    whole, blocks = pages_of(args.page_read, args.section), pages_of(args.block_read, args.section)
+    whole, blocks = ({p["page"]: p for p in read_pages(files, section=args.section)}
+                     for files in (args.page_read, args.block_read))
     missing = sorted(set(blocks) - set(whole))
     if missing:
         raise SystemExit(f"pages read in blocks but not whole: {missing[:5]}")

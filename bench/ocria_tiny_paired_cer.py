@@ -23,9 +23,10 @@ import statistics
 from pathlib import Path
 
 
-def read_pages(files: list[Path], pages: tuple[int, int] | None = None) -> list[dict]:
-    """The held-out pages' rows of all `files`, only pages first..last (inclusive) when `pages` says so."""
-    rows = [p for f in files for p in json.loads(f.read_text())["heldout_synthetic"]["per_page"]]
+def read_pages(files: list[Path], pages: tuple[int, int] | None = None, section: str = "heldout_synthetic") -> list[dict]:
+    """The held-out pages' rows of all `files` (or another section's, e.g. corpus), only held-out pages first..last
+    (inclusive) when `pages` says so."""
+    rows = [p for f in files for p in json.loads(f.read_text())[section]["per_page"]]
     if pages is None:
         return rows
     return [p for p in rows if pages[0] <= int(p["page"].rsplit("_", 1)[1]) <= pages[1]]

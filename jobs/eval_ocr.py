@@ -243,13 +243,12 @@ class BlockReader:
         self.chose_blocks: list[bool] = []  # per page read so far, with a tolerance: whether the blocks' read was taken
 
     def read(self, images: list[np.ndarray], max_new_tokens: int = 512) -> list[str]:
-        from pipeline.blocks import join_block_texts, page_blocks, prefer_blocks
+        from pipeline.blocks import join_block_texts, prefer_blocks, read_blocks
 
         token_px = self.processor.patch_size * self.processor.merge_size
-        pages = [page_blocks(im, self.max_lines, token_px) for im in images]
-        crops = [c for _, cs in pages for c in cs]
-        texts = iter(self.reader.read(crops, max_new_tokens) if crops else [])
-        by_blocks = [join_block_texts(bs, [next(texts) for _ in bs]) for bs, _ in pages]
+        read = read_blocks(images, self.max_lines, token_px,
+                           lambda items: self.reader.read([crop for _, _, crop in items], max_new_tokens))
+        by_blocks = [join_block_texts(blocks, texts) for blocks, texts in read]
         if not self.tolerance:
             return by_blocks
         whole = self.reader.read(images, max_new_tokens)

@@ -25,12 +25,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Callable, TypeVar
 
 import numpy as np
 
 from pipeline.text import markdown_to_text
 
 MARKDOWN_BLOCK_START = re.compile(r"(- |\d+\. |\||#{1,6} |```)")
+T = TypeVar("T")
 INK_BELOW = 200  # a pixel darker than this in every channel is ink (pipeline.synthetic.ink_box's threshold)
 
 
@@ -211,6 +213,16 @@ def page_blocks(image: np.ndarray, max_lines: int, token_px: int) -> tuple[list[
     """The page's blocks and their images, sides in whole vision tokens of token_px pixels."""
     blocks = text_blocks(image, max_lines)
     return blocks, [block_image(image, b, multiple=token_px) for b in blocks]
+
+
+def read_blocks(images: list[np.ndarray], max_lines: int, token_px: int,
+                read: Callable[[list[tuple[int, int, np.ndarray]]], list[T]]) -> list[tuple[list[TextBlock], list[T]]]:
+    """Each page's blocks and the answers to their images: every block of the pages goes to one call of `read`, as
+    (the page's position in `images`, the block's number on its page, its image), and its answers come back in order."""
+    pages = [page_blocks(im, max_lines, token_px) for im in images]
+    items = [(p, k, crop) for p, (_, crops) in enumerate(pages) for k, crop in enumerate(crops)]
+    answers = iter(read(items) if items else [])
+    return [(blocks, [next(answers) for _ in blocks]) for blocks, _ in pages]
 
 
 def prefer_blocks(page_md: str, blocks_md: str, tolerance: float) -> bool:

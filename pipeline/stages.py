@@ -12,7 +12,7 @@ from typing import Iterator
 import numpy as np
 import pyarrow as pa
 
-from pipeline.blocks import BlockReading, join_block_texts, page_blocks, prefer_blocks
+from pipeline.blocks import BlockReading, join_block_texts, prefer_blocks, read_blocks
 from pipeline.checkpoint import localize
 from pipeline.config import StorageConfig
 from pipeline.isolation import IsolatedRasterizer
@@ -132,14 +132,15 @@ class ParseStage:
         keeps its own read only."""
         from engine.interface import PageRequest
 
-        pages = {i: page_blocks(images[i], self.blocks.lines, self.blocks.token_px)
-                 for i, res in zip(images, results) if res.finish_reason != "error"}
-        requests = [PageRequest(f"{rows[i]['sha256']}:{rows[i]['page_index']}:block{k}", crop, self.prompt, self.sampling)
-                    for i, (_, crops) in pages.items() for k, crop in enumerate(crops)]
-        results = iter(self.backend.parse(requests) if requests else [])
+        read = [i for i, res in zip(images, results) if res.finish_reason != "error"]
+
+        def parse(items):
+            return self.backend.parse([PageRequest(f"{rows[read[p]]['sha256']}:{rows[read[p]]['page_index']}:block{k}",
+                                                   crop, self.prompt, self.sampling) for p, k, crop in items])
+
         out = {}
-        for i, (blocks, _) in pages.items():
-            got = [next(results) for _ in blocks]
+        for i, (blocks, got) in zip(read, read_blocks([images[i] for i in read], self.blocks.lines,
+                                                      self.blocks.token_px, parse)):
             if blocks and all(r.finish_reason != "error" for r in got):  # no blocks: no ink to measure it by
                 out[i] = (join_block_texts(blocks, [r.text for r in got]), sum(r.prompt_tokens for r in got),
                           sum(r.output_tokens for r in got))
