@@ -74,10 +74,10 @@ def _overrides(**flags) -> dict:
 @click.option("--loop-ban-next", is_flag=True,
               help="with --loop-drop-tokens: forbid the token that would go on with a loop")
 @click.option("--block-lines", type=int,
-              help="also read pages in blocks of this many text lines and take that read where the page's own "
-                   "disagrees in length (0: off; default: the checkpoint's)")
+              help="read pages in blocks of this many text lines (0: off; default: the checkpoint's)")
 @click.option("--block-tolerance", type=float,
-              help="with --block-lines: the length difference, as a share, past which the blocks' read is taken")
+              help="with --block-lines: 0 reads blocks only; > 0 reads whole pages too and takes the blocks' read "
+                   "where the lengths differ by more than this share (default: the checkpoint's)")
 @click.option("--max-pages", type=int, help="pages per document")
 @click.option("--target-longest-px", type=int, help="longest page side when rendering")
 @click.option("--glyph-px", type=float,

@@ -29,6 +29,7 @@ from typing import Callable, TypeVar
 
 import numpy as np
 
+from engine.interface import PageResult
 from pipeline.text import markdown_to_text
 
 MARKDOWN_BLOCK_START = re.compile(r"(- |\d+\. |\||#{1,6} |```)")
@@ -42,8 +43,12 @@ class BlockReading:
     taken where the page's read differs in length by more than `tolerance`, block images in whole tokens of
     `token_px`."""
     lines: int = 0
-    tolerance: float = 0.1  # session 33's pick on held-out pages 288-335
+    tolerance: float = 0.1  # session 33's pick on held-out pages 288-335; 0: blocks only, no whole-page read
     token_px: int = 32
+
+    @property
+    def only(self) -> bool:
+        return bool(self.lines) and self.tolerance == 0
 
 
 @dataclass(frozen=True)
@@ -207,6 +212,20 @@ def join_block_texts(blocks: list[TextBlock], texts: list[str]) -> str:
             joins = "\n"  # a cut between list items or table rows: the answer's own markdown starts a line
         out += joins + text
     return out
+
+
+def merge_block_results(blocks: list[TextBlock], results: list[PageResult]) -> PageResult:
+    """One page's result from its blocks' (read together in one engine call): the answers joined, tokens summed, the
+    page's time from its first block's first token to its last block's end; it hit the length limit or a loop if any
+    block did."""
+    reasons = {r.finish_reason for r in results}
+    first = min(r.ttft_s for r in results)
+    return PageResult(
+        request_id=results[0].request_id.rsplit(":block", 1)[0], text=join_block_texts(blocks, [r.text for r in results]),
+        prompt_tokens=sum(r.prompt_tokens for r in results), output_tokens=sum(r.output_tokens for r in results),
+        finish_reason=next((f for f in ("length", "loop") if f in reasons), "stop"),
+        loop_dropped_tokens=sum(r.loop_dropped_tokens for r in results), ttft_s=first,
+        decode_s=max(r.ttft_s + r.decode_s for r in results) - first, total_s=max(r.total_s for r in results))
 
 
 def page_blocks(image: np.ndarray, max_lines: int, token_px: int) -> tuple[list[TextBlock], list[np.ndarray]]:

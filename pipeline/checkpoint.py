@@ -144,11 +144,13 @@ def raster_options(cfg: JobConfig, checkpoint_dir: str) -> RasterOptions:
 
 
 def block_reading(cfg: JobConfig, checkpoint_dir: str) -> BlockReading:
-    """Whether and how pages are read in blocks too (model.block_lines, block_tolerance), else as the checkpoint's
+    """Whether and how pages are read in blocks (model.block_lines, block_tolerance), else as the checkpoint's
     ocria_info.json says; the block images' sides are whole vision tokens of its processor."""
     info = checkpoint_info(checkpoint_dir)
     lines = cfg.model.block_lines if cfg.model.block_lines is not None else int(info.get("block_lines", 0))
-    tolerance = cfg.model.block_tolerance or float(info.get("block_tolerance", BlockReading.tolerance))
+    tolerance = cfg.model.block_tolerance
+    if tolerance is None:
+        tolerance = float(info.get("block_tolerance", BlockReading.tolerance))
     proc = image_processor(checkpoint_dir) if lines else None
     if lines and proc is None:
         raise CheckpointError(f"model.block_lines={lines} needs the checkpoint's preprocessor_config.json (the size of "

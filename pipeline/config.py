@@ -69,13 +69,14 @@ class ModelConfig(Strict):
                                   "beam search; not with loop_stop_tokens)")
     loop_ban_next: bool = Field(False, description="with loop_drop_tokens: forbid the token that would go on with a "
                                 "loop the drop found, so the model leaves it")
-    block_lines: int | None = Field(None, ge=0, description="> 0: also read each page in blocks of at most this many "
-                                    "text lines (pipeline.blocks) and take that read where the page's own disagrees "
-                                    "in length (model.block_tolerance); 0 = off; null = the checkpoint's "
-                                    "(ocria_info.json block_lines), else off")
-    block_tolerance: float | None = Field(None, gt=0, description="with block_lines: take the blocks' read where the "
-                                          "page read's plain text is longer or shorter than it by more than this "
-                                          "share; null = the checkpoint's (ocria_info.json block_tolerance), else 0.1")
+    block_lines: int | None = Field(None, ge=0, description="> 0: read each page in blocks of at most this many text "
+                                    "lines (pipeline.blocks), alone or beside the whole page (model.block_tolerance); "
+                                    "0 = off; null = the checkpoint's (ocria_info.json block_lines), else off")
+    block_tolerance: float | None = Field(None, ge=0, description="with block_lines: 0 = blocks only (a page is read "
+                                          "whole only where no blocks could be cut); > 0 = the page is read whole too "
+                                          "and the blocks' read taken where the page read's plain text is longer or "
+                                          "shorter than it by more than this share; null = the checkpoint's "
+                                          "(ocria_info.json block_tolerance), else 0.1")
     options: dict = Field(default_factory=dict, description="extra keyword arguments for the backend")
 
     @model_validator(mode="after")

@@ -12,7 +12,7 @@ from typing import Iterator
 import numpy as np
 import pyarrow as pa
 
-from pipeline.blocks import BlockReading, join_block_texts, prefer_blocks, read_blocks
+from pipeline.blocks import BlockReading, merge_block_results, prefer_blocks, read_blocks
 from pipeline.checkpoint import localize
 from pipeline.config import StorageConfig
 from pipeline.isolation import IsolatedRasterizer
@@ -101,38 +101,42 @@ class ParseStage:
         todo = [i for i, r in enumerate(rows) if r["status"] == "ok"]
         images = {i: np.frombuffer(rows[i]["image"], np.uint8).reshape(rows[i]["image_height"], rows[i]["image_width"], 3)
                   for i in todo}
+        by_blocks = self._read_in_blocks(rows, images) if self.blocks.lines else {}
+        # Blocks only (tolerance 0): a page is read whole only where the cut found no blocks or a block failed
+        whole = [i for i in todo if not (self.blocks.only and i in by_blocks)]
         requests = [PageRequest(f"{rows[i]['sha256']}:{rows[i]['page_index']}", images[i], self.prompt, self.sampling)
-                    for i in todo]
-        results = self.backend.parse(requests) if requests else []
-        by_blocks = self._read_in_blocks(rows, images, results) if self.blocks.lines else {}
-        share = self._engine_time() / max(len(requests), 1)  # each page's part of the engine time
+                    for i in whole]
+        results = dict(zip(whole, self.backend.parse(requests))) if requests else {}
+        share = self._engine_time() / max(len(todo), 1)  # each page's part of the engine time
         out = [self._page_row(r) for r in rows]
-        for i, res in zip(todo, results):
-            row = out[i]
-            row.update(prompt_tokens=res.prompt_tokens, output_tokens=res.output_tokens, finish_reason=res.finish_reason,
-                       loop_dropped_tokens=res.loop_dropped_tokens, ttft_s=res.ttft_s, decode_s=res.decode_s,
-                       parse_s=res.total_s or share, engine_s=share)
-            if res.finish_reason != "error":
+        for i in todo:
+            row, res, blocks = out[i], results.get(i), by_blocks.get(i)
+            read = res or blocks
+            row.update(prompt_tokens=read.prompt_tokens, output_tokens=read.output_tokens,
+                       finish_reason=read.finish_reason, loop_dropped_tokens=read.loop_dropped_tokens,
+                       ttft_s=read.ttft_s, decode_s=read.decode_s, parse_s=read.total_s or share, engine_s=share)
+            if res is None:  # read in blocks only
+                row.update(status="ok", text=blocks.text, read_by="blocks")
+            elif res.finish_reason != "error":
                 row.update(status="ok", text=res.text, read_by="page")
-                if i in by_blocks:
-                    text, prompt_tokens, output_tokens = by_blocks[i]
-                    row.update(prompt_tokens=row["prompt_tokens"] + prompt_tokens,
-                               output_tokens=row["output_tokens"] + output_tokens)
-                    if prefer_blocks(res.text, text, self.blocks.tolerance):
-                        row.update(text=text, read_by="blocks")
+                if blocks is not None:
+                    row.update(prompt_tokens=res.prompt_tokens + blocks.prompt_tokens,
+                               output_tokens=res.output_tokens + blocks.output_tokens)
+                    if prefer_blocks(res.text, blocks.text, self.blocks.tolerance):
+                        row.update(text=blocks.text, read_by="blocks")
             elif self.fallback and (row["text_layer"] or "").strip():
                 row.update(status="fallback", text=row["text_layer"], error_kind="engine", error=res.error)
             else:
                 row.update(status="error", error_kind="engine", error=res.error or "engine failed")
         return pa.Table.from_pylist(out, schema=PAGE_SCHEMA)
 
-    def _read_in_blocks(self, rows: list[dict], images: dict, results: list) -> dict[int, tuple[str, int, int]]:
-        """Each page the engine read, read again in blocks of a few lines (pipeline.blocks): row index -> (the blocks'
-        joined answers, their prompt and output tokens). A page with a failed block, or without ink dark enough to cut,
-        keeps its own read only."""
+    def _read_in_blocks(self, rows: list[dict], images: dict) -> dict:
+        """Each page read in blocks of a few lines (pipeline.blocks): row index -> one PageResult for the page, its
+        text the blocks' answers joined (pipeline.blocks.merge_block_results). A page with a failed block, or without
+        ink dark enough to cut, has none: it is read whole."""
         from engine.interface import PageRequest
 
-        read = [i for i, res in zip(images, results) if res.finish_reason != "error"]
+        read = list(images)
 
         def parse(items):
             return self.backend.parse([PageRequest(f"{rows[read[p]]['sha256']}:{rows[read[p]]['page_index']}:block{k}",
@@ -142,8 +146,7 @@ class ParseStage:
         for i, (blocks, got) in zip(read, read_blocks([images[i] for i in read], self.blocks.lines,
                                                       self.blocks.token_px, parse)):
             if blocks and all(r.finish_reason != "error" for r in got):  # no blocks: no ink to measure it by
-                out[i] = (join_block_texts(blocks, [r.text for r in got]), sum(r.prompt_tokens for r in got),
-                          sum(r.output_tokens for r in got))
+                out[i] = merge_block_results(blocks, got)
         return out
 
     def _engine_time(self) -> float:

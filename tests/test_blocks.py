@@ -159,8 +159,11 @@ def test_the_job_reads_in_blocks_as_the_checkpoint_says_unless_configured(tmp_pa
     bare = _info_model(tmp_path / "bare", {"block_lines": 8}, processor=False)
     with pytest.raises(CheckpointError, match="preprocessor_config.json"):
         block_reading(job(), bare)
+    assert block_reading(job(block_tolerance=0), named) == BlockReading(8, 0.0, 32)
+    assert block_reading(job(block_tolerance=0), named).only and not block_reading(job(), named).only
+    assert not block_reading(job(block_lines=0, block_tolerance=0), named).only
     with pytest.raises(ValueError):
-        job(block_tolerance=0)
+        job(block_tolerance=-0.1)
     from conftest import ROOT  # the shipped model names block reading (session 33's rule R6)
     assert block_reading(job(), str(ROOT / "models" / "ocria-tiny")) == BlockReading(8, 0.1, 32)
 
@@ -178,10 +181,11 @@ def _text_page(seed: int) -> np.ndarray:
     return image
 
 
-def test_the_parse_stage_takes_the_block_read_where_the_lengths_disagree(tiny_checkpoint, tmp_path):
+def test_the_parse_stage_reads_blocks_beside_or_instead_of_the_page(tiny_checkpoint, tmp_path):
     """Pages read whole and in blocks by one engine (a random model: the answers are arbitrary, which reads are made
     and which is kept is what is tested): a huge tolerance keeps every page read, a tiny one takes the blocks' read
-    wherever the two lengths differ at all; both count the blocks' tokens."""
+    wherever the two lengths differ at all, both counting the blocks' tokens; tolerance 0 reads blocks only. A blank
+    page has no blocks to cut and is read whole in every mode."""
     import pyarrow as pa
 
     from engine.interface import PageRequest, SamplingParams
@@ -191,9 +195,9 @@ def test_the_parse_stage_takes_the_block_read_where_the_lengths_disagree(tiny_ch
     from pipeline.stages import ParseStage
     from pipeline.text import markdown_to_text
 
-    images = [_text_page(s) for s in range(3)]
+    images = [_text_page(s) for s in range(3)] + [np.full((96, 128, 3), 255, np.uint8)]
     batch = pa.Table.from_pylist([
-        empty_row(RASTER_SCHEMA, uri="file:///d.pdf", sha256="ab" * 32, page_index=i, page_count=3, total_pages=3,
+        empty_row(RASTER_SCHEMA, uri="file:///d.pdf", sha256="ab" * 32, page_index=i, page_count=4, total_pages=4,
                   status="ok", image=im.tobytes(), image_height=im.shape[0], image_width=im.shape[1], text_layer="",
                   raster_s=0.01) for i, im in enumerate(images)], schema=RASTER_SCHEMA)
     sampling = {"max_tokens": 12, "temperature": 0.0}
@@ -209,17 +213,26 @@ def test_the_parse_stage_takes_the_block_read_where_the_lengths_disagree(tiny_ch
             cut, crops = page_blocks(im, blocks.lines or 2, 32)
             res = stage.backend.parse([PageRequest(f"c{k}", c, "Read.", SamplingParams(**sampling))
                                        for k, c in enumerate(crops)])
-            joined.append(join_block_texts(cut, [r.text for r in res]))
+            joined.append(join_block_texts(cut, [r.text for r in res]) if crops else None)
         stage.backend.close()
         return rows, joined
 
     plain, _ = read(BlockReading(0))
     kept, _ = read(BlockReading(2, 1e9, 32))
     taken, joined = read(BlockReading(2, 1e-9, 32))
-    assert [r["read_by"] for r in plain] == [r["read_by"] for r in kept] == ["page"] * 3
+    only, _ = read(BlockReading(2, 0.0, 32))
+    assert joined[-1] is None and all(j is not None for j in joined[:-1])
+    assert [r["read_by"] for r in plain] == [r["read_by"] for r in kept] == ["page"] * 4
     assert [r["text"] for r in kept] == [r["text"] for r in plain]
-    for p, k, t, j in zip(plain, kept, taken, joined):
+    assert [r["read_by"] for r in only] == ["blocks"] * 3 + ["page"]
+    assert [r["text"] for r in only] == joined[:-1] + [plain[-1]["text"]]
+    for p, k, t, o, j in zip(plain, kept, taken, only, joined):
+        if j is None:  # the blank page: its own read alone
+            timeless = [{f: v for f, v in r.items() if not f.endswith("_s")} for r in (p, k, t, o)]
+            assert all(r == timeless[0] for r in timeless)
+            continue
         assert k["prompt_tokens"] > p["prompt_tokens"] and t["prompt_tokens"] == k["prompt_tokens"]
+        assert o["prompt_tokens"] == k["prompt_tokens"] - p["prompt_tokens"] and o["status"] == "ok"
         differ = len(markdown_to_text(p["text"])) != len(markdown_to_text(j))
         assert (t["read_by"], t["text"]) == (("blocks", j) if differ else ("page", p["text"]))
     assert "blocks" in [t["read_by"] for t in taken]
@@ -247,3 +260,23 @@ def test_the_eval_reader_reads_blocks_and_chooses_as_the_job_does():
     assert lenient.read(pages) == ["x" * 500] * 3 and lenient.chose_blocks == [False] * 3
     strict = BlockReader(RunOnReader(), 2, tolerance=0.5)
     assert strict.read(pages) == by_blocks and strict.chose_blocks == [True] * 3
+
+
+def test_block_results_merge_into_one_page_result():
+    """A page read in blocks: texts joined as join_block_texts does, tokens summed, the page hit the length limit if any
+    block did, its time from the first block's first token to the last block's end."""
+    from engine.interface import PageResult
+    from pipeline.blocks import TextBlock, merge_block_results
+
+    blocks = [TextBlock(0, 10, 0, 50, ""), TextBlock(12, 20, 0, 50, " "), TextBlock(40, 50, 0, 50, "\n\n")]
+    results = [PageResult("d:0:block0", "first half", 40, 5, "stop", ttft_s=0.2, decode_s=0.3, total_s=0.5),
+               PageResult("d:0:block1", "of it", 30, 4, "length", loop_dropped_tokens=2, ttft_s=0.1, decode_s=0.6,
+                          total_s=0.7),
+               PageResult("d:0:block2", "Next.", 20, 3, "loop", ttft_s=0.15, decode_s=0.2, total_s=0.35)]
+    page = merge_block_results(blocks, results)
+    assert (page.request_id, page.text) == ("d:0", "first half of it\n\nNext.")
+    assert (page.prompt_tokens, page.output_tokens, page.loop_dropped_tokens) == (90, 12, 2)
+    assert page.finish_reason == "length"
+    assert merge_block_results(blocks[::2], results[::2]).finish_reason == "loop"
+    assert merge_block_results(blocks[:1], results[:1]).finish_reason == "stop"
+    assert (page.ttft_s, page.total_s) == (0.1, 0.7) and abs(page.decode_s - 0.6) < 1e-12
