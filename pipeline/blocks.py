@@ -14,12 +14,12 @@ on from memory: the 25 of 192 held-out pages it reads worst carry 58 % of its ed
 `join_block_texts` puts the blocks' answers together again: a paragraph cut in two joins with a space (none after a
 line that ends in "/", where paths wrap), paragraphs and columns with a blank line.
 
-Blocks read most glyphs a little worse than the whole page does (ocria-tiny was trained on whole pages and single
-lines), so the job reads both and keeps the page's read unless its length disagrees with the blocks'
-(`prefer_blocks`): a page read that ran on or skipped lines. The checkpoint names it (ocria_info.json block_lines):
-for the shipped model (session 33, bench/results/ocria_tiny_s33_runs.json) it took held-out pages 192-287 from 0.091
-to 0.068 pooled CER (CPU), pages 0-95 from 0.110 to 0.089, pages 96-191 from 0.068 to 0.067, and the corpus from 0.893
-to 0.773. A model trained on further in session 33 read worse this way than alone: a choice per model.
+How the job uses them is the checkpoint's (ocria_info.json block_lines, block_tolerance; model.block_*): blocks only
+(tolerance 0), or the whole page too, keeping the page's read unless its length disagrees with the blocks'
+(`prefer_blocks`: the page read ran on or skipped lines). A model trained on whole pages and single lines read most
+blocks a little worse than whole pages, so session 33 shipped the combination (held-out pages 192-287: 0.091 -> 0.068,
+CPU); the model trained on blocks too (session 34, recipe F2UGB) reads blocks alone best: held-out pages 384-479 at
+0.0456, against 0.0577 for the combination and 0.0720 whole (H200, fp32; bench/results/ocria_tiny_s34_runs.json).
 """
 from __future__ import annotations
 

@@ -164,8 +164,8 @@ def test_the_job_reads_in_blocks_as_the_checkpoint_says_unless_configured(tmp_pa
     assert not block_reading(job(block_lines=0, block_tolerance=0), named).only
     with pytest.raises(ValueError):
         job(block_tolerance=-0.1)
-    from conftest import ROOT  # the shipped model names block reading (session 33's rule R6)
-    assert block_reading(job(), str(ROOT / "models" / "ocria-tiny")) == BlockReading(8, 0.1, 32)
+    from conftest import ROOT  # the shipped model reads blocks only (session 34, rules R7 and R8)
+    assert block_reading(job(), str(ROOT / "models" / "ocria-tiny")) == BlockReading(8, 0.0, 32)
 
 
 def _text_page(seed: int) -> np.ndarray:
