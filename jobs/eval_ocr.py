@@ -300,21 +300,23 @@ class Drawing:
     target_longest_px: int
     max_pixels: int
     glyph_px: float = 0.0
+    as_scans: bool = False  # with glyph_px: ignore the text layer, size the glyphs from the ink as the job sizes scans
 
     def render(self, page) -> np.ndarray:
         from pipeline.rasterize import render_page
 
-        return render_page(page, self.target_longest_px, self.max_pixels, self.glyph_px)
+        return render_page(page, self.target_longest_px, self.max_pixels, self.glyph_px,
+                           glyph_from_ink=self.as_scans, text_layer=not self.as_scans)
 
 
-def glyph_drawing(cfg: dict, model_dir: Path, glyph_px: float, max_new_tokens: int) -> Drawing:
+def glyph_drawing(cfg: dict, model_dir: Path, glyph_px: float, max_new_tokens: int, as_scans: bool = False) -> Drawing:
     """Pages at glyph_px up to the pixels the model's processor lets through and its context holds beside
     max_new_tokens of answer, as the job caps them (pipeline.checkpoint.glyph_max_pixels)."""
     from pipeline.checkpoint import glyph_max_pixels, image_processor
 
     target = cfg["image"]["target_longest_px"]
     cap = glyph_max_pixels(str(model_dir), image_processor(str(model_dir)), max_new_tokens, target)
-    return Drawing(target, cap, glyph_px)
+    return Drawing(target, cap, glyph_px, as_scans)
 
 
 def heldout_pages(n: int, cfg: dict, synth: Path, page_index: int | None = None, first: int = 0,
@@ -506,6 +508,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--glyph-px", type=float, default=0.0,
                     help="draw pages with a text layer so their body text is this many pixels (the job's "
                          "raster.glyph_px; 0: every page at the config's size)")
+    ap.add_argument("--glyph-from-ink", action="store_true",
+                    help="with --glyph-px: draw the pages as scans are drawn, the text layer ignored and the glyph "
+                         "size measured from the ink's text lines (raster.glyph_from_ink)")
     ap.add_argument("--reader", choices=["transformers", "native"], default="transformers",
                     help="native: the pipeline's engine and processor (engine.native_backend)")
     ap.add_argument("--block-lines", type=int, default=0,
@@ -545,11 +550,14 @@ def main(argv: list[str] | None = None) -> int:
                          "for the shipped model)")
     drawing = Drawing(cfg["image"]["target_longest_px"], cfg["image"]["max_pixels"])
     if args.glyph_px:
-        drawing = glyph_drawing(cfg, args.model, args.glyph_px, args.max_new_tokens)
+        drawing = glyph_drawing(cfg, args.model, args.glyph_px, args.max_new_tokens, args.glyph_from_ink)
+    elif args.glyph_from_ink:
+        raise SystemExit("--glyph-from-ink needs --glyph-px (the size to draw the measured glyphs at)")
     result = {"command": " ".join([Path(sys.executable).name, "-m", "jobs.eval_ocr", *(argv or sys.argv[1:])]),
               "model": str(args.model), "reader": args.reader, "num_beams": args.num_beams,
               "loop_stop_tokens": args.loop_stop_tokens, "loop_drop_tokens": args.loop_drop_tokens,
-              "loop_ban_next": args.loop_ban_next, "glyph_px": args.glyph_px, "block_lines": args.block_lines,
+              "loop_ban_next": args.loop_ban_next, "glyph_px": args.glyph_px, "glyph_from_ink": args.glyph_from_ink,
+              "block_lines": args.block_lines,
               "block_tolerance": args.block_tolerance,
               "tesseract": use_tess, "pymupdf": pymupdf_version()}
     if args.heldout:

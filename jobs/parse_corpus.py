@@ -21,6 +21,9 @@ from pipeline.config import ConfigError, load_config  # noqa: E402
 from pipeline.job import prepare, run  # noqa: E402
 
 
+TRUE_OR_FALSE = {"glyph_from_ink"}  # flags whose False is a choice, not the flag left out
+
+
 def _overrides(**flags) -> dict:
     """CLI flags -> nested config overrides (only the flags given)."""
     paths = {
@@ -34,6 +37,7 @@ def _overrides(**flags) -> dict:
         "block_tolerance": ("model", "block_tolerance"),
         "max_pages": ("raster", "max_pages_per_doc"),
         "target_longest_px": ("raster", "target_longest_px"), "glyph_px": ("raster", "glyph_px"),
+        "glyph_from_ink": ("raster", "glyph_from_ink"),
         "doc_timeout": ("raster", "doc_timeout_s"),
         "batch_size": ("parse", "batch_size"), "num_engines": ("parse", "num_actors"),
         "retry_failed": ("run", "retry_failed"), "reparse": ("run", "reparse"), "max_attempts": ("run", "max_attempts"),
@@ -42,7 +46,7 @@ def _overrides(**flags) -> dict:
     }
     out: dict = {}
     for name, value in flags.items():
-        if value is None or value == () or value is False:
+        if value is None or value == () or (value is False and name not in TRUE_OR_FALSE):
             continue
         node = out
         *parents, leaf = paths[name]
@@ -83,6 +87,9 @@ def _overrides(**flags) -> dict:
 @click.option("--glyph-px", type=float,
               help="draw pages with a text layer so their body text is this many pixels high (0: off; default: the "
                    "checkpoint's reading size)")
+@click.option("--glyph-from-ink/--no-glyph-from-ink", default=None,
+              help="with a glyph size: draw pages without a text layer (scans) at it too, their text size measured "
+                   "from the ink (default: the checkpoint's)")
 @click.option("--doc-timeout", type=float, help="seconds per document before the renderer is killed")
 @click.option("--batch-size", type=int, help="pages per engine batch")
 @click.option("--num-engines", type=int, help="engine actors (default: one per GPU)")

@@ -163,6 +163,14 @@ def pack(paragraphs: list[list[tuple[int, int]]], max_lines: int, line_px: float
     return blocks
 
 
+def line_height_px(image: np.ndarray, min_lines: int = 3, ink_below: int = INK_BELOW) -> float | None:
+    """The median height of the image's inked text lines (every column's), or None with fewer than min_lines: too
+    little text to measure its size by."""
+    mask = ink_mask(image, ink_below)
+    heights = [b - a for x0, x1 in column_spans(mask) for a, b in text_lines(mask[:, x0:x1])]
+    return float(np.median(heights)) if len(heights) >= min_lines else None
+
+
 def text_blocks(image: np.ndarray, max_lines: int = 4, ink_below: int = INK_BELOW) -> list[TextBlock]:
     """The page's blocks in reading order (left column, then right)."""
     mask = ink_mask(image, ink_below)

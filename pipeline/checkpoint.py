@@ -126,13 +126,15 @@ def raster_options(cfg: JobConfig, checkpoint_dir: str) -> RasterOptions:
     sqrt(max_pixels) of its processor, the size ocria-tiny was trained at, or 1288 px when the processor allows more
     than MODEL_PAGE_PX_MAX; and no more pixels than leave room for model.max_tokens in the context (a square page at
     1,536 px with 2,048 answer tokens would not fit 4,096); unless configured. With a glyph size (raster.glyph_px, else
-    the checkpoint's), pages with a text layer are drawn at it, up to the processor's pixels that fit the context."""
+    the checkpoint's), pages with a text layer are drawn at it, up to the processor's pixels that fit the context, and
+    with raster.glyph_from_ink (else the checkpoint's) pages without one too, their size measured from the ink."""
     proc = image_processor(checkpoint_dir)
     info = checkpoint_info(checkpoint_dir)
     model_px = math.isqrt(proc.max_pixels) if proc else None
     target = cfg.raster.target_longest_px or info.get("page_px") or (
         model_px if model_px and model_px <= MODEL_PAGE_PX_MAX else GENERIC_PAGE_PX)
     glyph_px = cfg.raster.glyph_px if cfg.raster.glyph_px is not None else float(info.get("glyph_px", 0.0))
+    from_ink = cfg.raster.glyph_from_ink if cfg.raster.glyph_from_ink is not None else bool(info.get("glyph_from_ink"))
     max_pixels = cfg.raster.max_pixels
     if not max_pixels and glyph_px and proc:
         max_pixels = glyph_max_pixels(checkpoint_dir, proc, cfg.model.max_tokens, target)
@@ -140,7 +142,7 @@ def raster_options(cfg: JobConfig, checkpoint_dir: str) -> RasterOptions:
         fits = context_pixels(checkpoint_dir, proc, cfg.model.max_tokens, target) if proc else None
         max_pixels = min(c for c in (target * target, proc and proc.max_pixels, fits) if c)
     return RasterOptions(target_longest_px=target, max_pixels=max_pixels, max_pages=cfg.raster.max_pages_per_doc,
-                         extract_text=cfg.raster.extract_text, glyph_px=glyph_px)
+                         extract_text=cfg.raster.extract_text, glyph_px=glyph_px, glyph_from_ink=from_ink)
 
 
 def block_reading(cfg: JobConfig, checkpoint_dir: str) -> BlockReading:

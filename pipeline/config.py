@@ -40,6 +40,11 @@ class RasterConfig(Strict):
         "(within max_pixels); 0 = off (every page at target_longest_px); null = the checkpoint's reading size "
         "(ocria_info.json glyph_px), else off"
     )
+    glyph_from_ink: bool | None = Field(
+        None, description="with a glyph size: draw pages without a text layer (scans) at it too, their body text's "
+        "size measured from the height of their inked text lines (pipeline.blocks.line_height_px); null = the "
+        "checkpoint's (ocria_info.json glyph_from_ink), else off"
+    )
     max_pages_per_doc: int = Field(500, ge=1)
     doc_timeout_s: float = Field(300.0, gt=0, description="wall-clock limit per document; the renderer is killed past it")
     memory_limit_mb: int = Field(4096, ge=0, description="address-space cap of the render process; 0 = none")

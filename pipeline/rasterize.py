@@ -31,9 +31,12 @@ class RasterOptions:
     max_pages: int = 500  # pages beyond this are not rendered; the document row says so
     extract_text: bool = True
     # > 0: a page with a text layer is drawn so its body text's em is this many pixels (within max_pixels), the glyph
-    # size its reader reads best; pages without one keep target_longest_px. A small reader trained on 20-36 px glyphs
-    # reads 20-24 px text at CER 0.13 and 32-36 px at 0.04 (bench/results/ocria_tiny_s32_*)
+    # size its reader reads best; pages without one keep target_longest_px (unless glyph_from_ink). A small reader
+    # trained on 20-36 px glyphs reads 20-24 px text at CER 0.13 and 32-36 px at 0.04 (bench/results/ocria_tiny_s32_*)
     glyph_px: float = 0.0
+    # with glyph_px: a page without a text layer (a scan) is drawn once at the target size to measure its text lines'
+    # height, then again at glyph_px from that (pipeline.blocks.line_height_px)
+    glyph_from_ink: bool = False
 
 
 @dataclass
@@ -59,6 +62,9 @@ def render_scale(width_pt: float, height_pt: float, opts: RasterOptions) -> floa
     return min(scale, math.sqrt(opts.max_pixels / (width_pt * height_pt)))
 
 
+# An inked text line's height over its font's em: the median over held-out synthetic pages 0-47 drawn at 24 and 32 px
+# (10th-90th percentile 0.86-1.00; bench/results/ocria_tiny_s34_line_per_em.json)
+INK_LINE_PER_EM = 0.969
 BODY_PT_RANGE = (2.0, 200.0)  # body sizes outside this are a text layer's oddity, not a font: the page keeps its target
 
 
@@ -79,21 +85,37 @@ def body_font_pt(page: pymupdf.Page) -> float | None:
     return size if BODY_PT_RANGE[0] <= size <= BODY_PT_RANGE[1] else None
 
 
-def page_scale(page: pymupdf.Page, opts: RasterOptions) -> float:
-    """Points to pixels for one page: the glyph size's scale when opts.glyph_px is set and the page has a text layer
-    (bounded by max_pixels only), else `render_scale`."""
+def inked_body_pt(page: pymupdf.Page, scale: float) -> float | None:
+    """The body font size (pt) of a page without a text layer (a scan), from the height of its inked text lines when
+    drawn at `scale`; None where too few lines are found."""
+    from pipeline.blocks import line_height_px
+
+    image = pixmap_rgb(page.get_pixmap(matrix=pymupdf.Matrix(scale, scale), colorspace=pymupdf.csRGB, alpha=False))
+    line_px = line_height_px(image)
+    return line_px / INK_LINE_PER_EM / scale if line_px else None
+
+
+def page_scale(page: pymupdf.Page, opts: RasterOptions, text_layer: bool = True) -> float:
+    """Points to pixels for one page: the glyph size's scale when opts.glyph_px is set (bounded by max_pixels only),
+    the body size taken from the text layer, or without one (or with text_layer False) from the ink; else
+    `render_scale`."""
     rect = page.rect
     scale = render_scale(rect.width, rect.height, opts)
-    if opts.glyph_px > 0 and (pt := body_font_pt(page)) is not None:
-        scale = min(opts.glyph_px / pt, math.sqrt(opts.max_pixels / (rect.width * rect.height)))
+    if opts.glyph_px > 0:
+        pt = body_font_pt(page) if text_layer else None
+        if pt is None and opts.glyph_from_ink:
+            pt = inked_body_pt(page, scale)
+        if pt is not None and BODY_PT_RANGE[0] <= pt <= BODY_PT_RANGE[1]:
+            scale = min(opts.glyph_px / pt, math.sqrt(opts.max_pixels / (rect.width * rect.height)))
     return scale
 
 
-def render_page(page: pymupdf.Page, target_longest_px: int, max_pixels: int, glyph_px: float = 0.0) -> np.ndarray:
+def render_page(page: pymupdf.Page, target_longest_px: int, max_pixels: int, glyph_px: float = 0.0,
+                glyph_from_ink: bool = False, text_layer: bool = True) -> np.ndarray:
     """One page -> H x W x 3 uint8 RGB, sized by `page_scale` (the longest side is at most the target, unless the
     page is drawn at glyph_px)."""
-    opts = RasterOptions(target_longest_px, max_pixels, glyph_px=glyph_px)
-    scale = page_scale(page, opts)
+    opts = RasterOptions(target_longest_px, max_pixels, glyph_px=glyph_px, glyph_from_ink=glyph_from_ink)
+    scale = page_scale(page, opts, text_layer)
     pix = page.get_pixmap(matrix=pymupdf.Matrix(scale, scale), colorspace=pymupdf.csRGB, alpha=False)
     # a page drawn larger for its glyphs may pass the target: only the pixel cap bounds it
     longest = math.inf if scale > render_scale(page.rect.width, page.rect.height, opts) else target_longest_px
@@ -145,7 +167,7 @@ def rasterize(data: bytes, uri: str, opts: RasterOptions) -> Iterator[tuple[int,
             t0 = time.perf_counter()
             try:
                 page = doc.load_page(i)
-                image = render_page(page, opts.target_longest_px, opts.max_pixels, opts.glyph_px)
+                image = render_page(page, opts.target_longest_px, opts.max_pixels, opts.glyph_px, opts.glyph_from_ink)
                 text = page.get_text("text") if opts.extract_text else ""
             except DocumentError:
                 raise

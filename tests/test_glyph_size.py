@@ -152,3 +152,61 @@ def test_training_pages_keep_their_layout_at_a_glyph_size(heldout_pool):
         assert a.markdown == b.markdown and a.style == b.style
         want = random.Random(f"glyph-{seed}").uniform(20.0, 24.0)
         assert b.style.font_pt * b.image.shape[0] / b.style.height_pt == pytest.approx(want, rel=0.01)
+
+
+def _scan_of(page: pymupdf.Page, dpi: int = 150) -> pymupdf.Page:
+    """The page as a scan: its pixels at `dpi` placed on a page of the same size, with no text layer."""
+    pix = page.get_pixmap(dpi=dpi)
+    doc = pymupdf.open()
+    scan = doc.new_page(width=page.rect.width, height=page.rect.height)
+    scan.insert_image(scan.rect, pixmap=pix)
+    scan.doc_keepalive = doc
+    return scan
+
+
+@pytest.mark.parametrize("body_pt", [7.0, 10.0, 16.0])
+def test_a_scan_is_drawn_at_the_glyph_size_its_ink_shows(body_pt):
+    """Without a text layer the body size comes from the inked lines' height (raster.glyph_from_ink): the scan is drawn
+    so its text lines are INK_LINE_PER_EM x glyph_px high, within the spread of fonts' line heights; without the
+    option it keeps the target, as does a page with too few lines to measure."""
+    from pipeline.blocks import line_height_px
+    from pipeline.rasterize import INK_LINE_PER_EM, inked_body_pt
+
+    scan = _scan_of(_page(612, 792, body_pt))
+    assert body_font_pt(scan) is None
+    opts = RasterOptions(target_longest_px=1536, max_pixels=4000 * 4000, glyph_px=32, glyph_from_ink=True)
+    assert inked_body_pt(scan, render_scale(612, 792, opts)) == pytest.approx(body_pt, rel=0.15)
+    image = render_page(scan, 1536, 4000 * 4000, glyph_px=32, glyph_from_ink=True)
+    assert line_height_px(image) == pytest.approx(32 * INK_LINE_PER_EM, rel=0.1)
+    assert max(render_page(scan, 1536, 4000 * 4000, glyph_px=32).shape[:2]) == 1536
+    assert max(render_page(scan, 1536, 4000 * 4000, glyph_from_ink=True).shape[:2]) == 1536  # no glyph size
+    blank = _scan_of(_page(612, 792, None))
+    assert line_height_px(render_page(blank, 1536, 4000 * 4000)) is None
+    assert max(render_page(blank, 1536, 4000 * 4000, glyph_px=32, glyph_from_ink=True).shape[:2]) == 1536
+
+
+def test_a_page_with_a_text_layer_can_be_drawn_as_a_scan():
+    """text_layer=False (jobs.eval_ocr --glyph-from-ink) sizes a born-digital page from its ink, close to its text
+    layer's size."""
+    page = _page(612, 792, 9.0)
+    opts = RasterOptions(target_longest_px=1536, max_pixels=4000 * 4000, glyph_px=32, glyph_from_ink=True)
+    assert page_scale(page, opts, text_layer=False) == pytest.approx(page_scale(page, opts), rel=0.15)
+    assert page_scale(page, opts, text_layer=False) != page_scale(page, opts)
+
+
+def test_glyph_from_ink_follows_the_checkpoint_unless_configured(tmp_path):
+    from jobs.parse_corpus import _overrides
+    from pipeline.checkpoint import raster_options
+    from pipeline.config import JobConfig
+
+    def job(**raster):
+        return JobConfig.model_validate({"input": {"uris": ["samples"]}, "raster": raster})
+
+    named = _model_dir(tmp_path / "named", {"page_px": 1536, "glyph_px": 32, "glyph_from_ink": True})
+    silent = _model_dir(tmp_path / "silent", {"page_px": 1536, "glyph_px": 32})
+    assert raster_options(job(), str(named)).glyph_from_ink is True
+    assert raster_options(job(glyph_from_ink=False), str(named)).glyph_from_ink is False
+    assert raster_options(job(), str(silent)).glyph_from_ink is False
+    assert raster_options(job(glyph_from_ink=True), str(silent)).glyph_from_ink is True
+    assert _overrides(glyph_from_ink=False) == {"raster": {"glyph_from_ink": False}}
+    assert _overrides(glyph_from_ink=None) == {}
