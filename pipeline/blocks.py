@@ -39,9 +39,9 @@ INK_BELOW = 200  # a pixel darker than this in every channel is ink (pipeline.sy
 
 @dataclass(frozen=True)
 class BlockReading:
-    """How the job reads pages in blocks too: blocks of at most `lines` text lines (0: not at all), the block read
-    taken where the page's read differs in length by more than `tolerance`, block images in whole tokens of
-    `token_px`."""
+    """How the job reads pages in blocks: blocks of at most `lines` text lines (0: not at all); with `tolerance` 0 the
+    blocks only, else the whole page too and the blocks' read taken where the page's differs in length by more than
+    `tolerance`; block images in whole tokens of `token_px`."""
     lines: int = 0
     tolerance: float = 0.1  # session 33's pick on held-out pages 288-335; 0: blocks only, no whole-page read
     token_px: int = 32
