@@ -391,29 +391,34 @@ def first_page_reads(pdf: Path) -> bool:
         return text_layer_reads(doc[0].get_text("text"))
 
 
-def born_digital_rows(corpus: Path, min_chars: int = 200, readable_only: bool = True) -> list[dict]:
+BORN_DIGITAL = ("text", "table", "multicol")  # manifest categories whose first page's text layer was typeset
+
+
+def born_digital_rows(corpus: Path, min_chars: int = 200, readable_only: bool = True,
+                      categories: tuple[str, ...] = BORN_DIGITAL) -> list[dict]:
     """Manifest rows of the corpus PDFs whose first page is born-digital text: expected ok, category text/table/multicol,
     a text layer of at least `min_chars` characters, not rendered blank, and (`readable_only`) a text layer that
-    reads as text (`text_layer_reads`); sorted by file name."""
+    reads as text (`text_layer_reads`); sorted by file name. Other `categories` (e.g. scan: scans with an OCR layer)
+    are taken the same way."""
     import csv
 
     rows = list(csv.DictReader((corpus / "manifest.csv").open()))
-    rows = [r for r in rows if r["expected_behaviour"] == "ok" and r["category"] in ("text", "table", "multicol")
+    rows = [r for r in rows if r["expected_behaviour"] == "ok" and r["category"] in categories
             and r["blank_render_p0"] == "False" and int(r["text_chars_p0"] or 0) >= min_chars
             and (not readable_only or first_page_reads(corpus / r["filename"]))]
     return sorted(rows, key=lambda r: r["filename"])
 
 
 def corpus_pages(corpus: Path, n: int, cfg: dict, min_chars: int = 200,
-                 drawing: Drawing | None = None) -> list[EvalPage]:
+                 drawing: Drawing | None = None, categories: tuple[str, ...] = BORN_DIGITAL) -> list[EvalPage]:
     """First pages of born-digital corpus PDFs (manifest: expected ok, category text/table/multicol, a text layer,
-    not rendered blank), rendered by the pipeline's rasterizer (at the config's page size unless `drawing` says
-    otherwise); the reference is the page's text layer."""
+    not rendered blank), or of other `categories`, rendered by the pipeline's rasterizer (at the config's page size
+    unless `drawing` says otherwise); the reference is the page's text layer (a scan's: its OCR layer)."""
     import pymupdf
 
     drawing = drawing or Drawing(cfg["image"]["target_longest_px"], cfg["image"]["max_pixels"])
     pages = []
-    for r in born_digital_rows(corpus, min_chars):
+    for r in born_digital_rows(corpus, min_chars, categories=categories):
         if len(pages) >= n:
             break
         doc = pymupdf.open(corpus / r["filename"])
@@ -496,6 +501,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--heldout-from", type=int, default=0, help="the first held-out page's number")
     ap.add_argument("--corpus", type=Path, default=Path("../shared/corpus"))
     ap.add_argument("--corpus-pages", type=int, default=12, help="born-digital corpus pages (0: none)")
+    ap.add_argument("--corpus-categories", nargs="+", default=list(BORN_DIGITAL),
+                    help="manifest categories of the corpus pages (scan: scans whose OCR layer is the reference)")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=1024, help="full synthetic pages take up to ~680")
     ap.add_argument("--num-beams", type=int, default=1, help="1: greedy decoding")
@@ -566,11 +573,14 @@ def main(argv: list[str] | None = None) -> int:
         note_blocks_taken(reader, result["heldout_synthetic"])
         result["heldout_synthetic"]["pool"] = pool_fingerprint(args.synth)
     if args.corpus_pages:
-        result["corpus"] = evaluate(corpus_pages(args.corpus, args.corpus_pages, cfg, drawing=drawing), reader,
-                                    use_tess, args.batch, args.max_new_tokens)
+        categories = tuple(args.corpus_categories)
+        result["corpus"] = evaluate(corpus_pages(args.corpus, args.corpus_pages, cfg, drawing=drawing,
+                                                 categories=categories), reader, use_tess, args.batch,
+                                    args.max_new_tokens)
         note_blocks_taken(reader, result["corpus"])
+        result["corpus"]["categories"] = list(categories)
         result["corpus"]["left_out_unreadable_text_layer"] = [
-            r["filename"] for r in born_digital_rows(args.corpus, readable_only=False)
+            r["filename"] for r in born_digital_rows(args.corpus, readable_only=False, categories=categories)
             if not first_page_reads(args.corpus / r["filename"])]
     summary = {s: {k: v for k, v in result[s].items() if k != "per_page"} for s in ("heldout_synthetic", "corpus") if s in result}
     print(json.dumps(summary, indent=1))

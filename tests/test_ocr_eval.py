@@ -94,6 +94,9 @@ def test_corpus_pages_leave_out_the_two_pages_whose_text_layer_is_shifted():
     readable = {r["filename"] for r in born_digital_rows(CORPUS)}
     listed = {r["filename"] for r in born_digital_rows(CORPUS, readable_only=False)}
     assert listed - readable == {"olmocr__dolma-page-1.pdf", "olmocr__olmo-page-1.pdf"}
+    scans = born_digital_rows(CORPUS, categories=("scan",))  # scans whose OCR layer is the reference
+    assert scans and {r["category"] for r in scans} == {"scan"} and not {r["filename"] for r in scans} & listed
+    assert "pike__sandwich.pdf" in {r["filename"] for r in scans}
 
 
 @pytest.fixture(scope="module")
