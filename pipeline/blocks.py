@@ -12,7 +12,8 @@ on from memory: the 25 of 192 held-out pages it reads worst carry 58 % of its ed
 - blocks: paragraphs packed up to `max_lines` lines, longer paragraphs cut into near-equal parts.
 
 `join_block_texts` puts the blocks' answers together again: a paragraph cut in two joins with a space (none after a
-line that ends in "/", where paths wrap), paragraphs and columns with a blank line.
+line that ends in "/", where paths wrap; a line break before the answer's own markdown and after a code fence),
+paragraphs and columns with a blank line.
 
 How the job uses them is the checkpoint's (ocria_info.json block_lines, block_tolerance; model.block_*): blocks only
 (tolerance 0), or the whole page too, keeping the page's read unless its length disagrees with the blocks'
@@ -216,8 +217,10 @@ def join_block_texts(blocks: list[TextBlock], texts: list[str]) -> str:
         joins = block.joins if out else ""
         if joins == " " and out.endswith("/"):
             joins = ""  # a path wrapped after its slash
-        elif joins == " " and MARKDOWN_BLOCK_START.match(text):
-            joins = "\n"  # a cut between list items or table rows: the answer's own markdown starts a line
+        elif joins == " " and (MARKDOWN_BLOCK_START.match(text) or out.rsplit("\n", 1)[-1].startswith("```")):
+            # a cut between list items or table rows (the answer's own markdown starts a line), or after a code
+            # block's closing fence, which text on its line would turn into an opening one
+            joins = "\n"
         out += joins + text
     return out
 

@@ -124,6 +124,8 @@ def test_block_texts_join_as_the_page_wrote_them():
     assert join_block_texts(b, texts) == ("Files: libs/type_traits/include/boost/x.hpp and\n- second item\n\n"
                                           "## Heading end")
     assert join_block_texts(b[:2], ["", "first"]) == "first"
+    # a closing fence ends its line (heldout_0097: "``` src/basic/..." made the rest of the page code)
+    assert join_block_texts(b[:2], ["```\nx = 1\n```", "src/basic/a.h"]) == "```\nx = 1\n```\nsrc/basic/a.h"
 
 
 def _info_model(folder, info: dict | None, processor: bool = True):
