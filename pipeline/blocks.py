@@ -225,14 +225,14 @@ def join_block_texts(blocks: list[TextBlock], texts: list[str]) -> str:
     return out
 
 
-def merge_block_results(blocks: list[TextBlock], results: list[PageResult]) -> PageResult:
-    """One page's result from its blocks' (read together in one engine call): the answers joined, tokens summed, the
-    page's time from its first block's first token to its last block's end; it hit the length limit or a loop if any
-    block did."""
+def merge_block_results(request_id: str, blocks: list[TextBlock], results: list[PageResult]) -> PageResult:
+    """Page `request_id`'s result from its blocks' (read together in one engine call): the answers joined, tokens
+    summed, the page's time from its first block's first token to its last block's end; it hit the length limit or a
+    loop if any block did."""
     reasons = {r.finish_reason for r in results}
     first = min(r.ttft_s for r in results)
     return PageResult(
-        request_id=results[0].request_id.rsplit(":block", 1)[0], text=join_block_texts(blocks, [r.text for r in results]),
+        request_id=request_id, text=join_block_texts(blocks, [r.text for r in results]),
         prompt_tokens=sum(r.prompt_tokens for r in results), output_tokens=sum(r.output_tokens for r in results),
         finish_reason=next((f for f in ("length", "loop") if f in reasons), "stop"),
         loop_dropped_tokens=sum(r.loop_dropped_tokens for r in results), ttft_s=first,

@@ -87,12 +87,14 @@ def body_font_pt(page: pymupdf.Page) -> float | None:
 
 def inked_body_pt(page: pymupdf.Page, scale: float) -> float | None:
     """The body font size (pt) of a page without a text layer (a scan), from the height of its inked text lines when
-    drawn at `scale`; None where too few lines are found."""
+    drawn at `scale`; None where too few lines are found or the size is out of BODY_PT_RANGE, as for `body_font_pt`."""
     from pipeline.blocks import line_height_px
 
     image = pixmap_rgb(page.get_pixmap(matrix=pymupdf.Matrix(scale, scale), colorspace=pymupdf.csRGB, alpha=False))
-    line_px = line_height_px(image)
-    return line_px / INK_LINE_PER_EM / scale if line_px else None
+    if not (line_px := line_height_px(image)):
+        return None
+    size = line_px / INK_LINE_PER_EM / scale
+    return size if BODY_PT_RANGE[0] <= size <= BODY_PT_RANGE[1] else None
 
 
 def page_scale(page: pymupdf.Page, opts: RasterOptions, text_layer: bool = True) -> float:
@@ -105,7 +107,7 @@ def page_scale(page: pymupdf.Page, opts: RasterOptions, text_layer: bool = True)
         pt = body_font_pt(page) if text_layer else None
         if pt is None and opts.glyph_from_ink:
             pt = inked_body_pt(page, scale)
-        if pt is not None and BODY_PT_RANGE[0] <= pt <= BODY_PT_RANGE[1]:
+        if pt is not None:
             scale = min(opts.glyph_px / pt, math.sqrt(opts.max_pixels / (rect.width * rect.height)))
     return scale
 

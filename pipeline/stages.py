@@ -77,6 +77,11 @@ class RasterizeStage:
         self.renderer.close()
 
 
+def _page_id(row: dict) -> str:
+    """A page's request id: its document's sha256 and its page index."""
+    return f"{row['sha256']}:{row['page_index']}"
+
+
 class ParseStage:
     """Holds one engine (loaded once per actor) and parses batches of page rows."""
 
@@ -104,8 +109,7 @@ class ParseStage:
         by_blocks = self._read_in_blocks(rows, images) if self.blocks.lines else {}
         # Blocks only (tolerance 0): a page is read whole only where the cut found no blocks or a block failed
         whole = [i for i in todo if not (self.blocks.only and i in by_blocks)]
-        requests = [PageRequest(f"{rows[i]['sha256']}:{rows[i]['page_index']}", images[i], self.prompt, self.sampling)
-                    for i in whole]
+        requests = [PageRequest(_page_id(rows[i]), images[i], self.prompt, self.sampling) for i in whole]
         results = dict(zip(whole, self.backend.parse(requests))) if requests else {}
         share = self._engine_time() / max(len(todo), 1)  # each page's part of the engine time
         out = [self._page_row(r) for r in rows]
@@ -139,14 +143,14 @@ class ParseStage:
         read = list(images)
 
         def parse(items):
-            return self.backend.parse([PageRequest(f"{rows[read[p]]['sha256']}:{rows[read[p]]['page_index']}:block{k}",
-                                                   crop, self.prompt, self.sampling) for p, k, crop in items])
+            return self.backend.parse([PageRequest(f"{_page_id(rows[read[p]])}:block{k}", crop, self.prompt,
+                                                   self.sampling) for p, k, crop in items])
 
         out = {}
         for i, (blocks, got) in zip(read, read_blocks([images[i] for i in read], self.blocks.lines,
                                                       self.blocks.token_px, parse)):
             if blocks and all(r.finish_reason != "error" for r in got):  # no blocks: no ink to measure it by
-                out[i] = merge_block_results(blocks, got)
+                out[i] = merge_block_results(_page_id(rows[i]), blocks, got)
         return out
 
     def _engine_time(self) -> float:

@@ -275,10 +275,10 @@ def test_block_results_merge_into_one_page_result():
                PageResult("d:0:block1", "of it", 30, 4, "length", loop_dropped_tokens=2, ttft_s=0.1, decode_s=0.6,
                           total_s=0.7),
                PageResult("d:0:block2", "Next.", 20, 3, "loop", ttft_s=0.15, decode_s=0.2, total_s=0.35)]
-    page = merge_block_results(blocks, results)
+    page = merge_block_results("d:0", blocks, results)
     assert (page.request_id, page.text) == ("d:0", "first half of it\n\nNext.")
     assert (page.prompt_tokens, page.output_tokens, page.loop_dropped_tokens) == (90, 12, 2)
     assert page.finish_reason == "length"
-    assert merge_block_results(blocks[::2], results[::2]).finish_reason == "loop"
-    assert merge_block_results(blocks[:1], results[:1]).finish_reason == "stop"
+    assert merge_block_results("d:0", blocks[::2], results[::2]).finish_reason == "loop"
+    assert merge_block_results("d:0", blocks[:1], results[:1]).finish_reason == "stop"
     assert (page.ttft_s, page.total_s) == (0.1, 0.7) and abs(page.decode_s - 0.6) < 1e-12
