@@ -6,7 +6,9 @@ on from memory: the 25 of 192 held-out pages it reads worst carry 58 % of its ed
 (bench/results/ocria_tiny_s33_runs.json). A block is cropped as its training's line pages are
 (pipeline.synthetic.ink_box). The cut uses the image's ink only (no text layer), so scans read the same way:
 
-- columns: one split at a blank gutter that runs the whole height of the text, near the middle;
+- columns: one split at a blank gutter that runs the whole height of the text, near the middle; without one, a
+  recursive XY-cut (`reading_regions`) finds columns under a full-width title or running head, as real papers
+  set them;
 - lines: runs of rows with ink in the column (thin runs, i-dots and rules, join their neighbour);
 - paragraphs: a gap between lines clearly larger than the column's usual one;
 - blocks: paragraphs packed up to `max_lines` lines, longer paragraphs cut into near-equal parts.
@@ -55,12 +57,14 @@ class BlockReading:
 @dataclass(frozen=True)
 class TextBlock:
     """Rows y0:y1 and columns x0:x1 of the page image (the block's ink, no margin) and how its text joins the text
-    before it: "" for the first block, " " inside a paragraph, "\\n\\n" after a paragraph or a column."""
+    before it: "" for the first block, " " inside a paragraph, "\\n\\n" after a paragraph or a column; turned by
+    `quarter_turns` (np.rot90's k) before it is read (a margin's vertical text, `margin_strips`)."""
     y0: int
     y1: int
     x0: int
     x1: int
     joins: str
+    quarter_turns: int = 0
 
 
 def ink_mask(image: np.ndarray, ink_below: int = INK_BELOW) -> np.ndarray:
@@ -90,6 +94,35 @@ def column_spans(mask: np.ndarray, min_gutter_frac: float = 0.015, min_side_frac
         return [(left, right)]
     g0, g1 = max(gaps, key=lambda g: g[1] - g[0])
     return [(left, g0), (g1, right)]
+
+
+def margin_strips(mask: np.ndarray, max_width_frac: float = 0.05, min_gap_frac: float = 0.02,
+                  min_height_frac: float = 0.3, min_inked_rows: float = 0.5) -> list[tuple[int, int]]:
+    """[x0, x1) of the ink at the page's left or right edge that is a margin's vertical text (a journal's download
+    stamp, an arXiv identifier): narrower than max_width_frac of the ink's width, min_gap_frac of it apart from the
+    rest, taller than min_height_frac of the page, and inked in min_inked_rows of the rows it spans, as a line of
+    letters is (a list's bullets are not). Read with the body's lines, every row it passes would join them."""
+    cols = runs(mask.any(axis=0))
+    if len(cols) < 2:
+        return []
+    width = cols[-1][1] - cols[0][0]
+    out = []
+    for (x0, x1), gap in ((cols[0], cols[1][0] - cols[0][1]), (cols[-1], cols[-1][0] - cols[-2][1])):
+        rows = runs(mask[:, x0:x1].any(axis=1))
+        span = rows[-1][1] - rows[0][0]
+        if x1 - x0 < max_width_frac * width and gap >= min_gap_frac * width and \
+                span >= min_height_frac * mask.shape[0] and sum(b - a for a, b in rows) >= min_inked_rows * span:
+            out.append((x0, x1))
+    return out
+
+
+def upright_turns(strip: np.ndarray) -> int:
+    """np.rot90's k that sets a strip of vertical Latin text upright: its letters' tops point to the side with more
+    ink beside the x-height core (ascenders and capitals outnumber descenders)."""
+    profile = strip.sum(axis=0).astype(float)
+    core = np.flatnonzero(profile >= 0.5 * profile.max())
+    before, after = profile[:core[0]].sum(), profile[core[-1] + 1:].sum()
+    return -1 if before > after else 1  # tops to the left: it reads upwards, a clockwise turn sets it upright
 
 
 def text_lines(mask: np.ndarray) -> list[tuple[int, int]]:
@@ -172,12 +205,93 @@ def line_height_px(image: np.ndarray, min_lines: int = 3, ink_below: int = INK_B
     return float(np.median(heights)) if len(heights) >= min_lines else None
 
 
+def widest_gutter(mask: np.ndarray, left: int, right: int, min_gutter: float,
+                  min_side: float) -> tuple[int, int] | None:
+    """The widest blank run of columns of `mask` between its ink at `left` and `right` that is at least min_gutter
+    wide with at least min_side of ink width on either side, or None."""
+    inked = mask.any(axis=0)
+    best = None
+    for g0, g1 in runs(~inked[left:right]):
+        g0, g1 = g0 + left, g1 + left
+        if g1 - g0 >= min_gutter and g0 - left >= min_side and right - g1 >= min_side and (
+                best is None or g1 - g0 > best[1] - best[0]):
+            best = (g0, g1)
+    return best
+
+
+def text_column(mask: np.ndarray, min_lines: int, full_width: float = 0.7, min_full_share: float = 0.5) -> bool:
+    """Whether a side of a gutter reads as a column of running text: at least min_lines text lines, and at least
+    min_full_share of them filling full_width of its width, as a paragraph's lines do and a table column's cells
+    (short numbers, ragged labels) do not."""
+    lines = text_lines(mask)
+    if len(lines) < min_lines:
+        return False
+    filled = [(lambda r: r[-1][1] - r[0][0])(runs(mask[a:b].any(axis=0))) for a, b in lines]
+    return sum(w >= full_width * mask.shape[1] for w in filled) >= min_full_share * len(lines)
+
+
+def reading_regions(mask: np.ndarray, min_column_lines: int = 8, min_side_frac: float = 0.2,
+                    depth: int = 2) -> list[tuple[int, int, int, int]]:
+    """(y0, y1, x0, x1) of each part of the page read on its own, in reading order.
+
+    A gutter that runs the page's whole height gives its two columns (`column_spans`). Else the page is cut into
+    bands at rows blank across it, and a band joins the region above while its ink stays clear of that region's
+    gutter (narrowing it), so a two-column body under a full-width title or running head is found and its columns
+    read one after the other; a region whose sides do not both read as running text (`text_column`: a borderless
+    table, a few aligned lines) is read across, as a page without columns is. Each column is cut the same
+    way again, `depth` levels in all (a column of side notes beside the body)."""
+    spans = column_spans(mask)
+    if len(spans) != 1:
+        return [(0, mask.shape[0], x0, x1) for x0, x1 in spans]
+    out = band_regions(mask, min_column_lines, min_side_frac, depth)
+    return [(0, mask.shape[0]) + spans[0]] if len(out) == 1 else out
+
+
+def band_regions(mask: np.ndarray, min_column_lines: int, min_side_frac: float,
+                 depth: int) -> list[tuple[int, int, int, int]]:
+    """`reading_regions`' cut into bands, on a mask with ink."""
+    cols = runs(mask.any(axis=0))
+    left, right = cols[0][0], cols[-1][1]
+    line_px = float(np.median([b - a for a, b in text_lines(mask[:, left:right])]))
+    min_gutter, min_side = max(2.0, 0.5 * line_px), min_side_frac * (right - left)
+    regions: list[list] = []  # [y0, y1, gutter or None]
+    for y0, y1 in runs(mask.any(axis=1)):
+        band = mask[y0:y1]
+        if regions and regions[-1][2] is not None:
+            g0, g1 = regions[-1][2]
+            narrowed = widest_gutter(band[:, g0:g1], 0, g1 - g0, min_gutter, 0)
+            if narrowed is not None:  # the band stays clear of the region's gutter: its columns go on
+                regions[-1][1:] = [y1, (g0 + narrowed[0], g0 + narrowed[1])]
+                continue
+        gutter = widest_gutter(band, left, right, min_gutter, min_side)
+        if regions and gutter is None and regions[-1][2] is None:
+            regions[-1][1] = y1
+        else:
+            regions.append([y0, y1, gutter])
+    out: list[tuple[int, int, int, int]] = []
+    for y0, y1, gutter in regions:
+        sides = [] if gutter is None else [(left, gutter[0]), (gutter[1], right)]
+        if sides and all(text_column(mask[y0:y1, a:b], min_column_lines) for a, b in sides):
+            for a, b in sides:
+                inner = band_regions(mask[y0:y1, a:b], min_column_lines, min_side_frac, depth - 1) if depth > 1 else []
+                out += [(y0 + r0, y0 + r1, a + c0, a + c1) for r0, r1, c0, c1 in inner] if len(inner) > 1 \
+                    else [(y0, y1, a, b)]
+        elif out and out[-1][2:] == (left, right):
+            out[-1] = (out[-1][0], y1, left, right)  # read across, with the region above if that is too
+        else:
+            out.append((y0, y1, left, right))
+    return out
+
+
 def text_blocks(image: np.ndarray, max_lines: int = 4, ink_below: int = INK_BELOW) -> list[TextBlock]:
-    """The page's blocks in reading order (left column, then right)."""
+    """The page's blocks in reading order (`reading_regions`: left column, then right; margin strips last)."""
     mask = ink_mask(image, ink_below)
+    strips = margin_strips(mask)
+    for x0, x1 in strips:
+        mask[:, x0:x1] = False
     blocks: list[TextBlock] = []
-    for x0, x1 in column_spans(mask):
-        column = mask[:, x0:x1]
+    for top, bottom, x0, x1 in reading_regions(mask):
+        column = mask[top:bottom, x0:x1]
         lines = text_lines(column)
         if not lines:
             continue
@@ -191,8 +305,13 @@ def text_blocks(image: np.ndarray, max_lines: int = 4, ink_below: int = INK_BELO
         for k, (block_lines, begins) in enumerate(pack(paragraphs, max_lines, line_px)):
             y0, y1 = block_lines[0][0], block_lines[-1][1]
             xs = runs(column[y0:y1].any(axis=0))
+            y0, y1 = y0 + top, y1 + top
             joins = "" if not blocks else ("\n\n" if begins or k == 0 else " ")
             blocks.append(TextBlock(y0, y1, x0 + xs[0][0], x0 + xs[-1][1], joins))
+    for x0, x1 in strips:  # after the body, as a line of its own
+        strip = ink_mask(image[:, x0:x1], ink_below)
+        rows = runs(strip.any(axis=1))
+        blocks.append(TextBlock(rows[0][0], rows[-1][1], x0, x1, "\n\n" if blocks else "", upright_turns(strip)))
     return blocks
 
 
@@ -200,11 +319,12 @@ def block_image(image: np.ndarray, block: TextBlock, pad: int = 12, multiple: in
     """The block's pixels on white paper with at least `pad` pixels on each side (as training's crops), so no part of
     a neighbouring line shows at its edges; more paper makes each side a multiple of `multiple` (a vision token's
     pixels), so the processor takes the block as it is instead of resizing its glyphs."""
-    h, w = block.y1 - block.y0, block.x1 - block.x0
+    crop = np.rot90(image[block.y0:block.y1, block.x0:block.x1], block.quarter_turns)
+    h, w = crop.shape[:2]
     out_h, out_w = (-(-(n + 2 * pad) // multiple) * multiple for n in (h, w))
     top, left = (out_h - h) // 2, (out_w - w) // 2
     out = np.full((out_h, out_w) + image.shape[2:], 255, dtype=image.dtype)
-    out[top:top + h, left:left + w] = image[block.y0:block.y1, block.x0:block.x1]
+    out[top:top + h, left:left + w] = crop
     return out
 
 

@@ -3,7 +3,9 @@ each line falls in one block, and the blocks' answers join into the page's text.
 import numpy as np
 import pytest
 
-from pipeline.blocks import TextBlock, block_image, column_spans, ink_mask, join_block_texts, text_blocks, text_lines
+from conftest import CORPUS
+from pipeline.blocks import (TextBlock, block_image, column_spans, ink_mask, join_block_texts, margin_strips,
+                             reading_regions, text_blocks, text_lines, upright_turns)
 from pipeline.synthetic import SynthConfig, TextPool, column_rects, make_page
 
 SEEDS = range(40)
@@ -102,6 +104,104 @@ def test_no_gutter_no_columns():
     image[20:40, 180:220] = 255  # now a gutter runs the whole height
     assert column_spans(ink_mask(image)) == [(20, 180), (220, 380)]
     assert text_blocks(np.full((50, 50, 3), 255, np.uint8)) == []
+
+
+def two_column_page(rng, aligned: bool) -> np.ndarray:
+    """A full-width title, then two columns of running text (lines filling their column, a paragraph's last line
+    short) whose lines sit level with each other's or not, and a footer under the left column only."""
+    image = np.full((900, 700, 3), 255, np.uint8)
+    image[30:55, 40:660] = 0
+    for x0, x1, y in ((40, 330, 100), (370, 660, 100 if aligned else 112)):
+        for k in range(22):
+            image[y + 30 * k: y + 30 * k + 18, x0: x1 if k % 6 != 5 else x0 + int(rng.integers(60, 200))] = 0
+    image[800:818, 40:200] = 0
+    return image
+
+
+@pytest.mark.parametrize("aligned", [False, True])
+def test_columns_under_a_full_width_title_are_read_one_after_the_other(aligned):
+    image = two_column_page(np.random.default_rng(int(aligned)), aligned)
+    mask = ink_mask(image)
+    assert column_spans(mask) == [(40, 660)]  # the title crosses the gutter: no whole-height columns
+    regions = reading_regions(mask)
+    assert [r[2:] for r in regions] == [(40, 660), (40, 330), (370, 660)]
+    assert regions[0][:2] == (30, 55) and regions[1][1] == 818  # the footer stays with its column
+    blocks = text_blocks(image, max_lines=8)
+    assert (blocks[0].x0, blocks[0].x1) == (40, 660)
+    sides = [b.x0 >= 370 for b in blocks[1:]]
+    assert sides == sorted(sides) and sum(sides) == 3  # left column's blocks, then the right's: 22 lines in 3 blocks
+    assert all(b.joins == "\n\n" for b in (blocks[1], blocks[1 + sides.index(True)]))
+
+
+def test_a_borderless_table_under_a_title_is_read_across():
+    rng = np.random.default_rng(5)
+    image = np.full((600, 700, 3), 255, np.uint8)
+    image[30:55, 40:660] = 0
+    for k in range(12):  # rows of short cells, ragged at their right edges, with a wide blank between the columns
+        y = 100 + 30 * k
+        image[y: y + 18, 40: 40 + int(rng.integers(60, 250))] = 0
+        image[y: y + 18, 420: 420 + int(rng.integers(40, 240))] = 0
+    mask = ink_mask(image)
+    assert reading_regions(mask) == [(0, 600, 40, 660)]
+    blocks = text_blocks(image, max_lines=8)
+    assert len(blocks) == 3 and all(b.x1 - b.x0 > 500 for b in blocks)  # the title, the rows in two parts
+
+
+@pytest.mark.skipif(not (CORPUS / "pymupdf__2201.00069.pdf").exists(), reason="../shared/corpus is not next to this checkout")
+def test_a_real_two_column_paper_under_its_running_head():
+    """A journal page whose running head spans both columns: the head, then the left column, then the right."""
+    import pymupdf
+
+    from pipeline.rasterize import render_page
+
+    with pymupdf.open(CORPUS / "pymupdf__2201.00069.pdf") as doc:
+        image = render_page(doc[0], 1536, 1536 * 1536)
+    mask = ink_mask(image)
+    assert len(column_spans(mask)) == 1
+    (head, left, right) = reading_regions(mask)
+    width = mask.shape[1]
+    assert head[1] - head[0] < 0.03 * mask.shape[0] and head[3] - head[2] > 0.8 * width
+    assert left[:2] == right[:2] and left[3] < 0.5 * width < right[2]
+    assert right[1] - left[0] > 0.8 * mask.shape[0]
+
+
+def page_with_margin_stamp(stamp: str, rotate: int) -> np.ndarray:
+    """A page of body text with `stamp` set down its left margin (PyMuPDF's rotate: 90 reads upwards, 270 down)."""
+    import pymupdf
+
+    from pipeline.rasterize import render_page
+
+    doc = pymupdf.open()
+    page = doc.new_page(width=612, height=792)
+    body = "The committee met on Tuesday to review the budget and the quarterly figures. " * 24
+    page.insert_textbox(pymupdf.Rect(90, 72, 540, 720), body, fontsize=11, fontname="tiro")
+    page.insert_text((40, 600) if rotate == 90 else (32, 200), stamp, fontsize=10, rotate=rotate, fontname="helv")
+    image = render_page(page, 1536, 1536 * 1536)
+    doc.close()
+    return image
+
+
+@pytest.mark.parametrize("rotate", [90, 270])
+def test_a_margin_stamp_is_read_last_and_turned_upright(rotate):
+    image = page_with_margin_stamp("arXiv:2201.00069v1 [astro-ph.HE] 3 Jan 2022, Downloaded from the archive", rotate)
+    mask = ink_mask(image)
+    (x0, x1), = margin_strips(mask)
+    assert x1 < 0.1 * image.shape[1]
+    blocks = text_blocks(image, max_lines=8)
+    *body, stamp = blocks
+    assert (stamp.x0, stamp.x1, stamp.joins) == (x0, x1, "\n\n") and all(b.x0 > x1 for b in body)
+    assert stamp.quarter_turns == (-1 if rotate == 90 else 1)  # the turn that undoes PyMuPDF's
+    turned = block_image(image, stamp)
+    assert turned.shape[1] > 10 * turned.shape[0]  # one line, lying down
+    assert len(body) >= 3 and all(b.y1 - b.y0 < 0.4 * image.shape[0] for b in body)  # body lines not joined by the stamp
+
+
+def test_a_column_of_list_bullets_is_no_margin_strip():
+    image = np.full((800, 600, 3), 255, np.uint8)
+    for k in range(12):  # bullets 10 px wide at the left, items beside them
+        image[40 + 60 * k: 50 + 60 * k, 30:40] = 0
+        image[35 + 60 * k: 55 + 60 * k, 70:560] = 0
+    assert margin_strips(ink_mask(image)) == []
 
 
 def test_a_block_image_is_its_pixels_on_white_paper():
