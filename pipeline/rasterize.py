@@ -85,6 +85,24 @@ def body_font_pt(page: pymupdf.Page) -> float | None:
     return size if BODY_PT_RANGE[0] <= size <= BODY_PT_RANGE[1] else None
 
 
+def text_turns(page: pymupdf.Page, min_share: float = 0.6) -> int:
+    """np.rot90's k that sets the page's text upright as drawn: most text-layer characters run down the page (a page
+    with /Rotate 90 over horizontal text, or a table set sideways) -> 1, up -> -1, right to left -> 2; else 0 (also
+    without a text layer, or with no direction holding min_share of the characters). Latin letters and digits are
+    counted: CJK set in vertical columns runs down the page with its glyphs upright."""
+    a, b, c, d = (page.rotation_matrix.a, page.rotation_matrix.b, page.rotation_matrix.c, page.rotation_matrix.d)
+    chars = {0: 0, 1: 0, -1: 0, 2: 0}
+    for block in page.get_text("dict", flags=0)["blocks"]:
+        for line in block.get("lines", ()):
+            x, y = line["dir"]
+            dx, dy = a * x + c * y, b * x + d * y  # the line's direction as drawn, y down
+            k = (0 if dx > 0 else 2) if abs(dx) >= abs(dy) else (1 if dy > 0 else -1)
+            chars[k] += sum(ch.isascii() and ch.isalnum() for span in line["spans"] for ch in span["text"])
+    total = sum(chars.values())
+    k = max(chars, key=chars.get)
+    return k if total and chars[k] >= min_share * total else 0
+
+
 def inked_body_pt(page: pymupdf.Page, scale: float) -> float | None:
     """The body font size (pt) of a page without a text layer (a scan), from the height of its inked text lines when
     drawn at `scale`; None where too few lines are found or the size is out of BODY_PT_RANGE, as for `body_font_pt`."""
@@ -115,7 +133,7 @@ def page_scale(page: pymupdf.Page, opts: RasterOptions, text_layer: bool = True)
 def render_page(page: pymupdf.Page, target_longest_px: int, max_pixels: int, glyph_px: float = 0.0,
                 glyph_from_ink: bool = False, text_layer: bool = True) -> np.ndarray:
     """One page -> H x W x 3 uint8 RGB, sized by `page_scale` (the longest side is at most the target, unless the
-    page is drawn at glyph_px)."""
+    page is drawn at glyph_px), and turned so its text layer's lines run left to right (`text_turns`)."""
     opts = RasterOptions(target_longest_px, max_pixels, glyph_px=glyph_px, glyph_from_ink=glyph_from_ink)
     scale = page_scale(page, opts, text_layer)
     pix = page.get_pixmap(matrix=pymupdf.Matrix(scale, scale), colorspace=pymupdf.csRGB, alpha=False)
@@ -125,7 +143,8 @@ def render_page(page: pymupdf.Page, target_longest_px: int, max_pixels: int, gly
     if over > 1:  # MuPDF rounds the pixel box outwards; at the cap that can add a row or column
         scale *= 0.998 / math.sqrt(over) if pix.width * pix.height > max_pixels else 0.998 / over
         pix = page.get_pixmap(matrix=pymupdf.Matrix(scale, scale), colorspace=pymupdf.csRGB, alpha=False)
-    return pixmap_rgb(pix)
+    turns = text_turns(page) if text_layer else 0
+    return np.ascontiguousarray(np.rot90(pixmap_rgb(pix), turns)) if turns else pixmap_rgb(pix)
 
 
 def pixmap_rgb(pix: pymupdf.Pixmap) -> np.ndarray:

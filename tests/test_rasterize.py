@@ -220,3 +220,47 @@ def test_pages_leave_room_for_the_answer_in_the_context(width_pt, height_pt):
     too_long = JobConfig.model_validate({"input": {"uris": ["samples"]}, "model": {"max_tokens": 8000}})
     with pytest.raises(CheckpointError, match="lower model.max_tokens"):
         raster_options(too_long, str(model))
+
+
+def _page_with_text(doc: pymupdf.Document, rotate_text: int = 0) -> pymupdf.Page:
+    page = doc.new_page(width=420, height=560)
+    for k in range(12):
+        page.insert_text((40, 60 + 36 * k) if not rotate_text else (60 + 28 * k, 500), f"Line {k}: The quarterly figures "
+                         "were reviewed and approved.", fontsize=11, rotate=rotate_text)
+    return page
+
+
+def pixel_shifted_difference(a: np.ndarray, b: np.ndarray, reach: int = 2) -> float:
+    """The mean absolute difference of two images at the best shift of up to `reach` pixels either way (MuPDF's pixel
+    grid falls differently on a rotated page)."""
+    r = reach
+    core = b[r:-r, r:-r].astype(int)
+    return min(np.abs(a[r + dy: a.shape[0] - r + dy, r + dx: a.shape[1] - r + dx].astype(int) - core).mean()
+               for dy in range(-r, r + 1) for dx in range(-r, r + 1))
+
+
+def test_a_rotated_page_is_drawn_with_its_text_upright():
+    """A page whose /Rotate turns its horizontal text on its side is drawn as its text reads: the same pixels as the
+    page without the rotation; a page whose text is set sideways is turned so the text runs left to right."""
+    from pipeline.rasterize import text_turns
+
+    doc = pymupdf.open()
+    upright = render_page(_page_with_text(doc), 1536, 1536 * 1536, 24.0)
+    for rotation in (90, 180, 270):
+        page = _page_with_text(doc)
+        page.set_rotation(rotation)
+        assert text_turns(page) == {90: 1, 180: 2, 270: -1}[rotation]
+        image = render_page(page, 1536, 1536 * 1536, 24.0)
+        assert image.shape == upright.shape and image.flags["C_CONTIGUOUS"]
+        # glyph edges differ by a grey level or two where the page is drawn turned; the other way up differs by ~16
+        turned_back = np.ascontiguousarray(np.rot90(image, 2))
+        assert pixel_shifted_difference(image, upright) < 0.25 * pixel_shifted_difference(turned_back, upright)
+    sideways = _page_with_text(doc, rotate_text=90)  # reads upwards on an unrotated page
+    assert text_turns(sideways) == -1
+    image = render_page(sideways, 1536, 1536 * 1536, 24.0)
+    assert image.shape[1] > image.shape[0]  # portrait page turned: its lines now run along the long side
+    page = _page_with_text(doc)
+    page.set_rotation(90)  # the text layer ignored (a scan's job): drawn as the page says
+    drawn = render_page(page, 1536, 1536 * 1536, 24.0, text_layer=False)
+    assert drawn.shape[1] > drawn.shape[0]  # landscape, as /Rotate 90 draws the portrait page
+    assert text_turns(doc.new_page()) == 0  # no text layer: as drawn
