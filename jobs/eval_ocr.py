@@ -248,7 +248,7 @@ class BlockReader:
         token_px = self.processor.patch_size * self.processor.merge_size
         read = read_blocks(images, self.max_lines, token_px,
                            lambda items: self.reader.read([crop for _, _, crop in items], max_new_tokens))
-        by_blocks = [join_block_texts(blocks, texts) for blocks, texts in read]
+        by_blocks = [join_block_texts(blocks, texts) for blocks, texts, _ in read]
         if not self.tolerance:
             return by_blocks
         whole = self.reader.read(images, max_new_tokens)

@@ -147,10 +147,10 @@ class ParseStage:
                                                    self.sampling) for p, k, crop in items])
 
         out = {}
-        for i, (blocks, got) in zip(read, read_blocks([images[i] for i in read], self.blocks.lines,
-                                                      self.blocks.token_px, parse)):
+        for i, (blocks, got, spent) in zip(read, read_blocks([images[i] for i in read], self.blocks.lines,
+                                                             self.blocks.token_px, parse, lambda r: r.text)):
             if blocks and all(r.finish_reason != "error" for r in got):  # no blocks: no ink to measure it by
-                out[i] = merge_block_results(_page_id(rows[i]), blocks, got)
+                out[i] = merge_block_results(_page_id(rows[i]), blocks, got, spent)
         return out
 
     def _engine_time(self) -> float:

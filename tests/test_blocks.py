@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from conftest import CORPUS
-from pipeline.blocks import (TextBlock, block_image, column_spans, ink_mask, join_block_texts, margin_strips,
-                             reading_regions, text_blocks, text_lines, upright_turns)
+from pipeline.blocks import (TextBlock, block_image, column_spans, ink_mask, join_block_texts, margin_strips, ran_on,
+                             read_blocks, reading_regions, text_blocks, text_lines, upright_turns)
 from pipeline.synthetic import SynthConfig, TextPool, column_rects, make_page
 
 SEEDS = range(40)
@@ -202,6 +202,64 @@ def test_a_column_of_list_bullets_is_no_margin_strip():
         image[40 + 60 * k: 50 + 60 * k, 30:40] = 0
         image[35 + 60 * k: 55 + 60 * k, 70:560] = 0
     assert margin_strips(ink_mask(image)) == []
+
+
+def test_the_text_a_block_holds_never_counts_as_running_on(pages):
+    """Each block's own text, from the layout's line boxes, stays within what its glyph runs allow (`ran_on`), and an
+    answer three times as long does not."""
+    measured = 0
+    for p in pages:
+        for b in text_blocks(p.image, 8):
+            text = " ".join(ln.text for ln in p.lines if b.y0 <= (ln.y0 + ln.y1) / 2 < b.y1 and b.x0 <= (ln.x0 + ln.x1) / 2 < b.x1)
+            assert not ran_on(text, b), (p.seed, b)
+            if b.glyphs >= 20:
+                measured += 1
+                assert ran_on(" ".join([text] * 3), b), (p.seed, b)
+    assert measured > 50
+
+
+def paragraph_image(lines: int = 8) -> np.ndarray:
+    import pymupdf
+
+    from pipeline.rasterize import render_page
+
+    doc = pymupdf.open()
+    page = doc.new_page(width=420, height=300)
+    for k in range(lines):
+        page.insert_text((20, 30 + 16 * k), f"Line {k} of the minutes: the budget was approved as tabled.", fontsize=11)
+    image = render_page(page, 1536, 1536 * 1536, 24.0)
+    doc.close()
+    return image
+
+
+@pytest.mark.parametrize("halves_longer", [False, True])
+def test_a_block_that_runs_on_is_read_again_in_halves(halves_longer):
+    image = paragraph_image()
+    calls = []
+
+    def read(items):
+        calls.append([(p, k) for p, k, _ in items])
+        if len(calls) == 1:  # the model loses its place and writes on
+            return ["the budget was approved " * 40 for _ in items]
+        return [("approved " * 200 if halves_longer else f"half {k}") for _, k, _ in items]
+
+    [(blocks, answers, spent)] = read_blocks([image], 8, 32, read)
+    assert calls[0] == [(0, 0)] and calls[1] == [(0, 1), (0, 2)]  # halves numbered on after the page's one block
+    if halves_longer:
+        assert len(blocks) == 1 and answers == ["the budget was approved " * 40] and len(spent) == 2
+    else:
+        assert [b.joins for b in blocks] == ["", " "] and answers == ["half 1", "half 2"]
+        assert spent == ["the budget was approved " * 40]
+        assert blocks[0].y0 < blocks[1].y0 and all(4 >= len(text_lines(ink_mask(image[b.y0:b.y1, b.x0:b.x1])))
+                                                 for b in blocks)
+    sizes = []
+
+    def plain(items):
+        sizes.append(len(items))
+        return ["Line 0 of the minutes"] * len(items)
+
+    read_blocks([image], 8, 32, plain)
+    assert sizes == [1]  # an answer within the ink's bound: one call, nothing read again
 
 
 def test_a_block_image_is_its_pixels_on_white_paper():
