@@ -287,8 +287,8 @@ def band_regions(mask: np.ndarray, min_column_lines: int, min_side_frac: float,
 
 def glyph_runs(mask: np.ndarray, lines: list[tuple[int, int]]) -> int:
     """Runs of inked columns along the lines: about one a printed character (a block's non-space characters over its
-    runs: median 1.06, at most 1.42 on 329 blocks of held-out pages 288-383), or 0 where a line is a tall run of ink
-    (a bordered table's rules join its cells into one run)."""
+    runs: median 1.06, at most 1.42 on 329 blocks of held-out pages 288-383, bench/ocria_tiny_block_glyph_runs.py),
+    or 0 where a line is a tall run of ink (a bordered table's rules join its cells into one run)."""
     heights = [b - a for a, b in lines]
     if not lines or max(heights) > 1.8 * float(np.median(heights)):
         return 0
