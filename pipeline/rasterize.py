@@ -68,36 +68,40 @@ INK_LINE_PER_EM = 0.969
 BODY_PT_RANGE = (2.0, 200.0)  # body sizes outside this are a text layer's oddity, not a font: the page keeps its target
 
 
-def body_font_pt(page: pymupdf.Page) -> float | None:
-    """The font size (pt) most of the page's text-layer characters are set in, or None without a text layer. Headings
-    and footnotes are few characters, so the body text decides."""
+def text_layer_lines(page: pymupdf.Page) -> list[dict]:
+    """The lines of the page's text layer (PyMuPDF's "dict" extraction): read once per drawing for both
+    `body_font_pt` and `text_turns`."""
+    return [line for block in page.get_text("dict", flags=0)["blocks"] for line in block.get("lines", ())]
+
+
+def body_font_pt(page: pymupdf.Page, lines: list[dict] | None = None) -> float | None:
+    """The font size (pt) most of the page's text-layer characters (`lines`, else read here) are set in, or None
+    without a text layer. Headings and footnotes are few characters, so the body text decides."""
     chars: dict[float, int] = {}
-    for block in page.get_text("dict", flags=0)["blocks"]:
-        for line in block.get("lines", ()):
-            for span in line["spans"]:
-                n = len(span["text"].strip())
-                if n:
-                    size = round(span["size"], 2)
-                    chars[size] = chars.get(size, 0) + n
+    for line in text_layer_lines(page) if lines is None else lines:
+        for span in line["spans"]:
+            n = len(span["text"].strip())
+            if n:
+                size = round(span["size"], 2)
+                chars[size] = chars.get(size, 0) + n
     if not chars:
         return None
     size = max(chars, key=chars.get)
     return size if BODY_PT_RANGE[0] <= size <= BODY_PT_RANGE[1] else None
 
 
-def text_turns(page: pymupdf.Page, min_share: float = 0.6) -> int:
-    """np.rot90's k that sets the page's text upright as drawn: most text-layer characters run down the page (a page
-    with /Rotate 90 over horizontal text, or a table set sideways) -> 1, up -> -1, right to left -> 2; else 0 (also
-    without a text layer, or with no direction holding min_share of the characters). Latin letters and digits are
-    counted: CJK set in vertical columns runs down the page with its glyphs upright."""
+def text_turns(page: pymupdf.Page, lines: list[dict] | None = None, min_share: float = 0.6) -> int:
+    """np.rot90's k that sets the page's text upright as drawn: most text-layer characters (`lines`, else read here)
+    run down the page (a page with /Rotate 90 over horizontal text, or a table set sideways) -> 1, up -> -1, right to
+    left -> 2; else 0 (also without a text layer, or with no direction holding min_share of the characters). Latin
+    letters and digits are counted: CJK set in vertical columns runs down the page with its glyphs upright."""
     a, b, c, d = (page.rotation_matrix.a, page.rotation_matrix.b, page.rotation_matrix.c, page.rotation_matrix.d)
     chars = {0: 0, 1: 0, -1: 0, 2: 0}
-    for block in page.get_text("dict", flags=0)["blocks"]:
-        for line in block.get("lines", ()):
-            x, y = line["dir"]
-            dx, dy = a * x + c * y, b * x + d * y  # the line's direction as drawn, y down
-            k = (0 if dx > 0 else 2) if abs(dx) >= abs(dy) else (1 if dy > 0 else -1)
-            chars[k] += sum(ch.isascii() and ch.isalnum() for span in line["spans"] for ch in span["text"])
+    for line in text_layer_lines(page) if lines is None else lines:
+        x, y = line["dir"]
+        dx, dy = a * x + c * y, b * x + d * y  # the line's direction as drawn, y down
+        k = (0 if dx > 0 else 2) if abs(dx) >= abs(dy) else (1 if dy > 0 else -1)
+        chars[k] += sum(ch.isascii() and ch.isalnum() for span in line["spans"] for ch in span["text"])
     total = sum(chars.values())
     k = max(chars, key=chars.get)
     return k if total and chars[k] >= min_share * total else 0
@@ -115,14 +119,15 @@ def inked_body_pt(page: pymupdf.Page, scale: float) -> float | None:
     return size if BODY_PT_RANGE[0] <= size <= BODY_PT_RANGE[1] else None
 
 
-def page_scale(page: pymupdf.Page, opts: RasterOptions, text_layer: bool = True) -> float:
+def page_scale(page: pymupdf.Page, opts: RasterOptions, text_layer: bool = True,
+               lines: list[dict] | None = None) -> float:
     """Points to pixels for one page: the glyph size's scale when opts.glyph_px is set (bounded by max_pixels only),
-    the body size taken from the text layer, or without one (or with text_layer False) from the ink; else
-    `render_scale`."""
+    the body size taken from the text layer (`lines`, else read here), or without one (or with text_layer False)
+    from the ink; else `render_scale`."""
     rect = page.rect
     scale = render_scale(rect.width, rect.height, opts)
     if opts.glyph_px > 0:
-        pt = body_font_pt(page) if text_layer else None
+        pt = body_font_pt(page, lines) if text_layer else None
         if pt is None and opts.glyph_from_ink:
             pt = inked_body_pt(page, scale)
         if pt is not None:
@@ -135,7 +140,8 @@ def render_page(page: pymupdf.Page, target_longest_px: int, max_pixels: int, gly
     """One page -> H x W x 3 uint8 RGB, sized by `page_scale` (the longest side is at most the target, unless the
     page is drawn at glyph_px), and turned so its text layer's lines run left to right (`text_turns`)."""
     opts = RasterOptions(target_longest_px, max_pixels, glyph_px=glyph_px, glyph_from_ink=glyph_from_ink)
-    scale = page_scale(page, opts, text_layer)
+    lines = text_layer_lines(page) if text_layer else []
+    scale = page_scale(page, opts, text_layer, lines)
     pix = page.get_pixmap(matrix=pymupdf.Matrix(scale, scale), colorspace=pymupdf.csRGB, alpha=False)
     # a page drawn larger for its glyphs may pass the target: only the pixel cap bounds it
     longest = math.inf if scale > render_scale(page.rect.width, page.rect.height, opts) else target_longest_px
@@ -143,7 +149,7 @@ def render_page(page: pymupdf.Page, target_longest_px: int, max_pixels: int, gly
     if over > 1:  # MuPDF rounds the pixel box outwards; at the cap that can add a row or column
         scale *= 0.998 / math.sqrt(over) if pix.width * pix.height > max_pixels else 0.998 / over
         pix = page.get_pixmap(matrix=pymupdf.Matrix(scale, scale), colorspace=pymupdf.csRGB, alpha=False)
-    turns = text_turns(page) if text_layer else 0
+    turns = text_turns(page, lines)
     return np.ascontiguousarray(np.rot90(pixmap_rgb(pix), turns)) if turns else pixmap_rgb(pix)
 
 
