@@ -81,6 +81,12 @@ def runs(flags: np.ndarray) -> list[tuple[int, int]]:
     return [(int(a), int(b)) for a, b in zip(edges[::2], edges[1::2])]
 
 
+def extent(flags: np.ndarray) -> tuple[int, int]:
+    """[first, last + 1) of the True entries of a 1-D bool array that has some."""
+    on = np.flatnonzero(flags)
+    return int(on[0]), int(on[-1]) + 1
+
+
 def column_spans(mask: np.ndarray, min_gutter_frac: float = 0.015, min_side_frac: float = 0.2) -> list[tuple[int, int]]:
     """[x0, x1) of each text column: two where a blank gutter runs the whole height of the ink with at least
     min_side_frac of the ink's width on either side, else one."""
@@ -228,8 +234,8 @@ def text_column(mask: np.ndarray, min_lines: int, full_width: float = 0.7, min_f
     lines = text_lines(mask)
     if len(lines) < min_lines:
         return False
-    filled = [(lambda r: r[-1][1] - r[0][0])(runs(mask[a:b].any(axis=0))) for a, b in lines]
-    return sum(w >= full_width * mask.shape[1] for w in filled) >= min_full_share * len(lines)
+    spans = [extent(mask[a:b].any(axis=0)) for a, b in lines]
+    return sum(x1 - x0 >= full_width * mask.shape[1] for x0, x1 in spans) >= min_full_share * len(lines)
 
 
 def reading_regions(mask: np.ndarray, min_column_lines: int = 8, min_side_frac: float = 0.2,
@@ -252,8 +258,7 @@ def reading_regions(mask: np.ndarray, min_column_lines: int = 8, min_side_frac: 
 def band_regions(mask: np.ndarray, min_column_lines: int, min_side_frac: float,
                  depth: int) -> list[tuple[int, int, int, int]]:
     """`reading_regions`' cut into bands, on a mask with ink."""
-    cols = runs(mask.any(axis=0))
-    left, right = cols[0][0], cols[-1][1]
+    left, right = extent(mask.any(axis=0))
     line_px = float(np.median([b - a for a, b in text_lines(mask[:, left:right])]))
     min_gutter, min_side = max(2.0, 0.5 * line_px), min_side_frac * (right - left)
     regions: list[list] = []  # [y0, y1, gutter or None]
@@ -322,16 +327,15 @@ def column_blocks(column: np.ndarray, top: int, left: int, max_lines: int, first
 def text_blocks(image: np.ndarray, max_lines: int = 4, ink_below: int = INK_BELOW) -> list[TextBlock]:
     """The page's blocks in reading order (`reading_regions`: left column, then right; margin strips last)."""
     mask = ink_mask(image, ink_below)
-    strips = margin_strips(mask)
-    for x0, x1 in strips:
+    strips = [(x0, x1, mask[:, x0:x1].copy()) for x0, x1 in margin_strips(mask)]
+    for x0, x1, _ in strips:
         mask[:, x0:x1] = False
     blocks: list[TextBlock] = []
     for top, bottom, x0, x1 in reading_regions(mask):
         blocks += column_blocks(mask[top:bottom, x0:x1], top, x0, max_lines, "\n\n" if blocks else "")
-    for x0, x1 in strips:  # after the body, as a line of its own
-        strip = ink_mask(image[:, x0:x1], ink_below)
-        rows = runs(strip.any(axis=1))
-        blocks.append(TextBlock(rows[0][0], rows[-1][1], x0, x1, "\n\n" if blocks else "", upright_turns(strip)))
+    for x0, x1, strip in strips:  # after the body, as a line of its own
+        y0, y1 = extent(strip.any(axis=1))
+        blocks.append(TextBlock(y0, y1, x0, x1, "\n\n" if blocks else "", upright_turns(strip)))
     return blocks
 
 
