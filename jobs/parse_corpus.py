@@ -21,11 +21,8 @@ from pipeline.config import ConfigError, load_config  # noqa: E402
 from pipeline.job import prepare, run  # noqa: E402
 
 
-TRUE_OR_FALSE = {"glyph_from_ink"}  # flags whose False is a choice, not the flag left out
-
-
 def _overrides(**flags) -> dict:
-    """CLI flags -> nested config overrides (only the flags given)."""
+    """CLI flags -> nested config overrides (only the flags given: an option left out is None, its flags too)."""
     paths = {
         "input": ("input", "uris"), "include": ("input", "include"), "exclude": ("input", "exclude"),
         "limit": ("input", "limit"), "output": ("output",), "s3_endpoint": ("storage", "s3_endpoint"),
@@ -46,7 +43,7 @@ def _overrides(**flags) -> dict:
     }
     out: dict = {}
     for name, value in flags.items():
-        if value is None or value == () or (value is False and name not in TRUE_OR_FALSE):
+        if value is None or value == ():
             continue
         node = out
         *parents, leaf = paths[name]
@@ -75,7 +72,7 @@ def _overrides(**flags) -> dict:
 @click.option("--loop-stop-tokens", type=int, help="end a page's answer that loops over this many tokens (0: off)")
 @click.option("--loop-drop-tokens", type=int,
               help="leave out the repeats of a loop over this many tokens and read on (0: off)")
-@click.option("--loop-ban-next", is_flag=True,
+@click.option("--loop-ban-next", is_flag=True, default=None,
               help="with --loop-drop-tokens: forbid the token that would go on with a loop")
 @click.option("--block-lines", type=int,
               help="read pages in blocks of this many text lines (0: off; default: the checkpoint's)")
@@ -93,8 +90,8 @@ def _overrides(**flags) -> dict:
 @click.option("--doc-timeout", type=float, help="seconds per document before the renderer is killed")
 @click.option("--batch-size", type=int, help="pages per engine batch")
 @click.option("--num-engines", type=int, help="engine actors (default: one per GPU)")
-@click.option("--retry-failed", is_flag=True, help="process only documents that failed before")
-@click.option("--reparse", is_flag=True, help="parse again documents that another model parsed into this output")
+@click.option("--retry-failed", is_flag=True, default=None, help="process only documents that failed before")
+@click.option("--reparse", is_flag=True, default=None, help="parse again documents that another model parsed into this output")
 @click.option("--max-attempts", type=int, help="retry a failing document on reruns up to this many attempts")
 @click.option("--ray-address", help="Ray cluster address (default: RAY_ADDRESS, else a local Ray)")
 @click.option("--num-cpus", type=float, help="CPUs of the local Ray")
