@@ -27,43 +27,12 @@ import time
 import unicodedata
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Iterator, Sequence
 
 import numpy as np
 
-from pipeline.text import collapse_ws, markdown_to_text  # noqa: F401 (the metric's plain text, re-exported)
+from pipeline.text import collapse_ws, edit_distance_rows, levenshtein, markdown_to_text  # noqa: F401 (re-exported)
 
 # ---------------------------------------------------------------- metrics
-
-
-def edit_distance_rows(a: Sequence, b: Sequence) -> Iterator[np.ndarray]:
-    """The rows of the edit-distance table (unit insert / delete / substitute): row i holds the distances of a[:i]
-    to every prefix of b, rows 0..len(a). One numpy row per element of `a`: the insertion chain
-    d[j] = min(d[j], d[j-1] + 1) is a running minimum of d[k] - k, plus j."""
-    codes: dict = {}
-    ai = np.array([codes.setdefault(x, len(codes)) for x in a], dtype=np.int64)
-    bi = np.array([codes.setdefault(x, len(codes)) for x in b], dtype=np.int64)
-    j = np.arange(len(b) + 1, dtype=np.int64)
-    prev = j.copy()
-    yield prev
-    for i, x in enumerate(ai, 1):
-        cur = np.empty_like(prev)
-        cur[0] = i
-        cur[1:] = np.minimum(prev[1:] + 1, prev[:-1] + (bi != x))  # deletion, substitution / match
-        cur = np.minimum.accumulate(cur - j) + j  # insertion chains
-        yield cur
-        prev = cur
-
-
-def levenshtein(a: Sequence, b: Sequence) -> int:
-    """Edit distance (unit insert / delete / substitute), over the shorter sequence's rows."""
-    if len(a) < len(b):
-        a, b = b, a
-    if not b:
-        return len(a)
-    for row in edit_distance_rows(a, b):
-        pass
-    return int(row[-1])
 
 
 MARKDOWN_LINE_KINDS = ("paragraph", "heading", "list", "table", "code")
@@ -235,19 +204,28 @@ class BlockReader:
     too, and the whole read is kept unless its length differs from the blocks' by more (pipeline.blocks.prefer_blocks),
     as the job does (model.block_lines, model.block_tolerance)."""
 
-    def __init__(self, reader: HFPageReader | EnginePageReader, max_lines: int, tolerance: float = 0.0):
+    def __init__(self, reader: HFPageReader | EnginePageReader, max_lines: int, tolerance: float = 0.0,
+                 scales: tuple[float, ...] = (1.0,)):
         self.reader = reader
         self.processor = reader.processor
         self.max_lines = max_lines
         self.tolerance = tolerance
+        self.scales = scales
         self.chose_blocks: list[bool] = []  # per page read so far, with a tolerance: whether the blocks' read was taken
+        self.block_images_read = 0  # every block image the reader was given (each scale, each guard's half)
 
-    def read(self, images: list[np.ndarray], max_new_tokens: int = 512) -> list[str]:
+    def read(self, images: list[np.ndarray], max_new_tokens: int = 512,
+             views: list[list[np.ndarray]] | None = None) -> list[str]:
+        """The pages' texts; `views`: each page drawn at the other scales (else their block crops are resized)."""
         from pipeline.blocks import join_block_texts, prefer_blocks, read_blocks
 
         token_px = self.processor.patch_size * self.processor.merge_size
-        read = read_blocks(images, self.max_lines, token_px,
-                           lambda items: self.reader.read([crop for _, _, crop in items], max_new_tokens))
+
+        def read_items(items):
+            self.block_images_read += len(items)
+            return self.reader.read([crop for _, _, crop in items], max_new_tokens)
+
+        read = read_blocks(images, self.max_lines, token_px, read_items, scales=self.scales, views=views)
         by_blocks = [join_block_texts(blocks, texts) for blocks, texts, _ in read]
         if not self.tolerance:
             return by_blocks
@@ -290,6 +268,7 @@ class EvalPage:
     lines: list | None = None  # synthetic pages: their text lines (pipeline.synthetic.TextLine), where each lies
     columns: int | None = None  # synthetic pages: how many columns the layout had
     pdf: bytes | None = None  # synthetic pages: the one-page PDF the image was drawn from
+    views: tuple[np.ndarray, ...] = ()  # the page drawn at Drawing.zooms (blocks read at several sizes)
 
 
 @dataclass(frozen=True)
@@ -301,22 +280,26 @@ class Drawing:
     max_pixels: int
     glyph_px: float = 0.0
     as_scans: bool = False  # with glyph_px: ignore the text layer, size the glyphs from the ink as the job sizes scans
+    zooms: tuple[float, ...] = ()  # the page drawn again at these times its size (the job's other block scales)
 
-    def render(self, page) -> np.ndarray:
-        from pipeline.rasterize import render_page
+    def render(self, page) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
+        """The page's image and its views at `zooms`."""
+        from pipeline.rasterize import render_views
 
-        return render_page(page, self.target_longest_px, self.max_pixels, self.glyph_px,
-                           glyph_from_ink=self.as_scans, text_layer=not self.as_scans)
+        image, *views = render_views(page, self.target_longest_px, self.max_pixels, self.glyph_px,
+                                     glyph_from_ink=self.as_scans, text_layer=not self.as_scans, zooms=self.zooms)
+        return image, tuple(views)
 
 
-def glyph_drawing(cfg: dict, model_dir: Path, glyph_px: float, max_new_tokens: int, as_scans: bool = False) -> Drawing:
+def glyph_drawing(cfg: dict, model_dir: Path, glyph_px: float, max_new_tokens: int, as_scans: bool = False,
+                  zooms: tuple[float, ...] = ()) -> Drawing:
     """Pages at glyph_px up to the pixels the model's processor lets through and its context holds beside
     max_new_tokens of answer, as the job caps them (pipeline.checkpoint.glyph_max_pixels)."""
     from pipeline.checkpoint import glyph_max_pixels, image_processor
 
     target = cfg["image"]["target_longest_px"]
     cap = glyph_max_pixels(str(model_dir), image_processor(str(model_dir)), max_new_tokens, target)
-    return Drawing(target, cap, glyph_px, as_scans)
+    return Drawing(target, cap, glyph_px, as_scans, zooms)
 
 
 def heldout_pages(n: int, cfg: dict, synth: Path, page_index: int | None = None, first: int = 0,
@@ -346,7 +329,8 @@ def redrawn(pages: list[EvalPage], drawing: Drawing) -> list[EvalPage]:
     out = []
     for p in pages:
         with pymupdf.open("pdf", p.pdf) as doc:
-            out.append(replace(p, image=drawing.render(doc[0]), lines=None))
+            image, views = drawing.render(doc[0])
+            out.append(replace(p, image=image, views=views, lines=None))
     return out
 
 
@@ -427,10 +411,10 @@ def corpus_pages(corpus: Path, n: int, cfg: dict, min_chars: int = 200,
             ref = normalize_reference(page.get_text("text"))
             if len(ref) < min_chars:
                 continue
-            image = drawing.render(page)
+            image, views = drawing.render(page)
         finally:
             doc.close()
-        pages.append(EvalPage(r["filename"], image, None, ref))
+        pages.append(EvalPage(r["filename"], image, None, ref, views=views))
     return pages
 
 
@@ -458,7 +442,9 @@ def evaluate(pages: list[EvalPage], reader: HFPageReader | EnginePageReader | No
         hyps = [None] * len(chunk)
         if reader is not None:
             t0 = time.time()
-            hyps = reader.read([p.image for p in chunk], max_new_tokens)
+            images = [p.image for p in chunk]
+            hyps = (reader.read(images, max_new_tokens, [list(p.views) for p in chunk])
+                    if isinstance(reader, BlockReader) else reader.read(images, max_new_tokens))
             model_s += time.time() - t0
         for p, hyp in zip(chunk, hyps):
             rec = {"page": p.name, "size": list(p.image.shape[:2])}
@@ -484,7 +470,9 @@ def evaluate(pages: list[EvalPage], reader: HFPageReader | EnginePageReader | No
 
 
 def note_blocks_taken(reader, section: dict) -> None:
-    """With a BlockReader that reads pages both ways: the pages whose block read was taken."""
+    """With a BlockReader: the block images it read; reading pages both ways, the pages whose block read was taken."""
+    if isinstance(reader, BlockReader):
+        section["block_images_read"], reader.block_images_read = reader.block_images_read, 0
     if isinstance(reader, BlockReader) and reader.tolerance:
         section["blocks_taken"] = [r["page"] for r, c in zip(section["per_page"], reader.chose_blocks) if c]
         reader.chose_blocks = []
@@ -526,6 +514,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="with --block-lines: read pages whole too and keep that read unless its plain text's length "
                          "differs from the blocks' by more than this share (the job's model.block_tolerance; 0: "
                          "blocks only)")
+    ap.add_argument("--block-scales", type=float, nargs="+", default=[1.0],
+                    help="with --block-lines: read each block at these sizes (the first the main read) and keep the "
+                         "reads' character vote (pipeline.vote; the job's model.block_scales)")
     ap.add_argument("--no-model", action="store_true")
     ap.add_argument("--no-tesseract", action="store_true")
     ap.add_argument("--device", default="cpu")
@@ -548,7 +539,7 @@ def main(argv: list[str] | None = None) -> int:
                                                   loop_ban_next=args.loop_ban_next)}
     reader = None if args.no_model else readers[args.reader]()
     if reader is not None and args.block_lines:
-        reader = BlockReader(reader, args.block_lines, args.block_tolerance)
+        reader = BlockReader(reader, args.block_lines, args.block_tolerance, tuple(args.block_scales))
     if reader is not None and not config_fits_model(cfg, args.model, reader.processor.max_pixels):
         raise SystemExit(f"{args.config} draws pages at {cfg['image']['target_longest_px']} px, max_pixels "
                          f"{cfg['image']['max_pixels']:,}, but {args.model} reads pages of another size (its "
@@ -557,7 +548,8 @@ def main(argv: list[str] | None = None) -> int:
                          "for the shipped model)")
     drawing = Drawing(cfg["image"]["target_longest_px"], cfg["image"]["max_pixels"])
     if args.glyph_px:
-        drawing = glyph_drawing(cfg, args.model, args.glyph_px, args.max_new_tokens, args.glyph_from_ink)
+        drawing = glyph_drawing(cfg, args.model, args.glyph_px, args.max_new_tokens, args.glyph_from_ink,
+                                tuple(args.block_scales[1:]) if args.block_lines else ())
     elif args.glyph_from_ink:
         raise SystemExit("--glyph-from-ink needs --glyph-px (the size to draw the measured glyphs at)")
     result = {"command": " ".join([Path(sys.executable).name, "-m", "jobs.eval_ocr", *(argv or sys.argv[1:])]),
@@ -565,7 +557,7 @@ def main(argv: list[str] | None = None) -> int:
               "loop_stop_tokens": args.loop_stop_tokens, "loop_drop_tokens": args.loop_drop_tokens,
               "loop_ban_next": args.loop_ban_next, "glyph_px": args.glyph_px, "glyph_from_ink": args.glyph_from_ink,
               "block_lines": args.block_lines,
-              "block_tolerance": args.block_tolerance,
+              "block_tolerance": args.block_tolerance, "block_scales": args.block_scales,
               "tesseract": use_tess, "pymupdf": pymupdf_version()}
     if args.heldout:
         pages = heldout_pages(args.heldout, cfg, args.synth, first=args.heldout_from, drawing=drawing)

@@ -31,7 +31,7 @@ def _overrides(**flags) -> dict:
         "prompt": ("model", "prompt"), "num_beams": ("model", "num_beams"),
         "loop_stop_tokens": ("model", "loop_stop_tokens"), "loop_drop_tokens": ("model", "loop_drop_tokens"),
         "loop_ban_next": ("model", "loop_ban_next"), "block_lines": ("model", "block_lines"),
-        "block_tolerance": ("model", "block_tolerance"),
+        "block_tolerance": ("model", "block_tolerance"), "block_scales": ("model", "block_scales"),
         "max_pages": ("raster", "max_pages_per_doc"),
         "target_longest_px": ("raster", "target_longest_px"), "glyph_px": ("raster", "glyph_px"),
         "glyph_from_ink": ("raster", "glyph_from_ink"),
@@ -79,6 +79,9 @@ def _overrides(**flags) -> dict:
 @click.option("--block-tolerance", type=float,
               help="with --block-lines: 0 reads blocks only; > 0 reads whole pages too and takes the blocks' read "
                    "where the lengths differ by more than this share (default: the checkpoint's)")
+@click.option("--block-scale", "block_scales", type=float, multiple=True,
+              help="with blocks: read each block at this size too (repeatable, the first the main read; 1 = as "
+                   "drawn) and keep the reads' character vote (default: the checkpoint's)")
 @click.option("--max-pages", type=int, help="pages per document")
 @click.option("--target-longest-px", type=int, help="longest page side when rendering")
 @click.option("--glyph-px", type=float,

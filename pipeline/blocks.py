@@ -13,6 +13,9 @@ on from memory: the 25 of 192 held-out pages it reads worst carry 58 % of its ed
 - paragraphs: a gap between lines clearly larger than the column's usual one;
 - blocks: paragraphs packed up to `max_lines` lines, longer paragraphs cut into near-equal parts.
 
+Each block can be read at a few sizes and the reads voted on (`read_at_scales`, pipeline.vote; model.block_scales):
+the misreads of one size are mostly not the misreads of another.
+
 `join_block_texts` puts the blocks' answers together again: a paragraph cut in two joins with a space (none after a
 line that ends in "/", where paths wrap; a line break before the answer's own markdown and after a code fence),
 paragraphs and columns with a blank line.
@@ -26,28 +29,40 @@ CPU); the model trained on blocks too (session 34, recipe F2UGB) reads blocks al
 """
 from __future__ import annotations
 
+import math
 import re
-from dataclasses import dataclass
-from typing import Callable, TypeVar
+from dataclasses import dataclass, replace
+from typing import Callable, Sequence, TypeVar
 
 import numpy as np
 
 from engine.interface import PageResult
 from pipeline.text import markdown_to_text
+from pipeline.vote import majority, vote
 
 MARKDOWN_BLOCK_START = re.compile(r"(- |\d+\. |\||#{1,6} |```)")
 T = TypeVar("T")
 INK_BELOW = 200  # a pixel darker than this in every channel is ink (pipeline.synthetic.ink_box's threshold)
 
 
+BLOCK_SCALES_RULE = "sizes in [0.25, 4], the first 1 (the page as drawn), none twice"
+
+
+def valid_block_scales(scales) -> bool:
+    """Whether `scales` (a config's or a checkpoint's) can be BlockReading.scales."""
+    return (isinstance(scales, list) and bool(scales) and scales[0] == 1 and len(set(scales)) == len(scales)
+            and all(isinstance(x, (int, float)) and 0.25 <= x <= 4 for x in scales))
+
+
 @dataclass(frozen=True)
 class BlockReading:
     """How the job reads pages in blocks: blocks of at most `lines` text lines (0: not at all); with `tolerance` 0 the
     blocks only, else the whole page too and the blocks' read taken where the page's differs in length by more than
-    `tolerance`; block images in whole tokens of `token_px`."""
+    `tolerance`; block images in whole tokens of `token_px`, each read at `scales` and the reads voted on."""
     lines: int = 0
     tolerance: float = 0.1  # session 33's pick on held-out pages 288-335; 0: blocks only, no whole-page read
     token_px: int = 32
+    scales: tuple[float, ...] = (1.0,)
 
     @property
     def only(self) -> bool:
@@ -339,11 +354,17 @@ def text_blocks(image: np.ndarray, max_lines: int = 4, ink_below: int = INK_BELO
     return blocks
 
 
-def block_image(image: np.ndarray, block: TextBlock, pad: int = 12, multiple: int = 1) -> np.ndarray:
-    """The block's pixels on white paper with at least `pad` pixels on each side (as training's crops), so no part of
-    a neighbouring line shows at its edges; more paper makes each side a multiple of `multiple` (a vision token's
-    pixels), so the processor takes the block as it is instead of resizing its glyphs."""
+def block_image(image: np.ndarray, block: TextBlock, pad: int = 12, multiple: int = 1,
+                scale: float = 1.0) -> np.ndarray:
+    """The block's pixels (resized by `scale`) on white paper with at least `pad` pixels on each side (as training's
+    crops), so no part of a neighbouring line shows at its edges; more paper makes each side a multiple of `multiple`
+    (a vision token's pixels), so the processor takes the block as it is instead of resizing its glyphs."""
     crop = np.rot90(image[block.y0:block.y1, block.x0:block.x1], block.quarter_turns)
+    if scale != 1.0:
+        from PIL import Image
+
+        size = (max(1, round(crop.shape[1] * scale)), max(1, round(crop.shape[0] * scale)))
+        crop = np.asarray(Image.fromarray(np.ascontiguousarray(crop)).resize(size, Image.Resampling.LANCZOS))
     h, w = crop.shape[:2]
     out_h, out_w = (-(-(n + 2 * pad) // multiple) * multiple for n in (h, w))
     top, left = (out_h - h) // 2, (out_w - w) // 2
@@ -385,6 +406,19 @@ def merge_block_results(request_id: str, blocks: list[TextBlock], results: list[
         decode_s=max(r.ttft_s + r.decode_s for r in every) - first, total_s=max(r.total_s for r in every))
 
 
+def voted_result(results: list[PageResult]) -> PageResult:
+    """One block's reads at several sizes as one result: the texts' vote (pipeline.vote), the tokens of every read;
+    failed if any read failed (the page is then read whole)."""
+    failed = next((r for r in results if r.finish_reason == "error"), None)
+    first = min(r.ttft_s for r in results)
+    return PageResult(
+        request_id=results[0].request_id, text="" if failed else vote([r.text for r in results]),
+        prompt_tokens=sum(r.prompt_tokens for r in results), output_tokens=sum(r.output_tokens for r in results),
+        finish_reason="error" if failed else results[0].finish_reason, error=failed.error if failed else None,
+        loop_dropped_tokens=sum(r.loop_dropped_tokens for r in results), ttft_s=first,
+        decode_s=max(r.ttft_s + r.decode_s for r in results) - first, total_s=max(r.total_s for r in results))
+
+
 def page_blocks(image: np.ndarray, max_lines: int, token_px: int) -> tuple[list[TextBlock], list[np.ndarray]]:
     """The page's blocks and their images, sides in whole vision tokens of token_px pixels."""
     blocks = text_blocks(image, max_lines)
@@ -412,27 +446,65 @@ def split_block(image: np.ndarray, block: TextBlock, max_lines: int) -> list[Tex
     return column_blocks(mask, block.y0, block.x0, max_lines, block.joins)
 
 
+def scaled_block(block: TextBlock, image: np.ndarray, view: np.ndarray) -> TextBlock:
+    """The block's place on `view`, the same page as `image` drawn at another size (rounded outwards)."""
+    fy, fx = view.shape[0] / image.shape[0], view.shape[1] / image.shape[1]
+    return replace(block, y0=math.floor(block.y0 * fy), y1=min(view.shape[0], math.ceil(block.y1 * fy)),
+                   x0=math.floor(block.x0 * fx), x1=min(view.shape[1], math.ceil(block.x1 * fx)))
+
+
+def read_at_scales(images: list[np.ndarray], wanted: list[tuple[int, int, TextBlock]], token_px: int,
+                   scales: Sequence[float], read: Callable[[list[tuple[int, str, np.ndarray]]], list[T]],
+                   text: Callable[[T], str], combine: Callable[[list[T]], T],
+                   views: list[list[np.ndarray]] | None = None) -> list[T]:
+    """One answer for each wanted block (its page's position in `images`, its number, the block): its image read at
+    each of `scales` and the answers combined (`combine`, a vote: pipeline.vote). At a scale other than the first
+    (the page as drawn) the block is cut from the page's view drawn at that size (`views[page][scale's index - 1]`),
+    else its crop is resized. The first reads are the fewest that could hold a majority; a block whose reads agree
+    word for word in a majority of `scales` is settled (no later read could outvote them), the rest are read at one
+    more scale at a time. Each round is one call of `read`, with (page, label, image) items: the label is the block's
+    number, then "@scale" after the first scale."""
+
+    def crop(p: int, block: TextBlock, s: int) -> np.ndarray:
+        if s and views and views[p]:
+            return block_image(views[p][s - 1], scaled_block(block, images[p], views[p][s - 1]), multiple=token_px)
+        return block_image(images[p], block, multiple=token_px, scale=scales[s])
+
+    answers: list[list[T]] = [[] for _ in wanted]
+    todo, done = list(range(len(wanted))), 0
+    while todo and done < len(scales):
+        now = range(done, len(scales) // 2 + 1) if done == 0 else range(done, done + 1)
+        items = [(p, f"{k}@{scales[s]:g}" if s else f"{k}", crop(p, block, s))
+                 for p, k, block in (wanted[i] for i in todo) for s in now]
+        got = iter(read(items))
+        for i in todo:
+            answers[i] += [next(got) for _ in now]
+        done = now.stop
+        todo = [i for i in todo if majority([text(a) for a in answers[i]], len(scales)) is None]
+    return [a[0] if len(a) == 1 else combine(a) for a in answers]
+
+
 def read_blocks(images: list[np.ndarray], max_lines: int, token_px: int,
-                read: Callable[[list[tuple[int, int, np.ndarray]]], list[T]],
-                text: Callable[[T], str] = str) -> list[tuple[list[TextBlock], list[T], list[T]]]:
-    """Each page's blocks, the answers to their images, and the answers read and set aside: every block of the pages
-    goes to one call of `read`, as (the page's position in `images`, the block's number on its page, its image), and
-    its answers come back in order. A block whose answer `ran_on` is read again in halves, in one more call (the
-    halves numbered on after the page's blocks), and the halves' answers (`text` gives an answer's text) take its
-    place where they are shorter together."""
-    pages = [page_blocks(im, max_lines, token_px) for im in images]
-    items = [(p, k, crop) for p, (_, crops) in enumerate(pages) for k, crop in enumerate(crops)]
-    answers = iter(read(items) if items else [])
-    out = [(blocks, [next(answers) for _ in blocks], []) for blocks, _ in pages]
+                read: Callable[[list[tuple[int, str, np.ndarray]]], list[T]], text: Callable[[T], str] = str,
+                scales: Sequence[float] = (1.0,), combine: Callable[[list[T]], T] = vote,
+                views: list[list[np.ndarray]] | None = None) -> list[tuple[list[TextBlock], list[T], list[T]]]:
+    """Each page's blocks, the answers to their images, and the answers read and set aside. All blocks of the pages
+    are read together (`read_at_scales`: at each of `scales`, from the pages' `views` where given, the answers
+    combined). A block whose answer `ran_on` is read again in halves (numbered on after the page's blocks), and the
+    halves' answers (`text` gives an answer's text) take its place where they are shorter together."""
+    pages = [text_blocks(im, max_lines) for im in images]
+    wanted = [(p, k, b) for p, blocks in enumerate(pages) for k, b in enumerate(blocks)]
+    answers = iter(read_at_scales(images, wanted, token_px, scales, read, text, combine, views))
+    out = [(blocks, [next(answers) for _ in blocks], []) for blocks in pages]
     redo = [(p, k, halves) for p, (blocks, got, _) in enumerate(out) for k, (b, a) in enumerate(zip(blocks, got))
             if ran_on(text(a), b) and len(halves := split_block(images[p], b, max(1, max_lines // 2))) > 1]
     numbers = {p: len(out[p][0]) for p, _, _ in redo}  # halves are numbered on from the page's last block
-    items = []
+    wanted = []
     for p, _, halves in redo:
         for h in halves:
-            items.append((p, numbers[p], block_image(images[p], h, multiple=token_px)))
+            wanted.append((p, numbers[p], h))
             numbers[p] += 1
-    again = iter(read(items) if items else [])
+    again = iter(read_at_scales(images, wanted, token_px, scales, read, text, combine, views))
     reread = [[next(again) for _ in halves] for _, _, halves in redo]
     for (p, k, halves), got_halves in reversed(list(zip(redo, reread))):  # from the end: earlier numbers still hold
         blocks, got, spent = out[p]

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow.fs as pafs
 
-from pipeline.blocks import BlockReading
+from pipeline.blocks import BLOCK_SCALES_RULE, BlockReading, valid_block_scales
 from pipeline.rasterize import RasterOptions
 from pipeline.storage import resolve
 
@@ -127,7 +127,8 @@ def raster_options(cfg: JobConfig, checkpoint_dir: str) -> RasterOptions:
     than MODEL_PAGE_PX_MAX; and no more pixels than leave room for model.max_tokens in the context (a square page at
     1,536 px with 2,048 answer tokens would not fit 4,096); unless configured. With a glyph size (raster.glyph_px, else
     the checkpoint's), pages with a text layer are drawn at it, up to the processor's pixels that fit the context, and
-    with raster.glyph_from_ink (else the checkpoint's) pages without one too, their size measured from the ink."""
+    with raster.glyph_from_ink (else the checkpoint's) pages without one too, their size measured from the ink. Pages
+    read in blocks at several sizes (`block_reading`) are drawn at each of them too."""
     proc = image_processor(checkpoint_dir)
     info = checkpoint_info(checkpoint_dir)
     model_px = math.isqrt(proc.max_pixels) if proc else None
@@ -141,20 +142,27 @@ def raster_options(cfg: JobConfig, checkpoint_dir: str) -> RasterOptions:
     elif not max_pixels:
         fits = context_pixels(checkpoint_dir, proc, cfg.model.max_tokens, target) if proc else None
         max_pixels = min(c for c in (target * target, proc and proc.max_pixels, fits) if c)
+    reading = block_reading(cfg, checkpoint_dir)
     return RasterOptions(target_longest_px=target, max_pixels=max_pixels, max_pages=cfg.raster.max_pages_per_doc,
-                         extract_text=cfg.raster.extract_text, glyph_px=glyph_px, glyph_from_ink=from_ink)
+                         extract_text=cfg.raster.extract_text, glyph_px=glyph_px, glyph_from_ink=from_ink,
+                         view_zooms=reading.scales[1:] if reading.lines else ())
 
 
 def block_reading(cfg: JobConfig, checkpoint_dir: str) -> BlockReading:
-    """Whether and how pages are read in blocks (model.block_lines, block_tolerance), else as the checkpoint's
-    ocria_info.json says; the block images' sides are whole vision tokens of its processor."""
+    """Whether and how pages are read in blocks (model.block_lines, block_tolerance, block_scales), else as the
+    checkpoint's ocria_info.json says; the block images' sides are whole vision tokens of its processor."""
     info = checkpoint_info(checkpoint_dir)
     lines = cfg.model.block_lines if cfg.model.block_lines is not None else int(info.get("block_lines", 0))
     tolerance = cfg.model.block_tolerance
     if tolerance is None:
         tolerance = float(info.get("block_tolerance", BlockReading.tolerance))
+    scales = cfg.model.block_scales if cfg.model.block_scales is not None else info.get("block_scales", [1.0])
+    if not valid_block_scales(scales):
+        raise CheckpointError(f"{checkpoint_dir}/ocria_info.json: block_scales must be a list of {BLOCK_SCALES_RULE}; "
+                              f"got {scales!r}: mend it or set model.block_scales")
     proc = image_processor(checkpoint_dir) if lines else None
     if lines and proc is None:
         raise CheckpointError(f"model.block_lines={lines} needs the checkpoint's preprocessor_config.json (the size of "
                               f"a vision token), which {checkpoint_dir} lacks: set model.block_lines 0")
-    return BlockReading(lines, tolerance, proc.patch_size * proc.merge_size if proc else 1)
+    return BlockReading(lines, tolerance, proc.patch_size * proc.merge_size if proc else 1,
+                        tuple(float(x) for x in scales))

@@ -10,6 +10,8 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from pipeline.blocks import BLOCK_SCALES_RULE, valid_block_scales
+
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -82,6 +84,12 @@ class ModelConfig(Strict):
                                           "and the blocks' read taken where the page read's plain text is longer or "
                                           "shorter than it by more than this share; null = the checkpoint's "
                                           "(ocria_info.json block_tolerance), else 0.1")
+    block_scales: list[float] | None = Field(None, min_length=1, description="with block_lines: read each block at "
+                                             "these sizes of the page as drawn (the first 1: the main read; the "
+                                             "page is drawn at each of the others too) and keep the reads' "
+                                             "character vote (pipeline.vote); a block whose reads agree word for "
+                                             "word in a majority is read no further; null = the checkpoint's "
+                                             "(ocria_info.json block_scales), else [1]")
     options: dict = Field(default_factory=dict, description="extra keyword arguments for the backend")
 
     @model_validator(mode="after")
@@ -96,6 +104,8 @@ class ModelConfig(Strict):
                                  f"model.num_beams 1 (got {self.backend}, {self.num_beams})")
         if self.loop_ban_next and not self.loop_drop_tokens:
             raise ValueError("model.loop_ban_next needs model.loop_drop_tokens > 0 (the drop finds the loops it bans)")
+        if self.block_scales is not None and not valid_block_scales(self.block_scales):
+            raise ValueError(f"model.block_scales={self.block_scales}: {BLOCK_SCALES_RULE}")
         if self.loop_stop_tokens and self.loop_drop_tokens:
             raise ValueError(f"model.loop_stop_tokens={self.loop_stop_tokens} and model.loop_drop_tokens="
                              f"{self.loop_drop_tokens}: set one of them (the stop ends the answer, the drop reads on)")

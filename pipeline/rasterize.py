@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator
 
 import numpy as np
@@ -37,6 +37,9 @@ class RasterOptions:
     # with glyph_px: a page without a text layer (a scan) is drawn once at the target size to measure its text lines'
     # height, then again at glyph_px from that (pipeline.blocks.line_height_px)
     glyph_from_ink: bool = False
+    # each page drawn again this many times its size (RenderedPage.views): the sizes its blocks are also read at and
+    # voted on (model.block_scales; drawn, not resized: a resized crop reads worse)
+    view_zooms: tuple[float, ...] = ()
 
 
 @dataclass
@@ -45,6 +48,7 @@ class RenderedPage:
     image: np.ndarray  # H x W x 3 uint8
     text_layer: str
     render_s: float
+    views: list[np.ndarray] = field(default_factory=list)  # the page drawn at RasterOptions.view_zooms
 
 
 def filetype_for(uri: str) -> str:
@@ -139,6 +143,14 @@ def render_page(page: pymupdf.Page, target_longest_px: int, max_pixels: int, gly
                 glyph_from_ink: bool = False, text_layer: bool = True) -> np.ndarray:
     """One page -> H x W x 3 uint8 RGB, sized by `page_scale` (the longest side is at most the target, unless the
     page is drawn at glyph_px), and turned so its text layer's lines run left to right (`text_turns`)."""
+    return render_views(page, target_longest_px, max_pixels, glyph_px, glyph_from_ink, text_layer)[0]
+
+
+def render_views(page: pymupdf.Page, target_longest_px: int, max_pixels: int, glyph_px: float = 0.0,
+                 glyph_from_ink: bool = False, text_layer: bool = True, zooms: tuple[float, ...] = ()
+                 ) -> list[np.ndarray]:
+    """The page as `render_page` draws it, then drawn again at each of `zooms` times that scale, turned alike (a
+    zoomed view may pass max_pixels: only its blocks are read)."""
     opts = RasterOptions(target_longest_px, max_pixels, glyph_px=glyph_px, glyph_from_ink=glyph_from_ink)
     lines = text_layer_lines(page) if text_layer else []
     scale = page_scale(page, opts, text_layer, lines)
@@ -150,7 +162,9 @@ def render_page(page: pymupdf.Page, target_longest_px: int, max_pixels: int, gly
         scale *= 0.998 / math.sqrt(over) if pix.width * pix.height > max_pixels else 0.998 / over
         pix = page.get_pixmap(matrix=pymupdf.Matrix(scale, scale), colorspace=pymupdf.csRGB, alpha=False)
     turns = text_turns(page, lines)
-    return np.ascontiguousarray(np.rot90(pixmap_rgb(pix), turns)) if turns else pixmap_rgb(pix)
+    drawn = [pix] + [page.get_pixmap(matrix=pymupdf.Matrix(scale * z, scale * z), colorspace=pymupdf.csRGB,
+                                     alpha=False) for z in zooms]
+    return [np.ascontiguousarray(np.rot90(pixmap_rgb(d), turns)) if turns else pixmap_rgb(d) for d in drawn]
 
 
 def pixmap_rgb(pix: pymupdf.Pixmap) -> np.ndarray:
@@ -194,7 +208,8 @@ def rasterize(data: bytes, uri: str, opts: RasterOptions) -> Iterator[tuple[int,
             t0 = time.perf_counter()
             try:
                 page = doc.load_page(i)
-                image = render_page(page, opts.target_longest_px, opts.max_pixels, opts.glyph_px, opts.glyph_from_ink)
+                image, *views = render_views(page, opts.target_longest_px, opts.max_pixels, opts.glyph_px,
+                                             opts.glyph_from_ink, zooms=opts.view_zooms)
                 text = page.get_text("text") if opts.extract_text else ""
             except DocumentError:
                 raise
@@ -202,7 +217,7 @@ def rasterize(data: bytes, uri: str, opts: RasterOptions) -> Iterator[tuple[int,
                 raise DocumentError("too_large", f"page {i}: out of memory while rendering ({e})") from e
             except Exception as e:
                 raise DocumentError("damaged", f"page {i}: {type(e).__name__}: {e}") from e
-            yield count, total, RenderedPage(i, image, text, time.perf_counter() - t0)
+            yield count, total, RenderedPage(i, image, text, time.perf_counter() - t0, views)
     finally:
         doc.close()
         pymupdf.TOOLS.store_shrink(100)  # MuPDF caches decoded images across documents; keep actors flat

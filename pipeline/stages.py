@@ -12,7 +12,7 @@ from typing import Iterator
 import numpy as np
 import pyarrow as pa
 
-from pipeline.blocks import BlockReading, merge_block_results, prefer_blocks, read_blocks
+from pipeline.blocks import BlockReading, merge_block_results, prefer_blocks, read_blocks, voted_result
 from pipeline.checkpoint import localize
 from pipeline.config import StorageConfig
 from pipeline.isolation import IsolatedRasterizer
@@ -62,6 +62,7 @@ class RasterizeStage:
                     RASTER_SCHEMA, uri=uri, sha256=sha256, page_index=page.index, page_count=count, total_pages=total,
                     status="ok", image=page.image.tobytes(), image_height=h, image_width=w,
                     text_layer=page.text_layer, raster_s=page.render_s,
+                    views=[{"image": v.tobytes(), "height": v.shape[0], "width": v.shape[1]} for v in page.views],
                 )
         except DocumentError as e:
             # Pages already yielded for this document are discarded downstream when this row arrives.
@@ -141,6 +142,8 @@ class ParseStage:
         from engine.interface import PageRequest
 
         read = list(images)
+        views = [[np.frombuffer(v["image"], np.uint8).reshape(v["height"], v["width"], 3)
+                  for v in rows[i]["views"] or ()] for i in read]  # the pages drawn at the other block scales
 
         def parse(items):
             return self.backend.parse([PageRequest(f"{_page_id(rows[read[p]])}:block{k}", crop, self.prompt,
@@ -148,7 +151,8 @@ class ParseStage:
 
         out = {}
         for i, (blocks, got, spent) in zip(read, read_blocks([images[i] for i in read], self.blocks.lines,
-                                                             self.blocks.token_px, parse, lambda r: r.text)):
+                                                             self.blocks.token_px, parse, lambda r: r.text,
+                                                             self.blocks.scales, voted_result, views)):
             if blocks and all(r.finish_reason != "error" for r in got):  # no blocks: no ink to measure it by
                 out[i] = merge_block_results(_page_id(rows[i]), blocks, got, spent)
         return out

@@ -244,7 +244,7 @@ def test_a_block_that_runs_on_is_read_again_in_halves(halves_longer):
         return [("approved " * 200 if halves_longer else f"half {k}") for _, k, _ in items]
 
     [(blocks, answers, spent)] = read_blocks([image], 8, 32, read)
-    assert calls[0] == [(0, 0)] and calls[1] == [(0, 1), (0, 2)]  # halves numbered on after the page's one block
+    assert calls[0] == [(0, "0")] and calls[1] == [(0, "1"), (0, "2")]  # halves numbered on after the page's one block
     if halves_longer:
         assert len(blocks) == 1 and answers == ["the budget was approved " * 40] and len(spent) == 2
     else:
@@ -260,6 +260,51 @@ def test_a_block_that_runs_on_is_read_again_in_halves(halves_longer):
 
     read_blocks([image], 8, 32, plain)
     assert sizes == [1]  # an answer within the ink's bound: one call, nothing read again
+
+
+def test_blocks_read_at_several_sizes_are_voted_and_settled_blocks_read_no_further():
+    """Three sizes: the first round reads two; a block whose two reads agree is settled, the others are read at the
+    third size and voted on (the reader here answers by the label it is given: a test of the rounds, not the model)."""
+    from dataclasses import replace
+
+    from pipeline.blocks import scaled_block
+
+    image = _text_page(1)
+    answers = {"": "the cat sat", "0.9": "the cot sat", "1.1": "tha cat sat"}  # block k: "k", then "k@size"
+    calls = []
+
+    def read(items):
+        calls.append([k for _, k, _ in items])
+        return ["same words" if k.startswith("1") else answers[k.partition("@")[2]] for _, k, _ in items]
+
+    [(blocks, got, spent)] = read_blocks([image], 2, 32, read, scales=(1.0, 0.9, 1.1))
+    assert len(blocks) == 3 and spent == []
+    assert calls == [["0", "0@0.9", "1", "1@0.9", "2", "2@0.9"], ["0@1.1", "2@1.1"]]
+    assert got == ["the cat sat", "same words", "the cat sat"]
+    [(_, once, _)] = read_blocks([image], 2, 32, lambda items: ["x" for _ in items])
+    assert once == ["x", "x", "x"]
+    # with the page drawn at the other sizes (views), the blocks are cut from them where they lie there
+    views = [np.kron(image, np.ones((2, 2, 1), np.uint8)), image[::2, ::2]]
+    crops = {}
+
+    def keep(items):
+        crops.update({k: c for _, k, c in items})
+        return ["a", "b"] * (len(items) // 2) if len(items) > 3 else ["c"] * len(items)
+
+    read_blocks([image], 2, 32, keep, scales=(1.0, 2.0, 0.5), views=[views])
+    for k, b in enumerate(blocks):
+        assert np.array_equal(crops[f"{k}@2"], block_image(views[0], scaled_block(b, image, views[0]), multiple=32))
+        assert np.array_equal(crops[f"{k}@0.5"], block_image(views[1], scaled_block(b, image, views[1]), multiple=32))
+        assert scaled_block(b, image, views[0]) == replace(b, y0=2 * b.y0, y1=2 * b.y1, x0=2 * b.x0, x1=2 * b.x1)
+
+
+def test_a_block_image_at_another_size():
+    image = np.full((60, 100, 3), 255, np.uint8)
+    image[20:40, 10:90] = 0
+    block = TextBlock(20, 40, 10, 90, "")
+    out = block_image(image, block, pad=4, scale=0.5)
+    assert out.shape == (10 + 8, 40 + 8, 3) and (out[4:14, 4:44] < 128).all()
+    assert block_image(image, block, pad=4, scale=1.5, multiple=32).shape == (64, 128, 3)
 
 
 def test_a_block_image_is_its_pixels_on_white_paper():
@@ -324,6 +369,17 @@ def test_the_job_reads_in_blocks_as_the_checkpoint_says_unless_configured(tmp_pa
     assert not block_reading(job(block_lines=0, block_tolerance=0), named).only
     with pytest.raises(ValueError):
         job(block_tolerance=-0.1)
+    assert block_reading(job(), named).scales == (1.0,)
+    assert block_reading(job(block_scales=[1, 0.9]), named).scales == (1.0, 0.9)
+    voted = _info_model(tmp_path / "voted", {"block_lines": 8, "block_scales": [1.0, 0.9375, 1.0625]})
+    assert block_reading(job(), voted).scales == (1.0, 0.9375, 1.0625)
+    assert block_reading(job(block_scales=[1]), voted).scales == (1.0,)
+    for bad in ([], [1.0, 9], "1", [0.9, 1.0], [1.0, 1.0]):
+        broken = _info_model(tmp_path / f"broken{abs(hash(str(bad)))}", {"block_lines": 8, "block_scales": bad})
+        with pytest.raises(CheckpointError, match="block_scales"):
+            block_reading(job(), broken)
+    with pytest.raises(ValueError, match="block_scales"):
+        job(block_scales=[1.0, 0.1])
     from conftest import ROOT  # the shipped model reads blocks only (session 34, rules R7 and R8)
     assert block_reading(job(), str(ROOT / "models" / "ocria-tiny")) == BlockReading(8, 0.0, 32)
 
@@ -440,3 +496,62 @@ def test_block_results_merge_into_one_page_result():
     assert merge_block_results("d:0", blocks[::2], results[::2]).finish_reason == "loop"
     assert merge_block_results("d:0", blocks[:1], results[:1]).finish_reason == "stop"
     assert (page.ttft_s, page.total_s) == (0.1, 0.7) and abs(page.decode_s - 0.6) < 1e-12
+
+
+def test_a_block_read_at_several_sizes_is_one_result():
+    from engine.interface import PageResult
+    from pipeline.blocks import voted_result
+
+    reads = [PageResult("d:0:block0", "the cat sot", 40, 5, "stop", ttft_s=0.2, decode_s=0.3, total_s=0.5),
+             PageResult("d:0:block0@0.9", "tha cat sat", 30, 4, "stop", loop_dropped_tokens=1, ttft_s=0.1,
+                        decode_s=0.6, total_s=0.7),
+             PageResult("d:0:block0@1.1", "the cot sat", 50, 6, "length", ttft_s=0.3, decode_s=0.1, total_s=0.4)]
+    one = voted_result(reads)
+    assert (one.request_id, one.text, one.finish_reason) == ("d:0:block0", "the cat sat", "stop")
+    assert (one.prompt_tokens, one.output_tokens, one.loop_dropped_tokens) == (120, 15, 1)
+    assert (one.ttft_s, one.total_s) == (0.1, 0.7) and abs(one.decode_s - 0.6) < 1e-12
+    failed = voted_result(reads[:2] + [PageResult("d:0:block0@1.1", "", 0, 0, "error", error="boom")])
+    assert (failed.finish_reason, failed.error, failed.text) == ("error", "boom", "")
+
+
+def test_the_parse_stage_votes_on_a_block_read_at_several_sizes(tiny_checkpoint, tmp_path):
+    """Blocks only at three sizes on one engine (a random model: its answers are arbitrary): each page's text is the
+    join of its blocks' votes over three reads made here on the same engine, from the page's views where the row
+    has them (else resized crops), and it counts every read's tokens."""
+    import pyarrow as pa
+    from PIL import Image
+
+    from engine.interface import PageRequest, SamplingParams
+    from pipeline.blocks import BlockReading, block_image, scaled_block, text_blocks
+    from pipeline.config import StorageConfig
+    from pipeline.schema import RASTER_SCHEMA, empty_row
+    from pipeline.stages import ParseStage
+    from pipeline.vote import vote
+
+    scales = (1.0, 0.75, 1.5)
+    images = [_text_page(s) for s in range(2)]
+    views = [[np.asarray(Image.fromarray(im).resize((round(im.shape[1] * z), round(im.shape[0] * z))))
+              for z in scales[1:]] for im in images[:1]] + [[]]  # the second page comes without views
+    batch = pa.Table.from_pylist([
+        empty_row(RASTER_SCHEMA, uri="file:///d.pdf", sha256="cd" * 32, page_index=i, page_count=2, total_pages=2,
+                  status="ok", image=im.tobytes(), image_height=im.shape[0], image_width=im.shape[1], text_layer="",
+                  raster_s=0.01, views=[{"image": v.tobytes(), "height": v.shape[0], "width": v.shape[1]} for v in vs])
+        for i, (im, vs) in enumerate(zip(images, views))], schema=RASTER_SCHEMA)
+    sampling = {"max_tokens": 6, "temperature": 0.0}
+    stage = ParseStage(run_id="r", backend_name="native", checkpoint=str(tiny_checkpoint), storage=StorageConfig(),
+                       cache_dir=str(tmp_path), device="cpu", dtype="float32", sampling=sampling, prompt="Read.",
+                       fallback_to_text_layer=False, options={"max_num_seqs": 8, "num_blocks": 256},
+                       block_reading=BlockReading(2, 0.0, 32, scales))
+    rows = stage(batch).to_pylist()
+    for row, im, vs in zip(rows, images, views):
+        blocks = text_blocks(im, 2)
+        crops = [[block_image(im, b, multiple=32)] + [block_image(v, scaled_block(b, im, v), multiple=32) if vs else
+                                                      block_image(im, b, multiple=32, scale=z)
+                                                      for v, z in zip(vs or [None] * 2, scales[1:])] for b in blocks]
+        reads = [stage.backend.parse([PageRequest(f"s{k}", c, "Read.", SamplingParams(**sampling))
+                                      for k, c in enumerate(cs)]) for cs in crops]
+        assert row["read_by"] == "blocks" and row["status"] == "ok"
+        assert row["text"] == join_block_texts(blocks, [vote([r.text for r in rs]) for rs in reads])
+        first_round = sum(r.prompt_tokens for rs in reads for r in rs[:2])  # two reads could make a majority of 3
+        assert first_round <= row["prompt_tokens"] <= sum(r.prompt_tokens for rs in reads for r in rs)
+    stage.backend.close()

@@ -264,3 +264,25 @@ def test_a_rotated_page_is_drawn_with_its_text_upright():
     drawn = render_page(page, 1536, 1536 * 1536, 24.0, text_layer=False)
     assert drawn.shape[1] > drawn.shape[0]  # landscape, as /Rotate 90 draws the portrait page
     assert text_turns(doc.new_page()) == 0  # no text layer: as drawn
+
+
+def test_a_page_is_drawn_again_at_its_views_zooms(tmp_path):
+    """Views (the other sizes blocks are read at) are the page drawn at zoom times its scale, turned as it is; the
+    rasterizer hands them out with the page."""
+    from pipeline.rasterize import render_views
+
+    doc = pymupdf.open()
+    page = _page_with_text(doc)
+    page.set_rotation(90)
+    main, small, large = render_views(page, 1536, 1536 * 1536, 24.0, zooms=(0.9375, 1.0625))
+    assert np.array_equal(main, render_page(page, 1536, 1536 * 1536, 24.0))
+    for view, zoom in ((small, 0.9375), (large, 1.0625)):
+        assert abs(view.shape[0] / main.shape[0] - zoom) < 0.01 and abs(view.shape[1] / main.shape[1] - zoom) < 0.01
+        assert (view.shape[0] > view.shape[1]) == (main.shape[0] > main.shape[1])  # turned as the page is
+    path = tmp_path / "p.pdf"
+    doc.save(path)
+    opts = RasterOptions(target_longest_px=1536, max_pixels=1536 * 1536, glyph_px=24.0, view_zooms=(0.9375, 1.0625))
+    [(_, _, drawn)] = list(rasterize(path.read_bytes(), "p.pdf", opts))
+    assert np.array_equal(drawn.image, main) and [v.shape for v in drawn.views] == [small.shape, large.shape]
+    [(_, _, plain)] = list(rasterize(path.read_bytes(), "p.pdf", RasterOptions(1536, 1536 * 1536, glyph_px=24.0)))
+    assert plain.views == []
