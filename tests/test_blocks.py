@@ -380,8 +380,9 @@ def test_the_job_reads_in_blocks_as_the_checkpoint_says_unless_configured(tmp_pa
             block_reading(job(), broken)
     with pytest.raises(ValueError, match="block_scales"):
         job(block_scales=[1.0, 0.1])
-    from conftest import ROOT  # the shipped model reads blocks only (session 34, R7, R8), at three sizes (R18)
-    assert block_reading(job(), str(ROOT / "models" / "ocria-tiny")) == BlockReading(8, 0.0, 32, (1.0, 0.9375, 1.0625))
+    from conftest import ROOT  # the shipped model reads blocks only (session 34, R7, R8), at five sizes (R18, R20)
+    shipped = BlockReading(8, 0.0, 32, (1.0, 0.9375, 1.0625, 0.875, 1.125))
+    assert block_reading(job(), str(ROOT / "models" / "ocria-tiny")) == shipped
 
 
 def _text_page(seed: int) -> np.ndarray:
