@@ -8,7 +8,7 @@ export RAY_USAGE_STATS_ENABLED := 0
 export AWS_EC2_METADATA_DISABLED := true
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: run test setup samples checkpoint clean test-fast
+.PHONY: run test setup samples checkpoint clean test-fast research-test
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,10 @@ run: $(STAMP) $(if $(filter models/tiny-random,$(MODEL)),models/tiny-random/conf
 
 test: $(STAMP)
 	TRITON_INTERPRET=1 timeout 2400 $(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+# ocria-tiny's training and evaluation code (research/): its own tests, apart from the product's
+research-test: $(STAMP)
+	TRITON_INTERPRET=1 timeout 2400 $(PY) -m pytest -q -p no:cacheprovider research/tests $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
 	TRITON_INTERPRET=1 $(PY) -m pytest -q -m "not ray and not slow" $(PYTEST_ARGS)

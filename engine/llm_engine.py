@@ -94,22 +94,12 @@ class EngineOptions:
     gpu_memory_utilization: float = 0.9
     enforce_eager: bool = False  # no CUDA graphs
     compile: bool = True  # torch.compile the element-wise glue ops (CUDA only)
-    fused_decode: bool = False  # all fused decode kernels (kernels/fused_*.py): the GDN one is slower on the H200
-    # the attention layers' fused decode kernel (q/k norm + rotary + KV store in one launch): 0.10 ms (b1) and
-    # 0.12 ms (b8) less per step than the compiled glue + KV store (bench/results/h200_decode_gemv_variants.json)
-    fused_attention_decode: bool = True
-    # decode projections (<= 16 rows) through kernels/small_m_linear instead of cuBLAS: 5 % faster decode steps on
-    # the H200 (bench/results/h200_decode_gemv.json)
-    decode_gemv: bool = True
-    # ... and every decode kernel (GEMVs, norms, GDN, attention) launched with programmatic dependent launch where
-    # the GPU has it (sm_90+): each starts while the one before finishes. 0.08-0.10 ms (2-3 %) less per 4B decode
-    # step at b1 and b8, same tokens and logits (bench/results/h200_decode_pdl.json, h200_engine_benchmark.json)
-    decode_pdl: bool = True
-    # ... with the MLP's SwiGLU applied by the gate_up GEMV to its output: 0.05 ms (1.6 %) less per 4B decode step
-    # at b1 and b8 than the separate SwiGLU kernel (bench/results/h200_decode_epilogues.json)
-    swiglu_epilogue: bool = True
-    # (measured slower on the H200 and removed: the RMSNorms, SwiGLU and GDN gated norm computed by the GEMVs as they
-    # read their input, and PDL's early trigger; bench/results/h200_decode_norm_fused.json)
+    # Each decode-path switch below is on where it made decode steps faster; docs/decisions.md has the measurements.
+    fused_decode: bool = False  # every fused decode kernel (kernels/fused_*.py); the fused GDN one is the slower
+    fused_attention_decode: bool = True  # q/k norm + rotary + KV store in one launch
+    decode_gemv: bool = True  # projections of <= 16 rows through kernels/small_m_linear instead of cuBLAS
+    decode_pdl: bool = True  # programmatic dependent launch (sm_90+): each kernel starts as the one before finishes
+    swiglu_epilogue: bool = True  # the gate_up GEMV applies SwiGLU to its own output: no SwiGLU kernel, no [M, 2I]
     text_only: bool = False
 
     def decode_path(self) -> DecodePath:

@@ -6,12 +6,13 @@ from kernels.copy_rows import copy_rows
 from kernels.fused_attn_decode import fused_attn_decode_inputs
 from kernels.fused_gdn_decode import fused_gdn_decode
 from kernels.gated_rmsnorm import gated_rmsnorm
-from kernels.gdn_recurrent import gdn_recurrent, l2norm_ref
+from kernels.gdn_recurrent import gates_from_raw, gdn_recurrent, l2norm_ref
 from kernels.paged_attention import paged_decode_attention, store_kvcache
 from kernels.rmsnorm import rmsnorm
 from kernels.silu_mul import silu_mul
-from kernels.small_m_linear import linear_silu_mul, small_m_linear
+from kernels.small_m_linear import MAX_M, SplitKWorkspace, default_launch, linear_silu_mul, small_m_linear, split_ranges
 
-__all__ = ["causal_conv1d_update", "copy_rows", "fused_attn_decode_inputs", "fused_gdn_decode", "gated_rmsnorm",
-           "gdn_recurrent", "l2norm_ref", "linear_silu_mul", "paged_decode_attention", "pdl_supported", "store_kvcache",
-           "rmsnorm", "silu_mul", "small_m_linear", "use_triton"]
+__all__ = ["MAX_M", "SplitKWorkspace", "causal_conv1d_update", "copy_rows", "default_launch", "fused_attn_decode_inputs",
+           "fused_gdn_decode", "gated_rmsnorm", "gates_from_raw", "gdn_recurrent", "l2norm_ref", "linear_silu_mul",
+           "paged_decode_attention", "pdl_supported", "rmsnorm", "silu_mul", "small_m_linear", "split_ranges",
+           "store_kvcache", "use_triton"]

@@ -17,7 +17,7 @@ from pipeline.blocks import BLOCK_SCALES_RULE, BlockReading, valid_block_scales
 from pipeline.rasterize import RasterOptions
 from pipeline.storage import resolve
 
-if TYPE_CHECKING:  # annotations only: jobs.eval_ocr reads checkpoints here on machines without pydantic (the H200)
+if TYPE_CHECKING:  # annotations only: research.ocria_tiny.eval_ocr reads checkpoints here on machines without pydantic (the H200)
     from pipeline.config import JobConfig, StorageConfig
 
 

@@ -25,33 +25,6 @@ def load_bench(name: str):
     return mod
 
 
-# configs/train_tiny.yaml overrides for the shipped ocria-tiny's pages: run F2 (session 15) was trained on the final
-# distribution drawn at 1,536 px, fonts 20-36 px (10-18 px at 768 px), the size its processor lets through
-SHIPPED_PAGES = ["image.target_longest_px=1536", "image.max_pixels=2359296", "data.font_px=[20.0,36.0]"]
-
-
-def write_synth(folder: Path, heldout=None, train=None) -> Path:
-    """A text-pool folder laid out as jobs/make_synthetic_pages.py writes .synth: the given pools (TextPool) and an
-    empty fonts/ (PyMuPDF's built-in fonts only)."""
-    (folder / "fonts").mkdir(parents=True, exist_ok=True)
-    if heldout is not None:
-        heldout.to_json_gz(folder / "pool_heldout.json.gz")
-    if train is not None:
-        train.to_json_gz(folder / "pool_train.json.gz")
-    return folder
-
-
-def shipped_pages_config(folder: Path) -> Path:
-    """configs/train_tiny.yaml with SHIPPED_PAGES, as a YAML file for the scripts that take --config."""
-    import yaml
-
-    from jobs.train_tiny import load_config
-
-    path = folder / "shipped.yaml"
-    path.write_text(yaml.safe_dump(load_config(ROOT / "configs" / "train_tiny.yaml", SHIPPED_PAGES)))
-    return path
-
-
 @pytest.fixture(scope="session")
 def text_ckpt(tmp_path_factory, tiny_tokenizer):
     """A tiny random text-only checkpoint (qwen3_5_text, tied head) for the engine tests."""
@@ -66,17 +39,6 @@ def vl_ckpt(tmp_path_factory, tiny_tokenizer):
     from engine.testing import build_checkpoint
 
     return build_checkpoint(tmp_path_factory.mktemp("vl"), vision=True, tie=False, tokenizer=tiny_tokenizer, seed=2)
-
-
-@pytest.fixture(scope="session")
-def licence_prose() -> list[str]:
-    """Paragraphs of the system's licence texts: a real-text pool for the synthetic page generator."""
-    from pipeline.synthetic import split_paragraphs
-
-    licences = Path("/usr/share/common-licenses")
-    if not licences.is_dir():
-        pytest.skip("no /usr/share/common-licenses on this machine")
-    return [p for f in sorted(licences.iterdir()) if f.is_file() for p in split_paragraphs(f.read_text(errors="replace"))]
 
 
 @pytest.fixture(scope="session")

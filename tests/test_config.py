@@ -100,5 +100,5 @@ def test_missing_input_fails_before_ray(tmp_path, tiny_checkpoint):
 def test_shipped_configs_are_valid():
     for path in sorted((ROOT / "configs").glob("*.yaml")):
         if path.name.startswith("train_"):
-            continue  # training configs are plain YAML for jobs/train_tiny.py, not job configs
+            continue  # training configs are plain YAML for research/ocria_tiny/train_tiny.py, not job configs
         load_config(path, {"input": {"uris": ["x"]}})
