@@ -160,6 +160,10 @@ def write_parquet_atomic(fs: pafs.FileSystem, path: str, table: pa.Table) -> Non
         pq.write_table(table, path, filesystem=fs)
 
 
+def delete_file(fs: pafs.FileSystem, path: str) -> None:
+    fs.delete_file(path)
+
+
 def list_parquet(fs: pafs.FileSystem, prefix: str) -> list[str]:
     info = fs.get_file_info(prefix)
     if info.type == pafs.FileType.NotFound:
