@@ -18,11 +18,15 @@ class Strict(BaseModel):
 
 
 class StorageConfig(Strict):
-    """How to reach object storage. Credentials never live here: they come from the environment or the AWS chain."""
+    """How to reach object storage. Credentials never live here: they come from the environment or the standard
+    AWS / Google chains."""
 
     s3_endpoint: str | None = Field(None, description="S3-compatible endpoint URL, e.g. http://127.0.0.1:9000")
     s3_region: str = "us-east-1"
-    anonymous: bool = False
+    gcs_endpoint: str | None = Field(None, description="GCS-compatible endpoint URL, e.g. an emulator at "
+                                     "http://127.0.0.1:9023; null = STORAGE_EMULATOR_HOST if set, else Google's")
+    anonymous: bool = Field(False, description="send no credentials (public buckets); a GCS endpoint taken from "
+                            "STORAGE_EMULATOR_HOST is always reached anonymously, as Google's own clients do")
 
 
 class InputConfig(Strict):

@@ -17,7 +17,7 @@ from pipeline.plan import Plan, plan_run
 from pipeline.rasterize import RasterOptions
 from pipeline.schema import DOC_TASK_SCHEMA, PAGE_SCHEMA, empty_row
 from pipeline.stats import RunStats, format_table
-from pipeline.storage import list_documents, resolve, write_parquet_atomic, write_text
+from pipeline.storage import check_writable, explain, list_documents, resolve, write_parquet_atomic, write_text
 
 log = logging.getLogger("ocria.job")
 
@@ -51,9 +51,10 @@ def prepare(cfg: JobConfig) -> Prepared:
         raise ConfigError(str(e)) from None
     try:
         store = OutputStore(resolve(cfg.output, cfg.storage))
+        check_writable(store.loc)
         report = store.reconcile()
     except (OSError, ValueError) as e:
-        raise ConfigError(f"output {cfg.output!r} is not usable: {e}") from None
+        raise ConfigError(f"output {cfg.output!r} is not usable: {explain(cfg.output, e)}") from None
     if report.orphan_parts_removed or report.superseded_documents:
         log.info("output repaired: %s", report)
     listed = {}
@@ -62,7 +63,7 @@ def prepare(cfg: JobConfig) -> Prepared:
             for f in list_documents(uri, cfg.storage, cfg.input.include, cfg.input.exclude):
                 listed[f.uri] = f
         except (OSError, ValueError) as e:
-            raise ConfigError(f"cannot list input {uri!r}: {e}") from None
+            raise ConfigError(f"cannot list input {uri!r}: {explain(uri, e)}") from None
     plan = plan_run(list(listed.values()), store.documents(), cfg.run.retry_failed, cfg.run.max_attempts,
                     cfg.input.limit, model_id, store.page_models(), cfg.run.reparse)
     if plan.other_model:

@@ -2,7 +2,6 @@
 import json
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -56,11 +55,23 @@ def test_flags_override_yaml(tmp_path):
     assert (cfg.model.backend, cfg.model.max_tokens, cfg.parse.batch_size, cfg.input.uris) == ("transformers", 9, 4, ["b"])
 
 
+# Runs the CLI as `python jobs/parse_corpus.py` would, then says on stderr whether Ray was ever imported: a check
+# that fails "before Ray starts" must not even have loaded it.
+RAY_PROBE = """import runpy, sys
+sys.argv = sys.argv[1:]
+try:
+    runpy.run_path(sys.argv[0], run_name="__main__")
+finally:
+    sys.stderr.write("\\nray imported: %s\\n" % ("ray" in sys.modules))
+"""
+
+
 def run_cli(*args, timeout=60):
-    t = time.perf_counter()
-    proc = subprocess.run([sys.executable, str(ROOT / "jobs/parse_corpus.py"), *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT)
-    return proc, time.perf_counter() - t
+    """(the finished process, whether it imported Ray)."""
+    proc = subprocess.run([sys.executable, "-c", RAY_PROBE, str(ROOT / "jobs/parse_corpus.py"), *args],
+                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    assert "ray imported: " in proc.stderr, proc.stderr
+    return proc, "ray imported: True" in proc.stderr
 
 
 @pytest.mark.parametrize("mutate,message", [
@@ -83,18 +94,18 @@ def test_bad_checkpoint_fails_before_ray(tmp_path, tiny_checkpoint, mutate, mess
             weights = load_file(ckpt / "model.safetensors")
             weights.pop(next(k for k in weights if "layers.0.mlp.up_proj" in k))
             save_file(weights, ckpt / "model.safetensors", metadata={"format": "pt"})
-    proc, seconds = run_cli("--input", str(ROOT / "samples"), "--output", str(tmp_path / "out"),
-                            "--checkpoint", str(ckpt))
+    proc, ray_imported = run_cli("--input", str(ROOT / "samples"), "--output", str(tmp_path / "out"),
+                                 "--checkpoint", str(ckpt))
     assert proc.returncode != 0
     assert message in proc.stderr, proc.stderr
-    assert "Started a local Ray" not in proc.stderr + proc.stdout
+    assert not ray_imported and "Started a local Ray" not in proc.stderr + proc.stdout
     assert not (tmp_path / "out" / "documents").exists()
 
 
 def test_missing_input_fails_before_ray(tmp_path, tiny_checkpoint):
-    proc, _ = run_cli("--input", str(tmp_path / "nope"), "--output", str(tmp_path / "out"),
-                      "--checkpoint", str(tiny_checkpoint))
-    assert proc.returncode != 0 and "input not found" in proc.stderr
+    proc, ray_imported = run_cli("--input", str(tmp_path / "nope"), "--output", str(tmp_path / "out"),
+                                 "--checkpoint", str(tiny_checkpoint))
+    assert proc.returncode != 0 and f"input not found: {tmp_path / 'nope'}" in proc.stderr and not ray_imported
 
 
 def test_shipped_configs_are_valid():
