@@ -33,6 +33,16 @@ class InputConfig(Strict):
 
 
 class RasterConfig(Strict):
+    @model_validator(mode="before")
+    @classmethod
+    def _doc_timeout_is_per_page(cls, data):
+        """doc_timeout_s, the old name, sets page_timeout_s: a long document is never failed for its length."""
+        if isinstance(data, dict) and "doc_timeout_s" in data:
+            data = dict(data)
+            old = data.pop("doc_timeout_s")
+            data.setdefault("page_timeout_s", old)
+        return data
+
     target_longest_px: int | None = Field(
         None, ge=64, le=10000, description="longest page side in pixels; null = derived from the checkpoint's max_pixels"
     )
@@ -48,7 +58,11 @@ class RasterConfig(Strict):
         "checkpoint's (ocria_info.json glyph_from_ink), else off"
     )
     max_pages_per_doc: int = Field(500, ge=1)
-    doc_timeout_s: float = Field(300.0, gt=0, description="wall-clock limit per document; the renderer is killed past it")
+    page_timeout_s: float = Field(60.0, gt=0, description="seconds to open a document, and to draw each of its pages; "
+                                  "a page past it is one error row (kind timeout), the renderer is killed and the "
+                                  "document's next pages drawn")
+    max_lost_pages: int = Field(2, ge=1, description="after this many of a document's pages timed out or crashed the "
+                                "renderer, its remaining pages are not drawn (each one error row)")
     memory_limit_mb: int = Field(4096, ge=0, description="address-space cap of the render process; 0 = none")
     extract_text: bool = True
     num_actors_min: int = Field(1, ge=1)

@@ -139,7 +139,8 @@ def build_dataset(ray, prep: Prepared, pools: PoolSizes):
     ds = ds.map_batches(
         RasterizeStage, batch_size=1, batch_format="pyarrow",
         fn_constructor_kwargs=dict(storage=cfg.storage, opts=prep.raster,
-                                   doc_timeout_s=cfg.raster.doc_timeout_s, memory_limit_mb=cfg.raster.memory_limit_mb),
+                                   page_timeout_s=cfg.raster.page_timeout_s, memory_limit_mb=cfg.raster.memory_limit_mb,
+                                   max_lost_pages=cfg.raster.max_lost_pages),
         compute=ActorPoolStrategy(min_size=min(cfg.raster.num_actors_min, pools.raster_max), max_size=pools.raster_max),
         num_cpus=pools.raster_cpus,
     )

@@ -81,6 +81,7 @@ class RunStats:
             "pages": n_pages,
             "pages_ok": self.pages["ok"],
             "pages_fallback": self.pages["fallback"],
+            "pages_blank": self.pages["blank"],
             "pages_error": self.pages["error"],
             "first_result_s": self.first_result_s,
             "warmup_s": self.warmup_s,
@@ -140,7 +141,8 @@ def format_table(s: dict) -> str:
     lines = [
         f"run {s['run_id']}   wall {s['wall_s']:.1f} s   engines {s['engine_actors']} ({s['gpus']} GPU)",
         f"{'documents':<24}{s['documents']:>10}   ok {s['documents_ok']}  error {s['documents_error']}",
-        f"{'pages':<24}{s['pages']:>10}   ok {s['pages_ok']}  fallback {s['pages_fallback']}  error {s['pages_error']}",
+        f"{'pages':<24}{s['pages']:>10}   ok {s['pages_ok']}  blank {s['pages_blank']}  fallback {s['pages_fallback']}  "
+        f"error {s['pages_error']}",
         f"{'docs/s':<24}{s['docs_per_s']:>10.3f}",
         f"{'pages/s':<24}{s['pages_per_s']:>10.3f}   per engine {s['pages_per_s_per_engine']:.3f}   "
         f"after warm-up ({s['warmup_s'] or s['first_result_s']:.1f} s) {s['steady_pages_per_s']:.3f}",
