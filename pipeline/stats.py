@@ -70,6 +70,8 @@ class RunStats:
         per = max(self.engine_actors, 1)
         # On a CPU-only cluster the engine actors stand in for GPUs, so cost is per engine-actor hour.
         billed_units = self.gpus if self.gpus else self.engine_actors
+        # past the warm-up mark when one was seen (every engine returned a batch), else past the first result
+        steady = n_pages > self.warmup_pages if self.warmup_s else n_pages > 0 and self.wall_s > self.first_result_s
         usd = wall / 3600 * billed_units * self.usd_per_gpu_hour
         return {
             "run_id": self.run_id,
@@ -86,8 +88,10 @@ class RunStats:
             "first_result_s": self.first_result_s,
             "warmup_s": self.warmup_s,
             "warmup_pages": self.warmup_pages,
-            # After the warm-up when one was seen (pages past it / time past it), else after the first result.
-            "steady_pages_per_s": ((n_pages - self.warmup_pages) / max(self.wall_s - self.warmup_s, 1e-9)
+            # Pages past the warm-up over the time past it; a run whose warm-up took all its pages has no steady phase
+            "steady_phase": steady,
+            "steady_pages_per_s": (0.0 if not steady else
+                                   (n_pages - self.warmup_pages) / max(self.wall_s - self.warmup_s, 1e-9)
                                    if self.warmup_s else n_pages / max(self.wall_s - self.first_result_s, 1e-9)),
             "docs_per_s": n_docs / wall,
             "pages_per_s": n_pages / wall,
@@ -145,7 +149,9 @@ def format_table(s: dict) -> str:
         f"error {s['pages_error']}",
         f"{'docs/s':<24}{s['docs_per_s']:>10.3f}",
         f"{'pages/s':<24}{s['pages_per_s']:>10.3f}   per engine {s['pages_per_s_per_engine']:.3f}   "
-        f"after warm-up ({s['warmup_s'] or s['first_result_s']:.1f} s) {s['steady_pages_per_s']:.3f}",
+        + (f"after warm-up ({s['warmup_s'] or s['first_result_s']:.1f} s) {s['steady_pages_per_s']:.3f}"
+           if s["steady_phase"] else
+           f"after warm-up: run too short for a steady phase (warm-up {s['warmup_s']:.1f} of {s['wall_s']:.1f} s)"),
         f"{'output tokens/s':<24}{s['output_tokens_per_s']:>10.1f}   per engine {s['output_tokens_per_s_per_engine']:.1f}",
         f"{'loop repeats left out':<24}{s['loop_dropped_tokens']:>10}   tokens, on {s['pages_loop_dropped']} pages",
         f"{'busy share':<24}engines {s['engine_busy_fraction']:.2f}   rasterizers {s['raster_busy_fraction']:.2f} "
