@@ -10,6 +10,7 @@ before Ray starts.
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 from pathlib import Path
 
@@ -17,36 +18,19 @@ import click
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from pipeline.config import ConfigError, load_config  # noqa: E402
+from pipeline.config import FLAG_KEYS, ConfigError, load_config  # noqa: E402
 from pipeline.job import prepare, run  # noqa: E402
+from pipeline.local_ray import RayStartError  # noqa: E402
 
 
 def _overrides(**flags) -> dict:
     """CLI flags -> nested config overrides (only the flags given: an option left out is None, its flags too)."""
-    paths = {
-        "input": ("input", "uris"), "include": ("input", "include"), "exclude": ("input", "exclude"),
-        "limit": ("input", "limit"), "output": ("output",), "s3_endpoint": ("storage", "s3_endpoint"),
-        "s3_region": ("storage", "s3_region"), "backend": ("model", "backend"), "checkpoint": ("model", "checkpoint"),
-        "device": ("model", "device"), "dtype": ("model", "dtype"), "max_tokens": ("model", "max_tokens"),
-        "prompt": ("model", "prompt"), "num_beams": ("model", "num_beams"),
-        "loop_stop_tokens": ("model", "loop_stop_tokens"), "loop_drop_tokens": ("model", "loop_drop_tokens"),
-        "loop_ban_next": ("model", "loop_ban_next"), "block_lines": ("model", "block_lines"),
-        "block_tolerance": ("model", "block_tolerance"), "block_scales": ("model", "block_scales"),
-        "max_pages": ("raster", "max_pages_per_doc"),
-        "target_longest_px": ("raster", "target_longest_px"), "glyph_px": ("raster", "glyph_px"),
-        "glyph_from_ink": ("raster", "glyph_from_ink"),
-        "doc_timeout": ("raster", "doc_timeout_s"),
-        "batch_size": ("parse", "batch_size"), "num_engines": ("parse", "num_actors"),
-        "retry_failed": ("run", "retry_failed"), "reparse": ("run", "reparse"), "max_attempts": ("run", "max_attempts"),
-        "ray_address": ("run", "ray_address"), "num_cpus": ("run", "num_cpus"),
-        "commit_every": ("run", "commit_every_docs"), "usd_per_gpu_hour": ("cost", "usd_per_gpu_hour"),
-    }
     out: dict = {}
     for name, value in flags.items():
         if value is None or value == ():
             continue
         node = out
-        *parents, leaf = paths[name]
+        *parents, leaf = FLAG_KEYS[name]
         for p in parents:
             node = node.setdefault(p, {})
         node[leaf] = list(value) if isinstance(value, tuple) else value
@@ -90,7 +74,9 @@ def _overrides(**flags) -> dict:
 @click.option("--glyph-from-ink/--no-glyph-from-ink", default=None,
               help="with a glyph size: draw pages without a text layer (scans) at it too, their text size measured "
                    "from the ink (default: the checkpoint's)")
-@click.option("--doc-timeout", type=float, help="seconds per document before the renderer is killed")
+@click.option("--page-timeout", type=float,
+              help="seconds to open a document and to draw each page; a page past it is one error row (default 60)")
+@click.option("--doc-timeout", type=float, help="old name of --page-timeout: the limit is per page now")
 @click.option("--batch-size", type=int, help="pages per engine batch")
 @click.option("--num-engines", type=int, help="engine actors (default: one per GPU)")
 @click.option("--retry-failed", is_flag=True, default=None, help="process only documents that failed before")
@@ -104,12 +90,14 @@ def _overrides(**flags) -> dict:
 def main(config_path, verbose, **flags):
     """Parse every PDF and image under the inputs into Parquet (pages, documents, stats)."""
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    # A terminated job (SIGTERM: a scheduler, `kill`) unwinds like Ctrl-C, so its local Ray is shut down
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     try:
         cfg = load_config(config_path, _overrides(**flags))
         prepared = prepare(cfg)
-    except ConfigError as e:
+        summary = run(prepared)
+    except (ConfigError, RayStartError) as e:  # a cluster's size is checked once joined: the same one-line answer
         raise click.ClickException(str(e)) from None
-    summary = run(prepared)
     click.echo(f"output: {cfg.output}  (pages/, documents/, stats/, runs/{summary['run_id']}.json)")
     sys.exit(1 if summary["documents"] == 0 and prepared.plan.todo else 0)
 

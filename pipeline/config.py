@@ -37,6 +37,16 @@ class InputConfig(Strict):
 
 
 class RasterConfig(Strict):
+    @model_validator(mode="before")
+    @classmethod
+    def _doc_timeout_is_per_page(cls, data):
+        """doc_timeout_s, the old name, sets page_timeout_s: a long document is never failed for its length."""
+        if isinstance(data, dict) and "doc_timeout_s" in data:
+            data = dict(data)
+            old = data.pop("doc_timeout_s")
+            data.setdefault("page_timeout_s", old)
+        return data
+
     target_longest_px: int | None = Field(
         None, ge=64, le=10000, description="longest page side in pixels; null = derived from the checkpoint's max_pixels"
     )
@@ -52,7 +62,11 @@ class RasterConfig(Strict):
         "checkpoint's (ocria_info.json glyph_from_ink), else off"
     )
     max_pages_per_doc: int = Field(500, ge=1)
-    doc_timeout_s: float = Field(300.0, gt=0, description="wall-clock limit per document; the renderer is killed past it")
+    page_timeout_s: float = Field(60.0, gt=0, description="seconds to open a document, and to draw each of its pages; "
+                                  "a page past it is one error row (kind timeout), the renderer is killed and the "
+                                  "document's next pages drawn")
+    max_lost_pages: int = Field(2, ge=1, description="after this many of a document's pages timed out or crashed the "
+                                "renderer, its remaining pages are not drawn (each one error row)")
     memory_limit_mb: int = Field(4096, ge=0, description="address-space cap of the render process; 0 = none")
     extract_text: bool = True
     num_actors_min: int = Field(1, ge=1)
@@ -168,6 +182,51 @@ class ConfigError(Exception):
     """A configuration problem, worded for the person running the job."""
 
 
+# The command line's flags (jobs/parse_corpus.py; the option's name, dashes as underscores) and the keys they set.
+FLAG_KEYS = {
+    "input": ("input", "uris"), "include": ("input", "include"), "exclude": ("input", "exclude"),
+    "limit": ("input", "limit"), "output": ("output",), "s3_endpoint": ("storage", "s3_endpoint"),
+    "s3_region": ("storage", "s3_region"), "backend": ("model", "backend"), "checkpoint": ("model", "checkpoint"),
+    "device": ("model", "device"), "dtype": ("model", "dtype"), "max_tokens": ("model", "max_tokens"),
+    "prompt": ("model", "prompt"), "num_beams": ("model", "num_beams"),
+    "loop_stop_tokens": ("model", "loop_stop_tokens"), "loop_drop_tokens": ("model", "loop_drop_tokens"),
+    "loop_ban_next": ("model", "loop_ban_next"), "block_lines": ("model", "block_lines"),
+    "block_tolerance": ("model", "block_tolerance"), "block_scales": ("model", "block_scales"),
+    "max_pages": ("raster", "max_pages_per_doc"),
+    "target_longest_px": ("raster", "target_longest_px"), "glyph_px": ("raster", "glyph_px"),
+    "glyph_from_ink": ("raster", "glyph_from_ink"),
+    "page_timeout": ("raster", "page_timeout_s"), "doc_timeout": ("raster", "doc_timeout_s"),
+    "batch_size": ("parse", "batch_size"), "num_engines": ("parse", "num_actors"),
+    "retry_failed": ("run", "retry_failed"), "reparse": ("run", "reparse"), "max_attempts": ("run", "max_attempts"),
+    "ray_address": ("run", "ray_address"), "num_cpus": ("run", "num_cpus"),
+    "commit_every": ("run", "commit_every_docs"), "usd_per_gpu_hour": ("cost", "usd_per_gpu_hour"),
+}
+_FLAG_OF_KEY = {".".join(path): "--" + name.replace("_", "-") for name, path in FLAG_KEYS.items()
+                if name != "doc_timeout"}
+
+
+def knob(key: str) -> str:
+    """How a person changes config key `key`: its flag and the key ("--num-engines (parse.num_actors)"), or the key
+    alone where no flag sets it."""
+    flag = _FLAG_OF_KEY.get(key)
+    return f"{flag} ({key})" if flag else key
+
+
+def _nearest_key(loc: tuple) -> str:
+    """' (did you mean model.max_tokens?)' for an unknown key at `loc`, or ''."""
+    import difflib
+
+    model: type[BaseModel] | None = JobConfig
+    for part in loc[:-1]:
+        field = model.model_fields.get(str(part)) if model else None
+        model = field.annotation if field and isinstance(field.annotation, type) and issubclass(
+            field.annotation, BaseModel) else None
+    if model is None:
+        return ""
+    close = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=1, cutoff=0.6)
+    return f" (did you mean {'.'.join([*map(str, loc[:-1]), close[0]])}?)" if close else ""
+
+
 def _merge(base: dict, override: dict) -> dict:
     out = dict(base)
     for key, value in override.items():
@@ -196,5 +255,8 @@ def load_config(path: str | Path | None, overrides: dict | None = None) -> JobCo
         lines = [f"invalid job configuration{where}:"]
         for err in e.errors():
             loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
-            lines.append(f"  {loc}: {err['msg']}")
+            if err["type"] == "extra_forbidden" and err["loc"]:
+                lines.append(f"  {loc}: unknown key{_nearest_key(err['loc'])}")
+            else:
+                lines.append(f"  {knob(loc)}: {err['msg']}")
         raise ConfigError("\n".join(lines)) from None

@@ -1,16 +1,23 @@
-"""Run the rasterizer in a child process, so a document that crashes or hangs MuPDF costs only itself.
+"""Run the rasterizer in a child process, so a page that crashes or hangs MuPDF costs only itself.
 
-One long-lived child per rasterizer actor (spawned once, not per document); it is killed and replaced only
-after a timeout or a crash. PyMuPDF is not thread-safe, so one child renders one document at a time.
+One long-lived child per rasterizer actor (spawned once, not per document); it is killed and replaced only after a
+timeout or a crash. PyMuPDF is not thread-safe, so one child renders one document at a time.
+
+The time limit is per page, never per document, so a long document is not failed for being long: opening the file
+and drawing each page each get `page_timeout_s`. A page past it is one error row; the child is killed and a fresh one
+goes on from the next page. After `max_lost_pages` such pages (a file that hangs MuPDF on every page) the rest of the
+document is not drawn, each remaining page an error row saying why, so one file cannot hold an actor for hours.
 """
 from __future__ import annotations
 
 import multiprocessing as mp
 import signal
-import time
 from typing import Iterator
 
-from pipeline.rasterize import DocumentError, RasterOptions, RenderedPage, rasterize
+from pipeline.rasterize import (DocumentError, PageFailure, RasterOptions, RenderedPage, close_document, draw_pages,
+                                open_document, page_counts)
+
+CHILD_START_S = 120.0  # a spawned renderer imports PyMuPDF: seconds on a loaded machine, never part of a page's time
 
 
 def _child_main(conn, opts: RasterOptions, memory_limit_mb: int) -> None:
@@ -22,15 +29,21 @@ def _child_main(conn, opts: RasterOptions, memory_limit_mb: int) -> None:
     import pymupdf
 
     pymupdf.TOOLS.mupdf_display_errors(False)  # errors reach us as exceptions; don't spam the actor log
-    pymupdf.TOOLS.mupdf_display_warnings(False)
+    pymupdf.TOOLS.mupdf_display_warnings(False)  # still collected: error messages quote them
+    conn.send(("ready",))  # start-up (imports) is not part of any page's time
     while True:
         try:
-            uri, data = conn.recv()
+            uri, data, start = conn.recv()
         except EOFError:
             return
         try:
-            for count, total, page in rasterize(data, uri, opts):
-                conn.send(("page", count, total, page))
+            doc = open_document(data, uri)
+            try:
+                conn.send(("opened", *page_counts(doc, opts)))
+                for _, _, page in draw_pages(doc, opts, start):
+                    conn.send(("page", page))
+            finally:
+                close_document(doc)
             conn.send(("done",))
         except DocumentError as e:
             conn.send(("error", e.kind, str(e)))
@@ -40,9 +53,18 @@ def _child_main(conn, opts: RasterOptions, memory_limit_mb: int) -> None:
             conn.send(("error", "damaged", f"{type(e).__name__}: {e}"))
 
 
+class _Lost(Exception):
+    """The child stopped answering (timeout) or died (crash) while working on a document."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind = kind
+
+
 class IsolatedRasterizer:
-    def __init__(self, opts: RasterOptions, timeout_s: float, memory_limit_mb: int):
-        self.opts, self.timeout_s, self.memory_limit_mb = opts, timeout_s, memory_limit_mb
+    def __init__(self, opts: RasterOptions, page_timeout_s: float, memory_limit_mb: int, max_lost_pages: int = 2):
+        self.opts, self.timeout_s, self.memory_limit_mb = opts, page_timeout_s, memory_limit_mb
+        self.max_lost_pages = max_lost_pages
         self._ctx = mp.get_context("spawn")  # fork is unsafe in a threaded Ray worker
         self._proc = None
         self._conn = None
@@ -55,6 +77,9 @@ class IsolatedRasterizer:
         self._proc.start()
         child.close()
         self._conn = parent
+        if not (parent.poll(CHILD_START_S) and parent.recv() == ("ready",)):
+            self._kill_child()
+            raise DocumentError("crash", f"the renderer process did not start within {CHILD_START_S:g} s")
 
     def _kill_child(self) -> int | None:
         proc, self._proc = self._proc, None
@@ -65,41 +90,76 @@ class IsolatedRasterizer:
         proc.join(5)
         return proc.exitcode
 
-    def rasterize(self, data: bytes, uri: str) -> Iterator[tuple[int, int, RenderedPage]]:
-        """Like pipeline.rasterize.rasterize, with a wall-clock limit for the whole document."""
+    def _send(self, uri: str, data: bytes, start: int) -> None:
         try:
             self._ensure_child()
-            self._conn.send((uri, data))
+            self._conn.send((uri, data, start))
         except (BrokenPipeError, OSError):  # the child died between documents: one fresh try
             self._kill_child()
             self._ensure_child()
-            self._conn.send((uri, data))
-        deadline = time.monotonic() + self.timeout_s
+            self._conn.send((uri, data, start))
+
+    def rasterize(self, data: bytes, uri: str) -> Iterator[tuple[int, int, RenderedPage | PageFailure]]:
+        """Like pipeline.rasterize.rasterize, with a time limit per page (and for opening the file)."""
+        start, counts, lost = 0, None, 0
         finished = False
         try:
-            yield from self._receive(deadline)
-            finished = True
+            while True:
+                self._send(uri, data, start)
+                try:
+                    for msg in self._receive():
+                        if msg[0] == "opened":
+                            counts = counts or (msg[1], msg[2])
+                        else:
+                            page = msg[1]
+                            start = page.index + 1
+                            yield (*counts, page)
+                    finished = True
+                    return
+                except DocumentError:  # the child said so and waits for the next document
+                    finished = counts is not None or self._proc is not None
+                    raise
+                except _Lost as e:
+                    if counts is None:  # lost while opening the file: nothing of it was drawn
+                        raise DocumentError(e.kind, f"opening the document: {e}") from None
+                    count, _ = counts
+                    if start >= count:  # lost after its last page was drawn
+                        finished = True
+                        return
+                    lost += 1
+                    yield (*counts, PageFailure(start, e.kind, f"page {start}: {e}"))
+                    start += 1
+                    if lost >= self.max_lost_pages:
+                        for i in range(start, count):
+                            yield (*counts, PageFailure(i, e.kind, f"page {i}: not drawn: {lost} pages of this "
+                                                        f"document already timed out or crashed the renderer"))
+                        finished = True
+                        return
+                    if start >= count:
+                        finished = True
+                        return
         finally:
             if not finished:  # stopped early or failed: the child may still be mid-document, so start clean
                 self._kill_child()
 
-    def _receive(self, deadline: float) -> Iterator[tuple[int, int, RenderedPage]]:
+    def _receive(self) -> Iterator[tuple]:
+        """The child's messages for one request, each within `timeout_s` of the one before; raises _Lost."""
         while True:
-            if not self._conn.poll(max(0.0, deadline - time.monotonic())):
+            if not self._conn.poll(self.timeout_s):
                 self._kill_child()
-                raise DocumentError("timeout", f"rendering took longer than {self.timeout_s:g} s; the renderer was killed")
+                raise _Lost("timeout", f"not drawn within {self.timeout_s:g} s (raster.page_timeout_s); the renderer "
+                                       f"was killed")
             try:
                 msg = self._conn.recv()
             except (EOFError, OSError):
                 code = self._kill_child()
                 how = f"signal {signal.Signals(-code).name}" if code and code < 0 else f"exit code {code}"
-                raise DocumentError("crash", f"the renderer process died ({how}) on this document") from None
-            if msg[0] == "page":
-                yield msg[1], msg[2], msg[3]
-            elif msg[0] == "done":
+                raise _Lost("crash", f"the renderer process died ({how})") from None
+            if msg[0] == "done":
                 return
-            else:
+            if msg[0] == "error":
                 raise DocumentError(msg[1], msg[2])
+            yield msg
 
     def close(self) -> None:
         self._kill_child()

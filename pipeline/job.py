@@ -9,17 +9,30 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+import pyarrow.fs as pafs
+
 from pipeline.blocks import BlockReading
 from pipeline.checkpoint import CheckpointError, block_reading, checkpoint_note, localize, raster_options, validate
-from pipeline.config import ConfigError, JobConfig
+from pipeline.config import ConfigError, JobConfig, knob
+from pipeline.local_ray import ray_session
 from pipeline.output import DocumentAssembler, OutputStore, document_row
 from pipeline.plan import Plan, plan_run
+from pipeline.progress import PageProgress
 from pipeline.rasterize import RasterOptions
 from pipeline.schema import DOC_TASK_SCHEMA, PAGE_SCHEMA, empty_row
 from pipeline.stats import RunStats, format_table
-from pipeline.storage import check_writable, explain, list_documents, resolve, write_parquet_atomic, write_text
+from pipeline.storage import Location, check_writable, explain, list_documents, resolve, write_parquet_atomic, write_text
 
 log = logging.getLogger("ocria.job")
+
+
+NOTE_SHOWN = 160  # characters of the checkpoint's note printed; runs/<run_id>.json keeps all of it
+
+
+def short_note(note: str) -> str:
+    """The checkpoint's note for the console: its first sentence, at most NOTE_SHOWN characters."""
+    first = note.split(". ", 1)[0].strip()
+    return first if len(first) <= NOTE_SHOWN else first[: NOTE_SHOWN - 3].rstrip() + "..."
 
 
 def new_run_id() -> str:
@@ -49,12 +62,11 @@ def prepare(cfg: JobConfig) -> Prepared:
         blocks = block_reading(cfg, checkpoint_dir)
     except CheckpointError as e:
         raise ConfigError(str(e)) from None
+    store = OutputStore(writable_output(cfg))
     try:
-        store = OutputStore(resolve(cfg.output, cfg.storage))
-        check_writable(store.loc)
         report = store.reconcile()
     except (OSError, ValueError) as e:
-        raise ConfigError(f"output {cfg.output!r} is not usable: {explain(cfg.output, e)}") from None
+        raise ConfigError(f"--output {cfg.output!r} is not usable: {explain(cfg.output, e)}") from None
     if report.orphan_parts_removed or report.superseded_documents:
         log.info("output repaired: %s", report)
     listed = {}
@@ -73,19 +85,49 @@ def prepare(cfg: JobConfig) -> Prepared:
             f"({', '.join(others[:3])}{', ...' if len(others) > 3 else ''}), e.g. {next(iter(plan.other_model))}; "
             f"this run's model is {model_id}. Skipping them would keep their old text beside this model's: pass "
             f"--reparse to parse them again (their new rows replace the old), or write to another --output")
+    if plan.todo and not ray_address(cfg):  # a local Ray's size is known now: check the pools fit before starting it
+        size_pools(cfg, local_cpus(cfg), local_gpus(cfg), " CPUs of the local Ray (--num-cpus)")
     return Prepared(cfg, new_run_id(), store, plan, checkpoint_dir, raster, blocks)
 
 
-def connect_ray(cfg: JobConfig):
-    import ray
+def _first_line(e: Exception) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
-    address = cfg.run.ray_address or os.environ.get("RAY_ADDRESS")
-    if address:  # an existing cluster, e.g. inside `ray job submit`
-        ray.init(address=address, log_to_driver=False)
-    else:
-        ray.init(address="local", num_cpus=cfg.run.num_cpus or os.cpu_count(), include_dashboard=False,
-                 log_to_driver=False)
-    return ray
+
+def writable_output(cfg: JobConfig) -> Location:
+    """The output location, once it is known to be a folder (or prefix) this job can write to: a small file is
+    written there and deleted, so a bad --output fails now, not in the first commit after parsing."""
+    try:
+        loc = resolve(cfg.output, cfg.storage)
+        if loc.fs.get_file_info(loc.path).type == pafs.FileType.File:
+            raise ConfigError(f"--output {cfg.output!r} is an existing file: give a folder (or an object-storage "
+                              f"prefix) for the pages/, documents/ and stats/ tables")
+        check_writable(loc)
+    except (OSError, ValueError) as e:
+        reason = explain(cfg.output, e) if isinstance(e, OSError) else str(e)
+        if reason == str(e):
+            reason = f"{_first_line(e)}: choose a folder you can write to, or fix its permissions"
+        raise ConfigError(f"--output {cfg.output!r} cannot be written: {reason}") from None
+    return loc
+
+
+def ray_address(cfg: JobConfig) -> str | None:
+    return cfg.run.ray_address or os.environ.get("RAY_ADDRESS") or None
+
+
+def local_cpus(cfg: JobConfig) -> float:
+    return cfg.run.num_cpus or os.cpu_count() or 1
+
+
+def local_gpus(cfg: JobConfig) -> int:
+    """The GPUs a local Ray would see (it honours CUDA_VISIBLE_DEVICES as torch does); 0 without torch's CUDA."""
+    if cfg.model.device == "cpu":
+        return 0
+    try:
+        import torch
+    except ImportError:
+        return 0
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 @dataclass(frozen=True)
@@ -100,20 +142,24 @@ class PoolSizes:
 INPUT_CPU_RESERVE = 0.25  # Ray Data's own tasks; leaving nothing for them deadlocks a small cluster silently
 
 
-def size_pools(cfg: JobConfig, cluster_cpus: float, cluster_gpus: int) -> PoolSizes:
+def size_pools(cfg: JobConfig, cluster_cpus: float, cluster_gpus: int, cpus_from: str = " CPUs of the Ray cluster"
+               ) -> PoolSizes:
     """One engine per GPU (or `parse.num_actors`), rasterizers in what CPU remains. The sum of CPU requests
     never exceeds the cluster's, which on a small cluster would hang the job without an error."""
     use_gpu = cfg.model.device == "cuda" or (cfg.model.device == "auto" and cluster_gpus > 0)
     if use_gpu and cluster_gpus == 0:
-        raise ConfigError("model.device is 'cuda' but the Ray cluster has no GPUs: use --device cpu or add GPU nodes")
+        raise ConfigError(f"{knob('model.device')} is cuda but Ray sees no GPUs: use --device cpu (or auto), "
+                          f"or join a cluster with GPUs (--ray-address)")
     engines = cfg.parse.num_actors or (cluster_gpus if use_gpu else 1)
     if use_gpu and engines > cluster_gpus:
-        raise ConfigError(f"parse.num_actors={engines} but the cluster has {cluster_gpus} GPUs (one engine per GPU)")
+        raise ConfigError(f"{knob('parse.num_actors')} is {engines} but there are {cluster_gpus} GPUs (one engine "
+                          f"per GPU): lower --num-engines to {cluster_gpus} at most")
     budget = cluster_cpus - engines * cfg.parse.cpus_per_actor - INPUT_CPU_RESERVE
     if budget <= 0:
         raise ConfigError(
-            f"the cluster has {cluster_cpus:g} CPUs but {engines} engine actor(s) x parse.cpus_per_actor="
-            f"{cfg.parse.cpus_per_actor:g} leave none for rasterizing: lower parse.cpus_per_actor")
+            f"{engines} engine(s) x {cfg.parse.cpus_per_actor:g} CPU each ({knob('parse.cpus_per_actor')}) leave no "
+            f"CPU for drawing pages out of {cluster_cpus:g}{cpus_from}: lower --num-engines (parse.num_actors)"
+            + (" or raise --num-cpus" if "num-cpus" in cpus_from else ""))
     raster_max = cfg.raster.num_actors_max or max(1, int(budget // cfg.raster.cpus_per_actor))
     raster_max = max(raster_max, cfg.raster.num_actors_min)
     raster_cpus = min(cfg.raster.cpus_per_actor, budget / raster_max)
@@ -130,6 +176,10 @@ def build_dataset(ray, prep: Prepared, pools: PoolSizes):
     cfg = prep.cfg
     ctx = DataContext.get_current()
     ctx.wait_for_min_actors_s = 600  # start every engine actor before streaming, not one at a time
+    # The job reports progress in pages itself (pipeline.progress); Ray Data's bars, or without a terminal its ten
+    # log lines every ten seconds, and its execution-plan lines would bury it.
+    ctx.enable_progress_bars = False
+    ctx.print_on_execution_start = False
     tasks = pa.Table.from_pylist(
         [empty_row(DOC_TASK_SCHEMA, uri=u, size_bytes=m.size_bytes, mtime_ns=m.mtime_ns, attempt=m.attempt)
          for u, m in prep.plan.todo.items()], schema=DOC_TASK_SCHEMA)
@@ -140,7 +190,8 @@ def build_dataset(ray, prep: Prepared, pools: PoolSizes):
     ds = ds.map_batches(
         RasterizeStage, batch_size=1, batch_format="pyarrow",
         fn_constructor_kwargs=dict(storage=cfg.storage, opts=prep.raster,
-                                   doc_timeout_s=cfg.raster.doc_timeout_s, memory_limit_mb=cfg.raster.memory_limit_mb),
+                                   page_timeout_s=cfg.raster.page_timeout_s, memory_limit_mb=cfg.raster.memory_limit_mb,
+                                   max_lost_pages=cfg.raster.max_lost_pages),
         compute=ActorPoolStrategy(min_size=min(cfg.raster.num_actors_min, pools.raster_max), max_size=pools.raster_max),
         num_cpus=pools.raster_cpus,
     )
@@ -170,13 +221,12 @@ def run(prep: Prepared, echo=print) -> dict:
     echo(f"run {prep.run_id}: {prep.plan.summary()}")
     note = checkpoint_note(prep.checkpoint_dir)
     if note:
-        echo(f"model {cfg.model.checkpoint}: {note}")
+        echo(f"model {cfg.model.checkpoint}: {short_note(note)}")
     engines, gpus = cfg.parse.num_actors or 1, 0
     stats = RunStats(prep.run_id, engines, gpus, cfg.cost.usd_per_gpu_hour)
     t0 = time.perf_counter()
     if prep.plan.todo:
-        ray = connect_ray(cfg)
-        try:
+        with ray_session(ray_address(cfg), local_cpus(cfg)) as ray:
             res = ray.cluster_resources()
             pools = size_pools(cfg, res.get("CPU", 1.0), int(res.get("GPU", 0)))
             stats.engine_actors, stats.gpus = pools.engines, pools.engines * pools.gpus_per_engine
@@ -184,9 +234,7 @@ def run(prep: Prepared, echo=print) -> dict:
             echo(f"engines: {pools.engines} x {'GPU' if pools.gpus_per_engine else 'CPU'}; "
                  f"rasterizers: up to {pools.raster_max} x {pools.raster_cpus:.2f} CPU")
             t0, stats.stream_started_unix = time.perf_counter(), time.time()
-            _stream_and_commit(build_dataset(ray, prep, pools), prep, stats)
-        finally:
-            ray.shutdown()
+            _stream_and_commit(build_dataset(ray, prep, pools), prep, stats, echo)
     stats.wall_s = time.perf_counter() - t0
     report = prep.store.reconcile()
     stats.extra.update(skipped=dict(prep.plan.skipped), superseded_documents=report.superseded_documents,
@@ -197,9 +245,7 @@ def run(prep: Prepared, echo=print) -> dict:
     return summary
 
 
-def _stream_and_commit(ds, prep: Prepared, stats: RunStats) -> None:
-    from tqdm import tqdm
-
+def _stream_and_commit(ds, prep: Prepared, stats: RunStats, echo=print) -> None:
     cfg, plan = prep.cfg, prep.plan
     assembler = DocumentAssembler()
     started = time.perf_counter()
@@ -218,26 +264,28 @@ def _stream_and_commit(ds, prep: Prepared, stats: RunStats) -> None:
         stats.add_document(doc, rows)
         pending_pages.extend(rows)
         pending_docs.append(doc)
-        progress.update(1)
+        progress.document_done()
         if len(pending_docs) >= cfg.run.commit_every_docs:
             flush()
 
-    with tqdm(total=len(plan.todo), desc="documents", unit="doc") as progress:
-        try:
-            blocks = pages_seen = 0
-            for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow"):  # a block: one engine call's pages
-                for row in batch.to_pylist():
-                    pages_seen += row["page_index"] >= 0  # as the stats count pages: an error row is none
-                    done = assembler.add(row)
-                    if done:
-                        add_document(done)
-                blocks += 1
-                if blocks == stats.engine_actors:  # every engine has returned a batch: start-up is over
-                    stats.warmup_s, stats.warmup_pages = time.perf_counter() - started, pages_seen
-            for uri, got, expected in assembler.incomplete():  # never drop a document silently
-                add_document([_incomplete_row(prep, uri, got, expected)])
-        finally:
-            flush()  # whole documents finished before a failure are kept; the rest is redone on the next run
+    progress = PageProgress(len(plan.todo), echo)
+    try:
+        blocks = pages_seen = 0
+        for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow"):  # a block: one engine call's pages
+            for row in batch.to_pylist():
+                progress.row(row)
+                pages_seen += row["page_index"] >= 0  # as the stats count pages: an error row is none
+                done = assembler.add(row)
+                if done:
+                    add_document(done)
+            blocks += 1
+            if blocks == stats.engine_actors:  # every engine has returned a batch: start-up is over
+                stats.warmup_s, stats.warmup_pages = time.perf_counter() - started, pages_seen
+        for uri, got, expected in assembler.incomplete():  # never drop a document silently
+            add_document([_incomplete_row(prep, uri, got, expected)])
+    finally:
+        flush()  # whole documents finished before a failure are kept; the rest is redone on the next run
+        progress.close()
 
 
 def _incomplete_row(prep: Prepared, uri: str, got: int, expected: int) -> dict:

@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from pipeline.outcomes import is_retryable
 from pipeline.schema import DOCUMENT_SCHEMA, PAGE_SCHEMA, empty_row
 from pipeline.storage import Location, delete_file, list_parquet, write_parquet_atomic
 
@@ -74,7 +75,9 @@ def document_row(run_id: str, rows: list[dict], meta: DocMeta, max_pages: int) -
     first = rows[0]
     failed = first["page_index"] < 0
     statuses = [r["status"] for r in rows] if not failed else []
-    page_errors = [r for r in rows if r["status"] == "error"] if not failed else []
+    # a retryable page error first: its kind decides whether a later run tries the document again
+    page_errors = sorted((r for r in rows if r["status"] == "error"), key=lambda r: not is_retryable(r["error_kind"])
+                         ) if not failed else []
     status = "error" if failed or page_errors else "ok"
     err = first if failed else (page_errors[0] if page_errors else None)
     return empty_row(
@@ -82,7 +85,8 @@ def document_row(run_id: str, rows: list[dict], meta: DocMeta, max_pages: int) -
         mtime_ns=meta.mtime_ns, status=status, error_kind=err["error_kind"] if err else None,
         error=(err["error"] if failed else f"{len(page_errors)} page(s) failed; first: {err['error']}") if err else None,
         total_pages=first["total_pages"] or 0, pages=0 if failed else len(rows),
-        pages_ok=statuses.count("ok"), pages_fallback=statuses.count("fallback"), pages_error=len(page_errors),
+        pages_ok=statuses.count("ok"), pages_blank=statuses.count("blank"), pages_fallback=statuses.count("fallback"),
+        pages_error=len(page_errors),
         truncated=bool((first["total_pages"] or 0) > max_pages),
         prompt_tokens=sum(r["prompt_tokens"] or 0 for r in rows), output_tokens=sum(r["output_tokens"] or 0 for r in rows),
         attempt=meta.attempt, raster_s=sum(r["raster_s"] or 0.0 for r in rows),

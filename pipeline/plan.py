@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
+from pipeline.outcomes import is_retryable
 from pipeline.output import DocMeta
 from pipeline.storage import ListedFile
 
@@ -25,10 +26,11 @@ def plan_run(listed: list[ListedFile], committed: pa.Table, retry_failed: bool, 
              limit: int | None = None, model_id: str | None = None, page_models: dict[str, set[str]] | None = None,
              reparse: bool = False) -> Plan:
     """A committed, unchanged (same size and mtime) document is skipped; a failed one is retried until it has
-    failed `max_attempts` times; `retry_failed` processes failed documents only, whatever their attempts. A done
+    failed `max_attempts` times, unless its failure is a fact about the file (pipeline.outcomes: encrypted, not a PDF,
+    ...), which is recorded once; `retry_failed` processes failed documents only, whatever their kind and attempts. A done
     document whose pages another model wrote (`page_models`: uri -> model ids) is parsed again with `reparse`, and
     listed in `other_model` otherwise."""
-    last = {r["uri"]: r for r in committed.select(["uri", "status", "size_bytes", "mtime_ns", "attempt"]).to_pylist()}
+    last = {r["uri"]: r for r in committed.select(["uri", "status", "error_kind", "size_bytes", "mtime_ns", "attempt"]).to_pylist()}
     plan = Plan()
     for f in listed:
         prev = last.get(f.uri)
@@ -48,7 +50,12 @@ def plan_run(listed: list[ListedFile], committed: pa.Table, retry_failed: bool, 
                 plan.skipped["parsed by another model"] += 1
                 continue
             attempt = 1
-        elif retry_failed or prev["attempt"] < max_attempts:
+        elif retry_failed:
+            attempt = prev["attempt"] + 1
+        elif not is_retryable(prev["error_kind"]):
+            plan.skipped[f"{prev['error_kind']} (not retried: --retry-failed forces)"] += 1
+            continue
+        elif prev["attempt"] < max_attempts:
             attempt = prev["attempt"] + 1
         else:
             plan.skipped[f"failed {prev['attempt']} times (use --retry-failed)"] += 1

@@ -12,16 +12,28 @@ from typing import Iterator
 import numpy as np
 import pymupdf
 
+from pipeline.diagnose import classify_page_failure, classify_unopened, warnings_text, what_it_looks_like
+
 # File types PyMuPDF opens by content; the extension only picks the parser.
 FILETYPES = {".pdf": "pdf", ".png": "png", ".jpg": "jpeg", ".jpeg": "jpeg", ".tif": "tiff", ".tiff": "tiff"}
 
 
 class DocumentError(Exception):
-    """A document that cannot be rasterized; `kind` groups errors in the stats."""
+    """A document that cannot be rasterized; `kind` groups errors in the stats (pipeline/outcomes.py says what each
+    means and whether a later run retries it)."""
 
     def __init__(self, kind: str, message: str):
         super().__init__(message)
         self.kind = kind
+
+
+@dataclass(frozen=True)
+class PageFailure:
+    """One page that could not be loaded or drawn: one error row; the document's other pages are parsed."""
+
+    index: int
+    kind: str
+    message: str
 
 
 @dataclass(frozen=True)
@@ -49,6 +61,19 @@ class RenderedPage:
     text_layer: str
     render_s: float
     views: list[np.ndarray] = field(default_factory=list)  # the page drawn at RasterOptions.view_zooms
+    blank: bool = False  # nothing drawn on it (`is_blank`): its row says so and the model does not read it
+
+
+# A page is blank when no pixel differs from the page's lightest colour by more than this (0-255, any channel): the
+# faintest anti-aliased glyph edge of real text is darker. Noise on a scanned empty sheet exceeds it, so such a page is
+# read by the model, as a page with content would be.
+BLANK_TOLERANCE = 8
+
+
+def is_blank(image: np.ndarray) -> bool:
+    """Whether the drawn page shows nothing: every channel within BLANK_TOLERANCE levels over the whole page."""
+    flat = image.reshape(-1, image.shape[-1])
+    return bool((flat.max(axis=0).astype(int) - flat.min(axis=0).astype(int)).max() <= BLANK_TOLERANCE)
 
 
 def filetype_for(uri: str) -> str:
@@ -175,49 +200,76 @@ def pixmap_rgb(pix: pymupdf.Pixmap) -> np.ndarray:
 
 
 def open_document(data: bytes, uri: str) -> pymupdf.Document:
-    """Open and check a document; every failure becomes a DocumentError a person can act on."""
+    """Open and check a document; every failure becomes a DocumentError a person can act on, its kind read from what
+    the file is (pipeline.diagnose) and MuPDF's own warnings kept in its message."""
     filetype = filetype_for(uri)
     if not data:
         raise DocumentError("empty", "file is empty (0 bytes)")
+    pymupdf.TOOLS.reset_mupdf_warnings()
     try:
         doc = pymupdf.open(stream=data, filetype=filetype)
     except Exception as e:  # MuPDF raises FileDataError / RuntimeError subclasses
-        kind = "truncated" if "truncated" in str(e).lower() else "damaged"
-        raise DocumentError(kind, f"cannot open as {filetype}: {type(e).__name__}: {e}") from e
+        if filetype == "pdf":
+            raise DocumentError(*classify_unopened(data, pymupdf.TOOLS.mupdf_warnings(), f"{type(e).__name__}: {e}")) from e
+        raise DocumentError("damaged", f"cannot open as {filetype}: {type(e).__name__}: {e}") from e
     if filetype == "pdf" and not doc.is_pdf:  # MuPDF sniffs content: an HTML error page named .pdf opens as HTML
-        raise DocumentError("not_pdf", "file is named .pdf but its content is not a PDF (a failed download or upload?)")
+        raise DocumentError("not_pdf", f"file is named .pdf but its content is not a PDF: it is {what_it_looks_like(data)}")
     if doc.needs_pass:
         raise DocumentError("encrypted", "document is encrypted and needs a password; decrypt it before ingesting")
     try:
         count = doc.page_count
     except Exception as e:
+        if filetype == "pdf":
+            raise DocumentError(*classify_unopened(data, pymupdf.TOOLS.mupdf_warnings(), f"{type(e).__name__}: {e}")) from e
         raise DocumentError("damaged", f"cannot read the page count: {type(e).__name__}: {e}") from e
     if count == 0:
-        raise DocumentError("empty", "document has no pages (empty or broken page tree)")
+        if filetype == "pdf":
+            raise DocumentError(*classify_unopened(data, pymupdf.TOOLS.mupdf_warnings(), "no pages"))
+        raise DocumentError("empty", "document has no pages")
     return doc
 
 
-def rasterize(data: bytes, uri: str, opts: RasterOptions) -> Iterator[tuple[int, int, RenderedPage]]:
-    """Yield (pages_to_render, total_pages, page) for each rendered page. Raises DocumentError on the first failure:
-    a document with any page that cannot be loaded or rendered is one error, not a partial result."""
+def rasterize(data: bytes, uri: str, opts: RasterOptions, start: int = 0
+              ) -> Iterator[tuple[int, int, RenderedPage | PageFailure]]:
+    """Yield (pages_to_render, total_pages, page) for each page from `start`: a RenderedPage, or a PageFailure for a
+    page that cannot be loaded or drawn (the next pages are still drawn). Raises DocumentError when the document
+    itself cannot be opened."""
     doc = open_document(data, uri)
     try:
-        total = doc.page_count
-        count = min(total, opts.max_pages)
-        for i in range(count):
-            t0 = time.perf_counter()
-            try:
-                page = doc.load_page(i)
-                image, *views = render_views(page, opts.target_longest_px, opts.max_pixels, opts.glyph_px,
-                                             opts.glyph_from_ink, zooms=opts.view_zooms)
-                text = page.get_text("text") if opts.extract_text else ""
-            except DocumentError:
-                raise
-            except MemoryError as e:
-                raise DocumentError("too_large", f"page {i}: out of memory while rendering ({e})") from e
-            except Exception as e:
-                raise DocumentError("damaged", f"page {i}: {type(e).__name__}: {e}") from e
-            yield count, total, RenderedPage(i, image, text, time.perf_counter() - t0, views)
+        yield from draw_pages(doc, opts, start)
     finally:
-        doc.close()
-        pymupdf.TOOLS.store_shrink(100)  # MuPDF caches decoded images across documents; keep actors flat
+        close_document(doc)
+
+
+def page_counts(doc: pymupdf.Document, opts: RasterOptions) -> tuple[int, int]:
+    """(pages to draw, pages in the file): at most opts.max_pages are drawn."""
+    return min(doc.page_count, opts.max_pages), doc.page_count
+
+
+def draw_pages(doc: pymupdf.Document, opts: RasterOptions, start: int = 0
+               ) -> Iterator[tuple[int, int, RenderedPage | PageFailure]]:
+    """The pages of an opened document from `start`, as `rasterize` yields them."""
+    count, total = page_counts(doc, opts)
+    for i in range(start, count):
+        t0 = time.perf_counter()
+        pymupdf.TOOLS.reset_mupdf_warnings()
+        try:
+            page = doc.load_page(i)
+            image, *views = render_views(page, opts.target_longest_px, opts.max_pixels, opts.glyph_px,
+                                         opts.glyph_from_ink, zooms=opts.view_zooms)
+            text = page.get_text("text") if opts.extract_text else ""
+        except MemoryError as e:
+            yield count, total, PageFailure(i, "too_large", f"page {i}: out of memory while drawing ({e})")
+            continue
+        except Exception as e:
+            failure = str(e) if isinstance(e, DocumentError) else f"{type(e).__name__}: {e}"
+            said = warnings_text(pymupdf.TOOLS.mupdf_warnings())
+            yield count, total, PageFailure(i, classify_page_failure(failure),
+                                            f"page {i}: {failure}{f' (MuPDF: {said})' if said else ''}")
+            continue
+        yield count, total, RenderedPage(i, image, text, time.perf_counter() - t0, views, is_blank(image))
+
+
+def close_document(doc: pymupdf.Document) -> None:
+    doc.close()
+    pymupdf.TOOLS.store_shrink(100)  # MuPDF caches decoded images across documents; keep actors flat

@@ -18,7 +18,7 @@ RASTER_SCHEMA = pa.schema([
     ("page_index", pa.int32()),
     ("page_count", pa.int32()),  # pages this document emits (after max_pages_per_doc)
     ("total_pages", pa.int32()),  # pages in the file
-    ("status", pa.string()),  # ok | error
+    ("status", pa.string()),  # ok | blank (no image: not read) | error (one page's, or the document's at index -1)
     ("error_kind", pa.string()),
     ("error", pa.string()),
     ("image", pa.large_binary()),  # raw H x W x 3 uint8
@@ -40,7 +40,9 @@ PAGE_SCHEMA = pa.schema([
     ("total_pages", pa.int32()),  # pages in the file (more than page_count when max_pages_per_doc cut it)
     ("image_height", pa.int32()),
     ("image_width", pa.int32()),
-    ("status", pa.string()),  # ok | fallback (text layer used after an engine failure) | error
+    # ok | blank (nothing drawn on the page: not read) | fallback (text layer used after an engine failure) | error
+    # (pipeline/outcomes.py, docs/outcomes.md)
+    ("status", pa.string()),
     ("error_kind", pa.string()),
     ("error", pa.string()),
     ("text", pa.string()),
@@ -65,13 +67,14 @@ DOCUMENT_SCHEMA = pa.schema([
     ("sha256", pa.string()),
     ("size_bytes", pa.int64()),
     ("mtime_ns", pa.int64()),
-    ("status", pa.string()),  # ok | error
+    ("status", pa.string()),  # ok | error (the document's error row, or a page in error: its kind, a retryable first)
     ("error_kind", pa.string()),
     ("error", pa.string()),
     ("total_pages", pa.int32()),
     ("pages", pa.int32()),  # rows in the pages table (0 for a failed document, which has one error row)
     ("pages_ok", pa.int32()),
     ("pages_fallback", pa.int32()),
+    ("pages_blank", pa.int32()),
     ("pages_error", pa.int32()),
     ("truncated", pa.bool_()),  # total_pages > max_pages_per_doc
     ("prompt_tokens", pa.int64()),

@@ -16,7 +16,7 @@ from pipeline.blocks import BlockReading, merge_block_results, prefer_blocks, re
 from pipeline.checkpoint import localize
 from pipeline.config import StorageConfig
 from pipeline.isolation import IsolatedRasterizer
-from pipeline.rasterize import DocumentError, RasterOptions, filetype_for
+from pipeline.rasterize import DocumentError, PageFailure, RasterOptions, RenderedPage, filetype_for
 from pipeline.schema import PAGE_SCHEMA, RASTER_SCHEMA, empty_row
 from pipeline.storage import read_bytes, resolve
 
@@ -26,14 +26,29 @@ def _error_row(uri: str, sha256: str | None, kind: str, message: str) -> dict:
                      status="error", error_kind=kind, error=message, raster_s=0.0)
 
 
+def _raster_row(uri: str, sha256: str, count: int, total: int, page: RenderedPage | PageFailure) -> dict:
+    """A drawn page's row (status ok, or blank: the model skips it), or a page that failed its error row."""
+    if isinstance(page, PageFailure):
+        return empty_row(RASTER_SCHEMA, uri=uri, sha256=sha256, page_index=page.index, page_count=count,
+                         total_pages=total, status="error", error_kind=page.kind, error=page.message, raster_s=0.0)
+    h, w, _ = page.image.shape
+    return empty_row(
+        RASTER_SCHEMA, uri=uri, sha256=sha256, page_index=page.index, page_count=count, total_pages=total,
+        status="blank" if page.blank else "ok", image=None if page.blank else page.image.tobytes(), image_height=h,
+        image_width=w, text_layer=page.text_layer, raster_s=page.render_s,
+        views=[] if page.blank else [{"image": v.tobytes(), "height": v.shape[0], "width": v.shape[1]}
+                                     for v in page.views],
+    )
+
+
 class RasterizeStage:
     """One document per call (batch_size=1); yields page rows in small tables so big documents stream."""
 
-    def __init__(self, storage: StorageConfig, opts: RasterOptions, doc_timeout_s: float, memory_limit_mb: int,
-                 rows_per_table: int = 8):
+    def __init__(self, storage: StorageConfig, opts: RasterOptions, page_timeout_s: float, memory_limit_mb: int,
+                 max_lost_pages: int = 2, rows_per_table: int = 8):
         self.storage = storage
         self._filesystems: dict[str, object] = {}  # scheme -> filesystem, built once per actor
-        self.renderer = IsolatedRasterizer(opts, doc_timeout_s, memory_limit_mb)
+        self.renderer = IsolatedRasterizer(opts, page_timeout_s, memory_limit_mb, max_lost_pages)
         self.rows_per_table = rows_per_table
 
     def __call__(self, batch: pa.Table) -> Iterator[pa.Table]:
@@ -57,13 +72,7 @@ class RasterizeStage:
                 raise DocumentError("unreadable", f"cannot read the file: {type(e).__name__}: {e}") from e
             sha256 = hashlib.sha256(data).hexdigest()
             for count, total, page in self.renderer.rasterize(data, uri):
-                h, w, _ = page.image.shape
-                yield empty_row(
-                    RASTER_SCHEMA, uri=uri, sha256=sha256, page_index=page.index, page_count=count, total_pages=total,
-                    status="ok", image=page.image.tobytes(), image_height=h, image_width=w,
-                    text_layer=page.text_layer, raster_s=page.render_s,
-                    views=[{"image": v.tobytes(), "height": v.shape[0], "width": v.shape[1]} for v in page.views],
-                )
+                yield _raster_row(uri, sha256, count, total, page)
         except DocumentError as e:
             # Pages already yielded for this document are discarded downstream when this row arrives.
             yield _error_row(uri, sha256, e.kind, str(e))
@@ -170,5 +179,6 @@ class ParseStage:
             PAGE_SCHEMA, run_id=self.run_id, uri=r["uri"], sha256=r["sha256"], page_index=r["page_index"],
             page_count=r["page_count"], total_pages=r["total_pages"], image_height=r["image_height"], image_width=r["image_width"],
             status=r["status"], error_kind=r["error_kind"], error=r["error"], text_layer=r["text_layer"],
+            text="" if r["status"] == "blank" else None,
             backend=self.backend.backend_id, model_id=self.backend.model_id, raster_s=r["raster_s"],
         )

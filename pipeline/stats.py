@@ -70,6 +70,8 @@ class RunStats:
         per = max(self.engine_actors, 1)
         # On a CPU-only cluster the engine actors stand in for GPUs, so cost is per engine-actor hour.
         billed_units = self.gpus if self.gpus else self.engine_actors
+        # past the warm-up mark when one was seen (every engine returned a batch), else past the first result
+        steady = n_pages > self.warmup_pages if self.warmup_s else n_pages > 0 and self.wall_s > self.first_result_s
         usd = wall / 3600 * billed_units * self.usd_per_gpu_hour
         return {
             "run_id": self.run_id,
@@ -81,12 +83,15 @@ class RunStats:
             "pages": n_pages,
             "pages_ok": self.pages["ok"],
             "pages_fallback": self.pages["fallback"],
+            "pages_blank": self.pages["blank"],
             "pages_error": self.pages["error"],
             "first_result_s": self.first_result_s,
             "warmup_s": self.warmup_s,
             "warmup_pages": self.warmup_pages,
-            # After the warm-up when one was seen (pages past it / time past it), else after the first result.
-            "steady_pages_per_s": ((n_pages - self.warmup_pages) / max(self.wall_s - self.warmup_s, 1e-9)
+            # Pages past the warm-up over the time past it; a run whose warm-up took all its pages has no steady phase
+            "steady_phase": steady,
+            "steady_pages_per_s": (0.0 if not steady else
+                                   (n_pages - self.warmup_pages) / max(self.wall_s - self.warmup_s, 1e-9)
                                    if self.warmup_s else n_pages / max(self.wall_s - self.first_result_s, 1e-9)),
             "docs_per_s": n_docs / wall,
             "pages_per_s": n_pages / wall,
@@ -140,10 +145,13 @@ def format_table(s: dict) -> str:
     lines = [
         f"run {s['run_id']}   wall {s['wall_s']:.1f} s   engines {s['engine_actors']} ({s['gpus']} GPU)",
         f"{'documents':<24}{s['documents']:>10}   ok {s['documents_ok']}  error {s['documents_error']}",
-        f"{'pages':<24}{s['pages']:>10}   ok {s['pages_ok']}  fallback {s['pages_fallback']}  error {s['pages_error']}",
+        f"{'pages':<24}{s['pages']:>10}   ok {s['pages_ok']}  blank {s['pages_blank']}  fallback {s['pages_fallback']}  "
+        f"error {s['pages_error']}",
         f"{'docs/s':<24}{s['docs_per_s']:>10.3f}",
         f"{'pages/s':<24}{s['pages_per_s']:>10.3f}   per engine {s['pages_per_s_per_engine']:.3f}   "
-        f"after warm-up ({s['warmup_s'] or s['first_result_s']:.1f} s) {s['steady_pages_per_s']:.3f}",
+        + (f"after warm-up ({s['warmup_s'] or s['first_result_s']:.1f} s) {s['steady_pages_per_s']:.3f}"
+           if s["steady_phase"] else
+           f"after warm-up: run too short for a steady phase (warm-up {s['warmup_s']:.1f} of {s['wall_s']:.1f} s)"),
         f"{'output tokens/s':<24}{s['output_tokens_per_s']:>10.1f}   per engine {s['output_tokens_per_s_per_engine']:.1f}",
         f"{'loop repeats left out':<24}{s['loop_dropped_tokens']:>10}   tokens, on {s['pages_loop_dropped']} pages",
         f"{'busy share':<24}engines {s['engine_busy_fraction']:.2f}   rasterizers {s['raster_busy_fraction']:.2f} "

@@ -20,6 +20,16 @@ CORPUS = ROOT.parent / "shared" / "corpus"
 sys.path.insert(0, str(ROOT))
 
 
+def require(present: bool, what: str) -> None:
+    """Skip a test whose input is not on this machine, with the reason printed (make test runs pytest -rs); under CI
+    (CI=true, where ../shared is checked out) fail instead, so a missing corpus cannot pass as skipped tests."""
+    if present:
+        return
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"{what} is missing, and CI=true: CI must provide it (check out ../shared next to this one)")
+    pytest.skip(f"{what} is not on this machine")
+
+
 def load_bench(name: str):
     """bench/<name>.py as a module (the bench folder is scripts, not a package)."""
     spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")

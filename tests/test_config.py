@@ -1,5 +1,7 @@
 """Bad configs and checkpoints fail before Ray starts, with a message that says what to fix."""
 import json
+import os
+import re
 import subprocess
 import sys
 
@@ -66,12 +68,14 @@ finally:
 """
 
 
-def run_cli(*args, timeout=60):
-    """(the finished process, whether it imported Ray)."""
+def run_cli(*args, timeout=60, env=None):
+    """(the finished process, whether it imported Ray); the probe's line is taken out of proc.stderr."""
     proc = subprocess.run([sys.executable, "-c", RAY_PROBE, str(ROOT / "jobs/parse_corpus.py"), *args],
-                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+                          capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=dict(os.environ, **(env or {})))
     assert "ray imported: " in proc.stderr, proc.stderr
-    return proc, "ray imported: True" in proc.stderr
+    imported = "ray imported: True" in proc.stderr
+    proc.stderr = re.sub(r"\n?ray imported: (True|False)\n$", "", proc.stderr)
+    return proc, imported
 
 
 @pytest.mark.parametrize("mutate,message", [
@@ -113,3 +117,29 @@ def test_shipped_configs_are_valid():
         if path.name.startswith("train_"):
             continue  # training configs are plain YAML for research/ocria_tiny/train_tiny.py, not job configs
         load_config(path, {"input": {"uris": ["x"]}})
+
+
+@pytest.mark.parametrize("case", ["output-unwritable", "output-is-a-file", "too-many-engines", "cuda-without-gpu",
+                                  "misspelled-key"])
+def test_every_listed_mistake_fails_before_ray_in_two_lines_naming_the_fix(tmp_path, tiny_checkpoint, case):
+    (tmp_path / "a-file").write_text("not a folder")
+    (tmp_path / "typo.yaml").write_text("input: {uris: [samples]}\nparse: {num_actor: 2}\n")
+    args, says = {
+        "output-unwritable": (["--output", "/proc/no-such/out"], r"--output '/proc/no-such/out' cannot be written"),
+        "output-is-a-file": (["--output", str(tmp_path / "a-file")], r"is an existing file: give a folder"),
+        "too-many-engines": (["--num-engines", "3", "--device", "cpu", "--num-cpus", "2"],
+                             r"lower --num-engines \(parse.num_actors\) or raise --num-cpus"),
+        "cuda-without-gpu": (["--device", "cuda"], r"--device \(model.device\) is cuda but Ray sees no GPUs: use --device cpu"),
+        "misspelled-key": (["--config", str(tmp_path / "typo.yaml")],
+                           r"parse.num_actor: unknown key \(did you mean parse.num_actors\?\)"),
+    }[case]
+    if "--output" not in args:
+        args += ["--output", str(tmp_path / "out")]
+    env_gpu = "cuda-without-gpu" == case
+    proc, ray_imported = run_cli("--input", str(ROOT / "samples"), "--checkpoint", str(tiny_checkpoint), *args,
+                                 env={"CUDA_VISIBLE_DEVICES": ""} if env_gpu else None)
+    assert proc.returncode != 0 and not ray_imported
+    assert re.search(says, proc.stderr), proc.stderr
+    assert len(proc.stderr.strip().splitlines()) <= 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "Started a local Ray" not in proc.stderr + proc.stdout
+    assert not (tmp_path / "out" / "documents").exists()

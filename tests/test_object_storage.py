@@ -89,7 +89,7 @@ def test_missing_bucket_or_prefix_fails_before_ray_naming_it(object_store, tiny_
     msg = prepare_fails(job(object_store, [u(f"{b}/typo")], ok_out, ckpt, tmp_path))
     assert f"input not found: {u(f'{b}/typo')}" in msg and "no bucket" not in msg
     msg = prepare_fails(job(object_store, [ok_in], u(f"no-{b}/out"), ckpt, tmp_path))
-    assert f"output '{u(f'no-{b}/out')}' is not usable: bucket 'no-{b}' does not exist: create it" in msg
+    assert f"--output '{u(f'no-{b}/out')}' cannot be written: bucket 'no-{b}' does not exist: create it" in msg
     msg = prepare_fails(job(object_store, [ok_in], ok_out, u(f"{b}/models/none"), tmp_path))
     assert f"no checkpoint files under {u(f'{b}/models/none')}" in msg
     assert object_store.keys(b) == ["in/a.pdf"]  # nothing was written by the failed attempts
@@ -108,7 +108,7 @@ def test_denied_access_fails_before_ray_naming_the_credentials(object_store, tin
     assert f"cannot list input '{denied}': access denied to {denied}: give the credentials" in msg and creds in msg
     with object_store.deny(u(f"{b}/out")) as denied:
         msg = prepare_fails(job(object_store, [str(SAMPLES)], denied, ckpt, tmp_path))
-    assert f"output '{denied}' is not usable: access denied to {denied}" in msg and creds in msg
+    assert f"--output '{denied}' cannot be written: access denied to {denied}" in msg and creds in msg
     with object_store.deny(u(f"{b}/models/tiny")) as denied:
         with pytest.raises(CheckpointError, match=f"cannot copy the checkpoint from {denied}: access denied"):
             localize(denied, StorageConfig(**object_store.storage), str(tmp_path / "cache"))

@@ -8,10 +8,11 @@ import time
 import numpy as np
 import pymupdf
 import pytest
-from conftest import CORPUS, ROOT
+from conftest import CORPUS, ROOT, require
 
 from pipeline.isolation import IsolatedRasterizer
-from pipeline.rasterize import DocumentError, RasterOptions, rasterize, render_page, render_scale
+from pipeline.outcomes import ERROR_KINDS
+from pipeline.rasterize import DocumentError, PageFailure, RasterOptions, rasterize, render_page, render_scale
 
 SAMPLES = ROOT / "samples"
 
@@ -23,7 +24,7 @@ def _render_all(renderer, path):
 @pytest.fixture(scope="module")
 def renderer():
     r = IsolatedRasterizer(RasterOptions(target_longest_px=256, max_pixels=256 * 256, max_pages=400),
-                           timeout_s=30, memory_limit_mb=4096)  # one corpus page legitimately takes ~10 s
+                           page_timeout_s=30, memory_limit_mb=4096)  # one corpus page legitimately takes ~10 s
     yield r
     r.close()
 
@@ -31,64 +32,118 @@ def renderer():
 MANIFEST = list(csv.DictReader(open(CORPUS / "manifest.csv"))) if (CORPUS / "manifest.csv").exists() else []
 
 
-@pytest.mark.skipif(not MANIFEST, reason="../shared/corpus is not next to this checkout")
-def test_every_corpus_file_behaves_as_the_manifest_says(renderer):
+@pytest.fixture
+def manifest():
+    require(bool(MANIFEST), "../shared/corpus/manifest.csv")
+    return MANIFEST
+
+
+def test_every_corpus_file_behaves_as_the_manifest_says(renderer, manifest):
+    """`ok` files give all their pages drawn; `error` files fail as a document or on some page; page 0 is blank
+    exactly where the manifest's 72 dpi drawing is one colour."""
     mismatches = []
-    for row in MANIFEST:
+    for row in manifest:
         if "timed out" in row["error"]:
-            continue  # hangs by design: test_error_kinds checks it under a short limit
+            continue  # hangs by design: test_error_kinds_of_the_corpus checks it under a short limit
         path = CORPUS / row["filename"]
         try:
             pages = _render_all(renderer, path)
-            got, detail = "ok", f"{len(pages)} pages"
-            expected_pages = min(int(row["pages"]), 400)
-            assert len(pages) == expected_pages, f"{row['filename']}: {len(pages)} pages, manifest {row['pages']}"
-            assert all(p.image.dtype == np.uint8 and p.image.ndim == 3 and p.image.shape[2] == 3 for _, _, p in pages)
+            failed = [p for _, _, p in pages if isinstance(p, PageFailure)]
+            got, detail = ("error" if failed else "ok"), f"{len(pages)} pages, {len(failed)} failed"
+            assert len(pages) == min(int(row["pages"]), 400), f"{row['filename']}: {detail}, manifest {row['pages']}"
+            drawn = [p for _, _, p in pages if not isinstance(p, PageFailure)]
+            assert all(p.image.dtype == np.uint8 and p.image.ndim == 3 and p.image.shape[2] == 3 for p in drawn)
+            if row["expected_behaviour"] == "ok" and drawn[0].blank != (row["blank_render_p0"] == "True"):
+                mismatches.append((row["filename"], "blank page 0", drawn[0].blank, row["blank_render_p0"]))
         except DocumentError as e:
             got, detail = "error", f"{e.kind}: {e}"
-            assert str(e) and e.kind, "an error row needs a reason a person can act on"
+            assert str(e) and e.kind in ERROR_KINDS, "an error row needs a known kind and a reason a person can act on"
         if got != row["expected_behaviour"]:
             mismatches.append((row["filename"], row["expected_behaviour"], got, detail))
     assert not mismatches, mismatches
 
 
-@pytest.mark.skipif(not MANIFEST, reason="../shared/corpus is not next to this checkout")
-@pytest.mark.parametrize("name,kind", [
-    ("pdfminer__aes-128.pdf", "encrypted"),
-    ("pike__cyclic-toc.pdf", "empty"),
-    ("qpdf__bad1.pdf", "damaged"),
-    ("pymupdf__test_2548.pdf", "timeout"),  # get_pixmap spins forever on this file
-])
-def test_error_kinds(name, kind):
-    renderer = IsolatedRasterizer(RasterOptions(target_longest_px=256, max_pixels=256 * 256), timeout_s=3,
-                                  memory_limit_mb=4096)
+# Every corpus file the manifest expects to fail, the kind it gets, and a word of the message that says why.
+# Read from the manifest's columns: needs_pass; error "zero pages" with repaired True (damage MuPDF repaired into no
+# pages: not `empty`); the stage that raised (open, page_count, load_page, render); the file's first bytes.
+CORPUS_KINDS = {
+    "pypdf__r6-user-password.pdf": ("encrypted", "password"),
+    "pypdf__r2-user-password.pdf": ("encrypted", "password"),
+    "pdfminer__aes-128.pdf": ("encrypted", "password"),
+    "pike__graph-encrypted.pdf": ("encrypted", "password"),
+    "pike__cyclic-toc.pdf": ("page_tree", "too many kids in page tree"),  # repaired, 0 pages: its page tree loops
+    "pysf__unreadablemetadata.pdf": ("damaged", "repaired the broken cross-reference table and found no pages"),
+    "pdfjs__poppler-85140-0.pdf": ("damaged", "Repair failed"),  # raises on open; has %%EOF, no startxref
+    "pdfjs__poppler-67295-0.pdf": ("page_tree", "Invalid number of pages"),  # raises on page_count
+    "qpdf__bad1.pdf": ("not_pdf", "'oops'"),  # five bytes, "oops\n": no %PDF- marker at all
+}
+CORPUS_PAGE_KINDS = {  # documents that open, with a page that does not draw
+    "qpdf__deep-pages.pdf": ("page_tree", "cycle in page tree"),  # raises on load_page
+    "qpdf__issue-1688a.pdf": ("page_damaged", "too many color components"),  # raises on render
+}
+
+
+@pytest.mark.parametrize("name", sorted(CORPUS_KINDS))
+def test_error_kinds_of_the_corpus(name, manifest):
+    row = next(r for r in manifest if r["filename"] == name)
+    assert row["expected_behaviour"] == "error"
+    kind, said = CORPUS_KINDS[name]
     with pytest.raises(DocumentError) as e:
-        _render_all(renderer, CORPUS / name)
-    renderer.close()
-    assert e.value.kind == kind
+        list(rasterize((CORPUS / name).read_bytes(), name, RasterOptions(256, 256 * 256)))
+    assert e.value.kind == kind and said in str(e.value), str(e.value)
+    if row["mupdf_warnings"] and not row["needs_pass"] == "True":  # MuPDF's own words are kept in the message
+        assert row["mupdf_warnings"].split(" | ")[0].strip() in str(e.value)
 
 
-def test_renderer_killed_mid_document_costs_only_that_document(renderer):
-    """A crash (here: the render process killed from outside, as a segfault would end it) is one error;
-    the next document renders in a fresh process."""
+@pytest.mark.parametrize("name", sorted(CORPUS_PAGE_KINDS))
+def test_page_error_kinds_of_the_corpus(name, manifest):
+    kind, said = CORPUS_PAGE_KINDS[name]
+    pages = [p for _, _, p in rasterize((CORPUS / name).read_bytes(), name, RasterOptions(256, 256 * 256))]
+    [failure] = [p for p in pages if isinstance(p, PageFailure)]
+    assert failure.kind == kind and said in failure.message
+
+
+def test_every_failing_corpus_file_has_its_kind_here(manifest):
+    """The two tables above cover exactly the manifest's failures (the one that hangs: test_a_page_that_hangs_...)."""
+    failing = {r["filename"] for r in manifest if r["expected_behaviour"] == "error" and "timed out" not in r["error"]}
+    assert failing == set(CORPUS_KINDS) | set(CORPUS_PAGE_KINDS)
+
+
+def test_a_page_that_hangs_mupdf_is_one_error_row_and_the_document_goes_on(manifest):
+    """pymupdf__test_2548.pdf: get_pixmap spins for good on its pages. Each page gets the time limit; after
+    max_lost_pages the rest of the document is not drawn, each page an error row saying why."""
+    name = "pymupdf__test_2548.pdf"
+    renderer = IsolatedRasterizer(RasterOptions(256, 256 * 256), page_timeout_s=2, memory_limit_mb=4096,
+                                  max_lost_pages=2)
+    t = time.perf_counter()
+    try:
+        pages = _render_all(renderer, CORPUS / name)
+    finally:
+        renderer.close()
+    assert time.perf_counter() - t < 30
+    assert [p.index for _, _, p in pages] == list(range(15)) and all(isinstance(p, PageFailure) for _, _, p in pages)
+    assert {p.kind for _, _, p in pages} == {"timeout"}
+    assert "not drawn within 2 s" in pages[0][2].message and "already timed out" in pages[5][2].message
+
+
+def test_renderer_killed_mid_document_costs_only_that_page(renderer):
+    """A crash (here: the render process killed from outside, as a segfault would end it) is one error row for the
+    page being drawn; a fresh process draws the document's next pages, and the next document."""
     big = CORPUS / "pymupdf__mupdf_explored.pdf"
-    if not big.exists():
-        pytest.skip("corpus missing")
+    require(big.exists(), "../shared/corpus")
     stream = renderer.rasterize(big.read_bytes(), big.name)
-    next(stream)  # the child is mid-document now
+    first = next(stream)  # the child is mid-document now
     os.kill(renderer._proc.pid, signal.SIGKILL)
-    with pytest.raises(DocumentError) as e:
-        for _ in stream:
-            pass
-    assert e.value.kind == "crash" and "SIGKILL" in str(e.value)
-    pages = _render_all(renderer, SAMPLES / "report.pdf")
-    assert len(pages) == 2
+    pages = [first, *stream]
+    assert [p.index for _, _, p in pages] == list(range(285))
+    [lost] = [p for _, _, p in pages if isinstance(p, PageFailure)]
+    assert lost.kind == "crash" and "SIGKILL" in lost.message
+    assert len(_render_all(renderer, SAMPLES / "report.pdf")) == 2
 
 
 def test_abandoned_document_does_not_leak_pages_into_the_next(renderer):
     big = CORPUS / "pymupdf__mupdf_explored.pdf"
-    if not big.exists():
-        pytest.skip("corpus missing")
+    require(big.exists(), "../shared/corpus")
     stream = renderer.rasterize(big.read_bytes(), big.name)
     next(stream)
     stream.close()  # consumer stops early
@@ -136,16 +191,100 @@ def test_text_layer_and_page_limit():
     assert "Quarterly Operations Report" in pages[0][2].text_layer
 
 
-@pytest.mark.parametrize("name,data,kind", [
-    ("empty.pdf", b"", "empty"),
-    ("noise.pdf", bytes(range(256)) * 16, "damaged"),
-    ("page.html.pdf", b"<html><body>403 Forbidden</body></html>", "not_pdf"),
-    ("notes.txt", b"hello", "unsupported"),
-])
-def test_bad_inputs_raise_actionable_errors(name, data, kind):
+def _pdf(pages: int = 3, **save) -> bytes:
+    doc = pymupdf.open()
+    for i in range(pages):
+        doc.new_page().insert_text((72, 100), f"Page {i}: the quarterly figures were reviewed.", fontsize=14)
+    return doc.tobytes(**save)
+
+
+def _zero_page_pdf() -> bytes:
+    """An intact PDF (header, objects, xref, trailer all right) whose page tree holds no pages."""
+    objects = [b"<< /Type /Catalog /Pages 2 0 R >>", b"<< /Type /Pages /Kids [] /Count 0 >>"]
+    out, offsets = bytearray(b"%PDF-1.7\n"), []
+    for n, body in enumerate(objects, 1):
+        offsets.append(len(out))
+        out += b"%d 0 obj\n%s\nendobj\n" % (n, body)
+    xref = len(out)
+    out += b"xref\n0 3\n0000000000 65535 f \n" + b"".join(b"%010d 00000 n \n" % o for o in offsets)
+    out += b"trailer\n<< /Size 3 /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % xref
+    return bytes(out)
+
+
+SYNTHETIC = {  # name -> (bytes, kind, words of the message); made here, so they run without the shared corpus
+    "empty.pdf": (b"", "empty", "0 bytes"),
+    "no-pages.pdf": (_zero_page_pdf(), "empty", "intact"),
+    "noise.pdf": (bytes(range(256)) * 16, "not_pdf", "no %PDF- marker"),
+    "page.html.pdf": (b"<html><body>403 Forbidden</body></html>", "not_pdf", "HTML"),
+    "no-header.pdf": (b"Access denied: this link has expired.\n" * 4, "not_pdf", "plain text"),
+    "cut-off.pdf": (_pdf(garbage=0, deflate=True)[:200], "truncated", "without the startxref/%%EOF"),
+    "far-xref.pdf": (b"%PDF-1.7\n1 0 obj\n<< /Type /Catalog /Pages 2 0 R >>\nendobj\n" + b"\nstartxref\n999999\n%%EOF\n", "truncated", "points to byte 999999"),
+    "damaged.pdf": (b"%PDF-1.4\n" + bytes(range(256)) * 4 + b"\nstartxref\n9\n%%EOF\n", "damaged", "MuPDF"),
+    "locked.pdf": (_pdf(encryption=pymupdf.PDF_ENCRYPT_AES_256, user_pw="u", owner_pw="o"), "encrypted", "password"),
+    "notes.txt": (b"hello", "unsupported", "unsupported file type"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SYNTHETIC))
+def test_broken_files_get_the_kind_of_what_they_are(name):
+    data, kind, said = SYNTHETIC[name]
     with pytest.raises(DocumentError) as e:
         list(rasterize(data, name, RasterOptions()))
-    assert e.value.kind == kind
+    assert e.value.kind == kind and said in str(e.value), str(e.value)
+    assert kind in ERROR_KINDS
+
+
+def test_files_mupdf_can_read_are_parsed_whatever_their_flaws():
+    """An owner password only, or a file cut short after its pages (MuPDF rebuilds the xref): every page drawn."""
+    owner_only = _pdf(encryption=pymupdf.PDF_ENCRYPT_AES_256, owner_pw="o")
+    full = _pdf(garbage=0)
+    cut = full[: full.rindex(b"xref")]  # the xref and trailer lost
+    for data in (owner_only, cut):
+        pages = [p for _, _, p in rasterize(data, "x.pdf", RasterOptions(256, 256 * 256))]
+        assert len(pages) == 3 and not any(isinstance(p, PageFailure) or p.blank for p in pages)
+
+
+def _slow_page_pdf(curves: int = 20000) -> bytes:
+    """Three pages, the middle one tens of thousands of stroked curves: seconds of drawing, though small on disk."""
+    import random
+
+    doc = pymupdf.open()
+    doc.new_page().insert_text((72, 100), "first page", fontsize=14)
+    slow = doc.new_page()
+    rnd = random.Random(0)
+    ops = ["1 w"]
+    for _ in range(curves):
+        x = [f"{rnd.uniform(0, 600):.1f} {rnd.uniform(0, 800):.1f}" for _ in range(4)]
+        ops.append(f"{rnd.random():.2f} 0 0 RG {x[0]} m {x[1]} {x[2]} {x[3]} c S")
+    xref = doc.get_new_xref()
+    doc.update_object(xref, "<<>>")
+    doc.update_stream(xref, "\n".join(ops).encode())
+    doc.xref_set_key(slow.xref, "Contents", f"{xref} 0 R")
+    doc.new_page().insert_text((72, 100), "third page", fontsize=14)
+    return doc.tobytes(deflate=True)
+
+
+def test_a_page_past_its_time_limit_is_one_error_row_and_the_rest_is_parsed():
+    """The time limit is per page: a slow page is killed and recorded, the pages after it are drawn (a long
+    document is never failed for its length)."""
+    renderer = IsolatedRasterizer(RasterOptions(1024, 1024 * 1024), page_timeout_s=1.0, memory_limit_mb=4096)
+    try:
+        pages = [p for _, _, p in renderer.rasterize(_slow_page_pdf(), "slow.pdf")]
+        assert [type(p).__name__ for p in pages] == ["RenderedPage", "PageFailure", "RenderedPage"]
+        assert pages[1].kind == "timeout" and pages[1].index == 1 and "page_timeout_s" in pages[1].message
+        assert len(_render_all(renderer, SAMPLES / "letter.pdf")) == 1  # the next document, in a fresh renderer
+    finally:
+        renderer.close()
+
+
+def test_blank_pages_are_flagged():
+    doc = pymupdf.open()
+    doc.new_page()
+    doc.new_page().insert_text((72, 100), ".", fontsize=10)  # one full stop is content
+    tinted = doc.new_page()
+    tinted.draw_rect(tinted.rect + (-5, -5, 5, 5), color=None, fill=(0.9, 0.9, 0.85))  # tinted paper, edge to edge
+    pages = [p for _, _, p in rasterize(doc.tobytes(), "b.pdf", RasterOptions(512, 512 * 512))]
+    assert [p.blank for p in pages] == [True, False, True]
 
 
 def test_pages_per_core_speed_is_recorded(renderer):

@@ -55,3 +55,7 @@ def test_steady_rate_counts_only_pages_after_the_warm_up():
     s = stats.summary()
     assert math.isclose(s["steady_pages_per_s"], 32 / 20) and s["warmup_pages"] == 32
     assert "after warm-up (10.0 s)" in format_table(s)
+    stats.warmup_pages = 64  # every page came back during the warm-up: no steady phase to report a rate for
+    s = stats.summary()
+    assert not s["steady_phase"] and s["steady_pages_per_s"] == 0
+    assert "run too short for a steady phase" in format_table(s) and "0.000" not in format_table(s).split("pages/s")[1]

@@ -1,0 +1,101 @@
+"""Why a PDF that MuPDF could not open (or that opened with no pages) failed, from what the file is: its header,
+its end, the offsets its cross-reference table promises against its size, and what MuPDF warned while repairing.
+
+Pure functions of the bytes and MuPDF's warning text: no PyMuPDF calls here, so each rule is tested on its own.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+HEAD = TAIL = 1024  # PDF readers look for the version marker and the end-of-file trailer this far from each end
+WARNINGS_SHOWN = 400  # characters of MuPDF's warnings kept in an error message
+
+_STARTXREF = re.compile(rb"startxref\s*(\d+)")
+_XREF_ENTRY = re.compile(rb"(\d{10}) (\d{5}) n")
+
+
+@dataclass(frozen=True)
+class PdfFacts:
+    size: int
+    header_at: int | None  # offset of "%PDF-" within the first HEAD bytes
+    tail_has_end: bool  # "startxref" or "%%EOF" in the last TAIL bytes
+    startxref: int | None  # the last startxref offset in the file
+    xref_max_offset: int | None  # the largest in-use object offset of its classic xref tables
+    repaired: bool  # MuPDF said it repaired the file
+    page_tree_warned: bool  # MuPDF said the page tree is broken
+
+    def cut_off(self) -> str | None:
+        """Why the file looks cut off, or None."""
+        if self.startxref is not None and self.startxref >= self.size:
+            return f"its startxref points to byte {self.startxref} but the file has {self.size} bytes"
+        if self.xref_max_offset is not None and self.xref_max_offset >= self.size:
+            return f"its xref places an object at byte {self.xref_max_offset} but the file has {self.size} bytes"
+        if not self.tail_has_end:
+            return f"it ends at byte {self.size} without the startxref/%%EOF trailer a PDF ends with"
+        return None
+
+
+def facts(data: bytes, warnings: str) -> PdfFacts:
+    marks = _STARTXREF.findall(data)
+    offsets = [int(m[0]) for m in _XREF_ENTRY.findall(data)]
+    low = warnings.lower()
+    return PdfFacts(
+        size=len(data), header_at=_found(data[:HEAD].find(b"%PDF-")),
+        tail_has_end=b"startxref" in data[-TAIL:] or b"%%EOF" in data[-TAIL:],
+        startxref=int(marks[-1]) if marks else None, xref_max_offset=max(offsets) if offsets else None,
+        repaired="repair" in low, page_tree_warned="page tree" in low or "kids" in low,
+    )
+
+
+def _found(i: int) -> int | None:
+    return None if i < 0 else i
+
+
+def what_it_looks_like(data: bytes) -> str:
+    head = data[:HEAD].lstrip().lower()
+    if head.startswith((b"<!doctype html", b"<html", b"<?xml", b"<head", b"<body")):
+        return "an HTML or XML page (a failed download or an error page?)"
+    if head.startswith((b"{", b"[")):
+        return "JSON text (an API's error answer?)"
+    sample = data[:HEAD]
+    if sample and sum(32 <= b < 127 or b in (9, 10, 13) for b in sample) / len(sample) > 0.95:
+        return f"plain text ({sample[:40].decode('ascii', 'replace').strip()!r}...)"
+    return "binary data of another kind"
+
+
+def warnings_text(warnings: str) -> str:
+    """MuPDF's warnings as one line for an error message: kept in order, repeats and blank lines dropped."""
+    seen, out = set(), []
+    for line in warnings.splitlines():
+        line = line.strip()
+        if line and line not in seen and not line.startswith("... repeated"):
+            seen.add(line)
+            out.append(line)
+    text = "; ".join(out)
+    return text if len(text) <= WARNINGS_SHOWN else text[: WARNINGS_SHOWN - 3] + "..."
+
+
+def classify_unopened(data: bytes, warnings: str, failure: str) -> tuple[str, str]:
+    """(kind, message) for a PDF that did not open, whose page count could not be read, or that has no pages.
+    `failure` says what went wrong in MuPDF's words ("no pages" when the document opened empty)."""
+    f = facts(data, warnings)
+    said = warnings_text(warnings)
+    mupdf = f" (MuPDF: {failure}{'; ' + said if said else ''})"
+    if f.header_at is None:
+        return "not_pdf", f"no %PDF- marker in the first {HEAD} bytes: the file is {what_it_looks_like(data)}{mupdf}"
+    if why := f.cut_off():
+        return "truncated", f"the file is cut off: {why}{mupdf}"
+    if f.page_tree_warned or "page tree" in failure.lower() or "number of pages" in failure.lower():
+        return "page_tree", f"the page tree is broken{mupdf}"
+    if failure == "no pages" and not f.repaired:
+        return "empty", f"the PDF is intact but its page tree holds no pages{mupdf}"
+    if failure == "no pages":
+        return "damaged", f"MuPDF repaired the broken cross-reference table and found no pages{mupdf}"
+    return "damaged", f"the cross-reference table or trailer is broken beyond repair{mupdf}"
+
+
+def classify_page_failure(failure: str) -> str:
+    """The kind of one page that could not be loaded or drawn."""
+    low = failure.lower()
+    return "page_tree" if "page tree" in low or "number of pages" in low else "page_damaged"
