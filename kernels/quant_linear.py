@@ -226,3 +226,12 @@ def fp8_matmul(x8, x_scale, w8, row_scale, out_dtype):
         return torch._scaled_mm(x8, w8.t(), scale_a=x_scale[:, None], scale_b=row_scale[None, :],
                                 out_dtype=out_dtype)
     return fp8_linear_ref(x8, w8, row_scale, x_scale, out_dtype)
+
+
+def nvfp4_matmul(x, packed, block_scale, row_scale):
+    """NVFP4-weight linear of any M (prefill). CUDA: the weight dequantized to x's dtype, then cuBLAS (a correct,
+    weight-only fallback that moves 4x the bytes; a W4A16 tensor-core GEMM reading the packed weight is left out);
+    elsewhere the reference."""
+    if x.is_cuda:
+        return torch.nn.functional.linear(x, dequant_nvfp4_ref(packed, block_scale, row_scale).to(x.dtype))
+    return nvfp4_linear_ref(x, packed, block_scale, row_scale)
