@@ -283,6 +283,13 @@ def inspect_checkpoint(path: str | Path, text_only: bool = False, require_tokeni
             raise CheckpointError(f"tensor {name}: unsupported dtype {e.dtype} in {e.file.name}"
                                   + (f" (quantization_config implies {' or '.join(allowed)})" if allowed else ""))
         kept[name] = e
+    quant = quantized_modules(cfg, text_only)
+    for name in extra:
+        module = name.rpartition(".")[0]
+        if module in quant and name.endswith(".weight") and quant[module].weights == "nvfp4":
+            raise CheckpointError(f"tensor {name}: stored unquantized, but quantization_config.config_groups."
+                                  f"{quant[module].group} quantizes {module} (NVFP4 stores weight_packed, "
+                                  "weight_scale, weight_global_scale): fix the config's targets/ignore or the weights")
     if extra:
         raise CheckpointError(f"unexpected tensor(s) not implied by config.json: {', '.join(sorted(extra)[:5])}"
                               + (f" (+{len(extra) - 5} more)" if len(extra) > 5 else ""))

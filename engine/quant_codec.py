@@ -21,13 +21,14 @@ _MIDS = (_E2M1[1:] + _E2M1[:-1]) / 2
 
 
 def round_e2m1_codes(v: torch.Tensor) -> torch.Tensor:
-    """fp32 values (already within [-6, 6]) -> 4-bit E2M1 codes (uint8), nearest with ties to the even code."""
+    """fp32 values (already within [-6, 6]) -> 4-bit E2M1 codes (uint8), nearest with ties to the even code; byte for
+    byte what compressed-tensors' packer writes (tests/test_quant_format.py checks it where it is installed)."""
     a = v.abs().float()
     mids = _MIDS.to(v.device)
     lo = torch.searchsorted(mids, a.contiguous(), right=False)  # at a tie: the lower neighbour
     hi = torch.searchsorted(mids, a.contiguous(), right=True)  # at a tie: the upper one
     idx = torch.where((lo != hi) & (lo % 2 == 1), hi, lo)  # a tie goes to the code with mantissa bit 0
-    return (idx | ((v < 0) & (idx > 0)).long() << 3).to(torch.uint8)
+    return (idx | (v < 0).long() << 3).to(torch.uint8)  # a negative value rounded to 0 keeps its sign, as -0
 
 
 def pack_e2m1(codes: torch.Tensor) -> torch.Tensor:
