@@ -169,6 +169,36 @@ def _fold_awq(cfg: ModelConfig, weights: dict[str, torch.Tensor], plan: dict[str
                 weights[down + ".weight"] = weights[down + ".weight"] * s
 
 
+def quantize_tensors(cfg: ModelConfig, tensors: dict[str, torch.Tensor], plan: dict[str, str], act_fp8: bool = True,
+                     calibration: Calibration | None = None) -> tuple[dict[str, torch.Tensor], dict, dict]:
+    """HF-named tensors of a bf16 model -> (the quantized checkpoint's tensors, its quantization_config, a report of
+    the AWQ search per group). Unplanned tensors keep their dtype; works on any device."""
+    unknown = set(plan) - set(decoder_projections(cfg))
+    if unknown:
+        raise ValueError(f"plan names modules that are not decoder projections: {sorted(unknown)[:3]}")
+    awq: dict = {}
+    weights = dict(tensors)
+    if calibration is not None:
+        weights = {n: t.float() for n, t in tensors.items()}
+        _fold_awq(cfg, weights, plan, calibration, awq)
+    out: dict[str, torch.Tensor] = {}
+    groups: dict[str, list[str]] = {FP8: [], NVFP4: []}
+    for name, w in weights.items():
+        module = name.removesuffix(".weight")
+        prec = plan.get(module, BF16) if name.endswith(".weight") else BF16
+        if prec == FP8:
+            out[name], out[module + ".weight_scale"] = quantize_fp8(w)
+        elif prec == NVFP4:
+            out[module + ".weight_packed"], out[module + ".weight_scale"], out[module + ".weight_global_scale"] = \
+                quantize_nvfp4(w)
+        else:
+            out[name] = w.to(tensors[name].dtype).contiguous()
+        if prec != BF16:
+            groups[prec].append(module)
+    cg = {f"group_{k}": (v, k, act_fp8 if k == FP8 else False) for k, v in groups.items() if v}
+    return out, quant_config_dict(cg, ["lm_head", "re:.*visual.*"]), awq
+
+
 def quantize_checkpoint(src: str | Path, out: str | Path, plan: dict[str, str], act_fp8: bool = True,
                         calibration: Calibration | None = None, recipe_note: str = "") -> dict:
     """Write `src` quantized by `plan` (module -> bf16/fp8/nvfp4) to `out`; returns a report (per-group AWQ alpha and
@@ -178,54 +208,27 @@ def quantize_checkpoint(src: str | Path, out: str | Path, plan: dict[str, str], 
 
     src, out = Path(src), Path(out)
     info = inspect_checkpoint(src)
-    cfg = info.config
-    if cfg.quant is not None:
+    if info.config.quant is not None:
         raise ValueError(f"{src} is quantized already (config.json has a quantization_config): start from bf16")
-    unknown = set(plan) - set(decoder_projections(cfg))
-    if unknown:
-        raise ValueError(f"plan names modules that are not decoder projections: {sorted(unknown)[:3]}")
     tensors = dict(iter_checkpoint_tensors(info))
-    dtypes = {n: t.dtype for n, t in tensors.items()}
-    weights = {n: t.float() for n, t in tensors.items()}
-    report: dict = {"awq": {}}
-    if calibration is not None:
-        _fold_awq(cfg, weights, plan, calibration, report["awq"])
-    outt: dict[str, torch.Tensor] = {}
-    groups: dict[str, list[str]] = {FP8: [], NVFP4: []}
-    for name, w in weights.items():
-        module = name.removesuffix(".weight")
-        prec = plan.get(module, BF16) if name.endswith(".weight") else BF16
-        if prec == FP8:
-            outt[name], scale = quantize_fp8(w)
-            outt[module + ".weight_scale"] = scale
-        elif prec == NVFP4:
-            packed, bs, gs = quantize_nvfp4(w)
-            outt[module + ".weight_packed"], outt[module + ".weight_scale"] = packed, bs
-            outt[module + ".weight_global_scale"] = gs
-        else:
-            outt[name] = w.to(dtypes[name]).contiguous()
-        if prec != BF16:
-            groups[prec].append(module)
+    outt, qc, awq = quantize_tensors(info.config, tensors, plan, act_fp8, calibration)
     out.mkdir(parents=True, exist_ok=True)
     for f in src.iterdir():
         if f.is_file() and not f.name.endswith(".safetensors") and f.name != "model.safetensors.index.json":
             shutil.copy2(f, out / f.name)
     save_file(outt, str(out / "model.safetensors"), metadata={"format": "pt"})
     config = json.loads((src / "config.json").read_text())
-    cg = {f"group_{k}": (v, k, act_fp8 if k == FP8 else False) for k, v in groups.items() if v}
-    config["quantization_config"] = quant_config_dict(cg, ["lm_head", "re:.*visual.*"])
+    config["quantization_config"] = qc
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    modules = {k.removeprefix("group_"): len(g["targets"]) for k, g in qc["config_groups"].items()}
     info_file = out / "ocria_info.json"
     if info_file.is_file() or recipe_note:
         meta = json.loads(info_file.read_text()) if info_file.is_file() else {}
-        meta["quantization"] = dict(source=str(src), note=recipe_note,
-                                    modules={k: len(v) for k, v in groups.items()})
+        meta["quantization"] = dict(source=str(src), note=recipe_note, modules=modules)
         info_file.write_text(json.dumps(meta, indent=2) + "\n")
-    report["bytes"] = {"source": sum(t.numel() * t.element_size() for t in tensors.values()),
-                       "quantized": sum(t.numel() * t.element_size() for t in outt.values())}
-    report["modules"] = {k: len(v) for k, v in groups.items()}
-    return report
+    nbytes = lambda d: sum(t.numel() * t.element_size() for t in d.values())  # noqa: E731
+    return {"awq": awq, "modules": modules, "bytes": {"source": nbytes(tensors), "quantized": nbytes(outt)}}
 
 
 __all__ = ["ALPHAS", "BF16", "Calibration", "PRECISIONS", "QUANTIZABLE", "collect_calibration", "decoder_projections",
-           "plan_precisions", "quantize_checkpoint", "search_scale"]
+           "plan_precisions", "quantize_checkpoint", "quantize_tensors", "search_scale"]
