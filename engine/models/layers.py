@@ -6,6 +6,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine import ops
+from engine.models.quant_linear import is_quantized, quant_linear, wants_fp8_input
 
 
 def fused_weight(shard_sizes: list[int], in_features: int, **factory) -> nn.Parameter:
@@ -41,6 +42,7 @@ class DecodeProjections:
                   swiglu_epilogue: bool = False) -> DecodeProjections:
         """Sized for the largest split-K launch among `weights` at MAX_M rows. Disabled (the torch ops) where the
         kernels would run their torch references anyway (CPU, unless OCRIA_FORCE_TRITON=1)."""
+        weights = [w for w in weights if isinstance(w, torch.Tensor)]  # quantized ones need no split-K workspace
         w = weights[0]
         if not ops.use_triton(w):
             return cls()
@@ -60,13 +62,22 @@ class DecodeProjections:
         return self.workspace is not None and rows <= ops.MAX_M
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, swiglu: bool = False) -> torch.Tensor:
-        """x @ weight.T; swiglu (GEMV only, see mlp): silu(gate) * up of a fused [gate | up] weight's product."""
+        """x @ weight.T; swiglu (GEMV only, see mlp): silu(gate) * up of a fused [gate | up] weight's product.
+        Quantized weights (engine/models/quant_linear) pick their own kernels."""
+        if is_quantized(weight):
+            return quant_linear(x, weight)
         if self.gemv(x.shape[0]):
             return (ops.linear_silu_mul if swiglu else ops.small_m_linear)(x, weight, **self.launch)
         return F.linear(x, weight)
 
     def mlp(self, x: torch.Tensor, gate_up_weight: torch.Tensor, down_weight: torch.Tensor) -> torch.Tensor:
-        """down(silu(gate) * up) of a SwiGLU MLP with a fused [gate | up] weight."""
+        """down(silu(gate) * up) of a SwiGLU MLP with a fused [gate | up] weight. An FP8 W8A8 down_proj gets its input
+        from the SwiGLU kernel that also quantizes it (kernels/fp8_quant.silu_mul_quant_fp8)."""
+        if is_quantized(gate_up_weight) or is_quantized(down_weight):
+            gate_up = self.linear(x, gate_up_weight)
+            if wants_fp8_input(down_weight):
+                return quant_linear(None, down_weight, ops.silu_mul_quant_fp8(gate_up), out_dtype=x.dtype)
+            return self.linear(ops.silu_mul(gate_up), down_weight)
         if self.swiglu_epilogue and self.gemv(x.shape[0]):
             return self.linear(self.linear(x, gate_up_weight, swiglu=True), down_weight)
         return self.linear(ops.silu_mul(self.linear(x, gate_up_weight)), down_weight)
