@@ -251,7 +251,7 @@ def causal_conv1d_verify(x, conv_state, weight, state_idx, activation="silu"):
     y = (windows * weight.float()[None, :, None, :]).sum(-1).transpose(1, 2)
     if activation == "silu":
         y = F.silu(y)
-    return y.to(x.dtype)
+    return y.to(x.dtype).contiguous()
 
 
 def conv_state_commit(x, conv_state, state_idx, num_accepted):
