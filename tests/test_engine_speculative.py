@@ -166,3 +166,18 @@ def test_oracle_drafter_on_the_triton_kernels(text_ckpt, drafter, plain, monkeyp
     for r in reqs:
         o = outs[r["request_id"]]
         assert o.output_token_ids == plain[r["request_id"]] and o.spec_tau > 2.0
+
+
+def test_sampling_with_speculation_runs_seeded(text_ckpt, drafter, plain):
+    """Sampled requests go through rejection sampling: top_k=1 sampling gives greedy's tokens, a seed gives the
+    same tokens twice, another seed other tokens."""
+    eng = Engine.from_checkpoint(text_ckpt, dtype="float32", max_num_seqs=4, num_blocks=64, block_size=8,
+                                 drafter=str(drafter))
+    top1 = eng.generate([dict(r, sampling=SamplingParams(max_tokens=REQS[i][1], temperature=0.9, top_k=1, seed=i))
+                         for i, r in enumerate(requests())])
+    assert {o.request_id: o.output_token_ids for o in top1} == plain
+    sp = SamplingParams(max_tokens=20, temperature=1.0, seed=7)
+    a, b, c = (eng.generate([dict(prompt_token_ids=ids(15, 40), sampling=s, ignore_eos=True)])[0]
+               for s in (sp, sp, SamplingParams(max_tokens=20, temperature=1.0, seed=8)))
+    assert a.output_token_ids == b.output_token_ids != c.output_token_ids
+    assert a.spec_steps > 0
