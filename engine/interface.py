@@ -52,6 +52,9 @@ class PageResult:
     ttft_s: float = 0.0  # request submitted -> first output token
     decode_s: float = 0.0  # first token -> last token
     total_s: float = 0.0
+    spec_steps: int = 0  # speculative decoding: verify steps, drafts proposed and accepted (RequestOutput)
+    spec_drafted: int = 0
+    spec_accepted: int = 0
 
 
 def seed_for_request(request_id: str) -> int:

@@ -27,6 +27,7 @@ def _overrides(**flags) -> dict:
         "input": ("input", "uris"), "include": ("input", "include"), "exclude": ("input", "exclude"),
         "limit": ("input", "limit"), "output": ("output",), "s3_endpoint": ("storage", "s3_endpoint"),
         "s3_region": ("storage", "s3_region"), "backend": ("model", "backend"), "checkpoint": ("model", "checkpoint"),
+        "drafter": ("model", "drafter"),
         "device": ("model", "device"), "dtype": ("model", "dtype"), "max_tokens": ("model", "max_tokens"),
         "prompt": ("model", "prompt"), "num_beams": ("model", "num_beams"),
         "loop_stop_tokens": ("model", "loop_stop_tokens"), "loop_drop_tokens": ("model", "loop_drop_tokens"),
@@ -64,6 +65,7 @@ def _overrides(**flags) -> dict:
 @click.option("--s3-region")
 @click.option("--backend", type=click.Choice(["native", "transformers"]))
 @click.option("--checkpoint", help="checkpoint folder or object-storage prefix")
+@click.option("--drafter", help="DFlash drafter folder for speculative decoding (native backend), or none")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]))
 @click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]))
 @click.option("--max-tokens", type=int, help="output tokens per page")

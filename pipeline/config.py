@@ -90,6 +90,8 @@ class ModelConfig(Strict):
                                              "character vote (pipeline.vote); a block whose reads agree word for "
                                              "word in a majority is read no further; null = the checkpoint's "
                                              "(ocria_info.json block_scales), else [1]")
+    drafter: str | None = Field(None, description="speculative decoding (native backend): a DFlash drafter folder "
+                                "made for this checkpoint (engine/models/dflash.py); null or 'none' = off")
     options: dict = Field(default_factory=dict, description="extra keyword arguments for the backend")
 
     @model_validator(mode="after")

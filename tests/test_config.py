@@ -102,3 +102,18 @@ def test_shipped_configs_are_valid():
         if path.name.startswith("train_"):
             continue  # training configs are plain YAML for jobs/train_tiny.py, not job configs
         load_config(path, {"input": {"uris": ["x"]}})
+
+
+def test_bad_drafter_fails_before_ray(tmp_path, tiny_checkpoint):
+    """--drafter: a DFlash drafter whose config does not fit the checkpoint is refused before Ray starts, in a line
+    naming the field and the way out."""
+    from engine.testing import write_random_drafter
+
+    drafter = write_random_drafter(tmp_path / "drafter", tiny_checkpoint)
+    cfg = json.loads((drafter / "config.json").read_text())
+    (drafter / "config.json").write_text(json.dumps(dict(cfg, hidden_size=cfg["hidden_size"] * 2)))
+    proc, _ = run_cli("--input", str(ROOT / "samples"), "--output", str(tmp_path / "out"),
+                      "--checkpoint", str(tiny_checkpoint), "--drafter", str(drafter))
+    assert proc.returncode != 0
+    assert "hidden_size" in proc.stderr and "--drafter none" in proc.stderr, proc.stderr
+    assert "Started a local Ray" not in proc.stderr + proc.stdout

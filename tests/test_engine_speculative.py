@@ -181,3 +181,22 @@ def test_sampling_with_speculation_runs_seeded(text_ckpt, drafter, plain):
                for s in (sp, sp, SamplingParams(max_tokens=20, temperature=1.0, seed=8)))
     assert a.output_token_ids == b.output_token_ids != c.output_token_ids
     assert a.spec_steps > 0
+
+
+def test_native_backend_with_a_drafter(vl_ckpt, tmp_path):
+    """The pipeline's backend takes the drafter as an engine option (model.drafter, --drafter) and reports the
+    speculation counts per page; its text is the plain backend's."""
+    from engine.backends import load_backend
+    from engine.interface import PageRequest
+
+    drafter = write_random_drafter(tmp_path / "d", vl_ckpt, block_size=4)
+    page = np.random.default_rng(0).integers(0, 256, (90, 70, 3), dtype=np.uint8)
+    req = [PageRequest("p", page, sampling=SamplingParams(max_tokens=12))]
+    results = []
+    for d in (None, str(drafter)):
+        backend = load_backend("native", str(vl_ckpt), device="cpu", dtype="float32", num_blocks=64, drafter=d)
+        results.append(backend.parse(req)[0])
+        backend.close()
+    plain, spec = results
+    assert spec.text == plain.text and spec.output_tokens == plain.output_tokens
+    assert spec.spec_steps > 0 and spec.spec_drafted > 0 and plain.spec_steps == 0
