@@ -191,6 +191,31 @@ def write_random_checkpoint(out: str | Path, text: dict, vision: dict, *, min_pi
     return out
 
 
+def write_random_drafter(out: str | Path, target_checkpoint: str | Path, *, num_layers: int = 2, num_taps: int = 2,
+                         block_size: int = 4, mask_token_id: int | None = None, seed: int = 0,
+                         dtype: torch.dtype = torch.float32) -> Path:
+    """A random-weight DFlash drafter for a target checkpoint, in the public DFlash layout (config.json with
+    dflash_config, model.safetensors): the target's hidden size and vocabulary, `num_taps` evenly spaced target
+    layers, Qwen3 layers of the target's attention shape. mask_token_id defaults to the target's last token id."""
+    from engine.config import load_config
+    from engine.models.dflash import DFlashConfig, DFlashDrafter, build_target_layer_ids
+
+    t = load_config(target_checkpoint).text
+    cfg = DFlashConfig(
+        hidden_size=t.hidden_size, intermediate_size=t.intermediate_size, num_hidden_layers=num_layers,
+        num_attention_heads=t.num_attention_heads, num_key_value_heads=t.num_key_value_heads, head_dim=t.head_dim,
+        rms_norm_eps=t.rms_norm_eps, rope_theta=10000.0, vocab_size=t.vocab_size,
+        target_layer_ids=tuple(build_target_layer_ids(t.num_hidden_layers, num_taps)),
+        mask_token_id=t.vocab_size - 1 if mask_token_id is None else mask_token_id, block_size=block_size)
+    model = DFlashDrafter(cfg, torch.float32)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.hf_named():
+            mean, std = (1.0, 0.1) if p.dim() == 1 else (0.0, 1.0 / math.sqrt(p.shape[1]))
+            p.copy_(mean + std * torch.randn(p.shape, generator=gen))
+    return model.to(dtype).save_pretrained(out, num_target_layers=t.num_hidden_layers)
+
+
 # ---------------------------------------------------------------- the random-weight fallback model (make run, tests)
 
 # Text for the tokenizer: docstrings of these stdlib modules (and their public members), in this order.

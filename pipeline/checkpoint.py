@@ -56,6 +56,25 @@ def localize(uri: str, storage: StorageConfig, cache_dir: str) -> str:
     return str(target)
 
 
+def validate_drafter(drafter: str | None, checkpoint_dir: str, backend: str) -> str | None:
+    """The drafter folder (absolute) that the engines load, None when speculation is off; CheckpointError when the
+    folder is missing or not a DFlash drafter made for this checkpoint (the engine's message names the field)."""
+    if drafter in (None, "", "none"):
+        return None
+    if backend != "native":
+        raise CheckpointError(f"model.drafter={drafter!r} needs model.backend native (or set --drafter none)")
+    path = Path(drafter).expanduser().resolve()
+    try:
+        from engine.config import load_config
+        from engine.models.dflash import load_dflash_config
+
+        load_dflash_config(path, load_config(checkpoint_dir).text)
+    except Exception as e:  # noqa: BLE001  (the engine's message names the file and field)
+        raise CheckpointError(f"drafter {path} is not usable with {checkpoint_dir}: {e} (set --drafter none to "
+                              f"decode without speculation)") from e
+    return str(path)
+
+
 def validate(path: str) -> str:
     """Check config and weight headers without loading tensors; CheckpointError says what to fix. Returns the
     model id the engine will write on each page (name + hash of config, headers and a sample of the weights)."""

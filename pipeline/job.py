@@ -12,7 +12,8 @@ from datetime import UTC, datetime
 import pyarrow.fs as pafs
 
 from pipeline.blocks import BlockReading
-from pipeline.checkpoint import CheckpointError, block_reading, checkpoint_note, localize, raster_options, validate
+from pipeline.checkpoint import (
+    CheckpointError, block_reading, checkpoint_note, localize, raster_options, validate, validate_drafter)
 from pipeline.config import ConfigError, JobConfig, knob
 from pipeline.local_ray import ray_session
 from pipeline.output import DocumentAssembler, OutputStore, document_row
@@ -51,6 +52,7 @@ class Prepared:
     checkpoint_dir: str
     raster: RasterOptions  # the page size for this checkpoint and max_tokens
     blocks: BlockReading  # whether pages are also read in blocks of a few lines
+    drafter: str | None = None  # the speculative drafter's folder (model.drafter), None: off
 
 
 def prepare(cfg: JobConfig) -> Prepared:
@@ -60,6 +62,7 @@ def prepare(cfg: JobConfig) -> Prepared:
         model_id = validate(checkpoint_dir)
         raster = raster_options(cfg, checkpoint_dir)
         blocks = block_reading(cfg, checkpoint_dir)
+        drafter = validate_drafter(cfg.model.drafter, checkpoint_dir, cfg.model.backend)
     except CheckpointError as e:
         raise ConfigError(str(e)) from None
     store = OutputStore(writable_output(cfg))
@@ -87,7 +90,7 @@ def prepare(cfg: JobConfig) -> Prepared:
             f"--reparse to parse them again (their new rows replace the old), or write to another --output")
     if plan.todo and not ray_address(cfg):  # a local Ray's size is known now: check the pools fit before starting it
         size_pools(cfg, local_cpus(cfg), local_gpus(cfg), " CPUs of the local Ray (--num-cpus)")
-    return Prepared(cfg, new_run_id(), store, plan, checkpoint_dir, raster, blocks)
+    return Prepared(cfg, new_run_id(), store, plan, checkpoint_dir, raster, blocks, drafter)
 
 
 def _first_line(e: Exception) -> str:
@@ -209,7 +212,8 @@ def build_dataset(ray, prep: Prepared, pools: PoolSizes):
                           num_beams=m.num_beams, length_penalty=m.length_penalty,
                           loop_stop_tokens=m.loop_stop_tokens, loop_drop_tokens=m.loop_drop_tokens,
                           loop_ban_next=m.loop_ban_next),
-            fallback_to_text_layer=cfg.parse.fallback_to_text_layer, options=m.options, block_reading=prep.blocks),
+            fallback_to_text_layer=cfg.parse.fallback_to_text_layer, block_reading=prep.blocks,
+            options=dict(m.options, drafter=prep.drafter) if prep.drafter else m.options),
         compute=ActorPoolStrategy(size=pools.engines, max_concurrent_calls_per_actor=calls,
                                   enable_true_multi_threading=calls > 1),
         num_gpus=pools.gpus_per_engine, num_cpus=pools.engine_cpus,

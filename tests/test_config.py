@@ -143,3 +143,18 @@ def test_every_listed_mistake_fails_before_ray_in_two_lines_naming_the_fix(tmp_p
     assert len(proc.stderr.strip().splitlines()) <= 2 and "Traceback" not in proc.stderr, proc.stderr
     assert "Started a local Ray" not in proc.stderr + proc.stdout
     assert not (tmp_path / "out" / "documents").exists()
+
+
+def test_bad_drafter_fails_before_ray(tmp_path, tiny_checkpoint):
+    """--drafter: a DFlash drafter whose config does not fit the checkpoint is refused before Ray starts, in a line
+    naming the field and the way out."""
+    from engine.testing import write_random_drafter
+
+    drafter = write_random_drafter(tmp_path / "drafter", tiny_checkpoint)
+    cfg = json.loads((drafter / "config.json").read_text())
+    (drafter / "config.json").write_text(json.dumps(dict(cfg, hidden_size=cfg["hidden_size"] * 2)))
+    proc, ray_imported = run_cli("--input", str(ROOT / "samples"), "--output", str(tmp_path / "out"),
+                                 "--checkpoint", str(tiny_checkpoint), "--drafter", str(drafter))
+    assert proc.returncode != 0 and not ray_imported
+    assert "hidden_size" in proc.stderr and "--drafter none" in proc.stderr, proc.stderr
+    assert "Started a local Ray" not in proc.stderr + proc.stdout
