@@ -158,3 +158,22 @@ def test_bad_drafter_fails_before_ray(tmp_path, tiny_checkpoint):
     assert proc.returncode != 0 and not ray_imported
     assert "hidden_size" in proc.stderr and "--drafter none" in proc.stderr, proc.stderr
     assert "Started a local Ray" not in proc.stderr + proc.stdout
+
+
+def test_every_config_key_is_documented():
+    """docs/configuration.md names every key a config can hold, so a new key cannot ship undocumented."""
+    from pydantic import BaseModel
+
+    from pipeline.config import JobConfig
+
+    def keys(model: type[BaseModel], prefix: str = ""):
+        for name, field in model.model_fields.items():
+            if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+                yield from keys(field.annotation, f"{prefix}{name}.")
+            else:
+                yield f"{prefix}{name}", name
+
+    doc = (ROOT / "docs" / "configuration.md").read_text()
+    missing = [full for full, leaf in keys(JobConfig)
+               if f"`{full}`" not in doc and not re.search(rf"`{re.escape(full.rsplit('.', 1)[0])}\.[^`]*`[^|]*\b{leaf}\b", doc)]
+    assert not missing, f"add to docs/configuration.md: {missing}"

@@ -29,14 +29,11 @@ ROOT = Path(__file__).resolve().parents[2]
 MODEL = ROOT / "models" / "ocria-tiny"
 CONFIG = TRAIN_CONFIG
 
-# The shipped checkpoint (its pages: conftest.SHIPPED_PAGES) reads held-out pages 0-47 at CER 0.197 (48 pages,
-# research/ocria_tiny/results/s24_eval_native_greedy_f2u2_48_1536.json); on this file's test pages it measured loss 0.34
-# and CER 0.038 here. Session 23's checkpoint measured 0.30 and 0.046 on them, session 22's 0.37 and 0.06,
-# session 21's 0.39 and 0.05, session 19's 0.43 and 0.07, session 18's 0.49 and 0.17, session 17's 0.39 and 0.12,
-# session 16's 0.47 and 0.11, session 15's 0.74 and 0.35, run 1 (which did not read) ~3 and ~1.1, random weights
-# loss ~8.3: these bounds fail for session 15's and older.
-MAX_HELDOUT_LOSS = 0.6
-MAX_HELDOUT_CER = 0.25
+# The shipped checkpoint on this file's two short held-out pages, read whole (not in blocks), CPU: loss 0.49, greedy
+# CER 0.084, 3 beams 0.080. The bounds leave room for a character or two of CPU/library drift, not for a model that
+# runs on or reads a line wrong (one lost line of these pages is ~0.1 CER); random weights give loss ~8.
+MAX_HELDOUT_LOSS = 0.55
+MAX_HELDOUT_CER = 0.12
 
 
 def _dp_levenshtein(a, b) -> int:
