@@ -1,8 +1,6 @@
 """Rasterizer on real files: every PDF of the shared corpus behaves as its manifest says, plus sizing,
-image formats, page limits, and a renderer that dies or hangs costing only its document."""
+image formats and page limits. A renderer that dies or hangs on a document made to fault it: tests/test_faults.py."""
 import csv
-import os
-import signal
 import time
 
 import numpy as np
@@ -60,40 +58,14 @@ def test_every_corpus_file_behaves_as_the_manifest_says(renderer):
     ("pymupdf__test_2548.pdf", "timeout"),  # get_pixmap spins forever on this file
 ])
 def test_error_kinds(name, kind):
-    renderer = IsolatedRasterizer(RasterOptions(target_longest_px=256, max_pixels=256 * 256), timeout_s=3,
+    renderer = IsolatedRasterizer(RasterOptions(target_longest_px=256, max_pixels=256 * 256), timeout_s=120,
                                   memory_limit_mb=4096)
+    assert len(_render_all(renderer, SAMPLES / "letter.pdf")) == 1  # the child is up: its start-up is not timed
+    renderer.timeout_s = 3
     with pytest.raises(DocumentError) as e:
         _render_all(renderer, CORPUS / name)
     renderer.close()
     assert e.value.kind == kind
-
-
-def test_renderer_killed_mid_document_costs_only_that_document(renderer):
-    """A crash (here: the render process killed from outside, as a segfault would end it) is one error;
-    the next document renders in a fresh process."""
-    big = CORPUS / "pymupdf__mupdf_explored.pdf"
-    if not big.exists():
-        pytest.skip("corpus missing")
-    stream = renderer.rasterize(big.read_bytes(), big.name)
-    next(stream)  # the child is mid-document now
-    os.kill(renderer._proc.pid, signal.SIGKILL)
-    with pytest.raises(DocumentError) as e:
-        for _ in stream:
-            pass
-    assert e.value.kind == "crash" and "SIGKILL" in str(e.value)
-    pages = _render_all(renderer, SAMPLES / "report.pdf")
-    assert len(pages) == 2
-
-
-def test_abandoned_document_does_not_leak_pages_into_the_next(renderer):
-    big = CORPUS / "pymupdf__mupdf_explored.pdf"
-    if not big.exists():
-        pytest.skip("corpus missing")
-    stream = renderer.rasterize(big.read_bytes(), big.name)
-    next(stream)
-    stream.close()  # consumer stops early
-    pages = _render_all(renderer, SAMPLES / "letter.pdf")
-    assert [p.index for _, _, p in pages] == [0]
 
 
 def test_size_follows_target_and_pixel_cap():
