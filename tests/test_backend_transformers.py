@@ -13,8 +13,7 @@ from engine.backends import available_backends, load_backend
 from engine.interface import PageRequest, SamplingParams
 from jobs.make_tiny_checkpoint import build_tiny_checkpoint
 
-pytest.importorskip("transformers")
-from engine.backend_transformers import TransformersBackend  # noqa: E402
+from engine.backend_transformers import TransformersBackend
 
 
 @pytest.fixture(scope="module")

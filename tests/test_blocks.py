@@ -3,7 +3,7 @@ each line falls in one block, and the blocks' answers join into the page's text.
 import numpy as np
 import pytest
 
-from conftest import CORPUS
+from conftest import CORPUS, unavailable
 from pipeline.blocks import (TextBlock, block_image, column_spans, ink_mask, join_block_texts, margin_strips, ran_on,
                              read_blocks, reading_regions, text_blocks, text_lines, upright_turns)
 from pipeline.synthetic import SynthConfig, TextPool, column_rects, make_page
@@ -147,10 +147,12 @@ def test_a_borderless_table_under_a_title_is_read_across():
     assert len(blocks) == 3 and all(b.x1 - b.x0 > 500 for b in blocks)  # the title, the rows in two parts
 
 
-@pytest.mark.skipif(not (CORPUS / "pymupdf__2201.00069.pdf").exists(), reason="../shared/corpus is not next to this checkout")
 def test_a_real_two_column_paper_under_its_running_head():
     """A journal page whose running head spans both columns: the head, then the left column, then the right."""
     import pymupdf
+
+    if not (CORPUS / "pymupdf__2201.00069.pdf").exists():
+        unavailable("../shared/corpus is not next to this checkout")
 
     from pipeline.rasterize import render_page
 

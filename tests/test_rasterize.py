@@ -6,7 +6,7 @@ import time
 import numpy as np
 import pymupdf
 import pytest
-from conftest import CORPUS, ROOT
+from conftest import CORPUS, ROOT, unavailable
 
 from pipeline.isolation import IsolatedRasterizer
 from pipeline.rasterize import DocumentError, RasterOptions, rasterize, render_page, render_scale
@@ -29,8 +29,13 @@ def renderer():
 MANIFEST = list(csv.DictReader(open(CORPUS / "manifest.csv"))) if (CORPUS / "manifest.csv").exists() else []
 
 
-@pytest.mark.skipif(not MANIFEST, reason="../shared/corpus is not next to this checkout")
-def test_every_corpus_file_behaves_as_the_manifest_says(renderer):
+@pytest.fixture
+def corpus():
+    if not MANIFEST:
+        unavailable("../shared/corpus is not next to this checkout")
+
+
+def test_every_corpus_file_behaves_as_the_manifest_says(corpus, renderer):
     mismatches = []
     for row in MANIFEST:
         if "timed out" in row["error"]:
@@ -50,14 +55,13 @@ def test_every_corpus_file_behaves_as_the_manifest_says(renderer):
     assert not mismatches, mismatches
 
 
-@pytest.mark.skipif(not MANIFEST, reason="../shared/corpus is not next to this checkout")
 @pytest.mark.parametrize("name,kind", [
     ("pdfminer__aes-128.pdf", "encrypted"),
     ("pike__cyclic-toc.pdf", "empty"),
     ("qpdf__bad1.pdf", "damaged"),
     ("pymupdf__test_2548.pdf", "timeout"),  # get_pixmap spins forever on this file
 ])
-def test_error_kinds(name, kind):
+def test_error_kinds(corpus, name, kind):
     renderer = IsolatedRasterizer(RasterOptions(target_longest_px=256, max_pixels=256 * 256), timeout_s=120,
                                   memory_limit_mb=4096)
     assert len(_render_all(renderer, SAMPLES / "letter.pdf")) == 1  # the child is up: its start-up is not timed
