@@ -45,6 +45,7 @@ def _key(r):
     return (r.request_id, r.text, r.prompt_tokens, r.output_tokens, r.finish_reason, r.error)
 
 
+@pytest.mark.slow
 def test_batch_equals_one_by_one(backend):
     reqs = _requests()
     batched = backend.parse(reqs)

@@ -115,3 +115,41 @@ def test_decompression_bomb_is_filed_as_too_large(bomb):
         assert e.value.kind == "too_large", f"{e.value.kind}: {e.value}"
     finally:
         renderer.close()
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_doc_timeout_and_retry_failed_flags_reach_the_job(tmp_path, tiny_checkpoint):
+    """`--doc-timeout` from the command line to the renderer of a real job (its limit, not the default 300 s, is
+    in the error row), then `--retry-failed`: only the document that failed is taken again, not one added since."""
+    import subprocess
+    import sys
+
+    from pipeline.config import StorageConfig
+    from pipeline.output import OutputStore
+    from pipeline.storage import resolve
+
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "hang.pdf").write_bytes(hanging_pdf())
+    (tmp_path / "in" / "letter.pdf").write_bytes(LETTER)
+
+    def cli(*flags):
+        # 20 s: past the renderer's start-up, which the first document's limit includes, on a loaded machine
+        args = [sys.executable, str(ROOT / "jobs/parse_corpus.py"), "--input", str(tmp_path / "in"), "--output",
+                str(tmp_path / "out"), "--checkpoint", str(tiny_checkpoint), "--device", "cpu", "--max-tokens", "4",
+                "--num-cpus", "2", "--doc-timeout", "20", *flags]
+        proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=280)
+        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+        docs = OutputStore(resolve(str(tmp_path / "out"), StorageConfig())).documents().to_pylist()
+        return {d["uri"].rsplit("/", 1)[1]: d for d in docs}
+
+    docs = cli()
+    assert docs["letter.pdf"]["status"] == "ok"
+    hang = docs["hang.pdf"]
+    assert (hang["status"], hang["error_kind"], hang["attempt"]) == ("error", "timeout", 1)
+    assert "longer than 20 s" in hang["error"], hang["error"]
+    (tmp_path / "in" / "report.pdf").write_bytes((ROOT / "samples" / "report.pdf").read_bytes())
+    docs = cli("--retry-failed")
+    assert sorted(docs) == ["hang.pdf", "letter.pdf"]  # report.pdf is new, not failed: --retry-failed leaves it
+    assert (docs["hang.pdf"]["error_kind"], docs["hang.pdf"]["attempt"]) == ("timeout", 2)

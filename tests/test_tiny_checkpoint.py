@@ -100,6 +100,7 @@ def _page(h: int, w: int, seed: int) -> np.ndarray:
     return page
 
 
+@pytest.mark.slow
 def test_generate_with_transformers(ckpt):
     from transformers.models.auto.image_processing_auto import AutoImageProcessor
 
