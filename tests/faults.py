@@ -3,37 +3,53 @@ import struct
 import zlib
 
 
-def pdf_with_content(*pages: bytes) -> bytes:
-    """A minimal PDF whose pages draw the given content streams (Flate-compressed, as real files carry them)."""
-    n = len(pages)
-    objs = [b"<< /Type /Catalog /Pages 2 0 R >>",
-            b"<< /Type /Pages /Kids [%s] /Count %d >>" % (b" ".join(b"%d 0 R" % (3 + 2 * i) for i in range(n)), n)]
-    for i, content in enumerate(pages):
-        stream = zlib.compress(content, 6)
-        objs.append(b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents %d 0 R >>" % (4 + 2 * i))
-        objs.append(b"<< /Length %d /Filter /FlateDecode >>\nstream\n" % len(stream) + stream + b"\nendstream")
+def _pdf(objects: list[bytes]) -> bytes:
+    """A PDF of the given objects (numbered from 1; object 1 the catalog), with its cross-reference table."""
     out, offsets = b"%PDF-1.7\n", []
-    for i, obj in enumerate(objs, 1):
+    for i, obj in enumerate(objects, 1):
         offsets.append(len(out))
         out += b"%d 0 obj\n" % i + obj + b"\nendobj\n"
     xref = len(out)
-    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objs) + 1) + b"".join(b"%010d 00000 n \n" % o for o in offsets)
-    return out + b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objs) + 1, xref)
+    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
+    out += b"".join(b"%010d 00000 n \n" % o for o in offsets)
+    return out + b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, xref)
 
 
-# A page that takes MuPDF minutes: 100,000 strokes across the whole page (measured: 300,000 take > 120 s at 256 px
-# on this 2-core machine), in 40 KB of file. A "hang" that needs no MuPDF bug and stops when the renderer is killed.
-SLOW_PAGE = b"0.1 w\n" + b"10 10 m 600 780 l 20 700 l h S\n" * 100_000
+def _stream(content: bytes, entries: bytes = b"") -> bytes:
+    return b"<< %s /Length %d >>\nstream\n" % (entries, len(content)) + content + b"\nendstream"
+
+
+FORM = b"/Type /XObject /Subtype /Form /BBox [0 0 612 792]"
 QUICK_PAGE = b"0 0 1 rg 72 72 200 100 re f\n"
 
 
+def pdf_pages(*slow: bool, depth: int = 40) -> bytes:
+    """One page per argument: a quick page (a filled box), or a slow one that draws form 40 of a chain in which each
+    form draws the one below it twice: 2^40 strokes in 8 KB. Drawing time doubles with each level (measured here:
+    depth 12 1.3 s, 14 5.4 s, 16 25 s), so depth 40 keeps MuPDF busy until it is killed, with no MuPDF bug needed;
+    MuPDF's own nesting limit (an error, not a hang) lies between 40 and 100."""
+    n = len(slow)
+    first_form = 3 + 2 * n  # pages and their contents first, then the forms
+    objects = [b"<< /Type /Catalog /Pages 2 0 R >>",
+               b"<< /Type /Pages /Kids [%s] /Count %d >>" % (b" ".join(b"%d 0 R" % (3 + 2 * i) for i in range(n)), n)]
+    for i, is_slow in enumerate(slow):
+        res = b"/Resources << /XObject << /F %d 0 R >> >>" % (first_form + depth) if is_slow else b""
+        objects.append(b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents %d 0 R %s >>" % (4 + 2 * i, res))
+        objects.append(_stream(b"/F Do\n" if is_slow else QUICK_PAGE))
+    objects.append(_stream(b"0.1 w 10 10 m 600 780 l 20 700 l h S\n", FORM))  # level 0: one stroke
+    for level in range(1, depth + 1):
+        objects.append(_stream(b"/G Do /G Do\n", FORM + b" /Resources << /XObject << /G %d 0 R >> >>"
+                               % (first_form + level - 1)))
+    return _pdf(objects)
+
+
 def hanging_pdf() -> bytes:
-    return pdf_with_content(SLOW_PAGE)
+    return pdf_pages(True)
 
 
 def slow_second_page_pdf() -> bytes:
-    """Page 0 renders at once, page 1 takes minutes: the renderer is mid-document after the first page."""
-    return pdf_with_content(QUICK_PAGE, SLOW_PAGE)
+    """Page 0 renders at once, page 1 never finishes: the renderer is mid-document after the first page."""
+    return pdf_pages(False, True)
 
 
 def png_bomb(side: int) -> bytes:
