@@ -195,8 +195,11 @@ def read_safetensors_header(path: Path) -> tuple[dict, bytes]:
         blob = f.read(n)
     try:
         header = json.loads(blob)
-    except json.JSONDecodeError as e:
+    except ValueError as e:  # bytes that are not text (UnicodeDecodeError) or text that is not JSON
         raise CheckpointError(f"{path.name}: safetensors header is not valid JSON ({e})") from e
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path.name}: safetensors header is not valid JSON (a {type(header).__name__}, "
+                              f"not an object)")
     data_len = size - 8 - n
     for name, meta in header.items():
         if name == "__metadata__":

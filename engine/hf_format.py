@@ -1,8 +1,9 @@
 """Writers for the non-weight files of a Qwen3.5 VL (HF `qwen3_5`) checkpoint folder.
 
 Tokenizer, tokenizer/processor configs, chat template, image preprocessor config and generation config,
-written as plain JSON so that `transformers.AutoProcessor.from_pretrained(folder)` returns a working
-Qwen3VLProcessor and our own engine can read the same files without transformers.
+written as plain JSON so that transformers' AutoTokenizer and its PIL image processor load the folder (and
+`AutoProcessor` a Qwen3VLProcessor where torchvision is installed, which transformers 5.17 needs for it), and our
+own engine can read the same files without transformers.
 All outputs are deterministic functions of the arguments (sorted keys, fixed formatting).
 """
 from __future__ import annotations

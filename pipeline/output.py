@@ -175,9 +175,11 @@ class OutputStore:
             pages = keep(self._read(pages_path, PAGE_SCHEMA)) if pages_exist else PAGE_SCHEMA.empty_table()
             docs = keep(self._read(docs_path, DOCUMENT_SCHEMA))
             if docs.num_rows == 0:
-                if pages_exist:
-                    delete_file(fs, pages_path)  # pages first: a documents file never points at a missing pages file
+                # documents first: cut short here, the pages file is an orphan the next reconcile deletes, and no
+                # documents file points at a missing pages file (pages_exist: outputs of older versions may have one)
                 delete_file(fs, docs_path)
+                if pages_exist:
+                    delete_file(fs, pages_path)
             else:
                 write_parquet_atomic(fs, pages_path, pages)
                 write_parquet_atomic(fs, docs_path, docs)

@@ -13,8 +13,7 @@ from engine.backends import available_backends, load_backend
 from engine.interface import PageRequest, SamplingParams
 from jobs.make_tiny_checkpoint import build_tiny_checkpoint
 
-pytest.importorskip("transformers")
-from engine.backend_transformers import TransformersBackend  # noqa: E402
+from engine.backend_transformers import TransformersBackend
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +45,7 @@ def _key(r):
     return (r.request_id, r.text, r.prompt_tokens, r.output_tokens, r.finish_reason, r.error)
 
 
+@pytest.mark.slow
 def test_batch_equals_one_by_one(backend):
     reqs = _requests()
     batched = backend.parse(reqs)

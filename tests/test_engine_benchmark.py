@@ -2,6 +2,8 @@
 import kernels.testing  # noqa: F401  (sets TRITON_INTERPRET before any kernel module is compiled)
 import json
 
+import pytest
+
 from jobs import benchmark
 
 
@@ -22,6 +24,7 @@ def test_benchmark_tiny_cpu(tmp_path):
     assert (tmp_path / "benchmark.png").stat().st_size > 1000
 
 
+@pytest.mark.slow  # the GEMV and the model's other kernels run in the Triton interpreter
 def test_benchmark_variants_cpu(tmp_path, monkeypatch):
     """--variants: each native variant runs the scenarios, its options are recorded, and its greedy outputs are
     compared with the first's. Triton is forced (run by the interpreter), so the default variant's decode
@@ -32,7 +35,7 @@ def test_benchmark_variants_cpu(tmp_path, monkeypatch):
     gemv_calls = []
     gemv = sml.small_m_linear_triton
     monkeypatch.setattr(sml, "small_m_linear_triton", lambda *a, **k: (gemv_calls.append(1), gemv(*a, **k))[1])
-    benchmark.main(["--device", "cpu", "--tiny", "--out", str(tmp_path), "--batch-sizes", "2", "--text-gen", "5",
+    benchmark.main(["--device", "cpu", "--tiny", "--out", str(tmp_path), "--batch-sizes", "2", "--text-gen", "3",
                     "--scenarios", "text", "--skip-transformers", "--variants", "native,native_cublas"])
     data = json.loads((tmp_path / "benchmark.json").read_text())
     assert [r["engine"] for r in data["results"]] == ["native", "native_cublas"]

@@ -20,7 +20,7 @@ from pipeline.job import prepare, run
 from pipeline.output import OutputStore
 from pipeline.storage import resolve
 
-pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(300)]  # each a whole job: > 30 s
 SAMPLES = ROOT / "samples"
 BACKEND = os.environ.get("OCRIA_TEST_BACKEND", "native")
 
@@ -141,7 +141,6 @@ def test_killed_engine_actor_is_replaced_and_its_work_redone(tmp_path, tiny_chec
     assert_exactly_once(store, {f"file://{tmp_path}/in/doc{i:02d}.pdf" for i in range(12)})
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("where", ["local", "s3", "gcs"])
 def test_job_killed_midway_then_resumed_gives_every_document_once(where, request, tmp_path, tiny_checkpoint):
     """The driver and its Ray killed mid-stream; a rerun gives every document exactly once. On GCS the endpoint

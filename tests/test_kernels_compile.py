@@ -17,7 +17,7 @@ SCRIPT = ("import json, kernels.compile_check as cc; rows = cc.run((1, 64)); "
 
 @pytest.mark.timeout(300)
 def test_all_kernels_compile_for_sm90_without_spills():
-    pytest.importorskip("triton.backends.nvidia")
+    import triton.backends.nvidia  # noqa: F401  (ptxas for sm_90 ships in the triton wheel: no GPU needed)
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "OCRIA_FORCE_TRITON")}
     res = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True, timeout=280)
     assert res.returncode == 0, res.stderr[-4000:]

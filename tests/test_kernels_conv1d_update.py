@@ -50,7 +50,7 @@ def test_default_block_and_checkpoint_weight_layout():
 
 def test_ref_matches_transformers_update():
     """transformers keeps K columns of state; its last K-1 columns are our state."""
-    hf = pytest.importorskip("transformers.models.qwen3_5.modeling_qwen3_5")
+    import transformers.models.qwen3_5.modeling_qwen3_5 as hf
     x, conv_state, weight = make_inputs(B=3, C=21)
     idx = torch.tensor([0, 1, 2])
     hf_state = torch.cat([torch.randn(3, 21, 1), conv_state[:3]], dim=-1)

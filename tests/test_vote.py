@@ -14,8 +14,9 @@ def _random_text(rng: random.Random, n: int) -> str:
     return "".join(rng.choice(ALPHABET) for _ in range(n))
 
 
-def test_an_alignment_rebuilds_the_other_read_with_the_fewest_edits():
-    rng = random.Random()  # fresh strings every run
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_an_alignment_rebuilds_the_other_read_with_the_fewest_edits(seed):
+    rng = random.Random(seed)  # a property of every pair: three fixed draws of 300, the same on every run
     for _ in range(300):
         pivot, other = _random_text(rng, rng.randint(0, 23)), _random_text(rng, rng.randint(0, 19))
         at, before = alignment(pivot, other)
@@ -35,12 +36,13 @@ def _misread(rng: random.Random, text: str, place: int) -> str:
     return text[:place] + rng.choice(ALPHABET) + text[place:]
 
 
+@pytest.mark.parametrize("seed", [0, 1])
 @pytest.mark.parametrize("reads", [3, 5])
-def test_a_misread_one_read_makes_is_outvoted(reads):
+def test_a_misread_one_read_makes_is_outvoted(reads, seed):
     """Each read misreads once, at places at least 5 characters apart, so a majority reads every place right. Where
     a run of look-alike characters lets a least-edits alignment place an edit in several ways, a misread can survive
-    (1 case of 4,593 on this alphabet, seed 1): at most 2 of 400 may."""
-    rng = random.Random()
+    (1 case of 4,593 on this alphabet, seed 1): at most 2 of 400 may. Seeded, so a run that fails fails again."""
+    rng = random.Random(seed * 10 + reads)
     wrong = []
     for _ in range(400):
         truth = _random_text(rng, rng.randint(5 * reads + 4, 61))
