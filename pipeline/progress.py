@@ -19,8 +19,8 @@ class PageProgress:
         self.interactive = sys.stderr.isatty() if interactive is None else interactive
         self.pages_done = self.pages_known = self.documents_done = 0
         self._seen: set[str] = set()
-        self._samples: deque[tuple[float, int]] = deque()
         self._started = self._last_line = clock()
+        self._samples: deque[tuple[float, int]] = deque([(self._started, 0)])  # (time, pages done), ~1 a second
         self._bar = None
         if self.interactive:
             from tqdm import tqdm
@@ -41,10 +41,10 @@ class PageProgress:
         self._tick()
 
     def pages_per_s(self) -> float:
-        """Pages per second over the last window_s (over the whole run until a window has passed)."""
-        now = self.clock()
-        t0, n0 = self._samples[0] if self._samples and self._samples[0][0] < now else (self._started, 0)
-        return (self.pages_done - n0) / max(now - t0, 1e-9)
+        """Pages per second since the last sample from before the window (the whole run, until a window has passed):
+        a burst after a long wait is not read as a rate of hundreds of pages a second."""
+        t0, n0 = self._samples[0]
+        return (self.pages_done - n0) / max(self.clock() - t0, 1e-9)
 
     def line(self) -> str:
         return (f"pages {self.pages_done}/{self.pages_known} known, documents {self.documents_done}/"
@@ -52,9 +52,9 @@ class PageProgress:
 
     def _tick(self) -> None:
         now = self.clock()
-        if not self._samples or now - self._samples[-1][0] >= 1.0:
+        if now - self._samples[-1][0] >= 1.0:
             self._samples.append((now, self.pages_done))
-        while len(self._samples) > 1 and now - self._samples[0][0] > self.window_s:
+        while len(self._samples) > 2 and now - self._samples[1][0] >= self.window_s:  # keep one from before the window
             self._samples.popleft()
         if now - self._last_line < (0.5 if self._bar is not None else self.every_s):
             return
