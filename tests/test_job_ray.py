@@ -83,12 +83,16 @@ def test_sample_corpus_through_s3_then_resume(s3_server, s3_client, tiny_checkpo
     assert not any("testing" in s3_client.get_object(Bucket="archive", Key=k)["Body"].read().decode("latin-1")
                    for k in keys if k.endswith(".json")), "credentials must never reach the output"
 
-    # Rerun: the five done documents are skipped, the failed one is retried (attempt 2) and replaces its old row.
+    # Rerun: the five done documents are skipped, and the failed one too: not a PDF is a fact about the file.
     again = prepare(cfg)
-    assert again.plan.skipped["already done"] == 5 and [m.attempt for m in again.plan.todo.values()] == [2]
-    retried = run(again, echo=lambda *_: None)
+    assert again.plan.skipped["already done"] == 5 and not again.plan.todo
+    assert again.plan.skipped["not_pdf (not retried: --retry-failed forces)"] == 1
+    # --retry-failed forces it (attempt 2); its new row replaces the old.
+    forced = prepare(cfg.model_copy(update={"run": cfg.run.model_copy(update={"retry_failed": True})}))
+    assert [m.attempt for m in forced.plan.todo.values()] == [2]
+    retried = run(forced, echo=lambda *_: None)
     assert retried["pages"] == 0 and retried["warmup_pages"] == 0  # an error row is no page, warm-up included
-    assert retried["steady_pages_per_s"] == 0
+    assert retried["steady_pages_per_s"] == 0 and not retried["steady_phase"]
     docs, _ = assert_exactly_once(store, uris)
     [cached] = list((tmp_path / "cache").iterdir())
     assert (cached / "model.safetensors").read_bytes() == (tiny_checkpoint / "model.safetensors").read_bytes()
@@ -280,6 +284,7 @@ def test_outcomes_through_the_job_and_no_secret_in_anything_it_prints_or_writes(
             written.append(body.decode("latin-1"))
             if o["Key"].endswith(".parquet"):  # compressed columns: search the values, not the bytes
                 written.append(str(pq.read_table(pa.BufferReader(body)).to_pylist()))
+        assert "with-blank.pdf" in "\n".join(written)  # the search reads what was written
         logs = [f.read_text(errors="replace") for f in Path(ray_tmp).rglob("*") if f.is_file() and f.stat().st_size
                 < 50_000_000 and f.suffix in (".log", ".out", ".err", ".txt", ".json", "")]
         assert logs, "the run's Ray logs were not where RAY_TMPDIR put them: the test searched nothing"
