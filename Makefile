@@ -8,7 +8,7 @@ export RAY_USAGE_STATS_ENABLED := 0
 export AWS_EC2_METADATA_DISABLED := true
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: run test setup samples checkpoint clean test-fast deps-check
+.PHONY: run test setup samples checkpoint clean test-fast research-test deps-check
 
 # torch's CPU build, for `make run` and `make test` on a machine without a GPU (docs/install.md). Where the index cannot
 # be reached in 5 s, torch comes from PyPI (its CUDA build, which runs on CPU too) or your pip configuration.
@@ -51,6 +51,10 @@ deps-check: $(STAMP)
 
 test: $(STAMP) deps-check
 	TRITON_INTERPRET=1 timeout 2400 $(PY) -m pytest -q -rs --durations=10 -p no:cacheprovider $(PYTEST_ARGS)
+
+# ocria-tiny's training and evaluation code (research/): its own tests, apart from the product's
+research-test: $(STAMP)
+	TRITON_INTERPRET=1 timeout 2400 $(PY) -m pytest -q -p no:cacheprovider research/tests $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
 	TRITON_INTERPRET=1 $(PY) -m pytest -q -m "not ray and not slow" $(PYTEST_ARGS)

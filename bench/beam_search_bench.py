@@ -4,7 +4,7 @@
     python3 bench/beam_search_bench.py run --pages build/beam_pages --out $OUT/beam   # H200 (carry build/beam_pages)
     python3 bench/beam_search_bench.py copy --out $OUT/copy    # H200: the per-step cache copy alone, two ways
 
-`export` draws the held-out synthetic pages jobs.eval_ocr scores (same config, pool and seeds) and writes them as
+`export` draws the held-out synthetic pages research.ocria_tiny.eval_ocr scores (same config, pool and seeds) and writes them as
 PNG files with their reference text, so the GPU machine needs neither pymupdf nor the text pools.
 `run` does three things, each recorded as soon as it is done:
   1. ocria-tiny, bf16, CUDA graphs: every page read greedy and with --beams, timed (pages/s) and scored (CER);
@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from jobs.benchmark import sync  # noqa: E402
-from jobs.eval_ocr import Score, markdown_to_text  # noqa: E402
+from research.ocria_tiny.eval_ocr import Score, markdown_to_text  # noqa: E402
 
 TINY = ROOT / "models" / "ocria-tiny"
 
@@ -39,8 +39,8 @@ TINY = ROOT / "models" / "ocria-tiny"
 def export(args) -> None:
     from PIL import Image
 
-    from jobs.eval_ocr import heldout_pages, pool_fingerprint
-    from jobs.train_tiny import load_config
+    from research.ocria_tiny.eval_ocr import heldout_pages, pool_fingerprint
+    from research.ocria_tiny.train_config import load_config
 
     cfg = load_config(args.config, [])
     args.pages.mkdir(parents=True, exist_ok=True)
@@ -79,7 +79,7 @@ def read_timed(reader, images, max_new_tokens: int) -> tuple[list[str], float]:
 
 
 def tiny_quality(pages, beams: list[int], max_new_tokens: int, device: str) -> list[dict]:
-    from jobs.eval_ocr import EnginePageReader
+    from research.ocria_tiny.eval_ocr import EnginePageReader
 
     names, images, refs = pages
     rows = []
@@ -98,7 +98,7 @@ def tiny_quality(pages, beams: list[int], max_new_tokens: int, device: str) -> l
 
 
 def tiny_exactness(pages, beams: list[int], n: int, max_new_tokens: int, device: str) -> list[dict]:
-    from jobs.eval_ocr import EnginePageReader, HFPageReader
+    from research.ocria_tiny.eval_ocr import EnginePageReader, HFPageReader
 
     names, images, _ = pages
     images = images[:n]
@@ -257,7 +257,7 @@ def copy_variants(args) -> None:
 def parent_shares(args) -> None:
     """How often a beam member continues itself (its parent is its own row) when ocria-tiny reads real pages: the
     share of the per-step cache copy that kernels/copy_rows leaves out."""
-    from jobs.eval_ocr import EnginePageReader
+    from research.ocria_tiny.eval_ocr import EnginePageReader
 
     names, images, _ = load_pages(args.pages)
     reader = EnginePageReader(TINY, args.device, num_beams=args.beams, batch=args.num_pages)
@@ -328,7 +328,7 @@ def main(argv=None) -> None:
     ex = sub.add_parser("export")
     ex.add_argument("--pages", type=Path, required=True)
     ex.add_argument("--heldout", type=int, default=24)
-    ex.add_argument("--config", type=Path, default=ROOT / "bench/results/ocria_tiny_eval_full_pages_1536_config.yaml")
+    ex.add_argument("--config", type=Path, default=ROOT / "research/ocria_tiny/results/eval_full_pages_1536_config.yaml")
     ex.add_argument("--synth", type=Path, default=ROOT / ".synth")
     rn = sub.add_parser("run")
     rn.add_argument("--pages", type=Path, default=None, help="the exported pages (not needed with --skip-tiny)")

@@ -1,7 +1,7 @@
 """How big the corpus' text is in pixels at a given page resolution: the font size of every character of the
-born-digital first pages that jobs.eval_ocr scores (the text layer's span sizes, in points), times the pipeline's
+born-digital first pages that research.ocria_tiny.eval_ocr scores (the text layer's span sizes, in points), times the pipeline's
 render scale (pipeline.rasterize.render_scale) at each longest side. ocria-tiny reads 16-32 px lines after run D
-(bench/results/ocria_tiny_commands.md, session 10); this says which resolution puts real pages' body text there.
+(research/ocria_tiny/commands.md, session 10); this says which resolution puts real pages' body text there.
 
     python bench/corpus_font_px.py --out bench/results/corpus_font_px.json
 """
@@ -17,7 +17,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from jobs.eval_ocr import born_digital_rows
+from research.ocria_tiny.eval_ocr import born_digital_rows
 from pipeline.rasterize import RasterOptions, render_scale
 
 
@@ -32,7 +32,7 @@ def char_font_pt(page) -> np.ndarray:
 
 def first_pages_with_fonts(corpus: Path, pages: int, readable_only: bool = True):
     """(manifest row, first page, its characters' font sizes in pt) of the born-digital first pages that
-    jobs.eval_ocr scores (`readable_only`; else also those whose text layer is not text, whose font sizes are still
+    research.ocria_tiny.eval_ocr scores (`readable_only`; else also those whose text layer is not text, whose font sizes are still
     right), skipping pages without text; each page is valid until the next one is yielded."""
     import pymupdf
 
@@ -45,7 +45,7 @@ def first_pages_with_fonts(corpus: Path, pages: int, readable_only: bool = True)
 
 @click.command()
 @click.option("--corpus", default=str(ROOT.parent / "shared" / "corpus"), show_default=True)
-@click.option("--pages", default=12, show_default=True, help="first pages, as jobs.eval_ocr --corpus-pages takes them")
+@click.option("--pages", default=12, show_default=True, help="first pages, as research.ocria_tiny.eval_ocr --corpus-pages takes them")
 @click.option("--longest", default="768,1024,1280", show_default=True, help="longest page sides to compare (px)")
 @click.option("--out", default=None)
 def main(corpus: str, pages: int, longest: str, out: str | None) -> None:

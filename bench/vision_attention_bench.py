@@ -1,5 +1,5 @@
 """The training vision attention on the GPU: flash attention's variable-length kernel against the padded, masked SDPA
-call (jobs/packed_vision_attention.py), forward and backward, at a 1,536 px training batch's shape.
+call (research/ocria_tiny/packed_vision_attention.py), forward and backward, at a 1,536 px training batch's shape.
 
     python3 bench/vision_attention_bench.py --out $OUT/vision_attention.json
 
@@ -19,7 +19,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.kernels_bench import rel_error  # noqa: E402
-from jobs.packed_vision_attention import padded_attention, varlen_flash_attention  # noqa: E402
+from research.ocria_tiny.packed_vision_attention import padded_attention, varlen_flash_attention  # noqa: E402
 
 DENSE_BF16_TFLOPS = 989.0  # H200 SXM datasheet, dense
 

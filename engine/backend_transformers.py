@@ -81,6 +81,9 @@ class TransformersBackend:
         info = inspect_checkpoint(checkpoint_dir)  # names what is wrong: folder, config.json, model_type, tensors
         if info.text_only:
             raise ValueError(f"{checkpoint_dir}: a page parser needs a vision checkpoint (model_type qwen3_5)")
+        if info.config.quant is not None:
+            raise ValueError(f"{checkpoint_dir}: quantized ({info.config.quant.label}) checkpoints run on the native "
+                             "backend only (transformers would need compressed-tensors): use backend native")
         self.config = json.loads((Path(checkpoint_dir) / "config.json").read_text())
         if max_batch_size < 1 or max_new_tokens < 1:
             raise ValueError(f"max_batch_size and max_new_tokens must be >= 1, got {max_batch_size}, {max_new_tokens}")

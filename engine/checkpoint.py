@@ -39,6 +39,11 @@ FUSED_SHARDS = {
 IGNORED_PREFIXES = ("mtp.",)
 
 _ST_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64}
+# The decoder projections a quantization_config may quantize (engine/quant_config.py); other Linear modules of the
+# HF model (vision tower, lm_head) must be left out of it.
+QUANTIZABLE = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "in_proj_qkv", "in_proj_z",
+               "in_proj_b", "in_proj_a", "out_proj")
+_VISION_LINEARS = ("attn.qkv", "attn.proj", "linear_fc1", "linear_fc2")
 
 
 def text_prefix(cfg: ModelConfig) -> str:
@@ -46,7 +51,55 @@ def text_prefix(cfg: ModelConfig) -> str:
 
 
 def expected_tensors(cfg: ModelConfig, text_only: bool = False) -> dict[str, tuple[int, ...]]:
-    """Every HF tensor name the config implies, with its shape (lm_head only when untied)."""
+    """Every HF tensor name the config implies, with its shape (lm_head only when untied; a quantized module's
+    tensors in place of its weight)."""
+    return {name: shape for name, (shape, _) in tensor_specs(cfg, text_only).items()}
+
+
+def quantized_modules(cfg: ModelConfig, text_only: bool = False) -> dict:
+    """HF module name -> QuantScheme for every module the checkpoint's quantization_config quantizes (raises naming
+    the module when it quantizes one the engine runs in bf16 only)."""
+    if cfg.quant is None:
+        return {}
+    if cfg.text.tie_word_embeddings and cfg.quant.scheme_for("lm_head"):
+        raise CheckpointError("module lm_head: quantized by quantization_config, but the head is tied to the "
+                              "embedding, which stays bf16: add 'lm_head' to quantization_config.ignore")
+    out = {}
+    for name in _bf16_tensors(cfg, text_only):
+        module = name.removesuffix(".weight")
+        leaf = module.rsplit(".", 1)[-1]
+        linear = leaf in QUANTIZABLE or module == "lm_head" or module.endswith(_VISION_LINEARS)
+        if not name.endswith(".weight") or not linear:
+            continue
+        scheme = cfg.quant.scheme_for(module)
+        if scheme is None:
+            continue
+        if leaf not in QUANTIZABLE or module.startswith("model.visual."):
+            raise CheckpointError(f"module {module}: quantized by quantization_config.config_groups.{scheme.group}, "
+                                  "but the engine runs the vision tower and lm_head in bf16 only: add it to "
+                                  "quantization_config.ignore (e.g. 're:.*visual.*', 'lm_head')")
+        out[module] = scheme
+    return out
+
+
+def tensor_specs(cfg: ModelConfig, text_only: bool = False) -> dict[str, tuple[tuple[int, ...], tuple | None]]:
+    """HF tensor name -> (shape, allowed safetensors dtypes, None meaning any float) for the whole checkpoint."""
+    from engine.quant_config import quantized_tensor_specs
+
+    plain = _bf16_tensors(cfg, text_only)
+    out: dict = {}
+    quant = quantized_modules(cfg, text_only)
+    for name, shape in plain.items():
+        module = name.removesuffix(".weight")
+        if module in quant:
+            out.update(quantized_tensor_specs(module, shape[0], shape[1], quant[module]))
+        else:
+            out[name] = (shape, None)
+    return out
+
+
+def _bf16_tensors(cfg: ModelConfig, text_only: bool = False) -> dict[str, tuple[int, ...]]:
+    """Every HF tensor name of the unquantized checkpoint with its shape."""
     t = cfg.text
     p = text_prefix(cfg)
     H = t.hidden_size
@@ -210,7 +263,8 @@ def inspect_checkpoint(path: str | Path, text_only: bool = False, require_tokeni
                 raise CheckpointError(f"tensor {name} appears in both {found[name].file.name} and {f.name}")
             found[name] = TensorEntry(f, tuple(meta["shape"]), meta["dtype"])
 
-    expected = expected_tensors(cfg, text_only)
+    specs = tensor_specs(cfg, text_only)
+    expected = {name: shape for name, (shape, _) in specs.items()}
     ignored = IGNORED_PREFIXES + (("model.visual.",) if text_only else ())
     tie = cfg.text.tie_word_embeddings
     kept: dict[str, TensorEntry] = {}
@@ -224,9 +278,18 @@ def inspect_checkpoint(path: str | Path, text_only: bool = False, require_tokeni
         if e.shape != expected[name]:
             raise CheckpointError(f"tensor {name}: shape {list(e.shape)} in {e.file.name}, "
                                   f"config implies {list(expected[name])}")
-        if e.dtype not in _ST_DTYPES:
-            raise CheckpointError(f"tensor {name}: unsupported dtype {e.dtype} in {e.file.name}")
+        allowed = specs[name][1]
+        if (allowed is None and e.dtype not in _ST_DTYPES) or (allowed is not None and e.dtype not in allowed):
+            raise CheckpointError(f"tensor {name}: unsupported dtype {e.dtype} in {e.file.name}"
+                                  + (f" (quantization_config implies {' or '.join(allowed)})" if allowed else ""))
         kept[name] = e
+    quant = quantized_modules(cfg, text_only)
+    for name in extra:
+        module = name.rpartition(".")[0]
+        if module in quant and name.endswith(".weight") and quant[module].weights == "nvfp4":
+            raise CheckpointError(f"tensor {name}: stored unquantized, but quantization_config.config_groups."
+                                  f"{quant[module].group} quantizes {module} (NVFP4 stores weight_packed, "
+                                  "weight_scale, weight_global_scale): fix the config's targets/ignore or the weights")
     if extra:
         raise CheckpointError(f"unexpected tensor(s) not implied by config.json: {', '.join(sorted(extra)[:5])}"
                               + (f" (+{len(extra) - 5} more)" if len(extra) > 5 else ""))
@@ -234,7 +297,9 @@ def inspect_checkpoint(path: str | Path, text_only: bool = False, require_tokeni
     if missing:
         raise CheckpointError(f"missing tensor(s): {', '.join(missing[:5])}"
                               + (f" (+{len(missing) - 5} more)" if len(missing) > 5 else ""))
-    model_id = f"{root.name}-{digest.hexdigest()[:10]}"
+    # a quantized checkpoint says so in its id even when its folder is named like the bf16 one
+    label = f"-{cfg.quant.label}" if cfg.quant is not None and cfg.quant.label not in root.name else ""
+    model_id = f"{root.name}{label}-{digest.hexdigest()[:10]}"
     return CheckpointInfo(root, cfg, kept, model_id, text_only)
 
 
@@ -279,9 +344,20 @@ def load_weights(model: torch.nn.Module, cfg: ModelConfig, tensors: Iterable[tup
     """
     params = dict(model.named_parameters())
     written: dict[str, set] = {}
+    quant = quantized_modules(cfg)
+    qtensors: dict[str, dict[str, torch.Tensor]] = {}  # quantized HF module -> its tensors by local name
     for name, tensor in tensors:
         if name.startswith(IGNORED_PREFIXES) or (cfg.text.tie_word_embeddings and name == "lm_head.weight"):
             continue  # a tied head is the embedding (an in-memory HF model also lists it)
+        module, _, local = name.rpartition(".")
+        if module in quant:
+            if expected is not None and name not in expected:
+                raise CheckpointError(f"unexpected tensor {name}")
+            if expected is not None and tuple(tensor.shape) != expected[name]:
+                raise CheckpointError(f"tensor {name}: shape {list(tensor.shape)}, config implies "
+                                      f"{list(expected[name])}")
+            qtensors.setdefault(module, {})[local] = tensor
+            continue
         if expected is not None and name not in expected:
             raise CheckpointError(f"unexpected tensor {name}")
         if expected is not None and tuple(tensor.shape) != expected[name]:
@@ -307,6 +383,8 @@ def load_weights(model: torch.nn.Module, cfg: ModelConfig, tensors: Iterable[tup
         written.setdefault(pname, set()).add(shard)
     if cfg.text.tie_word_embeddings and "lm_head.weight" in params:
         raise CheckpointError("internal: tied model must not own an lm_head parameter")
+    if quant:
+        _install_quantized(model, cfg, quant, qtensors, params, written)
     missing = []
     for pname, param in params.items():
         n_shards = len(getattr(param, "shard_sizes", [None]))
@@ -315,3 +393,49 @@ def load_weights(model: torch.nn.Module, cfg: ModelConfig, tensors: Iterable[tup
             missing.append(pname)
     if missing:
         raise CheckpointError(f"parameters not written by the checkpoint: {', '.join(missing[:5])}")
+
+
+def _install_quantized(model, cfg: ModelConfig, quant: dict, qtensors: dict, params: dict, written: dict) -> None:
+    """Replace each projection weight with quantized shards by a QuantWeight (all shards quantized alike) or a
+    SplitWeight (row blocks of different kinds; the bf16 shards were copied into the parameter already)."""
+    from engine.models.quant_linear import PlainWeight, QuantWeight, SplitWeight
+    from engine.quant_config import quantized_tensor_specs
+
+    by_param: dict[str, dict[int | None, str]] = {}
+    for module, scheme in quant.items():
+        pname, shard = hf_name_to_param(module + ".weight", cfg)
+        if pname not in params:
+            raise CheckpointError(f"module {module}: no parameter {pname} in the engine model")
+        got = qtensors.get(module, {})
+        need = {n.rpartition(".")[2] for n in quantized_tensor_specs(module, 16, 16, scheme)}
+        if set(got) != need:
+            raise CheckpointError(f"module {module}: quantized tensors {sorted(got)} given, quantization_config "
+                                  f"implies {sorted(need)}")
+        by_param.setdefault(pname, {})[shard] = module
+        written.setdefault(pname, set()).add(shard)
+    for pname, shards in by_param.items():
+        param = params[pname]
+        sizes = getattr(param, "shard_sizes", [param.shape[0]])
+        blocks, start = [], 0
+        for i, rows in enumerate(sizes):
+            module = shards.get(i if hasattr(param, "shard_sizes") else None)
+            if module is None:
+                block = PlainWeight(param.data[start:start + rows].clone())
+            else:
+                s = quant[module]
+                block = QuantWeight.from_tensors(s.weights, qtensors[module], s.runs_w8a8, param.device)
+                if block.shape != (rows, param.shape[1]):
+                    raise CheckpointError(f"module {module}: quantized weight is {list(block.shape)}, the engine "
+                                          f"expects {[rows, param.shape[1]]}")
+            if blocks and isinstance(block, QuantWeight) and block.same_kind(blocks[-1][-1]):
+                blocks[-1].append(block)
+            elif blocks and isinstance(block, PlainWeight) and isinstance(blocks[-1][-1], PlainWeight):
+                blocks[-1].append(block)
+            else:
+                blocks.append([block])
+            start += rows
+        merged = [QuantWeight.concat(b) if isinstance(b[0], QuantWeight)
+                  else PlainWeight(torch.cat([p.weight for p in b])) for b in blocks]
+        owner = model.get_submodule(pname.rsplit(".", 1)[0])
+        delattr(owner, "weight")
+        owner.weight = merged[0] if len(merged) == 1 else SplitWeight(merged)

@@ -7,6 +7,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine.quant_config import QuantConfig
 
 
 class ConfigError(ValueError):
@@ -94,6 +98,7 @@ class ModelConfig:
     vision_start_token_id: int | None = None
     vision_end_token_id: int | None = None
     torch_dtype: str = "float32"
+    quant: "QuantConfig | None" = None  # engine/quant_config.py: which decoder projections are FP8 / NVFP4
     raw: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -204,6 +209,20 @@ def parse_vision_config(d: dict) -> VisionConfig:
 
 
 def parse_config(raw: dict) -> ModelConfig:
+    from dataclasses import replace
+
+    cfg = _parse_model(raw)
+    qc = raw.get("quantization_config")
+    if qc is None and isinstance(raw.get("text_config"), dict):
+        qc = raw["text_config"].get("quantization_config")
+    if qc is None:
+        return cfg
+    from engine.quant_config import parse_quant_config
+
+    return replace(cfg, quant=parse_quant_config(qc))
+
+
+def _parse_model(raw: dict) -> ModelConfig:
     mt = raw.get("model_type")
     if mt == "qwen3_5":
         text_raw = dict(_need(raw, "text_config", ""))

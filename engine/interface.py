@@ -26,6 +26,8 @@ class SamplingParams:
     #   one copy (finish_reason "loop", engine/loop_guard.py); greedy and sampling, not beam search
     loop_drop_tokens: int = 0  # > 0 (>= 3): leave out of the answer the repeats of any loop over this many tokens and
     #   read on (engine/loop_guard.LoopDrop); not with loop_stop_tokens or beam search
+    num_speculative_tokens: int | None = None  # drafts per verify step at most (engine with a drafter): None = the
+    #   engine's block size - 1, 0 = no speculation for this request
     loop_ban_next: bool = False  # with loop_drop_tokens: forbid the token that would go on with a loop the drop found,
     #   so the model leaves it
 
@@ -50,6 +52,9 @@ class PageResult:
     ttft_s: float = 0.0  # request submitted -> first output token
     decode_s: float = 0.0  # first token -> last token
     total_s: float = 0.0
+    spec_steps: int = 0  # speculative decoding: verify steps, drafts proposed and accepted (RequestOutput)
+    spec_drafted: int = 0
+    spec_accepted: int = 0
 
 
 def seed_for_request(request_id: str) -> int:

@@ -16,12 +16,14 @@ from engine.checkpoint import expected_tensors, inspect_checkpoint, iter_checkpo
 from engine.config import ModelConfig, default_max_model_len
 from engine.interface import SamplingParams, seed_for_request
 from engine.model_runner import DecodePath, ModelRunner, resolve_dtype
+from engine.models.dflash import DFlashDrafter
 from engine.models.qwen3_5 import Qwen3_5Model
 from engine.processor import Processor
 from engine.rope import mrope_positions
 from engine.sampler import Sampler
 from engine.scheduler import NEED_DRAIN, ScheduledStep, Scheduler
 from engine.sequence import ImageInputs, SeqStatus, Sequence
+from engine.speculative import SpecDecoder, SpecFlight, SpecStats
 from engine.state_pool import StatePool
 from engine.step_metadata import PrefillChunk, to_device
 
@@ -49,6 +51,7 @@ class InFlight:
     event: torch.cuda.Event | None = None
     ev_start: torch.cuda.Event | None = None
     record: StepRecord | None = None
+    spec: SpecFlight | None = None  # a speculative step: up to T tokens per sequence (tokens is then [S, T])
 
 
 class RequestRejected(ValueError):
@@ -69,6 +72,17 @@ class RequestOutput:
     num_preemptions: int = 0
     loop_dropped_tokens: int = 0  # output tokens left out of `text` as a loop's repeats (SamplingParams)
     logits: torch.Tensor | None = field(default=None, repr=False)  # [output_tokens, V] when requested
+    # speculative decoding (engine with a drafter): verify steps, drafts proposed and accepted, both by block position
+    spec_steps: int = 0
+    spec_drafted: int = 0
+    spec_accepted: int = 0
+    spec_drafted_by_pos: list[int] = field(default_factory=list)
+    spec_accepted_by_pos: list[int] = field(default_factory=list)
+
+    @property
+    def spec_tau(self) -> float:
+        """Mean tokens per verify step (accepted drafts + 1); 0 without speculation."""
+        return (self.spec_accepted + self.spec_steps) / self.spec_steps if self.spec_steps else 0.0
 
     @property
     def prompt_tokens(self) -> int:
@@ -94,23 +108,17 @@ class EngineOptions:
     gpu_memory_utilization: float = 0.9
     enforce_eager: bool = False  # no CUDA graphs
     compile: bool = True  # torch.compile the element-wise glue ops (CUDA only)
-    fused_decode: bool = False  # all fused decode kernels (kernels/fused_*.py): the GDN one is slower on the H200
-    # the attention layers' fused decode kernel (q/k norm + rotary + KV store in one launch): 0.10 ms (b1) and
-    # 0.12 ms (b8) less per step than the compiled glue + KV store (bench/results/h200_decode_gemv_variants.json)
-    fused_attention_decode: bool = True
-    # decode projections (<= 16 rows) through kernels/small_m_linear instead of cuBLAS: 5 % faster decode steps on
-    # the H200 (bench/results/h200_decode_gemv.json)
-    decode_gemv: bool = True
-    # ... and every decode kernel (GEMVs, norms, GDN, attention) launched with programmatic dependent launch where
-    # the GPU has it (sm_90+): each starts while the one before finishes. 0.08-0.10 ms (2-3 %) less per 4B decode
-    # step at b1 and b8, same tokens and logits (bench/results/h200_decode_pdl.json, h200_engine_benchmark.json)
-    decode_pdl: bool = True
-    # ... with the MLP's SwiGLU applied by the gate_up GEMV to its output: 0.05 ms (1.6 %) less per 4B decode step
-    # at b1 and b8 than the separate SwiGLU kernel (bench/results/h200_decode_epilogues.json)
-    swiglu_epilogue: bool = True
-    # (measured slower on the H200 and removed: the RMSNorms, SwiGLU and GDN gated norm computed by the GEMVs as they
-    # read their input, and PDL's early trigger; bench/results/h200_decode_norm_fused.json)
+    # Each decode-path switch below is on where it made decode steps faster; docs/decisions.md has the measurements.
+    fused_decode: bool = False  # every fused decode kernel (kernels/fused_*.py); the fused GDN one is the slower
+    fused_attention_decode: bool = True  # q/k norm + rotary + KV store in one launch
+    decode_gemv: bool = True  # projections of <= 16 rows through kernels/small_m_linear instead of cuBLAS
+    decode_pdl: bool = True  # programmatic dependent launch (sm_90+): each kernel starts as the one before finishes
+    swiglu_epilogue: bool = True  # the gate_up GEMV applies SwiGLU to its own output: no SwiGLU kernel, no [M, 2I]
     text_only: bool = False
+    # speculative decoding: a DFlash drafter folder (engine/models/dflash.py; None or "none": off) and the verify
+    # block length (None: the drafter's block_size)
+    drafter: str | None = None
+    spec_block_size: int | None = None
 
     def decode_path(self) -> DecodePath:
         return DecodePath(fused_decode=self.fused_decode, fused_attention_decode=self.fused_attention_decode,
@@ -133,15 +141,25 @@ class Engine:
 
         self.model = Qwen3_5Model(cfg, self.dtype, self.device, text_only=self.text_only)
         load_weights(self.model, cfg, weights, expected=expected)
+        drafter = None
+        if opts.drafter not in (None, "", "none"):
+            drafter = DFlashDrafter.from_pretrained(opts.drafter, cfg.text, self.dtype, self.device)
         self.runner = ModelRunner(self.model, cfg, self.device, self.dtype, max_num_seqs=opts.max_num_seqs,
                                   max_model_len=self.max_model_len, max_num_batched_tokens=mnbt,
                                   block_size=opts.block_size, num_blocks=opts.num_blocks,
                                   kv_cache_memory_gb=opts.kv_cache_memory_gb,
                                   gpu_memory_utilization=opts.gpu_memory_utilization,
                                   use_cuda_graphs=not opts.enforce_eager, compile_glue=opts.compile,
-                                  decode=opts.decode_path())
+                                  decode=opts.decode_path(), drafter=drafter)
         self.block_manager = BlockManager(self.runner.cache.num_blocks, opts.block_size)
-        self.scheduler = Scheduler(self.block_manager, StatePool(opts.max_num_seqs), opts.max_num_seqs, mnbt)
+        self.spec = None
+        if drafter is not None:
+            block = opts.spec_block_size or drafter.cfg.block_size
+            if block < 2:
+                raise ValueError(f"spec_block_size={block}: a verify block needs >= 2 tokens (or no drafter)")
+            self.spec = SpecDecoder(self.runner, drafter, block, opts.max_num_seqs)
+        self.scheduler = Scheduler(self.block_manager, StatePool(opts.max_num_seqs), opts.max_num_seqs, mnbt,
+                                   decode_len=self._decode_len)
         self.sampler = Sampler()
         stops = set(stop_token_ids) | set(cfg.text.eos_token_ids)
         if processor is not None:
@@ -275,6 +293,12 @@ class Engine:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work() or self._inflight is not None
 
+    def _decode_len(self, seq: Sequence) -> int:
+        """Tokens of KV cache seq's next decode step needs: its newest token's, or its speculative block's."""
+        if self.spec is None or seq.beam is not None:
+            return len(seq)
+        return len(seq) - 1 + self.spec.block_len(seq)
+
     # ------------------------------------------------------------------ stepping
     def step(self) -> list[RequestOutput]:
         """Launch one scheduled step, then collect the previous one; returns the requests that finished.
@@ -284,6 +308,8 @@ class Engine:
         a placeholder until collected; one that stopped at step t may still be computed at t + 1 (result dropped).
         """
         finished = []
+        if self.spec is not None:  # a speculative step's lengths are known only once collected: no step ahead
+            finished += self._collect()
         had_flight = self._inflight is not None
         sched = self.scheduler.schedule(can_preempt=not had_flight)
         if sched == NEED_DRAIN:
@@ -302,6 +328,8 @@ class Engine:
         ev_start = torch.cuda.Event(enable_timing=True) if timing else None
         if sched.is_prefill:
             seqs, logits = self._prefill(sched.seqs, sched.chunk_lens, ev_start)
+        elif self.spec is not None and all(s.beam is None for s in sched.seqs):
+            return self._launch_spec(sched, t0, ev_start, timing)
         else:
             seqs, logits = sched.seqs, self._decode(sched.seqs, ev_start)
         if not seqs:
@@ -334,6 +362,22 @@ class Engine:
                                        time.perf_counter())
         return flight
 
+    def _launch_spec(self, sched: ScheduledStep, t0: float, ev_start, timing: bool) -> InFlight:
+        """A speculative step over the scheduled decode batch (engine/speculative.py; beam search never gets here)."""
+        if ev_start is not None:
+            ev_start.record()
+        spec = self.spec.step(sched.seqs)
+        on_cuda = self.device.type == "cuda"
+        host = spec.tokens.to("cpu", non_blocking=True) if on_cuda else spec.tokens
+        spec.emitted = spec.emitted.to("cpu", non_blocking=True) if on_cuda else spec.emitted
+        flight = InFlight(sched.seqs, host, logits=spec.logits, spec=spec, ev_start=ev_start)
+        if on_cuda:
+            flight.event = torch.cuda.Event(enable_timing=timing)
+            flight.event.record()
+        if self.record_steps:
+            flight.record = StepRecord(False, len(sched.seqs), len(sched.seqs), t0, time.perf_counter())
+        return flight
+
     def _collect(self) -> list[RequestOutput]:
         """Wait for the step in flight (if any) and apply its tokens."""
         flight, self._inflight = self._inflight, None
@@ -349,31 +393,15 @@ class Engine:
             if flight.ev_start is not None:
                 flight.record.device_s = flight.ev_start.elapsed_time(flight.event) / 1e3
             self.step_log.append(flight.record)
+        if flight.spec is not None:
+            return self._collect_spec(flight, tokens, now)
         finished = []
         for row, (seq, tok) in enumerate(zip(flight.seqs, tokens)):
             if seq.status == SeqStatus.FINISHED:
                 continue  # stopped at an earlier step (or aborted): this extra token is dropped
-            i = seq.num_known
-            seq.token_ids[i] = tok
-            seq.num_known += 1
-            if seq.logits is not None:
-                seq.logits.append(flight.logits[row].cpu())
-            seq.first_token_time = seq.first_token_time or now
-            seq.last_token_time = now
-            reason = "stop" if tok in seq.stop_ids else ("length" if i + 1 - seq.prompt_len >= seq.sampling.max_tokens
-                                                        else None)
-            keep = seq.loop_guard.push(seq.token_ids, seq.prompt_len, i + 1) if seq.loop_guard else None
-            if seq.loop_drop is not None:
-                seq.loop_drop.push(seq.token_ids, seq.prompt_len, i + 1)
-            if keep is not None and reason != "stop":
-                reason, i = "loop", seq.prompt_len + keep - 1  # the answer ends after the loop's first unit
-                if seq.logits is not None:
-                    del seq.logits[keep:]
-            if reason:
-                del seq.token_ids[i + 1:]  # tokens launched after the stop are dropped
-                seq.num_known = i + 1
-                self.scheduler.finish(seq, reason)
-                finished.append(self._output(seq))
+            out = self._apply_token(seq, tok, flight.logits[row] if seq.logits is not None else None, now)
+            if out is not None:
+                finished.append(out)
         for groups, choice in flight.beams:
             for row, group in enumerate(groups):
                 leader = group.leader
@@ -383,6 +411,48 @@ class Engine:
                 leader.last_token_time = now
                 if group.apply(choice, row):
                     finished.append(self._finish_beams(group))
+        return finished
+
+    def _apply_token(self, seq: Sequence, tok: int, logits_row, now: float) -> RequestOutput | None:
+        """The host learns seq's next token (its placeholder is filled): stop, length and loop checks."""
+        i = seq.num_known
+        seq.token_ids[i] = tok
+        seq.num_known += 1
+        if seq.logits is not None:
+            seq.logits.append(logits_row.cpu())
+        seq.first_token_time = seq.first_token_time or now
+        seq.last_token_time = now
+        reason = "stop" if tok in seq.stop_ids else ("length" if i + 1 - seq.prompt_len >= seq.sampling.max_tokens
+                                                    else None)
+        keep = seq.loop_guard.push(seq.token_ids, seq.prompt_len, i + 1) if seq.loop_guard else None
+        if seq.loop_drop is not None:
+            seq.loop_drop.push(seq.token_ids, seq.prompt_len, i + 1)
+        if keep is not None and reason != "stop":
+            reason, i = "loop", seq.prompt_len + keep - 1  # the answer ends after the loop's first unit
+            if seq.logits is not None:
+                del seq.logits[keep:]
+        if not reason:
+            return None
+        del seq.token_ids[i + 1:]  # tokens launched after the stop are dropped
+        seq.num_known = i + 1
+        self.scheduler.finish(seq, reason)
+        return self._output(seq)
+
+    def _collect_spec(self, flight: InFlight, tokens: list[list[int]], now: float) -> list[RequestOutput]:
+        """Each sequence's emitted tokens (accepted drafts + the target's), one by one as plain decode would."""
+        spec, finished = flight.spec, []
+        for row, (seq, toks, n, valid) in enumerate(zip(flight.seqs, tokens, spec.emitted.tolist(), spec.valid)):
+            if seq.status == SeqStatus.FINISHED:
+                continue  # aborted while in flight
+            seq.spec_stats = seq.spec_stats or SpecStats()
+            seq.spec_stats.add(valid, n)
+            seq.num_computed = len(seq) - 1 + n  # the block's first n tokens are now in the caches
+            for j in range(n):
+                seq.token_ids.append(PLACEHOLDER)
+                out = self._apply_token(seq, toks[j], spec.logits[row, j] if seq.logits is not None else None, now)
+                if out is not None:
+                    finished.append(out)
+                    break
         return finished
 
     def _beam_step(self, seqs: list[Sequence], tokens: torch.Tensor, logits: torch.Tensor):
@@ -519,7 +589,7 @@ class Engine:
             text=text, finish_reason=seq.finish_reason, ttft_s=first - seq.arrival_time, decode_s=last - first,
             total_s=last - seq.arrival_time, num_preemptions=seq.num_preemptions,
             loop_dropped_tokens=seq.loop_drop.left_out if seq.loop_drop is not None else 0,
-            logits=torch.stack(seq.logits) if seq.logits else None)
+            logits=torch.stack(seq.logits) if seq.logits else None, **_spec_fields(seq.spec_stats))
 
     # ------------------------------------------------------------------ convenience
     def generate(self, requests: list[dict]) -> list[RequestOutput]:
@@ -538,3 +608,10 @@ class Engine:
             for out in self.step():
                 results[out.request_id] = out
         return [results[i] for i in ids]
+
+
+def _spec_fields(stats: SpecStats | None) -> dict:
+    if stats is None:
+        return {}
+    return dict(spec_steps=stats.steps, spec_drafted=stats.drafted, spec_accepted=stats.accepted,
+                spec_drafted_by_pos=list(stats.drafted_by_pos), spec_accepted_by_pos=list(stats.accepted_by_pos))

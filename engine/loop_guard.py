@@ -1,15 +1,14 @@
 """Ending an answer that has fallen into a loop ("directory/directory/directory/...").
 
 A small reader that loses its place on a page can repeat one unit of a few tokens until max_tokens, and those
-insertions can outweigh everything it read right (bench/results/ocria_tiny_s19_error_profile.json: two of 24
-held-out pages hold a third of all character edits that way). The guard ends the answer once its tail is one unit of
+insertions can outweigh everything it read right. The guard ends the answer once its tail is one unit of
 p tokens repeated over at least `min_tokens` tokens, and keeps a single copy of the unit.
 
 Per period p (1 <= p <= min_tokens // 3, so a loop is at least three units) it counts how many of the latest tokens
 equal the token p before them: O(max period) work per new token, on the host, with no look back over the answer.
 
-Ending the answer loses what the model reads after a loop it leaves by itself, which it does on real pages
-(session 21: the corpus read worse with the stop). LoopDrop keeps reading instead and leaves the loop's repeats out
+Ending the answer loses what the model reads after a loop it leaves by itself, which it does on real pages.
+LoopDrop keeps reading instead and leaves the loop's repeats out
 of the answer: the same guard marks each repeat as it comes, and the answer is the tokens outside those spans.
 With the ban (SamplingParams.loop_ban_next) the engine also forbids the token that would go on with the loop, at the
 first step it can still change, so the model leaves the loop instead of waiting for it to leave by itself.

@@ -65,8 +65,11 @@ class ModelRunner:
                  max_num_seqs: int, max_model_len: int, max_num_batched_tokens: int, block_size: int = 16,
                  num_blocks: int | None = None, kv_cache_memory_gb: float | None = None,
                  gpu_memory_utilization: float = 0.9, use_cuda_graphs: bool = True, compile_glue: bool = True,
-                 *, decode: DecodePath):
+                 *, decode: DecodePath, drafter=None):
         self.model, self.cfg, self.device, self.dtype = model, cfg, device, dtype
+        # a speculative drafter (engine/models/dflash.DFlashDrafter): its context KV shares the target's block tables
+        # and is written by every target forward from the tapped hidden states
+        self.drafter = drafter
         model.language_model.set_fused_decode(decode.fused_decode)
         if decode.fused_attention_decode:
             model.language_model.set_fused_decode(True, kinds=("full_attention",))
@@ -144,7 +147,8 @@ class ModelRunner:
     def kv_bytes_per_block(self) -> int:
         t = self.cfg.text
         elt = torch.finfo(self.dtype).bits // 8
-        return 2 * len(self.attn_layers) * self.block_size * t.num_key_value_heads * t.head_dim * elt
+        drafter = self.drafter.kv_bytes_per_block(self.block_size, self.dtype) if self.drafter is not None else 0
+        return 2 * len(self.attn_layers) * self.block_size * t.num_key_value_heads * t.head_dim * elt + drafter
 
     def _alloc_states(self, slots: int) -> None:
         t = self.cfg.text
@@ -163,6 +167,8 @@ class ModelRunner:
         self.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         for i, layer in enumerate(self.attn_layers):
             layer.k_cache, layer.v_cache = self.k_cache[i], self.v_cache[i]
+        if self.drafter is not None:
+            self.drafter.alloc_kv(num_blocks, self.block_size)
 
     @torch.no_grad()
     def copy_caches(self, src_slots: torch.Tensor, dst_slots: torch.Tensor, src_blocks: torch.Tensor,
@@ -228,14 +234,22 @@ class ModelRunner:
             for off, rows in (c.embed_overrides or ()):
                 x[row + off: row + off + rows.shape[0]] = rows.to(x.dtype)
             row += len(c.token_ids)
-        hidden = self.model(x, meta)
+        taps = self.drafter.new_taps() if self.drafter is not None else None
+        hidden = self.model(x, meta, taps)
+        if taps is not None:
+            index = np.concatenate([np.arange(c.start, c.start + len(c.token_ids)) for c in chunks])
+            self.drafter.write_context(taps, meta.slot_mapping, to_device(index, torch.int64, self.device))
         idx = to_device(logits_rows, torch.int64, self.device)
         return self.model.compute_logits(hidden[idx]).float()
 
     def _decode_forward(self, padded: int) -> torch.Tensor:
         meta = self.decode_inputs.metadata(padded)
         x = self.model.embed(self.next_tokens[meta.state_idx.clamp(min=0)])
-        return self.model.compute_logits(self.model(x, meta))
+        taps = self.drafter.new_taps() if self.drafter is not None else None
+        hidden = self.model(x, meta, taps)
+        if taps is not None:  # each row's token sits at index context_len - 1
+            self.drafter.write_context(taps, meta.slot_mapping, meta.context_lens.long() - 1)
+        return self.model.compute_logits(hidden)
 
     @torch.no_grad()
     def run_decode(self, positions, slot_mapping, state_idx, context_lens, block_tables,

@@ -32,11 +32,13 @@ class ScheduledStep:
 
 class Scheduler:
     def __init__(self, block_manager: BlockManager, state_pool: StatePool, max_num_seqs: int,
-                 max_num_batched_tokens: int):
+                 max_num_batched_tokens: int, decode_len=len):
         self.blocks = block_manager
         self.states = state_pool
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        # tokens of KV a sequence's next decode step needs (speculative steps: its block past the newest token)
+        self.decode_len = decode_len
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # admission order
 
@@ -88,14 +90,14 @@ class Scheduler:
     def _schedule_decode(self, can_preempt: bool):
         ready = [s for s in self.running if s.status == SeqStatus.DECODING and s.num_output < s.sampling.max_tokens]
         if not can_preempt:
-            need = sum(self.blocks.blocks_needed(s, len(s)) for s in ready)
+            need = sum(self.blocks.blocks_needed(s, self.decode_len(s)) for s in ready)
             if need > self.blocks.num_free:
                 return NEED_DRAIN
         batch = []
         for seq in ready:
             if seq.status != SeqStatus.DECODING:
                 continue
-            while not self.blocks.can_grow(seq, len(seq)):
+            while not self.blocks.can_grow(seq, self.decode_len(seq)):
                 victim = next((s for s in reversed(self.running)  # never a member of seq's own beam request
                                if s is not seq and (s.beam is None or s.beam is not seq.beam)), None)
                 if victim is None:
@@ -105,12 +107,12 @@ class Scheduler:
                         batch.remove(dropped)
             if seq.status != SeqStatus.DECODING:
                 continue
-            if not self.blocks.can_grow(seq, len(seq)):
+            if not self.blocks.can_grow(seq, self.decode_len(seq)):
                 for dropped in self.preempt(seq):  # alone and still does not fit: wait for memory
                     if dropped in batch:
                         batch.remove(dropped)
                 continue
-            self.blocks.grow(seq, len(seq))
+            self.blocks.grow(seq, self.decode_len(seq))
             batch.append(seq)
         return ScheduledStep(False, batch, [1] * len(batch)) if batch else None
 

@@ -55,6 +55,7 @@ class Sequence:
         self.last_token_time: float | None = None
         self.num_preemptions = 0
         self.beam = None  # engine.beam_search.BeamGroup of a beam-search request's members
+        self.spec_stats = None  # engine.speculative.SpecStats when the engine speculates
         self.loop_guard = LoopGuard(sampling.loop_stop_tokens) if sampling.loop_stop_tokens else None
         self.loop_drop = LoopDrop(sampling.loop_drop_tokens) if sampling.loop_drop_tokens else None
 

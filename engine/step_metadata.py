@@ -43,6 +43,10 @@ class StepMetadata:
     # the torch GDN prefill runs all sequences of a step together over that layout
     chunked_rows: torch.Tensor | None = None  # [N] int64
     chunks_per_seq: int = 0
+    # speculative verify (engine/speculative.py): T > 0 tokens per sequence, rows s * T + j laid out like decode
+    # rows (positions, slot_mapping, context_lens, block_tables per row); state_idx [S] per sequence. GDN layers
+    # read their state without writing it and keep the block's updates aside for the commit.
+    verify_len: int = 0
 
 
 GDN_CHUNK = 64  # chunk length of the torch GDN prefill (engine/models/gdn_prefill.py)

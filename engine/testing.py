@@ -5,10 +5,15 @@ wrong (1 + w) vs w, a dropped bias or a mis-fused projection changes the outputs
 """
 from __future__ import annotations
 
+import json
 import math
+import platform
+import shutil
 from pathlib import Path
 
 import torch
+
+from engine import hf_format
 
 TINY_TEXT = dict(
     hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
@@ -85,7 +90,6 @@ def build_checkpoint(out: str | Path, *, vision: bool = True, tie: bool = False,
     """Write a tiny qwen3_5 (vision) or qwen3_5_text checkpoint with tokenizer, chat template and preprocessor."""
     from transformers import Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration, Qwen3_5TextConfig
 
-    from engine import hf_format
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -143,7 +147,6 @@ def write_random_checkpoint(out: str | Path, text: dict, vision: dict, *, min_pi
 
     from safetensors.torch import save_file
 
-    from engine import hf_format
     from engine.checkpoint import expected_tensors
     from engine.config import load_config
 
@@ -184,5 +187,146 @@ def write_random_checkpoint(out: str | Path, text: dict, vision: dict, *, min_pi
             "builder": "engine.testing.write_random_checkpoint", "parameters": total // item,
             "note": note or "random weights: generated text is not meaningful",
             "min_pixels": min_pixels, "max_pixels": max_pixels}
+    (out / "ocria_info.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+    return out
+
+
+def write_random_drafter(out: str | Path, target_checkpoint: str | Path, *, num_layers: int = 2, num_taps: int = 2,
+                         block_size: int = 4, mask_token_id: int | None = None, seed: int = 0,
+                         dtype: torch.dtype = torch.float32) -> Path:
+    """A random-weight DFlash drafter for a target checkpoint, in the public DFlash layout (config.json with
+    dflash_config, model.safetensors): the target's hidden size and vocabulary, `num_taps` evenly spaced target
+    layers, Qwen3 layers of the target's attention shape. mask_token_id defaults to the target's last token id."""
+    from engine.config import load_config
+    from engine.models.dflash import DFlashConfig, DFlashDrafter, build_target_layer_ids
+
+    t = load_config(target_checkpoint).text
+    cfg = DFlashConfig(
+        hidden_size=t.hidden_size, intermediate_size=t.intermediate_size, num_hidden_layers=num_layers,
+        num_attention_heads=t.num_attention_heads, num_key_value_heads=t.num_key_value_heads, head_dim=t.head_dim,
+        rms_norm_eps=t.rms_norm_eps, rope_theta=10000.0, vocab_size=t.vocab_size,
+        target_layer_ids=tuple(build_target_layer_ids(t.num_hidden_layers, num_taps)),
+        mask_token_id=t.vocab_size - 1 if mask_token_id is None else mask_token_id, block_size=block_size)
+    model = DFlashDrafter(cfg, torch.float32)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.hf_named():
+            mean, std = (1.0, 0.1) if p.dim() == 1 else (0.0, 1.0 / math.sqrt(p.shape[1]))
+            p.copy_(mean + std * torch.randn(p.shape, generator=gen))
+    return model.to(dtype).save_pretrained(out, num_target_layers=t.num_hidden_layers)
+
+
+# ---------------------------------------------------------------- the random-weight fallback model (make run, tests)
+
+# Text for the tokenizer: docstrings of these stdlib modules (and their public members), in this order.
+# Deterministic for a given Python version, and present on every machine.
+TOKENIZER_TEXT_MODULES = (
+    "json", "csv", "argparse", "collections", "textwrap", "string", "re", "pathlib", "functools", "itertools",
+    "datetime", "decimal", "fractions", "statistics", "heapq", "bisect", "dataclasses", "enum", "typing",
+    "email.message", "html", "zipfile", "tarfile", "logging", "unittest", "difflib", "calendar", "shutil",
+    "subprocess", "socket",
+)  # fmt: skip
+
+VOCAB_SIZE = 1024  # 1014 learned BPE tokens + 10 Qwen special tokens (ids 1014..1023)
+MIN_PIXELS = 64 * 64  # 4 merged image tokens at least
+MAX_PIXELS = 256 * 256  # 64 merged image tokens at most: keeps CPU tests fast
+
+
+def stdlib_docstrings(modules: tuple[str, ...] = TOKENIZER_TEXT_MODULES) -> list[str]:
+    return module_docstrings(modules, skip_reexports=True)
+
+
+def tiny_config(ids, vocab_size: int):
+    """The random-weight fallback model's config: TINY_TEXT / TINY_VISION with a tied head, as in Qwen3.5-4B."""
+    text = dict(TINY_TEXT, vocab_size=vocab_size, hidden_act="silu", tie_word_embeddings=True,
+                eos_token_id=ids.endoftext, pad_token_id=ids.endoftext)
+    vision = dict(TINY_VISION, hidden_act="gelu_pytorch_tanh")
+    return hf_format.qwen3_5_config(text, vision, ids)
+
+
+@torch.no_grad()
+def init_random_weights(model: torch.nn.Module, seed: int) -> None:
+    """Random but well-scaled values for every parameter, including the norms that default to 0/1, so that a loader
+    that mixes up (1 + w) and w, or drops a bias, changes the outputs. Activations stay O(1) through the tiny net."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def normal(p: torch.Tensor, std: float, mean: float = 0.0) -> None:
+        p.copy_(torch.randn(p.shape, generator=gen) * std + mean)
+
+    def uniform(shape, lo: float, hi: float) -> torch.Tensor:
+        return torch.rand(shape, generator=gen) * (hi - lo) + lo
+
+    done: set[int] = set()
+    for _, module in model.named_modules():
+        kind = type(module).__name__
+        own = dict(module.named_parameters(recurse=False))
+        if not own:
+            continue
+        if kind.endswith("RMSNormGated"):  # plain weight, applied as w
+            normal(own["weight"], 0.1, mean=1.0)
+        elif kind.endswith("RMSNorm"):  # zero-centred weight, applied as (1 + w)
+            normal(own["weight"], 0.1)
+        elif isinstance(module, torch.nn.LayerNorm):
+            normal(own["weight"], 0.1, mean=1.0)
+            normal(own["bias"], 0.05)
+        elif isinstance(module, (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv3d)):
+            w = own["weight"]
+            fan_in = w[0].numel()  # depthwise conv1d: kernel size; conv3d: C*T*P*P; linear: in_features
+            normal(w, 1.0 / math.sqrt(fan_in))
+            if "bias" in own:
+                normal(own["bias"], 0.05)
+        elif isinstance(module, torch.nn.Embedding):
+            normal(own["weight"], 0.5)  # tied lm_head: logits std ~ 0.5 * sqrt(hidden) = 4, peaked but not one-hot
+        elif kind.endswith("GatedDeltaNet"):
+            # Per-step decay exp(-A * softplus(a + dt_bias)): A in [1, 16], softplus(dt_bias) log-uniform in
+            # [1e-3, 1e-1] -> decays from ~0.2 to ~1, so the recurrent state carries information across tokens.
+            own["A_log"].copy_(torch.log(uniform(own["A_log"].shape, 1.0, 16.0)))
+            dt = torch.exp(uniform(own["dt_bias"].shape, math.log(1e-3), math.log(1e-1)))
+            own["dt_bias"].copy_(dt + torch.log(-torch.expm1(-dt)))  # inverse softplus
+        else:
+            raise ValueError(f"init_random_weights: no rule for {kind} parameters {sorted(own)}; add one")
+        done.update(id(p) for p in own.values())
+    missing = [n for n, p in model.named_parameters() if id(p) not in done]
+    if missing:
+        raise ValueError(f"init_random_weights left parameters uninitialised: {missing}")
+
+
+def build_tiny_checkpoint(out: str | Path, seed: int = 0, dtype: str = "bfloat16") -> Path:
+    """Write the tiny checkpoint folder `out` (replaced if present). Returns its path."""
+    from transformers import Qwen3_5ForConditionalGeneration
+
+    from engine.model_runner import resolve_dtype
+
+    torch_dtype = resolve_dtype(dtype, torch.device("cpu"))
+    out = Path(out)
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+
+    tok = hf_format.train_tokenizer(stdlib_docstrings(), VOCAB_SIZE)
+    ids = hf_format.special_token_ids(tok)
+    config = tiny_config(ids, tok.get_vocab_size(with_added_tokens=True))
+
+    torch.manual_seed(seed)
+    model = Qwen3_5ForConditionalGeneration(config)
+    init_random_weights(model, seed)
+    model.to(torch_dtype)
+    model.save_pretrained(out, safe_serialization=True)
+
+    # After save_pretrained: these replace its generation_config.json with ours.
+    hf_format.write_processor_files(out, tok, min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS)
+    info = {
+        "name": out.name,
+        "random_weights": True,
+        "note": "random weights: generated text is not meaningful",
+        "seed": seed,
+        "dtype": dtype,
+        "builder": "jobs/make_tiny_checkpoint.py (engine.testing.build_tiny_checkpoint)",
+        "tokenizer_text": f"docstrings of python {platform.python_version()} stdlib modules {list(TOKENIZER_TEXT_MODULES)}",
+        "vocab_size": config.text_config.vocab_size,
+        "special_token_ids": {name: tok.token_to_id(name) for name, _ in hf_format.SPECIAL_TOKENS},
+        "min_pixels": MIN_PIXELS,
+        "max_pixels": MAX_PIXELS,
+    }
     (out / "ocria_info.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
     return out

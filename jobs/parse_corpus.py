@@ -48,6 +48,7 @@ def _overrides(**flags) -> dict:
 @click.option("--s3-region")
 @click.option("--backend", type=click.Choice(["native", "transformers"]))
 @click.option("--checkpoint", help="checkpoint folder or object-storage prefix")
+@click.option("--drafter", help="DFlash drafter folder for speculative decoding (native backend), or none")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]))
 @click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]))
 @click.option("--max-tokens", type=int, help="output tokens per page")

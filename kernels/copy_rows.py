@@ -2,8 +2,7 @@
 pair with src[i] != dst[i], every source read before any destination is written (a row may be both).
 
 Beam search copies each member's GDN state and KV blocks from the beam it continues, every step. On real text most
-members continue themselves (68 % of member-steps with 4 beams, ocria-tiny on 4 held-out pages:
-bench/results/ocria_tiny_s20_beam_parents.json), yet an index_select + index_copy moves every row. Here a pair whose
+members continue themselves, yet an index_select + index_copy moves every row. Here a pair whose
 source is its destination costs one index load. Two launches: sources gathered into a buffer, then scattered, so
 chains (a <- b <- c) read the old rows.
 """

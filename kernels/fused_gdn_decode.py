@@ -12,9 +12,8 @@ state is held at once, which lets the RMSNorm over dv run in the epilogue. Round
 (conv output, beta, o, normalised o and its weight product are rounded to the activation dtype).
 A negative state_idx marks a padding row: no state is touched and its output is zero.
 
-Measured on the H200 at the 4B shape (bench/results/README.md): 20.6 us per layer at batch 1 against ~10 us for
-the four kernels it replaces. One program per (sequence, key head) is 16 programs at batch 1 for 132 SMs, each
-walking two 64 KB states: too little parallelism. Splitting dv across programs would need the RMSNorm's sum
+It is slower than the four kernels it replaces at the 4B shape (bench/results/h200_kernels.json): one program per
+(sequence, key head) is 16 programs at batch 1 for 132 SMs, each walking two 64 KB states: too little parallelism. Splitting dv across programs would need the RMSNorm's sum
 of squares reduced across them. The engine keeps it off by default.
 """
 import torch

@@ -23,24 +23,20 @@ Fused output epilogue:
     (x @ up.T) [M, N] (the MLP's gate_up projection, with kernels/silu_mul folded in). A program's BLOCK_N-row weight
     tile holds BLOCK_N/2 gate rows and the BLOCK_N/2 up rows that pair with them, so loads and MMAs are those of the
     plain kernel and the SwiGLU runs once per output element, after the K loop (after the split-K reduction). Both
-    sums are rounded to the dtype first, as the unfused gate_up output would be. On the H200 it took 0.05 ms off a 4B
-    decode step (1.6 % at b1 and b8, bench/results/h200_decode_epilogues.json).
-  The residual add + RMSNorm after an output projection was tried as an epilogue too (the launch's last tile to
-  finish normalising the rows): slower, +0.08 ms at b1 and +1.2 ms at b8 (same file), as that one program's serial
-  pass over the rows costs more than the RMSNorm kernel it replaces. Removed.
+    sums are rounded to the dtype first, as the unfused gate_up output would be.
+  No residual add + RMSNorm epilogue: normalising the rows needs one program to finish them all, and that serial pass
+  costs more than the RMSNorm kernel it would replace.
 
-Removed after timing on the H200: input prologues (the SiLU-mul, the RMSNorm (+ residual, also in one pass) and the
-GDN gated RMSNorm computed while loading x), slower in both forms built (bench/results/h200_decode_gemv_variants.json;
-h200_decode_norm_fused.json: 3.35 ms per 4B decode step at b1 with the RMSNorms alone, 3.58 with all three, against
-2.95); and PDL's early trigger (the next launch let start before the wait): 3.33 ms, same file.
+No input prologues (SiLU-mul, RMSNorm, gated RMSNorm computed while loading x): the prologue math runs on the whole
+MMA tile in every K step, mostly padding rows at decode sizes, and costs more than the kernels it removes. No early
+PDL trigger either. docs/decisions.md has the timings behind each of these.
 
 Default launch (default_launch): BLOCK_N=32, BLOCK_K = 256 bytes of a weight row (128 bf16), 4 warps, 4 stages,
 MMA path; no split of K when the N tiles alone give every SM a program, otherwise splits of MIN_CHUNKS_PER_SPLIT
 BLOCK_K chunks. It depends on (N, K, dtype, SM count) only, never on M, so a row's result does not change with the
-batch size. This rule follows the H200 sweep (bench/results/h200_small_m_linear.json, README there): at the 4B decode
-shapes the fastest configs were no split with narrow tiles where N is large (gate_up, in_proj, lm_head) and splits
-of ~8 chunks where it is small (down 2560x9216 -> 9 splits, out_proj 2560x4096 -> 4); the first default (64-row
-tiles, split to 4 programs per SM) split too much and lost to cuBLAS everywhere but the lm_head.
+batch size. The rule is the winner of a sweep at the 4B decode shapes (bench/results/h200_small_m_linear.json): no
+split with narrow tiles where N is large (gate_up, in_proj, lm_head), splits of ~8 chunks where it is small (down,
+out_proj); splitting more than that loses to cuBLAS.
 
 pdl=True (sm_90+): the kernel is launched with programmatic dependent launch. Its programs start while the kernel
 before is still finishing, prefetch their first `prefetch_lines` 128-byte lines of each weight row into L2 (the

@@ -2,9 +2,8 @@
 place on the page.
 
 A full page of look-alike lines (long file paths under one shared root) is where ocria-tiny loses its place and writes
-on from memory: the 25 of 192 held-out pages it reads worst carry 58 % of its edits
-(bench/results/ocria_tiny_s33_runs.json). A block is cropped as its training's line pages are
-(pipeline.synthetic.ink_box). The cut uses the image's ink only (no text layer), so scans read the same way:
+on from memory, and those few pages carry most of its edits. A block is cropped around its ink with a margin, as the
+model's training blocks are. The cut uses the image's ink only (no text layer), so scans read the same way:
 
 - columns: one split at a blank gutter that runs the whole height of the text, near the middle; without one, a
   recursive XY-cut (`reading_regions`) finds columns under a full-width title or running head, as real papers
@@ -22,10 +21,8 @@ paragraphs and columns with a blank line.
 
 How the job uses them is the checkpoint's (ocria_info.json block_lines, block_tolerance; model.block_*): blocks only
 (tolerance 0), or the whole page too, keeping the page's read unless its length disagrees with the blocks'
-(`prefer_blocks`: the page read ran on or skipped lines). A model trained on whole pages and single lines read most
-blocks a little worse than whole pages, so session 33 shipped the combination (held-out pages 192-287: 0.091 -> 0.068,
-CPU); the model trained on blocks too (session 34, recipe F2UGB) reads blocks alone best: held-out pages 384-479 at
-0.0456, against 0.0577 for the combination and 0.0720 whole (H200, fp32; bench/results/ocria_tiny_s34_runs.json).
+(`prefer_blocks`: the page read ran on or skipped lines). A model trained on whole pages reads best with the
+combination; one trained on blocks too reads best from blocks alone (docs/decisions.md).
 """
 from __future__ import annotations
 
@@ -42,7 +39,7 @@ from pipeline.vote import majority, vote
 
 MARKDOWN_BLOCK_START = re.compile(r"(- |\d+\. |\||#{1,6} |```)")
 T = TypeVar("T")
-INK_BELOW = 200  # a pixel darker than this in every channel is ink (pipeline.synthetic.ink_box's threshold)
+INK_BELOW = 200  # a pixel darker than this in every channel is ink (research.ocria_tiny.synthetic.ink_box's threshold)
 
 
 BLOCK_SCALES_RULE = "sizes in [0.25, 4], the first 1 (the page as drawn), none twice"
@@ -60,7 +57,7 @@ class BlockReading:
     blocks only, else the whole page too and the blocks' read taken where the page's differs in length by more than
     `tolerance`; block images in whole tokens of `token_px`, each read at `scales` and the reads voted on."""
     lines: int = 0
-    tolerance: float = 0.1  # session 33's pick on held-out pages 288-335; 0: blocks only, no whole-page read
+    tolerance: float = 0.1  # 0: blocks only, no whole-page read
     token_px: int = 32
     scales: tuple[float, ...] = (1.0,)
 
@@ -306,9 +303,8 @@ def band_regions(mask: np.ndarray, min_column_lines: int, min_side_frac: float,
 
 
 def glyph_runs(mask: np.ndarray, lines: list[tuple[int, int]]) -> int:
-    """Runs of inked columns along the lines: about one a printed character (a block's non-space characters over its
-    runs: median 1.06, at most 1.42 on 329 blocks of held-out pages 288-383, bench/ocria_tiny_block_glyph_runs.py),
-    or 0 where a line is a tall run of ink (a bordered table's rules join its cells into one run)."""
+    """Runs of inked columns along the lines: about one a printed character (true text stays under 1.5 characters a
+    run), or 0 where a line is a tall run of ink (a bordered table's rules join its cells into one run)."""
     heights = [b - a for a, b in lines]
     if not lines or max(heights) > 1.8 * float(np.median(heights)):
         return 0

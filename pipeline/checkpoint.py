@@ -15,9 +15,9 @@ import pyarrow.fs as pafs
 
 from pipeline.blocks import BLOCK_SCALES_RULE, BlockReading, valid_block_scales
 from pipeline.rasterize import RasterOptions
-from pipeline.storage import resolve
+from pipeline.storage import explain, resolve
 
-if TYPE_CHECKING:  # annotations only: jobs.eval_ocr reads checkpoints here on machines without pydantic (the H200)
+if TYPE_CHECKING:  # annotations only: research.ocria_tiny.eval_ocr reads checkpoints here on machines without pydantic (the H200)
     from pipeline.config import JobConfig, StorageConfig
 
 
@@ -36,21 +36,43 @@ def localize(uri: str, storage: StorageConfig, cache_dir: str) -> str:
     target = Path(cache_dir).expanduser() / hashlib.sha1(uri.encode()).hexdigest()[:16]
     if (target / ".complete").exists():
         return str(target)
-    files = [f for f in loc.fs.get_file_info(pafs.FileSelector(loc.path, recursive=True, allow_not_found=True))
-             if f.type == pafs.FileType.File]
-    if not files:
-        raise CheckpointError(f"no checkpoint files under {uri}")
-    tmp = target.with_name(f".{target.name}-{uuid.uuid4().hex[:8]}")
-    for f in files:
-        dest = tmp / f.path[len(loc.path):].lstrip("/")
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        pafs.copy_files(f.path, str(dest), source_filesystem=loc.fs, destination_filesystem=pafs.LocalFileSystem())
+    try:
+        files = [f for f in loc.fs.get_file_info(pafs.FileSelector(loc.path, recursive=True, allow_not_found=True))
+                 if f.type == pafs.FileType.File]
+        if not files:
+            raise CheckpointError(f"no checkpoint files under {uri} (set model.checkpoint or --checkpoint)")
+        tmp = target.with_name(f".{target.name}-{uuid.uuid4().hex[:8]}")
+        for f in files:
+            dest = tmp / f.path[len(loc.path):].lstrip("/")
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            pafs.copy_files(f.path, str(dest), source_filesystem=loc.fs, destination_filesystem=pafs.LocalFileSystem())
+    except OSError as e:
+        raise CheckpointError(f"cannot copy the checkpoint from {uri}: {explain(uri, e)}") from e
     (tmp / ".complete").write_text(uri)
     try:
         os.rename(tmp, target)
     except OSError:  # another process finished the same copy first
         shutil.rmtree(tmp, ignore_errors=True)
     return str(target)
+
+
+def validate_drafter(drafter: str | None, checkpoint_dir: str, backend: str) -> str | None:
+    """The drafter folder (absolute) that the engines load, None when speculation is off; CheckpointError when the
+    folder is missing or not a DFlash drafter made for this checkpoint (the engine's message names the field)."""
+    if drafter in (None, "", "none"):
+        return None
+    if backend != "native":
+        raise CheckpointError(f"model.drafter={drafter!r} needs model.backend native (or set --drafter none)")
+    path = Path(drafter).expanduser().resolve()
+    try:
+        from engine.config import load_config
+        from engine.models.dflash import load_dflash_config
+
+        load_dflash_config(path, load_config(checkpoint_dir).text)
+    except Exception as e:  # noqa: BLE001  (the engine's message names the file and field)
+        raise CheckpointError(f"drafter {path} is not usable with {checkpoint_dir}: {e} (set --drafter none to "
+                              f"decode without speculation)") from e
+    return str(path)
 
 
 def validate(path: str) -> str:

@@ -18,11 +18,15 @@ class Strict(BaseModel):
 
 
 class StorageConfig(Strict):
-    """How to reach object storage. Credentials never live here: they come from the environment or the AWS chain."""
+    """How to reach object storage. Credentials never live here: they come from the environment or the standard
+    AWS / Google chains."""
 
     s3_endpoint: str | None = Field(None, description="S3-compatible endpoint URL, e.g. http://127.0.0.1:9000")
     s3_region: str = "us-east-1"
-    anonymous: bool = False
+    gcs_endpoint: str | None = Field(None, description="GCS-compatible endpoint URL, e.g. an emulator at "
+                                     "http://127.0.0.1:9023; null = STORAGE_EMULATOR_HOST if set, else Google's")
+    anonymous: bool = Field(False, description="send no credentials (public buckets); a GCS endpoint taken from "
+                            "STORAGE_EMULATOR_HOST is always reached anonymously, as Google's own clients do")
 
 
 class InputConfig(Strict):
@@ -104,6 +108,8 @@ class ModelConfig(Strict):
                                              "character vote (pipeline.vote); a block whose reads agree word for "
                                              "word in a majority is read no further; null = the checkpoint's "
                                              "(ocria_info.json block_scales), else [1]")
+    drafter: str | None = Field(None, description="speculative decoding (native backend): a DFlash drafter folder "
+                                "made for this checkpoint (engine/models/dflash.py); null or 'none' = off")
     options: dict = Field(default_factory=dict, description="extra keyword arguments for the backend")
 
     @model_validator(mode="after")
@@ -183,8 +189,8 @@ FLAG_KEYS = {
     "input": ("input", "uris"), "include": ("input", "include"), "exclude": ("input", "exclude"),
     "limit": ("input", "limit"), "output": ("output",), "s3_endpoint": ("storage", "s3_endpoint"),
     "s3_region": ("storage", "s3_region"), "backend": ("model", "backend"), "checkpoint": ("model", "checkpoint"),
-    "device": ("model", "device"), "dtype": ("model", "dtype"), "max_tokens": ("model", "max_tokens"),
-    "prompt": ("model", "prompt"), "num_beams": ("model", "num_beams"),
+    "drafter": ("model", "drafter"), "device": ("model", "device"), "dtype": ("model", "dtype"),
+    "max_tokens": ("model", "max_tokens"), "prompt": ("model", "prompt"), "num_beams": ("model", "num_beams"),
     "loop_stop_tokens": ("model", "loop_stop_tokens"), "loop_drop_tokens": ("model", "loop_drop_tokens"),
     "loop_ban_next": ("model", "loop_ban_next"), "block_lines": ("model", "block_lines"),
     "block_tolerance": ("model", "block_tolerance"), "block_scales": ("model", "block_scales"),

@@ -12,7 +12,8 @@ from datetime import UTC, datetime
 import pyarrow.fs as pafs
 
 from pipeline.blocks import BlockReading
-from pipeline.checkpoint import CheckpointError, block_reading, checkpoint_note, localize, raster_options, validate
+from pipeline.checkpoint import (
+    CheckpointError, block_reading, checkpoint_note, localize, raster_options, validate, validate_drafter)
 from pipeline.config import ConfigError, JobConfig, knob
 from pipeline.local_ray import ray_session
 from pipeline.output import DocumentAssembler, OutputStore, document_row
@@ -21,7 +22,7 @@ from pipeline.progress import PageProgress
 from pipeline.rasterize import RasterOptions
 from pipeline.schema import DOC_TASK_SCHEMA, PAGE_SCHEMA, empty_row
 from pipeline.stats import RunStats, format_table
-from pipeline.storage import Location, list_documents, resolve, write_parquet_atomic, write_text
+from pipeline.storage import Location, check_writable, explain, list_documents, resolve, write_parquet_atomic, write_text
 
 log = logging.getLogger("ocria.job")
 
@@ -51,6 +52,7 @@ class Prepared:
     checkpoint_dir: str
     raster: RasterOptions  # the page size for this checkpoint and max_tokens
     blocks: BlockReading  # whether pages are also read in blocks of a few lines
+    drafter: str | None = None  # the speculative drafter's folder (model.drafter), None: off
 
 
 def prepare(cfg: JobConfig) -> Prepared:
@@ -60,13 +62,14 @@ def prepare(cfg: JobConfig) -> Prepared:
         model_id = validate(checkpoint_dir)
         raster = raster_options(cfg, checkpoint_dir)
         blocks = block_reading(cfg, checkpoint_dir)
+        drafter = validate_drafter(cfg.model.drafter, checkpoint_dir, cfg.model.backend)
     except CheckpointError as e:
         raise ConfigError(str(e)) from None
     store = OutputStore(writable_output(cfg))
     try:
         report = store.reconcile()
     except (OSError, ValueError) as e:
-        raise ConfigError(f"--output {cfg.output!r} is not usable: {_first_line(e)}") from None
+        raise ConfigError(f"--output {cfg.output!r} is not usable: {explain(cfg.output, e)}") from None
     if report.orphan_parts_removed or report.superseded_documents:
         log.info("output repaired: %s", report)
     listed = {}
@@ -75,7 +78,7 @@ def prepare(cfg: JobConfig) -> Prepared:
             for f in list_documents(uri, cfg.storage, cfg.input.include, cfg.input.exclude):
                 listed[f.uri] = f
         except (OSError, ValueError) as e:
-            raise ConfigError(f"cannot list input {uri!r}: {e}") from None
+            raise ConfigError(f"cannot list input {uri!r}: {explain(uri, e)}") from None
     plan = plan_run(list(listed.values()), store.documents(), cfg.run.retry_failed, cfg.run.max_attempts,
                     cfg.input.limit, model_id, store.page_models(), cfg.run.reparse)
     if plan.other_model:
@@ -87,7 +90,7 @@ def prepare(cfg: JobConfig) -> Prepared:
             f"--reparse to parse them again (their new rows replace the old), or write to another --output")
     if plan.todo and not ray_address(cfg):  # a local Ray's size is known now: check the pools fit before starting it
         size_pools(cfg, local_cpus(cfg), local_gpus(cfg), " CPUs of the local Ray (--num-cpus)")
-    return Prepared(cfg, new_run_id(), store, plan, checkpoint_dir, raster, blocks)
+    return Prepared(cfg, new_run_id(), store, plan, checkpoint_dir, raster, blocks, drafter)
 
 
 def _first_line(e: Exception) -> str:
@@ -102,12 +105,12 @@ def writable_output(cfg: JobConfig) -> Location:
         if loc.fs.get_file_info(loc.path).type == pafs.FileType.File:
             raise ConfigError(f"--output {cfg.output!r} is an existing file: give a folder (or an object-storage "
                               f"prefix) for the pages/, documents/ and stats/ tables")
-        probe = loc.join(f".write-test-{secrets.token_hex(4)}")
-        write_text(loc.fs, probe, "")
-        loc.fs.delete_file(probe)
+        check_writable(loc)
     except (OSError, ValueError) as e:
-        raise ConfigError(f"--output {cfg.output!r} cannot be written ({_first_line(e)}): choose a folder you can "
-                          f"write to, or fix its permissions") from None
+        reason = explain(cfg.output, e) if isinstance(e, OSError) else str(e)
+        if reason == str(e):
+            reason = f"{_first_line(e)}: choose a folder you can write to, or fix its permissions"
+        raise ConfigError(f"--output {cfg.output!r} cannot be written: {reason}") from None
     return loc
 
 
@@ -209,7 +212,8 @@ def build_dataset(ray, prep: Prepared, pools: PoolSizes):
                           num_beams=m.num_beams, length_penalty=m.length_penalty,
                           loop_stop_tokens=m.loop_stop_tokens, loop_drop_tokens=m.loop_drop_tokens,
                           loop_ban_next=m.loop_ban_next),
-            fallback_to_text_layer=cfg.parse.fallback_to_text_layer, options=m.options, block_reading=prep.blocks),
+            fallback_to_text_layer=cfg.parse.fallback_to_text_layer, block_reading=prep.blocks,
+            options=dict(m.options, drafter=prep.drafter) if prep.drafter else m.options),
         compute=ActorPoolStrategy(size=pools.engines, max_concurrent_calls_per_actor=calls,
                                   enable_true_multi_threading=calls > 1),
         num_gpus=pools.gpus_per_engine, num_cpus=pools.engine_cpus,

@@ -9,6 +9,9 @@ start and end of every job) deletes pages parts whose documents part never lande
 writes) and, when a document (by URI) was committed more than once (a retry, or a changed file), keeps the
 newest commit and rewrites the older parts without it. Each rewrite is atomic and idempotent, so a crash
 during reconcile is repaired by the next one.
+
+Every write and delete goes through pipeline.storage's write_parquet_atomic and delete_file, the points at which
+tests/test_commit_crash.py stops the process to check each of the claims above.
 """
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ import pyarrow.parquet as pq
 
 from pipeline.outcomes import is_retryable
 from pipeline.schema import DOCUMENT_SCHEMA, PAGE_SCHEMA, empty_row
-from pipeline.storage import Location, list_parquet, write_parquet_atomic
+from pipeline.storage import Location, delete_file, list_parquet, write_parquet_atomic
 
 
 @dataclass(frozen=True)
@@ -150,7 +153,7 @@ class OutputStore:
         doc_parts = {p.rsplit("/", 1)[1]: p for p in list_parquet(fs, self.documents_dir)}
         for path in list_parquet(fs, self.pages_dir):
             if path.rsplit("/", 1)[1] not in doc_parts:
-                fs.delete_file(path)
+                delete_file(fs, path)
                 report.orphan_parts_removed += 1
         # Part names sort by run start time, then sequence: the last part holding a URI is its newest commit.
         newest: dict[str, str] = {}
@@ -173,8 +176,8 @@ class OutputStore:
             docs = keep(self._read(docs_path, DOCUMENT_SCHEMA))
             if docs.num_rows == 0:
                 if pages_exist:
-                    fs.delete_file(pages_path)  # pages first: a documents file never points at a missing pages file
-                fs.delete_file(docs_path)
+                    delete_file(fs, pages_path)  # pages first: a documents file never points at a missing pages file
+                delete_file(fs, docs_path)
             else:
                 write_parquet_atomic(fs, pages_path, pages)
                 write_parquet_atomic(fs, docs_path, docs)

@@ -43,8 +43,8 @@ class RasterOptions:
     max_pages: int = 500  # pages beyond this are not rendered; the document row says so
     extract_text: bool = True
     # > 0: a page with a text layer is drawn so its body text's em is this many pixels (within max_pixels), the glyph
-    # size its reader reads best; pages without one keep target_longest_px (unless glyph_from_ink). A small reader
-    # trained on 20-36 px glyphs reads 20-24 px text at CER 0.13 and 32-36 px at 0.04 (bench/results/ocria_tiny_s32_*)
+    # size its reader reads best (a small reader misreads far more at the small end of its training sizes); pages
+    # without one keep target_longest_px (unless glyph_from_ink)
     glyph_px: float = 0.0
     # with glyph_px: a page without a text layer (a scan) is drawn once at the target size to measure its text lines'
     # height, then again at glyph_px from that (pipeline.blocks.line_height_px)
@@ -91,8 +91,8 @@ def render_scale(width_pt: float, height_pt: float, opts: RasterOptions) -> floa
     return min(scale, math.sqrt(opts.max_pixels / (width_pt * height_pt)))
 
 
-# An inked text line's height over its font's em: the median over held-out synthetic pages 0-47 drawn at 24 and 32 px
-# (10th-90th percentile 0.86-1.00; bench/results/ocria_tiny_s34_line_per_em.json)
+# An inked text line's height over its font's em: the median over synthetic pages of many fonts and sizes
+# (research/ocria_tiny/results/s34_line_per_em.json)
 INK_LINE_PER_EM = 0.969
 BODY_PT_RANGE = (2.0, 200.0)  # body sizes outside this are a text layer's oddity, not a font: the page keeps its target
 

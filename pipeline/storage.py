@@ -1,10 +1,12 @@
-"""Object storage through pyarrow filesystems: one code path for s3:// (and S3-compatible endpoints), gs:// and local.
+"""Object storage through pyarrow filesystems: one code path for s3:// (and S3-compatible endpoints), gs:// (and
+GCS-compatible endpoints: emulators) and local.
 
 Credentials are never passed here: pyarrow's S3/GCS clients take them from the environment or the standard chains.
 """
 from __future__ import annotations
 
 import fnmatch
+import os
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,16 +36,24 @@ class Location:
         return "/".join([self.path.rstrip("/"), *parts])
 
 
+def endpoint_kwargs(url: str | None) -> dict:
+    """An endpoint URL as pyarrow's S3/GCS clients take it: host[:port] and scheme (http unless it says https)."""
+    if not url:
+        return {}
+    return {"scheme": "https" if url.startswith("https://") else "http",
+            "endpoint_override": url.split("://", 1)[-1].rstrip("/")}
+
+
 def make_filesystem(scheme: str, storage: StorageConfig) -> pafs.FileSystem:
     if scheme == "s3":
-        kwargs: dict = {"region": storage.s3_region, "anonymous": storage.anonymous}
-        if storage.s3_endpoint:
-            endpoint = storage.s3_endpoint
-            kwargs["scheme"] = "https" if endpoint.startswith("https://") else "http"
-            kwargs["endpoint_override"] = endpoint.split("://", 1)[-1]
-        return pafs.S3FileSystem(**kwargs)
+        return pafs.S3FileSystem(region=storage.s3_region, anonymous=storage.anonymous,
+                                 **endpoint_kwargs(storage.s3_endpoint))
     if scheme == "gs":
-        return pafs.GcsFileSystem(anonymous=storage.anonymous)
+        # STORAGE_EMULATOR_HOST is the variable Google's client libraries read for an emulator, which they reach
+        # without credentials; pyarrow's client does not read it, so it is passed on here.
+        emulator = None if storage.gcs_endpoint else os.environ.get("STORAGE_EMULATOR_HOST")
+        return pafs.GcsFileSystem(anonymous=storage.anonymous or bool(emulator),
+                                  **endpoint_kwargs(storage.gcs_endpoint or emulator))
     return pafs.LocalFileSystem()
 
 
@@ -56,6 +66,42 @@ def resolve(uri: str, storage: StorageConfig) -> Location:
         raise ValueError(f"unsupported URI scheme in {uri!r}: use s3://, gs://, file:// or a local path")
     local = uri[7:] if uri.startswith("file://") else uri
     return Location(pafs.LocalFileSystem(), str(Path(local).expanduser().resolve()), "file")
+
+
+# Where pyarrow's clients look for credentials, named in the error a denied request gets.
+CREDENTIAL_SOURCES = {"s3": "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE or the rest of the AWS chain",
+                      "gs": "GOOGLE_APPLICATION_CREDENTIALS or gcloud's application-default credentials"}
+DENIED_MARKERS = ("ACCESS_DENIED", "AccessDenied", "PERMISSION_DENIED", "UNAUTHENTICATED", "InvalidAccessKeyId",
+                  "SignatureDoesNotMatch")
+
+
+def explain(uri: str, e: OSError) -> str:
+    """A storage error in words that say what to fix: a denied request names where the credentials came from."""
+    scheme = uri.split("://", 1)[0] if "://" in uri else "file"
+    if isinstance(e, PermissionError) or any(m in str(e) for m in DENIED_MARKERS):
+        source = CREDENTIAL_SOURCES.get(scheme, "this process's user")
+        return (f"access denied to {uri}: give the credentials the job found ({source}) the right to use it, or "
+                f"set storage.anonymous for a public bucket")
+    return str(e)
+
+
+def missing_bucket(loc: Location) -> str | None:
+    """The bucket of an object-store location when it does not exist, else None."""
+    if loc.scheme == "file":
+        return None
+    bucket = loc.path.split("/", 1)[0]
+    return bucket if loc.fs.get_file_info(bucket).type == pafs.FileType.NotFound else None
+
+
+def check_writable(loc: Location) -> None:
+    """Raises OSError unless `loc` can be written: its bucket exists and an object can be put and deleted under it,
+    so a typo in the bucket or read-only credentials fail before any document is parsed."""
+    bucket = missing_bucket(loc)
+    if bucket:
+        raise FileNotFoundError(f"bucket {bucket!r} does not exist: create it, or fix the output URI")
+    probe = loc.join(f".write-check-{uuid.uuid4().hex}")
+    write_text(loc.fs, probe, "")
+    loc.fs.delete_file(probe)
 
 
 @dataclass(frozen=True)
@@ -73,7 +119,8 @@ def list_documents(uri: str, storage: StorageConfig, include: list[str], exclude
     loc = resolve(uri, storage)
     info = loc.fs.get_file_info(loc.path)
     if info.type == pafs.FileType.NotFound:
-        raise FileNotFoundError(f"input not found: {uri}")
+        bucket = missing_bucket(loc)
+        raise FileNotFoundError(f"input not found: {uri}" + (f" (there is no bucket {bucket!r})" if bucket else ""))
     if info.type == pafs.FileType.File:
         infos, base = [info], loc.path.rsplit("/", 1)[0]
     else:
@@ -111,6 +158,10 @@ def write_parquet_atomic(fs: pafs.FileSystem, path: str, table: pa.Table) -> Non
         fs.move(tmp, path)
     else:
         pq.write_table(table, path, filesystem=fs)
+
+
+def delete_file(fs: pafs.FileSystem, path: str) -> None:
+    fs.delete_file(path)
 
 
 def list_parquet(fs: pafs.FileSystem, prefix: str) -> list[str]:

@@ -1,4 +1,4 @@
-"""Plain text of a page's markdown answer: what the CER metric compares (jobs.eval_ocr) and what the job measures a
+"""Plain text of a page's markdown answer: what the CER metric compares (research.ocria_tiny.eval_ocr) and what the job measures a
 read's length by (pipeline.blocks.prefer_blocks); the edit distance both the metric and the reads' vote
 (pipeline.vote) count by."""
 from __future__ import annotations

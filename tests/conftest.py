@@ -1,4 +1,4 @@
-"""Shared fixtures: environment for offline runs, a tiny real-format checkpoint, a real S3-compatible server."""
+"""Shared fixtures: environment for offline runs, a tiny real-format checkpoint, real S3- and GCS-compatible servers."""
 import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton: kernels run on CPU here
@@ -6,8 +6,11 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")  # no IMDS probing for credentials
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import contextlib  # noqa: E402
 import importlib.util  # noqa: E402
 import sys  # noqa: E402
+import uuid  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
@@ -35,33 +38,6 @@ def load_bench(name: str):
     return mod
 
 
-# configs/train_tiny.yaml overrides for the shipped ocria-tiny's pages: run F2 (session 15) was trained on the final
-# distribution drawn at 1,536 px, fonts 20-36 px (10-18 px at 768 px), the size its processor lets through
-SHIPPED_PAGES = ["image.target_longest_px=1536", "image.max_pixels=2359296", "data.font_px=[20.0,36.0]"]
-
-
-def write_synth(folder: Path, heldout=None, train=None) -> Path:
-    """A text-pool folder laid out as jobs/make_synthetic_pages.py writes .synth: the given pools (TextPool) and an
-    empty fonts/ (PyMuPDF's built-in fonts only)."""
-    (folder / "fonts").mkdir(parents=True, exist_ok=True)
-    if heldout is not None:
-        heldout.to_json_gz(folder / "pool_heldout.json.gz")
-    if train is not None:
-        train.to_json_gz(folder / "pool_train.json.gz")
-    return folder
-
-
-def shipped_pages_config(folder: Path) -> Path:
-    """configs/train_tiny.yaml with SHIPPED_PAGES, as a YAML file for the scripts that take --config."""
-    import yaml
-
-    from jobs.train_tiny import load_config
-
-    path = folder / "shipped.yaml"
-    path.write_text(yaml.safe_dump(load_config(ROOT / "configs" / "train_tiny.yaml", SHIPPED_PAGES)))
-    return path
-
-
 @pytest.fixture(scope="session")
 def text_ckpt(tmp_path_factory, tiny_tokenizer):
     """A tiny random text-only checkpoint (qwen3_5_text, tied head) for the engine tests."""
@@ -76,16 +52,6 @@ def vl_ckpt(tmp_path_factory, tiny_tokenizer):
     from engine.testing import build_checkpoint
 
     return build_checkpoint(tmp_path_factory.mktemp("vl"), vision=True, tie=False, tokenizer=tiny_tokenizer, seed=2)
-
-
-@pytest.fixture(scope="session")
-def licence_prose() -> list[str]:
-    """Paragraphs of the system's licence texts: a real-text pool for the synthetic page generator."""
-    from pipeline.synthetic import split_paragraphs
-
-    licences = Path("/usr/share/common-licenses")
-    require(licences.is_dir(), "/usr/share/common-licenses (the licence texts)")
-    return [p for f in sorted(licences.iterdir()) if f.is_file() for p in split_paragraphs(f.read_text(errors="replace"))]
 
 
 @pytest.fixture(scope="session")
@@ -131,3 +97,143 @@ def s3_client(s3_server):
     import boto3
 
     return boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1")
+
+
+@pytest.fixture(scope="session")
+def gcs_server():
+    """gcp-storage-emulator (pure Python, in memory) on 127.0.0.1: the job reaches it over HTTP through pyarrow's
+    GcsFileSystem, the client it uses for real GCS, pointed at it by storage.gcs_endpoint or STORAGE_EMULATOR_HOST.
+    The emulator checks no credentials, so buckets named denied-* answer every request with the 403 that GCS gives a
+    caller without permission: the one response here that does not come from the emulator's own handlers."""
+    import json
+    import re
+    import threading
+    from functools import partial
+    from http.server import HTTPServer
+
+    from gcp_storage_emulator.server import RequestHandler
+    from gcp_storage_emulator.storage import Storage
+
+    class Handler(RequestHandler):
+        def _denied(self) -> bool:
+            if not re.search(r"/b/denied-[-.\w]*(/|\?|$)", self.path):
+                return False
+            body = json.dumps({"error": {"code": 403, "message": "caller does not have storage.objects access",
+                                         "errors": [{"reason": "forbidden"}]}}).encode()
+            self.send_response(403)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return True
+
+        def do_GET(self):
+            self._denied() or super().do_GET()
+
+        def do_POST(self):
+            self._denied() or super().do_POST()
+
+        def do_PUT(self):
+            self._denied() or super().do_PUT()
+
+        def do_DELETE(self):
+            self._denied() or super().do_DELETE()
+
+    httpd = HTTPServer(("127.0.0.1", 0), partial(Handler, Storage(use_memory_fs=True)))
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_port}"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+@dataclass
+class ObjectStore:
+    """An object store under test: its URI scheme, the job's `storage` config for it, and a filesystem with the
+    right to create buckets (test setup and inspection only; the job builds its own through pipeline.storage)."""
+
+    scheme: str
+    storage: dict
+    fs: object
+    deny: object  # contextmanager(uri) -> the same URI, to which access is denied inside the block
+
+    def new_bucket(self, prefix: str = "b") -> str:
+        name = f"{prefix}-{uuid.uuid4().hex[:12]}"
+        self.fs.create_dir(name)
+        return name
+
+    def uri(self, path: str) -> str:
+        return f"{self.scheme}://{path}"
+
+    def upload_tree(self, folder: Path, dest: str) -> None:
+        for f in sorted(folder.rglob("*")):
+            if f.is_file():
+                self.put(f"{dest}/{f.relative_to(folder)}", f.read_bytes())
+
+    def put(self, path: str, data: bytes) -> None:
+        with self.fs.open_output_stream(path) as out:
+            out.write(data)
+
+    def keys(self, prefix: str) -> list[str]:
+        import pyarrow.fs as pafs
+
+        sel = pafs.FileSelector(prefix, recursive=True, allow_not_found=True)
+        return sorted(f.path[len(prefix):].lstrip("/") for f in self.fs.get_file_info(sel)
+                      if f.type == pafs.FileType.File)
+
+
+@contextlib.contextmanager
+def _s3_denied(endpoint: str, uri: str):
+    """moto checks credentials once its auth is on: the job's keys become those of an IAM user with no policy."""
+    import urllib.request
+
+    import boto3
+
+    iam = boto3.client("iam", endpoint_url=endpoint, region_name="us-east-1")
+    user = f"nobody-{uuid.uuid4().hex[:8]}"
+    iam.create_user(UserName=user)
+    key = iam.create_access_key(UserName=user)["AccessKey"]
+    saved = {k: os.environ[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    os.environ.update(AWS_ACCESS_KEY_ID=key["AccessKeyId"], AWS_SECRET_ACCESS_KEY=key["SecretAccessKey"])
+
+    def auth(count: str):
+        urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset-auth", data=count.encode(),
+                                                      headers={"Content-Type": "text/plain"}))
+
+    auth("0")
+    try:
+        yield uri
+    finally:
+        auth("inf")
+        os.environ.update(saved)
+
+
+@pytest.fixture
+def s3_store(s3_server) -> ObjectStore:
+    import pyarrow.fs as pafs
+
+    from pipeline.storage import endpoint_kwargs
+
+    fs = pafs.S3FileSystem(region="us-east-1", allow_bucket_creation=True, **endpoint_kwargs(s3_server))
+    return ObjectStore("s3", {"s3_endpoint": s3_server}, fs, lambda uri: _s3_denied(s3_server, uri))
+
+
+@pytest.fixture
+def gcs_store(gcs_server) -> ObjectStore:
+    import pyarrow.fs as pafs
+
+    from pipeline.storage import endpoint_kwargs
+
+    @contextlib.contextmanager
+    def deny(uri):  # the same path in a bucket that answers 403
+        scheme, path = uri.split("://", 1)
+        yield f"{scheme}://denied-{path}"
+
+    fs = pafs.GcsFileSystem(anonymous=True, project_id="test", **endpoint_kwargs(gcs_server))
+    return ObjectStore("gs", {"gcs_endpoint": gcs_server, "anonymous": True}, fs, deny)
+
+
+@pytest.fixture(params=["s3", "gcs"])
+def object_store(request) -> ObjectStore:
+    """Each object store the job supports, on its server on 127.0.0.1."""
+    return request.getfixturevalue(f"{request.param}_store")

@@ -4,7 +4,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -58,11 +57,25 @@ def test_flags_override_yaml(tmp_path):
     assert (cfg.model.backend, cfg.model.max_tokens, cfg.parse.batch_size, cfg.input.uris) == ("transformers", 9, 4, ["b"])
 
 
+# Runs the CLI as `python jobs/parse_corpus.py` would, then says on stderr whether Ray was ever imported: a check
+# that fails "before Ray starts" must not even have loaded it.
+RAY_PROBE = """import runpy, sys
+sys.argv = sys.argv[1:]
+try:
+    runpy.run_path(sys.argv[0], run_name="__main__")
+finally:
+    sys.stderr.write("\\nray imported: %s\\n" % ("ray" in sys.modules))
+"""
+
+
 def run_cli(*args, timeout=60, env=None):
-    t = time.perf_counter()
-    proc = subprocess.run([sys.executable, str(ROOT / "jobs/parse_corpus.py"), *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT, env=dict(os.environ, **(env or {})))
-    return proc, time.perf_counter() - t
+    """(the finished process, whether it imported Ray); the probe's line is taken out of proc.stderr."""
+    proc = subprocess.run([sys.executable, "-c", RAY_PROBE, str(ROOT / "jobs/parse_corpus.py"), *args],
+                          capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=dict(os.environ, **(env or {})))
+    assert "ray imported: " in proc.stderr, proc.stderr
+    imported = "ray imported: True" in proc.stderr
+    proc.stderr = re.sub(r"\n?ray imported: (True|False)\n$", "", proc.stderr)
+    return proc, imported
 
 
 @pytest.mark.parametrize("mutate,message", [
@@ -85,24 +98,24 @@ def test_bad_checkpoint_fails_before_ray(tmp_path, tiny_checkpoint, mutate, mess
             weights = load_file(ckpt / "model.safetensors")
             weights.pop(next(k for k in weights if "layers.0.mlp.up_proj" in k))
             save_file(weights, ckpt / "model.safetensors", metadata={"format": "pt"})
-    proc, seconds = run_cli("--input", str(ROOT / "samples"), "--output", str(tmp_path / "out"),
-                            "--checkpoint", str(ckpt))
+    proc, ray_imported = run_cli("--input", str(ROOT / "samples"), "--output", str(tmp_path / "out"),
+                                 "--checkpoint", str(ckpt))
     assert proc.returncode != 0
     assert message in proc.stderr, proc.stderr
-    assert "Started a local Ray" not in proc.stderr + proc.stdout
+    assert not ray_imported and "Started a local Ray" not in proc.stderr + proc.stdout
     assert not (tmp_path / "out" / "documents").exists()
 
 
 def test_missing_input_fails_before_ray(tmp_path, tiny_checkpoint):
-    proc, _ = run_cli("--input", str(tmp_path / "nope"), "--output", str(tmp_path / "out"),
-                      "--checkpoint", str(tiny_checkpoint))
-    assert proc.returncode != 0 and "input not found" in proc.stderr
+    proc, ray_imported = run_cli("--input", str(tmp_path / "nope"), "--output", str(tmp_path / "out"),
+                                 "--checkpoint", str(tiny_checkpoint))
+    assert proc.returncode != 0 and f"input not found: {tmp_path / 'nope'}" in proc.stderr and not ray_imported
 
 
 def test_shipped_configs_are_valid():
     for path in sorted((ROOT / "configs").glob("*.yaml")):
         if path.name.startswith("train_"):
-            continue  # training configs are plain YAML for jobs/train_tiny.py, not job configs
+            continue  # training configs are plain YAML for research/ocria_tiny/train_tiny.py, not job configs
         load_config(path, {"input": {"uris": ["x"]}})
 
 
@@ -123,10 +136,25 @@ def test_every_listed_mistake_fails_before_ray_in_two_lines_naming_the_fix(tmp_p
     if "--output" not in args:
         args += ["--output", str(tmp_path / "out")]
     env_gpu = "cuda-without-gpu" == case
-    proc, _ = run_cli("--input", str(ROOT / "samples"), "--checkpoint", str(tiny_checkpoint), *args,
-                      env={"CUDA_VISIBLE_DEVICES": ""} if env_gpu else None)
-    assert proc.returncode != 0
+    proc, ray_imported = run_cli("--input", str(ROOT / "samples"), "--checkpoint", str(tiny_checkpoint), *args,
+                                 env={"CUDA_VISIBLE_DEVICES": ""} if env_gpu else None)
+    assert proc.returncode != 0 and not ray_imported
     assert re.search(says, proc.stderr), proc.stderr
     assert len(proc.stderr.strip().splitlines()) <= 2 and "Traceback" not in proc.stderr, proc.stderr
     assert "Started a local Ray" not in proc.stderr + proc.stdout
     assert not (tmp_path / "out" / "documents").exists()
+
+
+def test_bad_drafter_fails_before_ray(tmp_path, tiny_checkpoint):
+    """--drafter: a DFlash drafter whose config does not fit the checkpoint is refused before Ray starts, in a line
+    naming the field and the way out."""
+    from engine.testing import write_random_drafter
+
+    drafter = write_random_drafter(tmp_path / "drafter", tiny_checkpoint)
+    cfg = json.loads((drafter / "config.json").read_text())
+    (drafter / "config.json").write_text(json.dumps(dict(cfg, hidden_size=cfg["hidden_size"] * 2)))
+    proc, ray_imported = run_cli("--input", str(ROOT / "samples"), "--output", str(tmp_path / "out"),
+                                 "--checkpoint", str(tiny_checkpoint), "--drafter", str(drafter))
+    assert proc.returncode != 0 and not ray_imported
+    assert "hidden_size" in proc.stderr and "--drafter none" in proc.stderr, proc.stderr
+    assert "Started a local Ray" not in proc.stderr + proc.stdout

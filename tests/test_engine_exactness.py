@@ -6,7 +6,6 @@ mid-decode, and preemption with recompute.
 """
 import kernels.testing  # noqa: F401  (sets TRITON_INTERPRET before any kernel module is compiled)
 import numpy as np
-import pytest
 import torch
 
 from engine.interface import SamplingParams

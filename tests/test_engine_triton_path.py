@@ -56,8 +56,9 @@ def test_triton_kernels_in_engine_match_transformers(ckpt, monkeypatch, options)
 
 def test_decode_pdl_reaches_every_decode_kernel(ckpt, monkeypatch):
     """EngineOptions(decode_pdl=True) on a GPU launches every decode kernel with programmatic dependent launch. The
-    interpreter has no griddepcontrol, so each Triton launcher is replaced here by a recorder of its pdl flag that
-    runs the torch reference, and the model runner is told that the device has PDL."""
+    interpreter has no griddepcontrol, so each Triton launcher is wrapped here by a recorder of its pdl flag that
+    runs the Triton kernel without PDL, and the model runner is told that the device has PDL. Its tokens are then
+    those of the Triton path, compared with the torch references' (OCRIA_FORCE_TRITON off)."""
     import kernels.conv1d_update as conv
     import kernels.fused_attn_decode as fa
     import kernels.gated_rmsnorm as gn
@@ -75,11 +76,11 @@ def test_decode_pdl_reaches_every_decode_kernel(ckpt, monkeypatch):
                  (fa, "fused_attn_decode_inputs_triton", fa.fused_attn_decode_inputs_ref),
                  (sml, "small_m_linear_triton", sml.small_m_linear_ref),
                  (sml, "linear_silu_mul_triton", sml.linear_silu_mul_ref)]
-    for mod, name, ref in launchers:  # launch options (workspace, pdl, ...) are keywords; the op's inputs positional
-        monkeypatch.setattr(mod, name, lambda *a, _n=name, _ref=ref, pdl=False, **launch: (calls.append((_n, pdl)),
-                                                                                           _ref(*a))[1])
-    # the model runner turns PDL on where the device has it: here it is told the CPU does (every launcher above is a
-    # recorder, so no PDL launch reaches the interpreter)
+    for mod, name, _ in launchers:  # launch options (workspace, pdl, ...) are keywords; the op's inputs positional
+        monkeypatch.setattr(mod, name, lambda *a, _n=name, _fn=getattr(mod, name), pdl=False, **launch: (
+            calls.append((_n, pdl)), _fn(*a, pdl=False, **launch))[1])
+    # the model runner turns PDL on where the device has it: here it is told the CPU does (every launcher above
+    # drops the flag, so no PDL launch reaches the interpreter)
     monkeypatch.setattr("engine.ops.pdl_supported", lambda device: True)
     eng = Engine.from_checkpoint(ckpt, dtype="float32", max_num_seqs=2, num_blocks=32, block_size=16, decode_pdl=True)
     img = np.random.default_rng(0).integers(0, 256, (70, 90, 3), dtype=np.uint8)

@@ -1,15 +1,14 @@
 """Pages drawn at a reader's glyph size: the body text's em in pixels decides the scale of a page with a text layer
 (pipeline.rasterize.page_scale), the job takes the size from the checkpoint (pipeline.checkpoint.raster_options), and
-the evaluation and the training pages draw the same documents that way (jobs.eval_ocr, pipeline.synthetic)."""
+the evaluation and the training pages draw the same documents that way (research.ocria_tiny.eval_ocr, research.ocria_tiny.synthetic)."""
 import json
-import random
 import shutil
 import subprocess
 import sys
 
 import pymupdf
 import pytest
-from conftest import ROOT, SHIPPED_PAGES, write_synth
+from conftest import ROOT
 
 from pipeline.rasterize import RasterOptions, body_font_pt, page_scale, render_page, render_scale
 
@@ -107,51 +106,9 @@ def test_the_cli_flag_sets_the_glyph_size():
 
 
 def test_the_checkpoint_reader_imports_without_pydantic():
-    """jobs.eval_ocr reads the checkpoint's sizes through pipeline.checkpoint on the H200, which has no pydantic."""
+    """research.ocria_tiny.eval_ocr reads the checkpoint's sizes through pipeline.checkpoint on the H200, which has no pydantic."""
     code = "import sys; sys.modules['pydantic'] = None; import pipeline.checkpoint"
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
-
-
-@pytest.fixture(scope="module")
-def heldout_pool(licence_prose, tmp_path_factory):
-    """A .synth folder with a held-out pool of licence paragraphs."""
-    from pipeline.synthetic import TextPool
-
-    return write_synth(tmp_path_factory.mktemp("synth"), heldout=TextPool(prose=licence_prose, code=[["x = 1"]]))
-
-
-def test_evaluation_draws_the_same_documents_at_the_glyph_size(tmp_path, heldout_pool):
-    """Held-out pages drawn again from their PDFs: the same references, each page's body text at the glyph size."""
-    from jobs.eval_ocr import Drawing, config_fits_model, glyph_drawing, heldout_pages
-    from jobs.train_tiny import load_config
-
-    cfg = load_config(ROOT / "configs" / "train_tiny.yaml", SHIPPED_PAGES)
-    model = _model_dir(tmp_path, {"page_px": cfg["image"]["target_longest_px"], "glyph_px": 30})
-    drawing = glyph_drawing(cfg, model, 30.0, 512)
-    assert isinstance(drawing, Drawing) and drawing.glyph_px == 30.0
-    fixed = heldout_pages(3, cfg, heldout_pool)
-    drawn = heldout_pages(3, cfg, heldout_pool, drawing=drawing)
-    assert [p.reference_md for p in drawn] == [p.reference_md for p in fixed]
-    for p in drawn:
-        with pymupdf.open("pdf", p.pdf) as doc:
-            assert body_font_pt(doc[0]) * p.image.shape[0] / doc[0].rect.height == pytest.approx(30.0, rel=0.01)
-    assert config_fits_model(cfg, model, 2688 * 2688)
-    assert not config_fits_model(cfg | {"image": cfg["image"] | {"target_longest_px": 999}}, model, 2688 * 2688)
-
-
-def test_training_pages_keep_their_layout_at_a_glyph_size(heldout_pool):
-    """SynthConfig.glyph_px draws the page again at a size from the range, from a random stream of its own: the text
-    and layout are those of the page without it."""
-    from pipeline.synthetic import SynthConfig, TextPool, make_page
-
-    pool = TextPool.from_json_gz(heldout_pool / "pool_heldout.json.gz")
-    base = SynthConfig(target_longest_px=512, max_pixels=512 * 512, font_px=(8.0, 14.0))
-    glyph = SynthConfig(target_longest_px=512, max_pixels=1200 * 1200, font_px=(8.0, 14.0), glyph_px=(20.0, 24.0))
-    for seed in (3, 11):
-        a, b = make_page(seed, pool, base), make_page(seed, pool, glyph)
-        assert a.markdown == b.markdown and a.style == b.style
-        want = random.Random(f"glyph-{seed}").uniform(20.0, 24.0)
-        assert b.style.font_pt * b.image.shape[0] / b.style.height_pt == pytest.approx(want, rel=0.01)
 
 
 def _scan_of(page: pymupdf.Page, dpi: int = 150) -> pymupdf.Page:
@@ -186,7 +143,7 @@ def test_a_scan_is_drawn_at_the_glyph_size_its_ink_shows(body_pt):
 
 
 def test_a_page_with_a_text_layer_can_be_drawn_as_a_scan():
-    """text_layer=False (jobs.eval_ocr --glyph-from-ink) sizes a born-digital page from its ink, close to its text
+    """text_layer=False (research.ocria_tiny.eval_ocr --glyph-from-ink) sizes a born-digital page from its ink, close to its text
     layer's size."""
     page = _page(612, 792, 9.0)
     opts = RasterOptions(target_longest_px=1536, max_pixels=4000 * 4000, glyph_px=32, glyph_from_ink=True)

@@ -57,41 +57,45 @@ def make_pdfs(folder, n, pages=2):
         doc.save(folder / f"doc{i:02d}.pdf")
 
 
-def test_sample_corpus_through_s3_then_resume(s3_server, s3_client, tiny_checkpoint, tmp_path):
-    """Input, output and the checkpoint all in S3 (the checkpoint is copied into a local cache before use)."""
-    s3_client.create_bucket(Bucket="archive")
-    for f in SAMPLES.rglob("*"):
-        if f.is_file():
-            s3_client.upload_file(str(f), "archive", f"in/{f.relative_to(SAMPLES)}")
-    for f in tiny_checkpoint.iterdir():
-        s3_client.upload_file(str(f), "archive", f"models/tiny/{f.name}")
-    cfg = job_config("s3://archive/models/tiny", ["s3://archive/in"], "s3://archive/out",
-                     storage={"s3_endpoint": s3_server}, run={"cache_dir": str(tmp_path / "cache")})
+def test_sample_corpus_through_object_store_then_resume(object_store, tiny_checkpoint, tmp_path):
+    """Input, output and the checkpoint all in one bucket of each object store (the checkpoint is copied into a
+    local cache before use); a rerun skips the failed document (not a PDF: permanent), --retry-failed forces it."""
+    b = object_store.new_bucket("archive")
+    object_store.upload_tree(SAMPLES, f"{b}/in")
+    object_store.upload_tree(tiny_checkpoint, f"{b}/models/tiny")
+    u = object_store.uri
+    cfg = job_config(u(f"{b}/models/tiny"), [u(f"{b}/in")], u(f"{b}/out"),
+                     storage=object_store.storage, run={"cache_dir": str(tmp_path / "cache")})
     assert not (tmp_path / "cache").exists()
     summary = run(prepare(cfg), echo=lambda *_: None)
     assert (summary["documents"], summary["documents_ok"], summary["documents_error"]) == (6, 5, 1)
     assert summary["pages"] == 7 and summary["errors_by_kind"] == {"not_pdf": 1}
-    store = OutputStore(resolve("s3://archive/out", cfg.storage))
-    uris = {f"s3://archive/in/{f.relative_to(SAMPLES)}" for f in SAMPLES.rglob("*") if f.is_file()}
+    store = OutputStore(resolve(u(f"{b}/out"), cfg.storage))
+    uris = {u(f"{b}/in/{f.relative_to(SAMPLES)}") for f in SAMPLES.rglob("*") if f.is_file()}
     docs, pages = assert_exactly_once(store, uris)
     ok = [p for p in pages.to_pylist() if p["status"] == "ok"]
     assert all(p["output_tokens"] > 0 and p["backend"] == BACKEND and p["model_id"] for p in ok)
     err = [p for p in pages.to_pylist() if p["page_index"] == -1]
     assert len(err) == 1 and "not a PDF" in err[0]["error"]
-    keys = {o["Key"] for o in s3_client.list_objects_v2(Bucket="archive", Prefix="out/")["Contents"]}
-    assert any(k.startswith("out/stats/") for k in keys) and any(k.startswith("out/runs/") for k in keys)
-    assert not any("testing" in s3_client.get_object(Bucket="archive", Key=k)["Body"].read().decode("latin-1")
+    keys = object_store.keys(f"{b}/out")
+    assert any(k.startswith("stats/") for k in keys) and any(k.startswith("runs/") for k in keys)
+    assert {k.split("/")[0] for k in keys} == {"pages", "documents", "stats", "runs"}, keys  # no temporaries left
+    assert not any(b"testing" in object_store.fs.open_input_stream(f"{b}/out/{k}").read()
                    for k in keys if k.endswith(".json")), "credentials must never reach the output"
 
-    # Rerun: the five done documents are skipped, and the failed one too: not a PDF is a fact about the file.
+    # A plain rerun takes the document that arrived since, not the failed one: not a PDF is a fact about the file.
+    object_store.put(f"{b}/in/late.pdf", (SAMPLES / "letter.pdf").read_bytes())
     again = prepare(cfg)
-    assert again.plan.skipped["already done"] == 5 and not again.plan.todo
+    assert again.plan.skipped["already done"] == 5
     assert again.plan.skipped["not_pdf (not retried: --retry-failed forces)"] == 1
-    # --retry-failed forces it (attempt 2); its new row replaces the old.
-    forced = prepare(cfg.model_copy(update={"run": cfg.run.model_copy(update={"retry_failed": True})}))
-    assert [m.attempt for m in forced.plan.todo.values()] == [2]
-    retried = run(forced, echo=lambda *_: None)
-    assert retried["pages"] == 0 and retried["warmup_pages"] == 0  # an error row is no page, warm-up included
+    assert [(k.rsplit("/", 1)[1], m.attempt) for k, m in again.plan.todo.items()] == [("late.pdf", 1)]
+    # --retry-failed forces it (attempt 2), and takes only failed documents.
+    only_failed = prepare(job_config(u(f"{b}/models/tiny"), [u(f"{b}/in")], u(f"{b}/out"), storage=object_store.storage,
+                                     run={"cache_dir": str(tmp_path / "cache"), "retry_failed": True}))
+    assert [(k.rsplit("/", 1)[1], m.attempt) for k, m in only_failed.plan.todo.items()] == [("download-error.pdf", 2)]
+    # The failed one is retried (attempt 2) and its row replaces the old one.
+    retried = run(only_failed, echo=lambda *_: None)
+    assert retried["documents"] == 1 and retried["pages"] == 0 and retried["warmup_pages"] == 0  # an error row is no page
     assert retried["steady_pages_per_s"] == 0 and not retried["steady_phase"]
     docs, _ = assert_exactly_once(store, uris)
     [cached] = list((tmp_path / "cache").iterdir())
@@ -140,27 +144,48 @@ def test_killed_engine_actor_is_replaced_and_its_work_redone(tmp_path, tiny_chec
     assert_exactly_once(store, {f"file://{tmp_path}/in/doc{i:02d}.pdf" for i in range(12)})
 
 
-def test_job_killed_midway_then_resumed_gives_every_document_once(tmp_path, tiny_checkpoint):
+@pytest.mark.slow
+@pytest.mark.parametrize("where", ["local", "s3", "gcs"])
+def test_job_killed_midway_then_resumed_gives_every_document_once(where, request, tmp_path, tiny_checkpoint):
+    """The driver and its Ray killed mid-stream; a rerun gives every document exactly once. On GCS the endpoint
+    comes from STORAGE_EMULATOR_HOST, as a user of an emulator would set it, in the killed run and the resume."""
     make_pdfs(tmp_path / "in", 16)
-    args = [sys.executable, str(ROOT / "jobs/parse_corpus.py"), "--input", str(tmp_path / "in"),
-            "--output", str(tmp_path / "out"), "--checkpoint", str(tiny_checkpoint), "--backend", BACKEND,
-            "--device", "cpu", "--max-tokens", "32", "--batch-size", "2", "--commit-every", "1", "--num-cpus", "2"]
-    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    docs_dir = tmp_path / "out" / "documents"
+    env, flags = dict(os.environ), []
+    if where == "local":
+        inp, out, storage = str(tmp_path / "in"), str(tmp_path / "out"), {}
+        committed = lambda: len(list((tmp_path / "out" / "documents").glob("*.parquet")))  # noqa: E731
+    else:
+        store = request.getfixturevalue(f"{where}_store")
+        b = store.new_bucket()
+        store.upload_tree(tmp_path / "in", f"{b}/in")
+        inp, out = store.uri(f"{b}/in"), store.uri(f"{b}/out")
+        if where == "gcs":
+            env["STORAGE_EMULATOR_HOST"], storage = store.storage["gcs_endpoint"], {}
+        else:
+            flags, storage = ["--s3-endpoint", store.storage["s3_endpoint"]], store.storage
+        committed = lambda: sum(k.endswith(".parquet") for k in store.keys(f"{b}/out/documents"))  # noqa: E731
+    args = [sys.executable, str(ROOT / "jobs/parse_corpus.py"), "--input", inp, "--output", out, *flags,
+            "--checkpoint", str(tiny_checkpoint), "--backend", BACKEND, "--device", "cpu", "--max-tokens", "32",
+            "--batch-size", "2", "--commit-every", "1", "--num-cpus", "2"]
+    proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
     deadline = time.time() + 200
-    while time.time() < deadline and len(list(docs_dir.glob("*.parquet"))) < 2 and proc.poll() is None:
+    while time.time() < deadline and committed() < 2 and proc.poll() is None:
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGKILL)  # the driver and the Ray it started, mid-write if unlucky
     proc.wait()
     subprocess.run(["pkill", "-9", "-f", str(tmp_path)], check=False)
-    done_before = len(list(docs_dir.glob("*.parquet")))
+    done_before = committed()
     assert 0 < done_before < 16, f"kill landed at {done_before} committed parts: nothing was interrupted"
-    cfg = job_config(tiny_checkpoint, [str(tmp_path / "in")], str(tmp_path / "out"))
-    prep = prepare(cfg)
-    assert len(prep.plan.todo) == 16 - prep.plan.skipped["already done"] and prep.plan.todo
-    run(prep, echo=lambda *_: None)
-    assert_exactly_once(OutputStore(resolve(str(tmp_path / "out"), cfg.storage)),
-                        {f"file://{tmp_path}/in/doc{i:02d}.pdf" for i in range(16)})
+    with pytest.MonkeyPatch.context() as mp:
+        for k in set(env) - set(os.environ):
+            mp.setenv(k, env[k])
+        cfg = job_config(tiny_checkpoint, [inp], out, storage=storage)
+        prep = prepare(cfg)
+        assert len(prep.plan.todo) == 16 - prep.plan.skipped["already done"] and prep.plan.todo
+        run(prep, echo=lambda *_: None)
+        assert_exactly_once(OutputStore(resolve(out, cfg.storage)), {f"{inp}/doc{i:02d}.pdf" for i in range(16)}
+                            if where != "local" else {f"file://{tmp_path}/in/doc{i:02d}.pdf" for i in range(16)})
 
 
 @pytest.mark.timeout(400)

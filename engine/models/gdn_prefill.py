@@ -9,9 +9,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from engine.ops import l2norm_ref
+from engine.ops import l2norm_ref, use_triton
 from engine.step_metadata import GDN_CHUNK, StepMetadata, chunked_layout
-from kernels._common import use_triton
 
 try:  # optional GPU dependency (fla-core): varlen chunked gated delta rule in Triton
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule as _fla_chunk
@@ -56,7 +55,7 @@ def chunked_delta_rule_torch(q, k, v, g, beta, states, rows, n_chunks: int, chun
     then o_t = exp(G_t) q_t S0 + sum_{s<=t} exp(G_t-G_s) (q_t.k_s) u_s and
     S_end = exp(G_C) S0 + sum_s exp(G_C-G_s) k_s u_s^T. Everything but the terms in S0 is computed for all chunks at
     once; only the state's hand-over runs chunk by chunk, as three batched multiply-adds a chunk (each op costs host
-    time however small its tensors). Differentiable: ocria-tiny's training runs it (jobs/chunked_gdn.py). Returns
+    time however small its tensors). Differentiable: ocria-tiny's training runs it (research/ocria_tiny/chunked_gdn.py). Returns
     (o [N, Hv, dv] in v.dtype, final states [S, Hv, dk, dv] fp32).
     """
     Hk, dk = q.shape[1], q.shape[2]

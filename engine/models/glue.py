@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from engine.rope import apply_rotary
-from kernels.gdn_recurrent import gates_from_raw
+from engine.ops import gates_from_raw
 
 
 def rms_norm_zero_centred(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine import ops
-from kernels.small_m_linear import MAX_M, SplitKWorkspace, default_launch, split_ranges
+from engine.models.quant_linear import is_quantized, quant_linear, wants_fp8_input
 
 
 def fused_weight(shard_sizes: list[int], in_features: int, **factory) -> nn.Parameter:
@@ -22,19 +22,18 @@ def param(*shape, **factory) -> nn.Parameter:
 
 class DecodeProjections:
     """How decode steps of at most MAX_M rows run their projections: kernels/small_m_linear's GEMV, which beats cuBLAS
-    at these shapes on the H200 (bench/results/h200_small_m_linear.json; 5 % per decode step: h200_decode_gemv.json).
+    at these shapes (bench/results/h200_small_m_linear.json).
     One split-K workspace serves every projection: a step's launches run one after another on one stream.
     Products of more than MAX_M rows (prefill chunks, larger decode batches) keep the plain torch ops (cuBLAS).
     swiglu_epilogue: the MLP's gate_up GEMV applies silu(gate) * up to its own output (kernels/small_m_linear.
-    linear_silu_mul), so no SwiGLU kernel runs and the [M, 2I] gate_up output is never stored (1.6 % faster decode
-    steps on the H200, bench/results/h200_decode_epilogues.json).
+    linear_silu_mul), so no SwiGLU kernel runs and the [M, 2I] gate_up output is never stored.
     pdl (the model runner passes False where the GPU has no PDL): the GEMVs use programmatic dependent launch
     (kernels/small_m_linear), overlapping each one's start with the end of the kernel before (TextModel.set_pdl does
-    the same for the other decode kernels; together 2-3 % faster decode steps at b1-b8, h200_decode_pdl.json).
+    the same for the other decode kernels).
     The norms stay kernels of their own and the SwiGLU is gate_up's epilogue: computed by the GEMV that reads them,
     as it loads its input, they were slower (kernels/small_m_linear's docstring)."""
 
-    def __init__(self, workspace: SplitKWorkspace | None = None, pdl: bool = False, swiglu_epilogue: bool = False):
+    def __init__(self, workspace: ops.SplitKWorkspace | None = None, pdl: bool = False, swiglu_epilogue: bool = False):
         self.workspace, self.swiglu_epilogue = workspace, swiglu_epilogue
         self.launch = dict(workspace=workspace, pdl=True) if pdl else dict(workspace=workspace)
 
@@ -43,32 +42,42 @@ class DecodeProjections:
                   swiglu_epilogue: bool = False) -> DecodeProjections:
         """Sized for the largest split-K launch among `weights` at MAX_M rows. Disabled (the torch ops) where the
         kernels would run their torch references anyway (CPU, unless OCRIA_FORCE_TRITON=1)."""
+        weights = [w for w in weights if isinstance(w, torch.Tensor)]  # quantized ones need no split-K workspace
         w = weights[0]
         if not ops.use_triton(w):
             return cls()
         parts, tiles = 1, 1
         for wt in weights:
             N, K = wt.shape
-            d = default_launch(N, K, wt.dtype, wt.device)
-            S = split_ranges(K, d["block_k"], d["split_k"])[1]
+            d = ops.default_launch(N, K, wt.dtype, wt.device)
+            S = ops.split_ranges(K, d["block_k"], d["split_k"])[1]
             if S > 1:
-                parts, tiles = max(parts, S * MAX_M * N), max(tiles, -(-N // d["block_n"]))
+                parts, tiles = max(parts, S * ops.MAX_M * N), max(tiles, -(-N // d["block_n"]))
         # (linear_silu_mul launches gate_up with the plain launch's tiles and splits: the same workspace fits it)
-        return cls(SplitKWorkspace(torch.empty(parts, dtype=torch.float32, device=w.device),
+        return cls(ops.SplitKWorkspace(torch.empty(parts, dtype=torch.float32, device=w.device),
                                    torch.zeros(tiles, dtype=torch.int32, device=w.device)), pdl, swiglu_epilogue)
 
     def gemv(self, rows: int) -> bool:
         """Whether a product of `rows` rows runs on the GEMV (else the torch op)."""
-        return self.workspace is not None and rows <= MAX_M
+        return self.workspace is not None and rows <= ops.MAX_M
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, swiglu: bool = False) -> torch.Tensor:
-        """x @ weight.T; swiglu (GEMV only, see mlp): silu(gate) * up of a fused [gate | up] weight's product."""
+        """x @ weight.T; swiglu (GEMV only, see mlp): silu(gate) * up of a fused [gate | up] weight's product.
+        Quantized weights (engine/models/quant_linear) pick their own kernels."""
+        if is_quantized(weight):
+            return quant_linear(x, weight)
         if self.gemv(x.shape[0]):
             return (ops.linear_silu_mul if swiglu else ops.small_m_linear)(x, weight, **self.launch)
         return F.linear(x, weight)
 
     def mlp(self, x: torch.Tensor, gate_up_weight: torch.Tensor, down_weight: torch.Tensor) -> torch.Tensor:
-        """down(silu(gate) * up) of a SwiGLU MLP with a fused [gate | up] weight."""
+        """down(silu(gate) * up) of a SwiGLU MLP with a fused [gate | up] weight. An FP8 W8A8 down_proj gets its input
+        from the SwiGLU kernel that also quantizes it (kernels/fp8_quant.silu_mul_quant_fp8)."""
+        if is_quantized(gate_up_weight) or is_quantized(down_weight):
+            gate_up = self.linear(x, gate_up_weight)
+            if wants_fp8_input(down_weight):
+                return quant_linear(None, down_weight, ops.silu_mul_quant_fp8(gate_up), out_dtype=x.dtype)
+            return self.linear(ops.silu_mul(gate_up), down_weight)
         if self.swiglu_epilogue and self.gemv(x.shape[0]):
             return self.linear(self.linear(x, gate_up_weight, swiglu=True), down_weight)
         return self.linear(ops.silu_mul(self.linear(x, gate_up_weight)), down_weight)

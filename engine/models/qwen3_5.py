@@ -42,9 +42,9 @@ class Qwen3_5Model(nn.Module):
         return self.visual(pixel_values, grids)
 
     @torch.no_grad()
-    def forward(self, inputs_embeds: torch.Tensor, meta: StepMetadata) -> torch.Tensor:
+    def forward(self, inputs_embeds: torch.Tensor, meta: StepMetadata, taps: dict | None = None) -> torch.Tensor:
         cos, sin = mrope_cos_sin(meta.positions, self.inv_freq, self.cfg.text.mrope_section, inputs_embeds.dtype)
-        return self.language_model(inputs_embeds, meta, cos, sin)
+        return self.language_model(inputs_embeds, meta, cos, sin, taps)
 
     @torch.no_grad()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -134,6 +134,7 @@ class GatedDeltaNet(nn.Module):
         self.conv_state = self.ssm_state = torch.empty(0)
         self.glue = Glue()
         self.proj = DecodeProjections()
+        self.kept = None  # speculative verify: (x, k, u, g) buffers of the block (engine/speculative.VerifyBuffers)
 
     fused_decode = False  # decode: one fused kernel from conv to gated norm (TextModel.set_fused_decode)
     pdl = False  # decode kernels launched with programmatic dependent launch (TextModel.set_pdl)
@@ -142,6 +143,10 @@ class GatedDeltaNet(nn.Module):
         projected = self.proj.linear(x, self.in_proj.weight)
         N = projected.shape[0]
         qkv, z, ba = projected.split([self.conv_dim, self.value_dim, 2 * self.hv], dim=-1)
+        if meta.verify_len:
+            o = self._verify(qkv, ba, meta)
+            o = ops.gated_rmsnorm(o, z.reshape(N, self.hv, self.dv), self.norm.weight, self.eps)
+            return self.proj.linear(o.reshape(N, self.value_dim), self.out_proj.weight)
         if self.fused_decode and not meta.is_prefill:
             o = ops.fused_gdn_decode(qkv, z.view(N, self.hv, self.dv), ba[:, :self.hv], ba[:, self.hv:],
                                      self.conv_state, self.conv1d.weight, self.A_log, self.dt_bias, self.norm.weight,
@@ -165,6 +170,23 @@ class GatedDeltaNet(nn.Module):
                                   pdl=self.pdl)[:, 0]
         o = ops.gated_rmsnorm(o, z.reshape(N, self.hv, self.dv), self.norm.weight, self.eps, pdl=self.pdl)
         return self.proj.linear(o.reshape(N, self.value_dim), self.out_proj.weight)
+
+
+    def _verify(self, qkv, ba, meta: StepMetadata):
+        """A block of T tokens per sequence against the uncommitted conv and recurrent state (kernels/gdn_verify);
+        the block's conv inputs and per-token updates go to self.kept for the commit."""
+        T = meta.verify_len
+        S = qkv.shape[0] // T
+        x_kept, k_kept, u_kept, g_kept = self.kept
+        x = qkv.view(S, T, self.conv_dim)
+        x_kept[:S, :T] = x
+        y = ops.causal_conv1d_verify(x, self.conv_state, self.conv1d.weight, meta.state_idx)
+        q, k, v = y.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        ba = ba.view(S, T, 2 * self.hv)
+        o = ops.gdn_verify(q.reshape(S, T, self.hk, self.dk), k.reshape(S, T, self.hk, self.dk),
+                           v.reshape(S, T, self.hv, self.dv), ba[..., self.hv:], ba[..., :self.hv], self.ssm_state,
+                           meta.state_idx, k_kept, u_kept, g_kept, raw_gates=(self.A_log, self.dt_bias))
+        return o.view(S * T, self.hv, self.dv)
 
 
 class DecoderLayer(nn.Module):
@@ -228,9 +250,12 @@ class TextModel(nn.Module):
             if isinstance(m, (RMSNorm, GatedDeltaNet, GatedAttention)):
                 m.pdl = on
 
-    def forward(self, x: torch.Tensor, meta: StepMetadata, cos, sin) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, meta: StepMetadata, cos, sin, taps: dict | None = None) -> torch.Tensor:
+        """taps: {layer id: None} to fill with those layers' output hidden states (a drafter's context)."""
         residual = None
-        for layer in self.layers:
+        for i, layer in enumerate(self.layers):
             x, residual = layer(x, residual, meta, cos, sin)
+            if taps is not None and i in taps:
+                taps[i] = x + residual
         x, _ = self.norm(x, residual)
         return x

@@ -1,0 +1,200 @@
+"""bf16 vs FP8 vs the NVFP4 mix at the Qwen3.5-4B shape (random weights), one process, one GPU:
+
+  * decode ms/step at each batch size (text prompts of --prompt tokens, --gen tokens generated, the engine's normal
+    path: CUDA graphs, GEMVs), each against its own roofline: the bytes one step must move (every decoder weight in
+    its stored format, the head once, KV cache read, GDN state read + written) / the device-to-device copy bandwidth
+    measured in the same run;
+  * prefill tokens/s at page-sized prompts (--page-tokens per sequence, --prefill-batch sequences, one step each);
+  * next-token logit error and top-1 agreement of FP8 / NVFP4 against bf16 on page-shaped prompts (an image of
+    --page-image-tokens merged tokens + text), and how many of the first --check-tokens greedy tokens agree.
+The quantized engines are built from the bf16 weights by engine.quantize.quantize_tensors with the built-in recipes
+(pipeline/quantize.py: fp8 = every projection FP8 W8A8 but the GDN gates; nvfp4 = NVFP4, down_proj FP8),
+round-to-nearest (random weights have no activations worth calibrating on).
+
+    python bench/quantized_decode_bench.py --out bench/results/h200_quantized_decode.json        # H200
+    python bench/quantized_decode_bench.py --device cpu --smoke --out /tmp/qdb.json             # toy sizes, CPU
+
+Writes `rows` [{precision, batch, decode_step_ms, roofline_ms, ...}], `prefill` and `quality`, rewritten after each
+measurement (a later failure keeps what was measured).
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from engine.config import parse_config  # noqa: E402
+from engine.interface import SamplingParams  # noqa: E402
+from engine.llm_engine import Engine, EngineOptions  # noqa: E402
+from engine.models.quant_linear import QuantWeight  # noqa: E402
+from engine.quantize import plan_precisions, quantize_tensors  # noqa: E402
+from jobs import benchmark as jb  # noqa: E402
+from pipeline.quantize import BUILTIN  # noqa: E402
+
+PRECISIONS = ("bf16", "fp8", "nvfp4")
+
+
+def weight_bytes(model) -> int:
+    """Bytes of every decoder weight as stored (parameters and quantized buffers), embeddings left out, plus the head."""
+    lm = model.language_model
+    params = sum(p.numel() * p.element_size() for n, p in lm.named_parameters() if "embed_tokens" not in n)
+    quant = sum(m.nbytes() for m in lm.modules() if isinstance(m, QuantWeight))
+    return params + quant + model.head_weight.numel() * model.head_weight.element_size()
+
+
+def build_engine(precision: str, hf_raw: dict, sd: dict, device, dtype, opts: dict) -> Engine:
+    if precision == "bf16":
+        return Engine(parse_config(hf_raw), sd.items(), device=device, dtype=dtype, options=EngineOptions(**opts))
+    cfg = parse_config(hf_raw)
+    recipe = BUILTIN[precision]
+    plan = plan_precisions(cfg, recipe.rule_pairs(), recipe.default)
+    tensors, qc, _ = quantize_tensors(cfg, sd, plan, act_fp8=recipe.fp8_activations == "dynamic")
+    qcfg = parse_config(dict(hf_raw, quantization_config=qc))
+    eng = Engine(qcfg, tensors.items(), device=device, dtype=dtype, options=EngineOptions(**opts))
+    del tensors
+    return eng
+
+
+def decode_row(engine: Engine, precision: str, batch: int, args, cfg, bw: float, dtype, rng) -> dict:
+    reqs = [dict(prompt_token_ids=rng.integers(0, args.vocab_hi, args.prompt).tolist(), ignore_eos=True,
+                 sampling=SamplingParams(max_tokens=args.gen)) for _ in range(batch)]
+    engine.generate([dict(r, sampling=SamplingParams(max_tokens=2)) for r in reqs])  # warm-up at these shapes
+    engine.step_log.clear()
+    engine.record_steps = True
+    jb.sync(engine.device)
+    engine.generate(reqs)
+    jb.sync(engine.device)
+    engine.record_steps = False
+    step_s, device_s, _, dec = jb.decode_step_times(engine.step_log, batch)
+    state = jb.decode_bytes(cfg, engine.model, batch, args.prompt + args.gen / 2, dtype)
+    wbytes = weight_bytes(engine.model)
+    total = wbytes + state["kv"] + state["gdn_state"]
+    return dict(precision=precision, batch=batch, decode_step_ms=1e3 * step_s, decode_device_ms=1e3 * device_s,
+                roofline_ms=1e3 * total / bw, roofline_ratio=step_s * bw / total, weight_bytes=wbytes,
+                state_bytes=state["kv"] + state["gdn_state"], decode_steps=len(dec))
+
+
+def prefill_row(engine: Engine, precision: str, args, rng) -> dict:
+    reqs = [dict(prompt_token_ids=rng.integers(0, args.vocab_hi, args.page_tokens).tolist(),
+                 sampling=SamplingParams(max_tokens=1)) for _ in range(args.prefill_batch)]
+    engine.generate([dict(r) for r in reqs])  # warm-up
+    times = []
+    for _ in range(args.prefill_repeats):
+        jb.sync(engine.device)
+        t0 = time.perf_counter()
+        engine.generate([dict(r) for r in reqs])
+        jb.sync(engine.device)
+        times.append(time.perf_counter() - t0)
+    s = float(np.median(times))
+    return dict(precision=precision, prompt_tokens=args.page_tokens, sequences=args.prefill_batch, seconds=s,
+                tokens_per_s=args.page_tokens * args.prefill_batch / s)
+
+
+def page_outputs(engine: Engine, args, cfg) -> list:
+    ns = argparse.Namespace(page_image_tokens=args.page_image_tokens, page_gen=args.check_tokens, text_prompt=1,
+                            text_gen=1)
+    reqs = jb.make_requests("page", args.quality_prompts, ns, cfg, np.random.default_rng(7))
+    return engine.generate([dict(r, keep_logits=True, ignore_eos=True) for r in reqs])
+
+
+def quality_row(precision: str, got: list, ref: list) -> dict:
+    a = torch.stack([o.logits[0].float() for o in got])
+    b = torch.stack([o.logits[0].float() for o in ref])
+    same = []
+    for o, r in zip(got, ref):
+        n = next((i for i, (x, y) in enumerate(zip(o.output_token_ids, r.output_token_ids)) if x != y),
+                 len(r.output_token_ids))
+        same.append(n / len(r.output_token_ids))
+    return dict(precision=precision, prompts=len(got), logit_rel_err=float((a - b).norm() / b.norm()),
+                logit_max_abs_err=float((a - b).abs().max()),
+                top1_agreement=float((a.argmax(-1) == b.argmax(-1)).float().mean()),
+                greedy_prefix_agreement=float(np.mean(same)))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--smoke", action="store_true", help="toy model sizes (CPU run end to end)")
+    ap.add_argument("--precisions", default=",".join(PRECISIONS))
+    ap.add_argument("--batch-sizes", default=None, help="default 1,8,32,64,128 (smoke: 1,2)")
+    ap.add_argument("--prompt", type=int, default=None, help="decode runs' prompt tokens (default 512; smoke 24)")
+    ap.add_argument("--gen", type=int, default=None, help="decode runs' generated tokens (default 64; smoke 6)")
+    ap.add_argument("--page-tokens", type=int, default=None, help="prefill prompt tokens (default 1320; smoke 40)")
+    ap.add_argument("--prefill-batch", type=int, default=8)
+    ap.add_argument("--prefill-repeats", type=int, default=3)
+    ap.add_argument("--page-image-tokens", type=int, default=None, help="quality prompts' merged image tokens")
+    ap.add_argument("--quality-prompts", type=int, default=8)
+    ap.add_argument("--check-tokens", type=int, default=16)
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args(argv)
+    small = args.smoke
+    for k, (toy, real) in dict(prompt=(24, 512), gen=(6, 64), page_tokens=(40, 1320),
+                               page_image_tokens=(16, 1296)).items():
+        if getattr(args, k) is None:
+            setattr(args, k, toy if small else real)
+    batches = [int(b) for b in (args.batch_sizes or ("1,2" if small else "1,8,32,64,128")).split(",")]
+    precisions = args.precisions.split(",")
+    device = torch.device(args.device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    hf_cfg = jb.hf_config(small)
+    hf_raw = hf_cfg.to_dict()
+    cfg = parse_config(hf_raw)
+    args.vocab_hi = min(240000, cfg.vision_start_token_id - 10)
+    bw = jb.copy_bandwidth(device, (2 << 30) if device.type == "cuda" else (64 << 20))
+    hf = jb.build_hf_model(hf_cfg, device, dtype)
+    sd = dict(hf.state_dict())
+    del hf
+    max_len = max(args.prompt + args.gen, args.page_tokens + 1, args.page_image_tokens + 24 + args.check_tokens)
+    opts = jb.engine_options(max(max(batches), args.prefill_batch, args.quality_prompts), max_len, device)
+    meta = dict(device=str(device), gpu=torch.cuda.get_device_name(device) if device.type == "cuda" else
+                platform.processor() or "cpu", dtype=str(dtype), smoke=small, copy_bandwidth_GBps=bw / 1e9,
+                args={k: v for k, v in vars(args).items() if k != "out"} | {"out": str(args.out)},
+                torch=torch.__version__, command=" ".join(["python", "bench/quantized_decode_bench.py",
+                                                           *(argv if argv is not None else sys.argv[1:])]))
+    result = dict(meta=meta, rows=[], prefill=[], quality=[])
+
+    def save():
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+
+    ref_pages = None
+    rng = np.random.default_rng(0)
+    for precision in precisions:
+        engine = build_engine(precision, hf_raw, sd, device, dtype, opts)
+        pages = page_outputs(engine, args, cfg)
+        if precision == "bf16":
+            ref_pages = pages
+        elif ref_pages is not None:
+            result["quality"].append(quality_row(precision, pages, ref_pages))
+        result["prefill"].append(prefill_row(engine, precision, args, rng))
+        save()
+        for b in batches:
+            row = decode_row(engine, precision, b, args, cfg, bw, dtype, rng)
+            result["rows"].append(row)
+            print(json.dumps(row), flush=True)
+            save()
+        del engine
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    bf16_prefill = next((p["tokens_per_s"] for p in result["prefill"] if p["precision"] == "bf16"), None)
+    for p in result["prefill"]:
+        p["vs_bf16"] = p["tokens_per_s"] / bf16_prefill if bf16_prefill else None
+    save()
+    print(json.dumps(dict(prefill=result["prefill"], quality=result["quality"]), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,331 @@
+"""DFlash block-diffusion drafter: a few Qwen3 decoder layers that draft a block of tokens in one pass.
+
+Context: the target's hidden states at `target_layer_ids` (outputs of those decoder layers), concatenated and fused
+by `fc` + `hidden_norm`; every draft layer projects that shared context with its own k/v projections (k_norm, rotary
+at the token's index in the sequence) and keeps it in a paged KV cache laid out like the target's (same block
+tables, same slots), written by every target forward. A draft pass runs the block [last token, MASK x (B - 1)] at
+indices start .. start + B - 1 through the layers; each block query sees the context before `start` and the whole
+block (bidirectional). The output at block position k predicts the token at start + k; position 0 is dropped. No
+embedding or LM head of its own: the target's are used.
+
+HF layout (the public DFlash drafters'): config.json with the Qwen3 fields and `dflash_config` {target_layer_ids,
+mask_token_id, block_size}; safetensors with fc.weight [H, n H], hidden_norm.weight, norm.weight and
+layers.i.{input_layernorm, post_attention_layernorm, self_attn.{q,k,v,o}_proj, self_attn.{q,k}_norm,
+mlp.{gate,up,down}_proj}.weight (a leading "model." is accepted). Rotary positions are the token's index in its
+sequence (for image prompts too): the drafters trained by jobs/train_drafter.py use the same. Not supported (refused at
+load): sliding-window layers and DFlash2's dynamic convolution / candidate selector tensors.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine import ops
+from engine.config import TextConfig
+from engine.rope import apply_rotary, inv_frequencies
+
+
+class DrafterConfigError(ValueError):
+    """A drafter checkpoint that cannot serve this target (the message names the field)."""
+
+
+@dataclass(frozen=True)
+class DFlashConfig:
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    vocab_size: int
+    target_layer_ids: tuple[int, ...]
+    mask_token_id: int
+    block_size: int
+
+    def to_json(self, num_target_layers: int | None = None) -> dict:
+        """config.json contents in the public DFlash layout."""
+        d = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_act": "silu",
+             "hidden_size": self.hidden_size, "intermediate_size": self.intermediate_size,
+             "num_hidden_layers": self.num_hidden_layers, "num_attention_heads": self.num_attention_heads,
+             "num_key_value_heads": self.num_key_value_heads, "head_dim": self.head_dim,
+             "rms_norm_eps": self.rms_norm_eps, "rope_theta": self.rope_theta, "vocab_size": self.vocab_size,
+             "attention_bias": False, "tie_word_embeddings": False, "block_size": self.block_size,
+             "dflash_config": {"target_layer_ids": list(self.target_layer_ids), "mask_token_id": self.mask_token_id,
+                               "block_size": self.block_size}}
+        if num_target_layers is not None:
+            d["num_target_layers"] = num_target_layers
+        return d
+
+
+def build_target_layer_ids(num_target_layers: int, num_taps: int) -> list[int]:
+    """DFlash's default taps: evenly spaced from layer 1 to layer L - 3 (one tap: the middle layer)."""
+    if num_taps == 1:
+        return [num_target_layers // 2]
+    return [round(1 + i * (num_target_layers - 4) / (num_taps - 1)) for i in range(num_taps)]
+
+
+def load_dflash_config(folder: str | Path, target: TextConfig) -> DFlashConfig:
+    """config.json of a drafter folder, checked against the target; raises DrafterConfigError naming the field."""
+    path = Path(folder) / "config.json"
+    if not path.is_file():
+        raise DrafterConfigError(f"drafter {folder}: no config.json (pass a DFlash drafter folder, or none)")
+    raw = json.loads(path.read_text())
+    dcfg = raw.get("dflash_config")
+    if not isinstance(dcfg, dict):
+        raise DrafterConfigError(f"{path}: no dflash_config (target_layer_ids, mask_token_id, block_size): not a "
+                                 f"DFlash drafter")
+
+    def need(d, key, where):
+        if key not in d:
+            raise DrafterConfigError(f"{path}: {where}{key} missing")
+        return d[key]
+
+    rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+    theta = raw.get("rope_theta", rope.get("rope_theta", 1e6))
+    heads = need(raw, "num_attention_heads", "")
+    cfg = DFlashConfig(
+        hidden_size=need(raw, "hidden_size", ""), intermediate_size=need(raw, "intermediate_size", ""),
+        num_hidden_layers=need(raw, "num_hidden_layers", ""), num_attention_heads=heads,
+        num_key_value_heads=raw.get("num_key_value_heads", heads),
+        head_dim=raw.get("head_dim") or need(raw, "hidden_size", "") // heads,
+        rms_norm_eps=raw.get("rms_norm_eps", 1e-6), rope_theta=float(theta), vocab_size=need(raw, "vocab_size", ""),
+        target_layer_ids=tuple(int(i) for i in need(dcfg, "target_layer_ids", "dflash_config.")),
+        mask_token_id=int(need(dcfg, "mask_token_id", "dflash_config.")),
+        block_size=int(dcfg.get("block_size", raw.get("block_size", 0))))
+    layer_types = raw.get("layer_types") or []
+    if any(t != "full_attention" for t in layer_types):
+        raise DrafterConfigError(f"{path}: layer_types {layer_types}: only full-attention draft layers are supported")
+    checks = [
+        ("hidden_size", cfg.hidden_size, target.hidden_size),
+        ("vocab_size", cfg.vocab_size, target.vocab_size),
+    ]
+    if "num_target_layers" in raw:
+        checks.append(("num_target_layers", raw["num_target_layers"], target.num_hidden_layers))
+    for field, got, want in checks:
+        if got != want:
+            raise DrafterConfigError(f"{path}: {field}={got} does not match the target's {want}: this drafter was "
+                                     f"made for another model")
+    bad = [i for i in cfg.target_layer_ids if not 0 <= i < target.num_hidden_layers]
+    if not cfg.target_layer_ids or bad:
+        raise DrafterConfigError(f"{path}: dflash_config.target_layer_ids {list(cfg.target_layer_ids)} must name "
+                                 f"layers of the target (0 .. {target.num_hidden_layers - 1})")
+    if not 0 <= cfg.mask_token_id < target.vocab_size:
+        raise DrafterConfigError(f"{path}: dflash_config.mask_token_id={cfg.mask_token_id} is outside the target's "
+                                 f"vocabulary (0 .. {target.vocab_size - 1})")
+    if cfg.block_size < 2:
+        raise DrafterConfigError(f"{path}: dflash_config.block_size={cfg.block_size} must be >= 2")
+    return cfg
+
+
+def expected_drafter_tensors(cfg: DFlashConfig) -> dict[str, tuple[int, ...]]:
+    H, I, hd = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+    nh, nkv = cfg.num_attention_heads, cfg.num_key_value_heads
+    out = {"fc.weight": (H, len(cfg.target_layer_ids) * H), "hidden_norm.weight": (H,), "norm.weight": (H,)}
+    for i in range(cfg.num_hidden_layers):
+        p = f"layers.{i}."
+        out.update({p + "input_layernorm.weight": (H,), p + "post_attention_layernorm.weight": (H,),
+                    p + "self_attn.q_proj.weight": (nh * hd, H), p + "self_attn.k_proj.weight": (nkv * hd, H),
+                    p + "self_attn.v_proj.weight": (nkv * hd, H), p + "self_attn.o_proj.weight": (H, nh * hd),
+                    p + "self_attn.q_norm.weight": (hd,), p + "self_attn.k_norm.weight": (hd,),
+                    p + "mlp.gate_proj.weight": (I, H), p + "mlp.up_proj.weight": (I, H),
+                    p + "mlp.down_proj.weight": (H, I)})
+    return out
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Qwen3's RMSNorm (plain weight, not 1 + w), computed in fp32."""
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
+
+
+class DraftLayer(nn.Module):
+    def __init__(self, cfg: DFlashConfig, **factory):
+        super().__init__()
+        H, I, hd = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+        self.nh, self.nkv, self.hd, self.eps = cfg.num_attention_heads, cfg.num_key_value_heads, hd, cfg.rms_norm_eps
+        self.input_layernorm = nn.Parameter(torch.ones(H, **factory))
+        self.post_attention_layernorm = nn.Parameter(torch.ones(H, **factory))
+        self.q_proj = nn.Linear(H, self.nh * hd, bias=False, **factory)
+        self.k_proj = nn.Linear(H, self.nkv * hd, bias=False, **factory)
+        self.v_proj = nn.Linear(H, self.nkv * hd, bias=False, **factory)
+        self.o_proj = nn.Linear(self.nh * hd, H, bias=False, **factory)
+        self.q_norm = nn.Parameter(torch.ones(hd, **factory))
+        self.k_norm = nn.Parameter(torch.ones(hd, **factory))
+        self.gate_proj = nn.Linear(H, I, bias=False, **factory)
+        self.up_proj = nn.Linear(H, I, bias=False, **factory)
+        self.down_proj = nn.Linear(I, H, bias=False, **factory)
+
+    def query(self, x, cos, sin):
+        q = rms_norm(self.q_proj(x).view(-1, self.nh, self.hd), self.q_norm, self.eps)
+        return apply_rotary(q, cos, sin)
+
+    def key_value(self, x, cos, sin):
+        """k (normed, rotated), v [N, nkv, hd] of hidden rows x (block rows or the fused context)."""
+        k = rms_norm(self.k_proj(x).view(-1, self.nkv, self.hd), self.k_norm, self.eps)
+        return apply_rotary(k, cos, sin), self.v_proj(x).view(-1, self.nkv, self.hd)
+
+    def mlp(self, h):
+        x = rms_norm(h, self.post_attention_layernorm, self.eps)
+        return h + self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DFlashDrafter(nn.Module):
+    def __init__(self, cfg: DFlashConfig, dtype: torch.dtype = torch.float32, device="cpu"):
+        super().__init__()
+        factory = dict(dtype=dtype, device=device)
+        self.cfg = cfg
+        H = cfg.hidden_size
+        self.fc = nn.Linear(len(cfg.target_layer_ids) * H, H, bias=False, **factory)
+        self.hidden_norm = nn.Parameter(torch.ones(H, **factory))
+        self.layers = nn.ModuleList(DraftLayer(cfg, **factory) for _ in range(cfg.num_hidden_layers))
+        self.norm = nn.Parameter(torch.ones(H, **factory))
+        self.register_buffer("inv_freq", inv_frequencies(cfg.head_dim, cfg.rope_theta, device), persistent=False)
+        self.scale = cfg.head_dim ** -0.5
+        self.k_cache = self.v_cache = torch.empty(0)
+
+    # ------------------------------------------------------------------ loading
+    @classmethod
+    def from_pretrained(cls, folder: str | Path, target: TextConfig, dtype: torch.dtype, device) -> DFlashDrafter:
+        from safetensors import safe_open
+
+        cfg = load_dflash_config(folder, target)
+        files = sorted(Path(folder).glob("*.safetensors"))
+        if not files:
+            raise DrafterConfigError(f"drafter {folder}: no *.safetensors weights")
+        want = expected_drafter_tensors(cfg)
+        got = {}
+        for f in files:
+            with safe_open(str(f), "pt") as fh:
+                for name in fh.keys():
+                    got[name.removeprefix("model.")] = fh.get_tensor(name)
+        missing = sorted(set(want) - set(got))
+        extra = sorted(set(got) - set(want))
+        wrong = [f"{n} {tuple(got[n].shape)} (want {want[n]})" for n in want if n in got and tuple(got[n].shape) != want[n]]
+        if missing or extra or wrong:
+            raise DrafterConfigError(
+                f"drafter {folder}: tensors do not match its config: missing {missing[:4]}, unexpected {extra[:4]} "
+                f"(DFlash2 conv/selector weights are not supported), misshaped {wrong[:4]}")
+        model = cls(cfg, dtype, device)
+        model.load_named(got)
+        return model
+
+    def load_named(self, tensors: dict[str, torch.Tensor]) -> None:
+        params = dict(self.hf_named())
+        with torch.no_grad():
+            for name, t in tensors.items():
+                params[name].copy_(t.to(params[name].dtype))
+
+    def hf_named(self):
+        """(HF name, parameter) pairs in the public layout."""
+        yield "fc.weight", self.fc.weight
+        yield "hidden_norm.weight", self.hidden_norm
+        yield "norm.weight", self.norm
+        for i, layer in enumerate(self.layers):
+            p = f"layers.{i}."
+            yield p + "input_layernorm.weight", layer.input_layernorm
+            yield p + "post_attention_layernorm.weight", layer.post_attention_layernorm
+            for n in ("q_proj", "k_proj", "v_proj", "o_proj"):
+                yield p + f"self_attn.{n}.weight", getattr(layer, n).weight
+            yield p + "self_attn.q_norm.weight", layer.q_norm
+            yield p + "self_attn.k_norm.weight", layer.k_norm
+            for n in ("gate_proj", "up_proj", "down_proj"):
+                yield p + f"mlp.{n}.weight", getattr(layer, n).weight
+
+    def save_pretrained(self, folder: str | Path, num_target_layers: int | None = None) -> Path:
+        from safetensors.torch import save_file
+
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "config.json").write_text(json.dumps(self.cfg.to_json(num_target_layers), indent=2) + "\n")
+        save_file({n: p.detach().contiguous().cpu() for n, p in self.hf_named()}, str(folder / "model.safetensors"),
+                  metadata={"format": "pt"})
+        return folder
+
+    # ------------------------------------------------------------------ caches (engine)
+    def kv_bytes_per_block(self, block_size: int, dtype: torch.dtype) -> int:
+        c = self.cfg
+        return 2 * c.num_hidden_layers * block_size * c.num_key_value_heads * c.head_dim * torch.finfo(dtype).bits // 8
+
+    def alloc_kv(self, num_blocks: int, block_size: int) -> None:
+        c = self.cfg
+        shape = (c.num_hidden_layers, num_blocks, block_size, c.num_key_value_heads, c.head_dim)
+        dt, dev = self.fc.weight.dtype, self.fc.weight.device
+        self.k_cache = torch.zeros(shape, dtype=dt, device=dev)
+        self.v_cache = torch.zeros(shape, dtype=dt, device=dev)
+
+    def new_taps(self) -> dict:
+        return dict.fromkeys(self.cfg.target_layer_ids)
+
+    def rotary(self, index: torch.Tensor):
+        freqs = index.float()[:, None] * self.inv_freq[None, :]
+        emb = torch.cat([freqs, freqs], -1)
+        dt = self.fc.weight.dtype
+        return emb.cos().to(dt), emb.sin().to(dt)
+
+    def fuse(self, taps: dict) -> torch.Tensor:
+        """Tapped target hidden states {layer id: [N, H]} -> the fused context [N, H]."""
+        feats = torch.cat([taps[i] for i in self.cfg.target_layer_ids], dim=-1).to(self.fc.weight.dtype)
+        return rms_norm(self.fc(feats), self.hidden_norm, self.cfg.rms_norm_eps)
+
+    @torch.no_grad()
+    def write_context(self, taps: dict, slot_mapping: torch.Tensor, index: torch.Tensor) -> None:
+        """Store the context K/V of N target tokens (their taps) at their KV slots (slot < 0: skipped)."""
+        ctx = self.fuse(taps)
+        cos, sin = self.rotary(index)
+        for i, layer in enumerate(self.layers):
+            k, v = layer.key_value(ctx, cos, sin)
+            ops.store_kvcache(k.contiguous(), v.contiguous(), self.k_cache[i], self.v_cache[i], slot_mapping)
+
+    @torch.no_grad()
+    def draft_hidden(self, embeds: torch.Tensor, index: torch.Tensor, slot_mapping: torch.Tensor,
+                     block_tables: torch.Tensor, context_lens: torch.Tensor) -> torch.Tensor:
+        """Block rows [N, H] (target embeddings of [last, MASK...]) -> final hidden [N, H]. Each row's block K/V are
+        stored at its slot first (past the context: a later context write replaces them), then every row attends
+        to its first context_lens slots: the context plus its whole block."""
+        cos, sin = self.rotary(index)
+        h = embeds.to(self.fc.weight.dtype)
+        for i, layer in enumerate(self.layers):
+            x = rms_norm(h, layer.input_layernorm, self.cfg.rms_norm_eps)
+            q = layer.query(x, cos, sin)
+            k, v = layer.key_value(x, cos, sin)
+            ops.store_kvcache(k.contiguous(), v.contiguous(), self.k_cache[i], self.v_cache[i], slot_mapping)
+            o = ops.paged_decode_attention(q.contiguous(), self.k_cache[i], self.v_cache[i], block_tables,
+                                           context_lens, self.scale)
+            h = layer.mlp(h + layer.o_proj(o.reshape(h.shape[0], -1)))
+        return rms_norm(h, self.norm, self.cfg.rms_norm_eps)
+
+    # ------------------------------------------------------------------ training (dense, differentiable)
+    def train_hidden(self, ctx_taps: dict, block_embeds: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
+        """One sequence: taps {layer: [L, H]} of its L tokens; block_embeds [N, B, H] of N blocks
+        [token at anchor, MASK...]; anchors [N]. Block n sees context positions < anchors[n] and its own block
+        (DFlash's training mask) -> final hidden [N, B, H]."""
+        N, B, H = block_embeds.shape
+        L = next(iter(ctx_taps.values())).shape[0]
+        dev = block_embeds.device
+        ctx = self.fuse(ctx_taps)
+        ctx_cos, ctx_sin = self.rotary(torch.arange(L, device=dev))
+        pos = (anchors[:, None] + torch.arange(B, device=dev)[None, :]).reshape(-1)
+        cos, sin = self.rotary(pos)
+        blk = torch.arange(N, device=dev).repeat_interleave(B)
+        allow = torch.cat([torch.arange(L, device=dev)[None, :] < anchors.repeat_interleave(B)[:, None],
+                           blk[:, None] == blk[None, :]], dim=1)  # [N B, L + N B]
+        h = block_embeds.reshape(N * B, H).to(self.fc.weight.dtype)
+        group = self.cfg.num_attention_heads // self.cfg.num_key_value_heads
+        for layer in self.layers:
+            x = rms_norm(h, layer.input_layernorm, self.cfg.rms_norm_eps)
+            q = layer.query(x, cos, sin)
+            kc, vc = layer.key_value(ctx, ctx_cos, ctx_sin)
+            kb, vb = layer.key_value(x, cos, sin)
+            k = torch.cat([kc, kb]).repeat_interleave(group, dim=1)
+            v = torch.cat([vc, vb]).repeat_interleave(group, dim=1)
+            o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
+                                               v.transpose(0, 1)[None], attn_mask=allow, scale=self.scale)
+            h = layer.mlp(h + layer.o_proj(o[0].transpose(0, 1).reshape(N * B, -1)))
+        return rms_norm(h, self.norm, self.cfg.rms_norm_eps).view(N, B, H)

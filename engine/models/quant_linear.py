@@ -1,0 +1,125 @@
+"""Quantized projection weights of the decoder and their linear layer.
+
+A projection module's `.weight` is normally a bf16 [N, K] parameter; in a quantized checkpoint it becomes
+  * QuantWeight: one FP8 or NVFP4 weight (several HF tensors of one fused projection concatenated along N; each
+    keeps its own scale per row, so shards with different global scales fuse exactly), or
+  * SplitWeight: row blocks of different kinds, e.g. the GDN in_proj [qkv | z | b | a] with qkv and z in FP8 and the
+    small b and a (gates) in bf16; the product is the blocks' products side by side.
+quant_linear(x, weight) runs one: decode-sized inputs (M <= 16) on CUDA through the in-register-dequantizing GEMVs
+(kernels/quant_linear), prefill through torch._scaled_mm (FP8) or a dequantize-then-GEMM fallback (NVFP4), and the
+torch references on CPU. FP8 W8A8 quantizes activations per token on the fly (kernels/fp8_quant), or takes them
+already quantized from a fused producer (x_fp8).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from engine import ops
+from engine.quant_config import FP8, NVFP4
+
+
+class QuantWeight(nn.Module):
+    """FP8: data [N, K] float8_e4m3fn; NVFP4: data [N, K/2] uint8 + block_scale [N, K/16] float8_e4m3fn.
+    row_scale [N] fp32: FP8's per-channel scale, or NVFP4's 1 / global scale. act_fp8: W8A8 (dynamic per token)."""
+
+    def __init__(self, kind: str, data: torch.Tensor, row_scale: torch.Tensor, block_scale: torch.Tensor | None = None,
+                 act_fp8: bool = False):
+        super().__init__()
+        self.kind, self.act_fp8 = kind, act_fp8
+        self.register_buffer("data", data)
+        self.register_buffer("row_scale", row_scale.float().contiguous())
+        self.register_buffer("block_scale", block_scale)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.data.shape[0], self.data.shape[1] * (2 if self.kind == NVFP4 else 1))
+
+    @classmethod
+    def from_tensors(cls, kind: str, t: dict[str, torch.Tensor], act_fp8: bool, device) -> QuantWeight:
+        """One HF module's stored tensors (local names) -> QuantWeight on `device`."""
+        if kind == FP8:
+            w = t["weight"]
+            row = t["weight_scale"].float().reshape(-1).expand(w.shape[0])
+            return cls(FP8, w.to(device), row.to(device), act_fp8=act_fp8)
+        packed = t["weight_packed"]
+        row = (1.0 / t["weight_global_scale"].float()).reshape(1).expand(packed.shape[0])
+        return cls(NVFP4, packed.to(device), row.to(device), t["weight_scale"].to(device))
+
+    @staticmethod
+    def concat(parts: list[QuantWeight]) -> QuantWeight:
+        p0 = parts[0]
+        if len(parts) == 1:
+            return p0
+        cat = lambda name: torch.cat([getattr(p, name) for p in parts])  # noqa: E731
+        return QuantWeight(p0.kind, cat("data"), cat("row_scale"), cat("block_scale") if p0.kind == NVFP4 else None,
+                           p0.act_fp8)
+
+    def same_kind(self, other) -> bool:
+        return isinstance(other, QuantWeight) and (self.kind, self.act_fp8) == (other.kind, other.act_fp8)
+
+    def dequantize(self) -> torch.Tensor:
+        if self.kind == FP8:
+            return ops.dequant_fp8_ref(self.data, self.row_scale)
+        return ops.dequant_nvfp4_ref(self.data, self.block_scale, self.row_scale)
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.data, self.row_scale, self.block_scale) if t is not None)
+
+
+class PlainWeight(nn.Module):
+    def __init__(self, weight: torch.Tensor):
+        super().__init__()
+        self.weight = nn.Parameter(weight, requires_grad=False)
+
+    @property
+    def shape(self):
+        return tuple(self.weight.shape)
+
+
+class SplitWeight(nn.Module):
+    """Row blocks (QuantWeight or PlainWeight) of one fused projection, in output order."""
+
+    def __init__(self, parts: list[nn.Module]):
+        super().__init__()
+        self.parts = nn.ModuleList(parts)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (sum(p.shape[0] for p in self.parts), self.parts[0].shape[1])
+
+
+def is_quantized(weight) -> bool:
+    return isinstance(weight, (QuantWeight, SplitWeight))
+
+
+def quant_linear(x: torch.Tensor | None, weight, x_fp8: tuple[torch.Tensor, torch.Tensor] | None = None,
+                 out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """x [M, K] @ weight.T -> [M, N] in x's dtype (or out_dtype). x_fp8: (q, scale) of x quantized per token already
+    by a fused producer (kernels/fp8_quant); x may then be None, when every block of weight takes FP8 input."""
+    if x is None:
+        if not wants_fp8_input(weight) or x_fp8 is None or out_dtype is None:
+            raise ValueError("quant_linear without x needs x_fp8, out_dtype and a weight that takes FP8 input")
+    else:
+        out_dtype = x.dtype
+    if isinstance(weight, SplitWeight):
+        return torch.cat([quant_linear(x, p, x_fp8, out_dtype) for p in weight.parts], dim=-1)
+    if isinstance(weight, PlainWeight):
+        return torch.nn.functional.linear(x, weight.weight)
+    if weight.kind == NVFP4:
+        if x.shape[0] <= ops.MAX_QUANT_GEMV_M:
+            return ops.nvfp4_linear(x, weight.data, weight.block_scale, weight.row_scale)
+        return ops.nvfp4_matmul(x, weight.data, weight.block_scale, weight.row_scale)
+    if not weight.act_fp8:
+        return ops.fp8_linear(x, weight.data, weight.row_scale)
+    xq, xs = x_fp8 if x_fp8 is not None else ops.quant_fp8_per_token(x)
+    if xq.shape[0] <= ops.MAX_QUANT_GEMV_M:
+        return ops.fp8_linear(xq, weight.data, weight.row_scale, xs, out_dtype=out_dtype)
+    return ops.fp8_matmul(xq, xs, weight.data, weight.row_scale, out_dtype)
+
+
+def wants_fp8_input(weight) -> bool:
+    """Whether every block of `weight` multiplies FP8 activations (so a producer may quantize them for it)."""
+    if isinstance(weight, SplitWeight):
+        return all(wants_fp8_input(p) for p in weight.parts)
+    return isinstance(weight, QuantWeight) and weight.act_fp8

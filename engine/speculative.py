@@ -1,0 +1,200 @@
+"""Speculative decode steps with a DFlash drafter: draft a block, verify it in one target pass, keep the accepted
+prefix. Everything between launch and the token copy runs on the device; the host learns the accepted counts when
+it collects the step.
+
+One step over S sequences, block length T (the drafter's block size or EngineOptions.spec_block_size):
+1. draft: the drafter runs [last token, MASK x (T - 1)] for every sequence (engine/models/dflash.py) and proposes
+   T - 1 tokens (argmax, or drawn from its distribution for sampled requests).
+2. verify: the target runs [last token, drafts] as S x T decode rows: attention layers store the block's KV and read
+   their context through the paged cache, each row up to its own position (the KV of rejected tokens stays past the
+   sequence's length and is overwritten later: rollback by length); GDN layers verify against the state without
+   writing it and keep the block's updates aside (kernels/gdn_verify). The tapped hidden states of the block become
+   the drafter's context at the same slots.
+3. accept (engine/spec_sampling): greedy prefix match or rejection sampling -> a accepted drafts + one target token.
+4. commit: every GDN layer folds the first a + 1 tokens' updates into its recurrent state and shifts them into its
+   conv state; the last emitted token goes to the runner's next-token buffer.
+A sequence's block is cut to valid = min(T, tokens left before max_tokens, 1 + its num_speculative_tokens): rows
+past it are padding (stored nowhere); valid = 1 is a plain decode step inside the same launch. Sequences whose next
+token is banned by the loop guard (loop_ban_next) get valid = 1 and the ban on their one row.
+
+Commit every step rather than ReplaySSM's deferred fold (a ring of kept updates folded into the state only when
+full): the state is then always committed when a step ends, so prefill, plain decode, beam copies and preemption
+need not know about speculation. The price is one extra state read per verify step (verify reads it, commit reads
+and writes it), against the T state writes of writing every token's state.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from engine import ops
+from engine.models.dflash import DFlashDrafter
+from engine.sampler import filter_logits
+from engine.sequence import Sequence
+from engine.spec_sampling import greedy_accept, rejection_accept
+from engine.step_metadata import StepMetadata, to_device
+
+
+@dataclass
+class SpecStats:
+    """Per request: verify steps, drafts proposed and accepted, and both by block position (draft j = 0 .. T-2)."""
+    steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    drafted_by_pos: list[int] = field(default_factory=list)
+    accepted_by_pos: list[int] = field(default_factory=list)
+
+    def add(self, valid: int, emitted: int) -> None:
+        n = max(len(self.drafted_by_pos), valid - 1)
+        for lst in (self.drafted_by_pos, self.accepted_by_pos):
+            lst.extend([0] * (n - len(lst)))
+        self.steps += 1
+        self.drafted += valid - 1
+        self.accepted += emitted - 1
+        for j in range(valid - 1):
+            self.drafted_by_pos[j] += 1
+        for j in range(emitted - 1):
+            self.accepted_by_pos[j] += 1
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens per verify step (accepted drafts + the target's own token)."""
+        return (self.accepted + self.steps) / self.steps if self.steps else 0.0
+
+
+@dataclass
+class SpecFlight:
+    """A launched speculative step: tokens [S, T] and emitted counts [S] (host copies once collected)."""
+    tokens: torch.Tensor
+    emitted: torch.Tensor
+    valid: list[int]
+    logits: torch.Tensor | None = None  # [S, T, V] when some sequence keeps its logits
+
+
+class SpecDecoder:
+    def __init__(self, runner, drafter: DFlashDrafter, block_size: int, max_num_seqs: int):
+        self.runner, self.drafter, self.T = runner, drafter, block_size
+        self.mask_token_id = drafter.cfg.mask_token_id
+        dev, dt = runner.device, runner.dtype
+        t = runner.cfg.text
+        for layer in runner.gdn_layers:  # each GDN layer's block buffers, reused every step
+            layer.kept = (torch.empty(max_num_seqs, block_size, t.gdn_conv_dim, dtype=dt, device=dev),
+                          torch.empty(max_num_seqs, block_size, t.linear_num_key_heads, t.linear_key_head_dim,
+                                      dtype=torch.float32, device=dev),
+                          torch.empty(max_num_seqs, block_size, t.linear_num_value_heads, t.linear_value_head_dim,
+                                      dtype=torch.float32, device=dev),
+                          torch.empty(max_num_seqs, block_size, t.linear_num_value_heads, dtype=torch.float32,
+                                      device=dev))
+
+    def block_len(self, seq: Sequence) -> int:
+        """Tokens of the block this sequence verifies next step (1 = no drafts)."""
+        sp = seq.sampling
+        cap = self.T if sp.num_speculative_tokens is None else 1 + sp.num_speculative_tokens
+        if seq.loop_ban() is not None:
+            cap = 1
+        return max(1, min(self.T, cap, sp.max_tokens - seq.num_output))
+
+    @torch.no_grad()
+    def step(self, seqs: list[Sequence]) -> SpecFlight:
+        T, S, dev = self.T, len(seqs), self.runner.device
+        bs = self.runner.block_size
+        valid = [self.block_len(s) for s in seqs]
+        positions, index, slots, ctx, draft_ctx, tables = [], [], [], [], [], []
+        for seq, v in zip(seqs, valid):
+            start = len(seq) - 1  # the newest token: sampled, not yet in the caches
+            table = np.asarray(seq.block_table, dtype=np.int64)
+            for j in range(T):
+                i = start + j
+                live = j < v
+                positions.append(i + seq.rope_delta)
+                index.append(i)
+                slots.append(int(table[i // bs]) * bs + i % bs if live else -1)
+                ctx.append(i + 1 if live else 0)
+                draft_ctx.append(start + v if live else 0)
+                tables.append(seq.block_table)
+        width = max(len(t) for t in tables)
+        bt = np.zeros((S * T, width), dtype=np.int32)
+        for r, t in enumerate(tables):
+            bt[r, :len(t)] = t
+        state_idx = to_device([s.state_slot for s in seqs], torch.int64, dev)
+        valid_t = to_device(valid, torch.int64, dev)
+        index_t = to_device(index, torch.int64, dev)
+        slots_t = to_device(slots, torch.int64, dev)
+        bt_t = to_device(bt, torch.int32, dev)
+
+        # 1. draft
+        last = self.runner.next_tokens[state_idx]  # [S]
+        block = torch.full((S, T), self.mask_token_id, dtype=torch.int64, device=dev)
+        block[:, 0] = last
+        sampled = [i for i, s in enumerate(seqs) if s.sampling.temperature > 0]
+        drafts, q = self.propose(seqs, block, sampled, index_t, slots_t, bt_t, to_device(draft_ctx, torch.int32, dev))
+        model = self.runner.model
+
+        # 2. verify
+        block[:, 1:] = drafts
+        meta = StepMetadata(is_prefill=False, num_tokens=S * T, positions=to_device(positions, torch.int64, dev),
+                            slot_mapping=slots_t, state_idx=state_idx, block_tables=bt_t,
+                            context_lens=to_device(ctx, torch.int32, dev), verify_len=T)
+        taps = self.drafter.new_taps()
+        h = model(model.embed(block.view(-1)), meta, taps)
+        self.drafter.write_context(taps, slots_t, index_t)
+        logits = model.compute_logits(h).view(S, T, -1)
+        bans = [(i, tok) for i, s in enumerate(seqs) if (tok := s.loop_ban()) is not None]
+        if bans:
+            logits = logits.clone()
+            r, tk = zip(*bans)
+            logits[to_device(list(r), torch.int64, dev), 0, to_device(list(tk), torch.int64, dev)] = -torch.inf
+
+        # 3. accept
+        tokens, emitted = greedy_accept(drafts, logits, valid_t)
+        if sampled:
+            rows = to_device(sampled, torch.int64, dev)
+            ss = [seqs[i] for i in sampled]
+            p = self._probs(logits[rows].float(), ss)
+            gens = [(torch.rand(T - 1, generator=s.generator, device=dev), self._exp_noise(s, q.shape[1:]),
+                     self._exp_noise(s, p.shape[1:])) for s in ss]
+            u, rn, bn = (torch.stack(x) for x in zip(*gens))
+            t_s, e_s = rejection_accept(drafts[rows], q, p, valid_t[rows], u, rn, bn)
+            tokens[rows], emitted[rows] = t_s, e_s
+
+        # 4. commit
+        for layer in self.runner.gdn_layers:
+            x_kept, k_kept, u_kept, g_kept = layer.kept
+            ops.gdn_commit(layer.ssm_state, state_idx, k_kept, u_kept, g_kept, emitted)
+            ops.conv_state_commit(x_kept[:S, :T], layer.conv_state, state_idx, emitted)
+        self.runner.next_tokens[state_idx] = tokens[torch.arange(S, device=dev), emitted - 1]
+        keep = logits.float() if any(s.logits is not None for s in seqs) else None
+        return SpecFlight(tokens, emitted, valid, keep)
+
+    def propose(self, seqs, block, sampled, index, slots, block_tables, draft_ctx):
+        """The drafter's T - 1 proposals [S, T - 1] for blocks [S, T] = [last, MASK...], and for the sampled rows
+        their distributions q [len(sampled), T - 1, V] (None if none)."""
+        S, T = block.shape
+        model, dev = self.runner.model, block.device
+        hidden = self.drafter.draft_hidden(model.embed(block.view(-1)), index, slots, block_tables, draft_ctx)
+        rows = hidden.view(S, T, -1)[:, 1:].reshape(S * (T - 1), -1).to(self.runner.dtype)
+        draft_logits = model.compute_logits(rows).view(S, T - 1, -1)
+        drafts, q = draft_logits.argmax(-1), None
+        if sampled:
+            idx = to_device(sampled, torch.int64, dev)
+            q = self._probs(draft_logits[idx], [seqs[i] for i in sampled])
+            noise = torch.stack([self._exp_noise(seqs[i], q.shape[1:]) for i in sampled])
+            drafts[idx] = (q / noise).argmax(-1)
+        return drafts, q
+
+    @staticmethod
+    def _probs(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        """[n, P, V] logits -> the requests' sampling distributions (temperature, top-k, top-p), fp32."""
+        n, P, V = logits.shape
+        dev = logits.device
+        temp = to_device([s.sampling.temperature for s in seqs], torch.float32, dev).repeat_interleave(P)
+        top_k = to_device([s.sampling.top_k for s in seqs], torch.int64, dev).repeat_interleave(P)
+        top_p = to_device([s.sampling.top_p for s in seqs], torch.float32, dev).repeat_interleave(P)
+        flat = logits.float().reshape(n * P, V) / temp[:, None]
+        return filter_logits(flat, top_k, top_p).softmax(-1).view(n, P, V)
+
+    @staticmethod
+    def _exp_noise(seq: Sequence, shape) -> torch.Tensor:
+        return torch.empty(tuple(shape), device=seq.generator.device).exponential_(generator=seq.generator)

@@ -1,0 +1,264 @@
+"""Speculative verification of a Gated DeltaNet layer: a block of T tokens per sequence checked against the cached
+state without committing it, then the accepted prefix folded in.
+
+verify (state read once, never written): per sequence b and value head, from S = state[state_idx[b]],
+    for t < T:  S <- exp(g_t) S;  u_t = beta_t (v_t - S^T k_t);  S <- S + k_t u_t^T;  o_t = S^T q_t
+(q, k l2-normalised in fp32, q scaled by dk^-0.5; the same arithmetic as kernels/gdn_recurrent). The per-token
+updates are kept aside in fp32: k_t [B, T, Hk, dk] (normalised), u_t [B, T, Hv, dv] and g_t [B, T, Hv].
+
+commit (once the accepted count n_b is known on the device): state[state_idx[b]] <- the state after n_b tokens,
+    for t < n_b:  S <- exp(g_t) S + k_t u_t^T
+which is the verify recurrence with the corrections u already solved: element-wise multiply-adds, no reductions.
+So a verify step costs one state read in verify plus one read and one write in commit, however long the block,
+where writing every token's state (vLLM's spec path) costs T writes; and the committed state is the same, op for
+op, as T' = n_b plain decode steps would have left. n_b = 0 leaves the state as it was.
+
+The conv1d half (torch, every device): verify convolves the block with the conv state without shifting it; commit
+shifts in the first n_b inputs. Both read the block's pre-conv inputs x [B, T, C] kept by the caller.
+
+A negative state_idx marks a padding row: nothing of it is read or written and its outputs are zero. raw_gates as
+in kernels/gdn_recurrent (g, beta passed as the raw a, b projections).
+"""
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from kernels._common import cast_rtne, cdiv, check, next_pow2, output, require_last_dim_contiguous, use_triton
+from kernels.gdn_recurrent import _check_raw_gates, _validate, gates_from_raw, l2norm_ref
+
+
+def _validate_side(B, T, Hk, dk, Hv, dv, k_kept, u_kept, g_kept):
+    for name, t, shape in (("k_kept", k_kept, (Hk, dk)), ("u_kept", u_kept, (Hv, dv)), ("g_kept", g_kept, (Hv,))):
+        check(t.dtype == torch.float32 and t.dim() == 2 + len(shape) and t.shape[0] >= B and t.shape[1] >= T
+              and tuple(t.shape[2:]) == shape,
+              f"{name} must be float32 [>= B={B}, >= T={T}, {', '.join(map(str, shape))}], got {t.dtype} "
+              f"{tuple(t.shape)}")
+
+
+def gdn_verify_ref(q, k, v, g, beta, state, state_idx, k_kept, u_kept, g_kept, scale=None, raw_gates=None, out=None):
+    _validate(q, k, v, g, beta, state, state_idx, None)
+    B, T, Hk, dk = q.shape
+    Hv, dv = v.shape[2], v.shape[3]
+    _validate_side(B, T, Hk, dk, Hv, dv, k_kept, u_kept, g_kept)
+    if raw_gates is not None:
+        _check_raw_gates(raw_gates, Hv)
+        g, beta = gates_from_raw(g, beta, *raw_gates)
+    group = Hv // Hk
+    scale = dk ** -0.5 if scale is None else scale
+    kn = l2norm_ref(k.float())
+    qf = l2norm_ref(q.float()).repeat_interleave(group, dim=2) * scale
+    kf = kn.repeat_interleave(group, dim=2)
+    vf, gf, bf = v.float(), g.float(), beta.float()
+    live = state_idx >= 0
+    S = state[state_idx.long().clamp(min=0)].clone()
+    o = torch.empty(v.shape, dtype=torch.float32, device=v.device)
+    u = torch.empty(v.shape, dtype=torch.float32, device=v.device)
+    for t in range(T):
+        S = S * gf[:, t].exp()[..., None, None]
+        kv = torch.einsum("bhkv,bhk->bhv", S, kf[:, t])
+        u[:, t] = bf[:, t, :, None] * (vf[:, t] - kv)
+        S = S + kf[:, t, :, :, None] * u[:, t, :, None, :]
+        o[:, t] = torch.einsum("bhkv,bhk->bhv", S, qf[:, t])
+    k_kept[:B, :T][live] = kn[live]
+    u_kept[:B, :T][live] = u[live]
+    g_kept[:B, :T][live] = gf[live]
+    o[~live] = 0.0
+    out = output(out, v.shape, v.dtype, v.device)
+    out.copy_(o)
+    return out
+
+
+def gdn_commit_ref(state, state_idx, k_kept, u_kept, g_kept, num_accepted):
+    B = state_idx.shape[0]
+    Hv, dk, dv = state.shape[1:]
+    check(num_accepted.shape == (B,) and not num_accepted.is_floating_point(),
+          f"num_accepted must be an integer tensor of shape [B={B}], got {tuple(num_accepted.shape)}")
+    group = Hv // k_kept.shape[2]
+    live = state_idx >= 0
+    S = state[state_idx.long().clamp(min=0)].clone()
+    for t in range(k_kept.shape[1]):
+        kf = k_kept[:B, t].repeat_interleave(group, dim=1)  # [B, Hv, dk]
+        folded = S * g_kept[:B, t].exp()[..., None, None] + kf[..., None] * u_kept[:B, t, :, None, :]
+        S = torch.where((t < num_accepted)[:, None, None, None], folded, S)
+    state[state_idx[live].long()] = S[live]
+
+
+@triton.jit
+def _gdn_verify_kernel(
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, state_ptr, idx_ptr, kk_ptr, uk_ptr, gk_ptr, alog_ptr, dtb_ptr,
+    T, scale,
+    sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h,
+    sg_b, sg_t, sg_h, sbeta_b, sbeta_t, sbeta_h, so_b, so_t, so_h,
+    ss_n, ss_h, ss_k, skk_b, skk_t, skk_h, suk_b, suk_t, suk_h, sgk_b, sgk_t,
+    GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    RAW_GATES: tl.constexpr,
+):
+    # One program = (sequence, value head, dv tile), as kernels/gdn_recurrent: the state tile is loaded once and
+    # carried in registers over the block; nothing is stored to the state.
+    b = tl.program_id(0)
+    hv = tl.program_id(1)
+    vt = tl.program_id(2)
+    hk = hv // GROUP
+    slot = tl.load(idx_ptr + b).to(tl.int64)
+    live = slot >= 0
+    slot = tl.maximum(slot, 0)
+    offs_k = tl.arange(0, BK)
+    offs_v = vt * BV + tl.arange(0, BV)
+    mask_k = offs_k < DK
+    mask_v = offs_v < DV
+    mask_s = mask_k[:, None] & mask_v[None, :] & live
+    S = tl.load(state_ptr + slot * ss_n + hv * ss_h + offs_k[:, None] * ss_k + offs_v[None, :], mask=mask_s, other=0.0)
+    b64 = b.to(tl.int64)
+    first_of_key = (hv % GROUP == 0) & (vt == 0) & live  # one program writes each key head's kept k
+    if RAW_GATES:
+        neg_decay_rate = -tl.exp(tl.load(alog_ptr + hv).to(tl.float32))
+        dt_bias = tl.load(dtb_ptr + hv).to(tl.float32)
+    for t in range(T):
+        q = tl.load(q_ptr + b64 * sq_b + t * sq_t + hk * sq_h + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+        k = tl.load(k_ptr + b64 * sk_b + t * sk_t + hk * sk_h + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+        v = tl.load(v_ptr + b64 * sv_b + t * sv_t + hv * sv_h + offs_v, mask=mask_v, other=0.0).to(tl.float32)
+        g = tl.load(g_ptr + b64 * sg_b + t * sg_t + hv * sg_h).to(tl.float32)
+        beta = tl.load(beta_ptr + b64 * sbeta_b + t * sbeta_t + hv * sbeta_h)
+        if RAW_GATES:
+            a = g + dt_bias
+            g = neg_decay_rate * tl.where(a > 20.0, a, tl.log(1.0 + tl.exp(tl.minimum(a, 20.0))))
+            beta = cast_rtne(tl.sigmoid(beta.to(tl.float32)), beta_ptr.dtype.element_ty)
+        beta = beta.to(tl.float32)
+        q = q * (tl.rsqrt(tl.sum(q * q, axis=0) + 1e-6) * scale)
+        k = k * tl.rsqrt(tl.sum(k * k, axis=0) + 1e-6)
+
+        S = S * tl.exp(g)
+        kv = tl.sum(S * k[:, None], axis=0)
+        u = beta * (v - kv)
+        S = S + k[:, None] * u[None, :]
+        o = tl.sum(S * q[:, None], axis=0)
+        o = tl.where(live, o, 0.0)
+        tl.store(o_ptr + b64 * so_b + t * so_t + hv * so_h + offs_v, cast_rtne(o, o_ptr.dtype.element_ty), mask=mask_v)
+        tl.store(uk_ptr + b64 * suk_b + t * suk_t + hv * suk_h + offs_v, u, mask=mask_v & live)
+        tl.store(kk_ptr + b64 * skk_b + t * skk_t + hk * skk_h + offs_k, k, mask=mask_k & first_of_key)
+        tl.store(gk_ptr + b64 * sgk_b + t * sgk_t + hv, g, mask=live & (vt == 0))
+
+
+@triton.jit
+def _gdn_commit_kernel(
+    state_ptr, idx_ptr, n_ptr, kk_ptr, uk_ptr, gk_ptr,
+    ss_n, ss_h, ss_k, skk_b, skk_t, skk_h, suk_b, suk_t, suk_h, sgk_b, sgk_t,
+    GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+):
+    b = tl.program_id(0)
+    hv = tl.program_id(1)
+    vt = tl.program_id(2)
+    hk = hv // GROUP
+    slot = tl.load(idx_ptr + b).to(tl.int64)
+    n = tl.load(n_ptr + b).to(tl.int32)
+    if (slot >= 0) & (n > 0):
+        offs_k = tl.arange(0, BK)
+        offs_v = vt * BV + tl.arange(0, BV)
+        mask_k = offs_k < DK
+        mask_v = offs_v < DV
+        mask_s = mask_k[:, None] & mask_v[None, :]
+        s_ptrs = state_ptr + slot * ss_n + hv * ss_h + offs_k[:, None] * ss_k + offs_v[None, :]
+        S = tl.load(s_ptrs, mask=mask_s, other=0.0)
+        b64 = b.to(tl.int64)
+        for t in range(n):
+            k = tl.load(kk_ptr + b64 * skk_b + t * skk_t + hk * skk_h + offs_k, mask=mask_k, other=0.0)
+            u = tl.load(uk_ptr + b64 * suk_b + t * suk_t + hv * suk_h + offs_v, mask=mask_v, other=0.0)
+            g = tl.load(gk_ptr + b64 * sgk_b + t * sgk_t + hv)
+            S = S * tl.exp(g)
+            S = S + k[:, None] * u[None, :]
+        tl.store(s_ptrs, S, mask=mask_s)
+
+
+def _block_v(dv: int, block_v) -> int:
+    return block_v or min(next_pow2(dv), 16)
+
+
+def gdn_verify_triton(q, k, v, g, beta, state, state_idx, k_kept, u_kept, g_kept, scale=None, raw_gates=None,
+                      out=None, block_v=None, num_warps=None):
+    _validate(q, k, v, g, beta, state, state_idx, None)
+    B, T, Hk, dk = q.shape
+    Hv, dv = v.shape[2], v.shape[3]
+    _validate_side(B, T, Hk, dk, Hv, dv, k_kept, u_kept, g_kept)
+    if raw_gates is not None:
+        _check_raw_gates(raw_gates, Hv)
+    for name, t in (("q", q), ("k", k), ("v", v), ("k_kept", k_kept), ("u_kept", u_kept), ("g_kept", g_kept)):
+        require_last_dim_contiguous(name, t)
+    check(state.stride(-1) == 1, "state: last dimension (dv) must be contiguous")
+    scale = dk ** -0.5 if scale is None else float(scale)
+    o = output(out, v.shape, v.dtype, v.device)
+    require_last_dim_contiguous("out", o)
+    BV = _block_v(dv, block_v)
+    _gdn_verify_kernel[(B, Hv, cdiv(dv, BV))](
+        q, k, v, g, beta, o, state, state_idx, k_kept, u_kept, g_kept,
+        *(raw_gates if raw_gates is not None else (g, g)), T, scale,
+        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *g.stride(), *beta.stride(), *o.stride()[:3],
+        *state.stride()[:3], *k_kept.stride()[:3], *u_kept.stride()[:3], *g_kept.stride()[:2],
+        GROUP=Hv // Hk, DK=dk, DV=dv, BK=next_pow2(dk), BV=BV, RAW_GATES=raw_gates is not None,
+        num_warps=num_warps or 4,
+    )
+    return o
+
+
+def gdn_commit_triton(state, state_idx, k_kept, u_kept, g_kept, num_accepted, block_v=None, num_warps=None):
+    B = state_idx.shape[0]
+    Hv, dk, dv = state.shape[1:]
+    check(num_accepted.shape == (B,) and not num_accepted.is_floating_point(),
+          f"num_accepted must be an integer tensor of shape [B={B}], got {tuple(num_accepted.shape)}")
+    check(state.stride(-1) == 1, "state: last dimension (dv) must be contiguous")
+    BV = _block_v(dv, block_v)
+    _gdn_commit_kernel[(B, Hv, cdiv(dv, BV))](
+        state, state_idx, num_accepted, k_kept, u_kept, g_kept,
+        *state.stride()[:3], *k_kept.stride()[:3], *u_kept.stride()[:3], *g_kept.stride()[:2],
+        GROUP=Hv // k_kept.shape[2], DK=dk, DV=dv, BK=next_pow2(dk), BV=BV, num_warps=num_warps or 4,
+    )
+
+
+def gdn_verify(q, k, v, g, beta, state, state_idx, k_kept, u_kept, g_kept, scale=None, raw_gates=None, out=None,
+               **launch):
+    """q, k [B, T, Hk, dk], v [B, T, Hv, dv], g, beta [B, T, Hv] -> o [B, T, Hv, dv] (v.dtype). `state` rows are
+    read, never written; k_kept [>=B, >=T, Hk, dk], u_kept [>=B, >=T, Hv, dv], g_kept [>=B, >=T, Hv] (fp32) receive
+    the block's normalised keys, corrections and log decays for gdn_commit. `launch`: block_v, num_warps (Triton)."""
+    if use_triton(q):
+        return gdn_verify_triton(q, k, v, g, beta, state, state_idx, k_kept, u_kept, g_kept, scale, raw_gates, out,
+                                 **launch)
+    return gdn_verify_ref(q, k, v, g, beta, state, state_idx, k_kept, u_kept, g_kept, scale, raw_gates, out)
+
+
+def gdn_commit(state, state_idx, k_kept, u_kept, g_kept, num_accepted, **launch):
+    """Fold the first num_accepted[b] (<= T) kept tokens of row b into state[state_idx[b]] in place."""
+    if use_triton(state):
+        return gdn_commit_triton(state, state_idx, k_kept, u_kept, g_kept, num_accepted, **launch)
+    return gdn_commit_ref(state, state_idx, k_kept, u_kept, g_kept, num_accepted)
+
+
+# ------------------------------------------------------------------------------------------------ conv1d half
+
+def _conv_window(x, conv_state, state_idx):
+    """[conv_state rows, x^T] -> [B, C, K-1+T] in fp32 (padding rows read slot 0; their results are unused)."""
+    rows = state_idx.long().clamp(min=0)
+    return torch.cat([conv_state[rows].float(), x.float().transpose(1, 2)], dim=-1)
+
+
+def causal_conv1d_verify(x, conv_state, weight, state_idx, activation="silu"):
+    """x [B, T, C] -> y [B, T, C] (x.dtype): the causal conv of the block after each row's conv state, computed as
+    kernels/conv1d_update computes one token (fp32 sum over the K taps), without touching conv_state."""
+    check(x.dim() == 3 and weight.dim() == 2 and weight.shape[0] == x.shape[2],
+          f"x must be [B, T, C] and weight [C, K], got {tuple(x.shape)}, {tuple(weight.shape)}")
+    K = weight.shape[1]
+    check(conv_state.shape[1:] == (x.shape[2], K - 1), f"conv_state must be [slots, C, K-1], got {tuple(conv_state.shape)}")
+    windows = _conv_window(x, conv_state, state_idx).unfold(-1, K, 1)  # [B, C, T, K]
+    y = (windows * weight.float()[None, :, None, :]).sum(-1).transpose(1, 2)
+    if activation == "silu":
+        y = F.silu(y)
+    return y.to(x.dtype).contiguous()
+
+
+def conv_state_commit(x, conv_state, state_idx, num_accepted):
+    """conv_state rows state_idx <- the last K-1 inputs after the first num_accepted[b] tokens of x [B, T, C].
+    Every row must be live (state_idx >= 0): the write is an index_copy, not masked."""
+    K1 = conv_state.shape[2]
+    window = _conv_window(x, conv_state, state_idx)  # [B, C, K-1+T]
+    cols = num_accepted.long()[:, None] + torch.arange(K1, device=x.device)[None, :]  # [B, K-1]
+    new = window.gather(2, cols[:, None, :].expand(-1, window.shape[1], -1))
+    conv_state.index_copy_(0, state_idx.long(), new.to(conv_state.dtype))

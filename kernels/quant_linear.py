@@ -1,0 +1,237 @@
+"""Small-M linear layers (decode GEMV) over low-precision weights, dequantized in registers.
+
+Two weight formats, both in compressed-tensors' on-disk layout (engine/quant_config.py):
+  * FP8: w8 [N, K] float8_e4m3fn, row_scale [N] fp32 (per output channel): W = w8 * row_scale[:, None].
+    With x_scale [M] fp32 (dynamic per-token activation quantization, kernels/fp8_quant.quant_fp8_per_token) x is
+    float8_e4m3fn too and y = (x8 @ w8.T) * x_scale[:, None] * row_scale[None, :] (W8A8); without it, x is in the
+    model dtype (W8A16).
+  * NVFP4: packed [N, K/2] uint8 (two E2M1 codes a byte, element 2i in the low nibble), block_scale [N, K/16]
+    float8_e4m3fn (one per 16 weights along K), row_scale [N] fp32 = 1 / the tensor's global scale (a fused
+    projection concatenates several tensors, each with its own global scale, so it is kept per row):
+    W = e2m1(packed) * block_scale (repeated over its 16 weights) * row_scale[:, None]. Activations stay in the
+    model dtype (W4A16): Hopper has no FP4 tensor cores.
+
+Kernel: each program owns BLOCK_N weight rows and walks K in BLOCK_K chunks, loading the low-precision bytes (1 or
+0.5 byte a weight, + 1/16 byte of block scale), decoding them in registers to the dot's dtype and multiplying by the
+chunk of all M rows of x with tl.dot ("swap AB" as kernels/small_m_linear: the weight tile is the MMA's M side, x is
+padded to 16 rows). E2M1 x E4M3 products have at most 6 significant bits and FP8 values 4, so the decoded tiles are
+exact in bf16: the dot sees exactly the reference's operands, and the per-row (and per-token) fp32 scales are applied
+once, after the K loop. The Triton interpreter handles float8_e4m3fn loads on CPU, so the tests run the same code.
+
+Not done here (see docs/quantization.md): split-K (needed where N/BLOCK_N gives fewer programs than SMs, e.g. the 4B
+down_proj), PDL and the SwiGLU epilogue of kernels/small_m_linear.
+"""
+import torch
+import triton
+import triton.language as tl
+
+from kernels._common import cdiv, check, next_pow2, output, require_last_dim_contiguous, use_triton
+
+MAX_M = 16
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0
+E2M1_MAX = 6.0
+NVFP4_BLOCK = 16
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # code & 7 -> magnitude; bit 3 is the sign
+
+
+def unpack_e2m1(packed: torch.Tensor) -> torch.Tensor:
+    """[N, K/2] uint8 -> [N, K] fp32 E2M1 values (low nibble = even element)."""
+    table = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=packed.device)
+    codes = torch.stack([packed & 15, packed >> 4], dim=-1).reshape(packed.shape[0], -1).long()
+    mag = table[codes & 7]
+    return torch.where(codes >= 8, -mag, mag)
+
+
+def dequant_fp8_ref(w8: torch.Tensor, row_scale: torch.Tensor) -> torch.Tensor:
+    """[N, K] fp32 weight of an FP8 tensor with per-row scales."""
+    return w8.float() * row_scale.float()[:, None]
+
+
+def dequant_nvfp4_ref(packed, block_scale, row_scale) -> torch.Tensor:
+    """[N, K] fp32 weight of an NVFP4 tensor (packed [N, K/2], block_scale [N, K/16], row_scale [N])."""
+    return nvfp4_tile_ref(packed, block_scale) * row_scale.float()[:, None]
+
+
+def nvfp4_tile_ref(packed, block_scale) -> torch.Tensor:
+    """E2M1 values times their block scale, before the per-row scale: [N, K] fp32 (exact in bf16)."""
+    v = unpack_e2m1(packed)
+    return v * block_scale.float().repeat_interleave(NVFP4_BLOCK, dim=1)
+
+
+def _validate_x(x, K):
+    check(x.dim() == 2, f"x must be [M, K], got shape {tuple(x.shape)}")
+    check(x.shape[1] == K, f"x is [M, {x.shape[1]}] but the weight has K={K}")
+
+
+def _validate_fp8(x, w8, row_scale, x_scale):
+    check(w8.dim() == 2 and w8.dtype == FP8, f"w8 must be float8_e4m3fn [N, K], got {w8.dtype} {tuple(w8.shape)}")
+    _validate_x(x, w8.shape[1])
+    check(row_scale.shape == (w8.shape[0],) and row_scale.dtype == torch.float32,
+          f"row_scale must be fp32 [{w8.shape[0]}], got {row_scale.dtype} {tuple(row_scale.shape)}")
+    if x_scale is not None:
+        check(x.dtype == FP8, f"with x_scale, x must be float8_e4m3fn (quantized per token), got {x.dtype}")
+        check(x_scale.shape == (x.shape[0],) and x_scale.dtype == torch.float32,
+              f"x_scale must be fp32 [{x.shape[0]}], got {x_scale.dtype} {tuple(x_scale.shape)}")
+    else:
+        check(x.dtype in (torch.bfloat16, torch.float16, torch.float32), f"x dtype {x.dtype} unsupported")
+
+
+def _validate_nvfp4(x, packed, block_scale, row_scale):
+    check(packed.dim() == 2 and packed.dtype == torch.uint8, f"packed must be uint8 [N, K/2], got {packed.dtype}")
+    N, K = packed.shape[0], packed.shape[1] * 2
+    check(K % NVFP4_BLOCK == 0, f"NVFP4 needs K divisible by {NVFP4_BLOCK}, got K={K}")
+    _validate_x(x, K)
+    check(x.dtype in (torch.bfloat16, torch.float16, torch.float32), f"x dtype {x.dtype} unsupported")
+    check(block_scale.shape == (N, K // NVFP4_BLOCK) and block_scale.dtype == FP8,
+          f"block_scale must be float8_e4m3fn [{N}, {K // NVFP4_BLOCK}], got {block_scale.dtype} "
+          f"{tuple(block_scale.shape)}")
+    check(row_scale.shape == (N,) and row_scale.dtype == torch.float32,
+          f"row_scale must be fp32 [{N}], got {row_scale.dtype} {tuple(row_scale.shape)}")
+
+
+def fp8_linear_ref(x, w8, row_scale, x_scale=None, out_dtype=None, out=None):
+    """y [M, N] = (x @ w8.T) * x_scale[:, None] * row_scale[None, :] in fp32, rounded once to out_dtype (x's dtype
+    when x is not FP8). x: [M, K] fp8 with x_scale [M] (W8A8), or [M, K] bf16/fp16/fp32 without (W8A16)."""
+    _validate_fp8(x, w8, row_scale, x_scale)
+    dt = out_dtype or x.dtype
+    y = output(out, (x.shape[0], w8.shape[0]), dt, x.device)
+    acc = x.float() @ w8.float().T
+    if x_scale is not None:
+        acc = acc * x_scale[:, None]
+    y.copy_(acc * row_scale[None, :])
+    return y
+
+
+def nvfp4_linear_ref(x, packed, block_scale, row_scale, out=None):
+    """y [M, N] = (x @ (e2m1(packed) * block_scale).T) * row_scale[None, :] in fp32, rounded once to x.dtype."""
+    _validate_nvfp4(x, packed, block_scale, row_scale)
+    y = output(out, (x.shape[0], packed.shape[0]), x.dtype, x.device)
+    y.copy_((x.float() @ nvfp4_tile_ref(packed, block_scale).T) * row_scale[None, :])
+    return y
+
+
+@triton.jit
+def _e2m1_decode(codes):
+    """4-bit E2M1 codes (int) -> fp32: sign bit 3, exponent bits 2..1, mantissa bit 0 (bias 1, subnormal at e=0)."""
+    e = (codes >> 1) & 3
+    m = (codes & 1).to(tl.float32)
+    mag = tl.where(e == 0, m * 0.5, (1.0 + 0.5 * m) * (1 << e).to(tl.float32) * 0.5)
+    return tl.where((codes & 8) != 0, -mag, mag)
+
+
+@triton.jit(do_not_specialize=["M"])
+def _quant_gemv_kernel(
+    x_ptr, w_ptr, bs_ptr, rs_ptr, xs_ptr, out_ptr,
+    M, N, K, sxm, swn, sbn, som,
+    M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NVFP4: tl.constexpr,
+    X_SCALE: tl.constexpr, DOT_DTYPE: tl.constexpr,
+):
+    """NVFP4: w_ptr is packed [N, K/2] uint8, bs_ptr block scales [N, K/16] fp8; else w_ptr is fp8 [N, K].
+    X_SCALE: x is fp8 with per-row scales xs_ptr [M]."""
+    pid_n = tl.program_id(0)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    offs_m = tl.arange(0, M_PAD)
+    mask_m = offs_m < M
+    offs_k = tl.arange(0, BLOCK_K)
+    rows = offs_n.to(tl.int64)[:, None] * swn
+    acc = tl.zeros((BLOCK_N, M_PAD), dtype=tl.float32)
+    for k in range(0, K, BLOCK_K):
+        mask_k = (k + offs_k) < K
+        if NVFP4:
+            HALF: tl.constexpr = BLOCK_K // 2
+            GROUPS: tl.constexpr = BLOCK_K // 16
+            offs_b = tl.arange(0, HALF)
+            b = tl.load(w_ptr + rows + k // 2 + offs_b[None, :],
+                        mask=mask_n[:, None] & ((k + 2 * offs_b) < K)[None, :], other=0)
+            codes = tl.reshape(tl.join(b & 15, b >> 4), (BLOCK_N, BLOCK_K))
+            offs_g = tl.arange(0, GROUPS)
+            bs = tl.load(bs_ptr + offs_n.to(tl.int64)[:, None] * sbn + k // 16 + offs_g[None, :],
+                         mask=mask_n[:, None] & ((k + 16 * offs_g) < K)[None, :], other=0.0).to(tl.float32)
+            w = tl.reshape(tl.reshape(_e2m1_decode(codes.to(tl.int32)), (BLOCK_N, GROUPS, 16)) * bs[:, :, None],
+                           (BLOCK_N, BLOCK_K))
+        else:
+            w = tl.load(w_ptr + rows + k + offs_k[None, :], mask=mask_n[:, None] & mask_k[None, :],
+                        other=0.0).to(tl.float32)
+        xk = tl.load(x_ptr + offs_m[:, None] * sxm + k + offs_k[None, :], mask=mask_m[:, None] & mask_k[None, :],
+                     other=0.0)
+        acc = tl.dot(w.to(DOT_DTYPE), tl.trans(xk.to(DOT_DTYPE)), acc)
+    res = tl.trans(acc)  # [M_PAD, BLOCK_N]
+    res = res * tl.load(rs_ptr + offs_n, mask=mask_n, other=0.0)[None, :]
+    if X_SCALE:
+        res = res * tl.load(xs_ptr + offs_m, mask=mask_m, other=0.0)[:, None]
+    tl.store(out_ptr + offs_m[:, None] * som + offs_n[None, :], res.to(out_ptr.dtype.element_ty),
+             mask=mask_m[:, None] & mask_n[None, :])
+
+
+def _launch(x, w, bs, row_scale, x_scale, out, out_dtype, nvfp4, block_n, block_k, num_warps):
+    require_last_dim_contiguous("x", x)
+    require_last_dim_contiguous("weight", w)
+    M = x.shape[0]
+    N = w.shape[0]
+    K = w.shape[1] * (2 if nvfp4 else 1)
+    check(M <= MAX_M, f"quantized GEMV handles M <= {MAX_M} rows, got M={M}")
+    y = output(out, (M, N), out_dtype, x.device)
+    if M == 0 or N == 0:
+        return y
+    check(block_n >= 16 and block_n == next_pow2(block_n), f"block_n must be a power of two >= 16, got {block_n}")
+    check(block_k >= 32 and block_k == next_pow2(block_k), f"block_k must be a power of two >= 32, got {block_k}")
+    # the CPU interpreter multiplies bf16 tiles as raw integers: it gets fp32 (exact for these operands either way)
+    dot_dtype = tl.bfloat16 if x.is_cuda and x.dtype != torch.float32 else tl.float32
+    _quant_gemv_kernel[(cdiv(N, block_n),)](
+        x, w, bs if bs is not None else row_scale, row_scale, x_scale if x_scale is not None else row_scale, y,
+        M, N, K, x.stride(0), w.stride(0), bs.stride(0) if bs is not None else 0, y.stride(0),
+        M_PAD=max(16, next_pow2(M)), BLOCK_N=block_n, BLOCK_K=block_k, NVFP4=nvfp4, X_SCALE=x_scale is not None,
+        DOT_DTYPE=dot_dtype, num_warps=num_warps)
+    return y
+
+
+def fp8_linear_triton(x, w8, row_scale, x_scale=None, out_dtype=None, out=None, block_n=32, block_k=128,
+                      num_warps=4):
+    _validate_fp8(x, w8, row_scale, x_scale)
+    check(x_scale is None or out_dtype is not None, "W8A8 (x_scale given) needs out_dtype")
+    return _launch(x, w8, None, row_scale, x_scale, out, out_dtype or x.dtype, False, block_n, block_k, num_warps)
+
+
+def nvfp4_linear_triton(x, packed, block_scale, row_scale, out=None, block_n=32, block_k=128, num_warps=4):
+    _validate_nvfp4(x, packed, block_scale, row_scale)
+    return _launch(x, packed, block_scale, row_scale, None, out, x.dtype, True, block_n, block_k, num_warps)
+
+
+def fp8_linear(x, w8, row_scale, x_scale=None, out_dtype=None, out=None, **launch):
+    """Small-M FP8-weight linear: Triton on CUDA (M <= 16), else the torch reference (see fp8_linear_ref)."""
+    if use_triton(x) and x.shape[0] <= MAX_M:
+        return fp8_linear_triton(x, w8, row_scale, x_scale, out_dtype, out, **launch)
+    return fp8_linear_ref(x, w8, row_scale, x_scale, out_dtype, out)
+
+
+def nvfp4_linear(x, packed, block_scale, row_scale, out=None, **launch):
+    """Small-M NVFP4-weight linear (W4A16): Triton on CUDA (M <= 16), else the torch reference."""
+    if use_triton(x) and x.shape[0] <= MAX_M:
+        return nvfp4_linear_triton(x, packed, block_scale, row_scale, out, **launch)
+    return nvfp4_linear_ref(x, packed, block_scale, row_scale, out)
+
+
+def scaled_mm_ok(x8, w8) -> bool:
+    """torch._scaled_mm's constraints (CUDA, sm_89+): K and N multiples of 16 (mat2 = w8.T is column-major)."""
+    return (x8.is_cuda and torch.cuda.get_device_capability(x8.device) >= (8, 9)
+            and w8.shape[1] % 16 == 0 and w8.shape[0] % 16 == 0)
+
+
+def fp8_matmul(x8, x_scale, w8, row_scale, out_dtype):
+    """Prefill W8A8 GEMM of any M: (x8 @ w8.T) * x_scale[:, None] * row_scale[None, :] -> out_dtype.
+    FP8 tensor cores through torch._scaled_mm (row-wise scales, cuBLAS/CUTLASS) where it applies, else the reference."""
+    if scaled_mm_ok(x8, w8):
+        return torch._scaled_mm(x8, w8.t(), scale_a=x_scale[:, None], scale_b=row_scale[None, :],
+                                out_dtype=out_dtype)
+    return fp8_linear_ref(x8, w8, row_scale, x_scale, out_dtype)
+
+
+def nvfp4_matmul(x, packed, block_scale, row_scale):
+    """NVFP4-weight linear of any M (prefill). CUDA: the weight dequantized to x's dtype, then cuBLAS (a correct,
+    weight-only fallback that moves 4x the bytes; a W4A16 tensor-core GEMM reading the packed weight is left out);
+    elsewhere the reference."""
+    if x.is_cuda:
+        return torch.nn.functional.linear(x, dequant_nvfp4_ref(packed, block_scale, row_scale).to(x.dtype))
+    return nvfp4_linear_ref(x, packed, block_scale, row_scale)

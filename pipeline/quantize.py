@@ -1,0 +1,114 @@
+"""Quantization recipes (pydantic, from YAML or a built-in name) and calibration images for jobs/quantize.py.
+
+A recipe maps the decoder's projections to bf16 / fp8 / nvfp4; the vision tower, embeddings, lm_head, norms, GDN
+conv1d and the GDN gates' inputs are never quantized. Rules are regexes searched in the HF module name
+(e.g. "model.language_model.layers.3.mlp.down_proj"); the first that matches decides, else `default`.
+
+    default: nvfp4
+    rules:
+      - {pattern: 'in_proj_[ab]$', precision: bf16}
+      - {pattern: 'mlp\\.down_proj$', precision: fp8}
+    fp8_activations: dynamic     # or none (weight-only FP8)
+    awq: true                    # activation-aware scales searched on the calibration pages
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+Precision = Literal["bf16", "fp8", "nvfp4"]
+GDN_GATES_BF16 = ("in_proj_[ab]$", "bf16")  # their outputs are 2 x value heads wide; published recipes keep them bf16
+
+
+class Rule(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    pattern: str
+    precision: Precision
+
+
+class Recipe(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = "custom"
+    default: Precision = "fp8"
+    rules: list[Rule] = Field(default_factory=list)
+    fp8_activations: Literal["dynamic", "none"] = "dynamic"
+    awq: bool = True
+    calib_max_blocks: int = Field(48, ge=1, description="block images the calibration reads at most")
+
+    def rule_pairs(self) -> list[tuple[str, str]]:
+        return [(r.pattern, r.precision) for r in self.rules]
+
+
+BUILTIN = {
+    # every decoder projection FP8 (per-channel weights, dynamic per-token activations) but the GDN gate inputs
+    "fp8": Recipe(name="fp8", default="fp8", rules=[Rule(pattern=GDN_GATES_BF16[0], precision="bf16")]),
+    # NVFP4 weights with down_proj in FP8 (llm-compressor's non-uniform example: the most sensitive projection)
+    "nvfp4": Recipe(name="nvfp4", default="nvfp4", rules=[Rule(pattern=GDN_GATES_BF16[0], precision="bf16"),
+                                                          Rule(pattern=r"mlp\.down_proj$", precision="fp8")]),
+}
+
+
+class RecipeError(ValueError):
+    pass
+
+
+def load_recipe(spec: str) -> Recipe:
+    """A built-in recipe's name (fp8, nvfp4) or a YAML file's path."""
+    if spec in BUILTIN:
+        return BUILTIN[spec]
+    path = Path(spec)
+    if not path.is_file():
+        raise RecipeError(f"--recipe {spec!r}: neither a built-in recipe ({', '.join(BUILTIN)}) nor a YAML file")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(data, dict):
+            raise RecipeError(f"recipe {path}: expected a mapping of recipe keys, got {type(data).__name__}")
+        data.setdefault("name", path.stem)
+        return Recipe(**data)
+    except (ValidationError, yaml.YAMLError) as e:
+        raise RecipeError(f"recipe {path}: {e}") from e
+
+
+def calibration_images(files: list[Path], checkpoint: str, max_blocks: int, max_lines: int = 8) -> list[np.ndarray]:
+    """The block images the model reads on these documents (PDFs or page images), drawn as the job draws them for
+    this checkpoint (its glyph size and page size, from ocria_info.json / its processor) and cut into blocks of at
+    most `max_lines` text lines, evenly chosen up to `max_blocks`."""
+    from pipeline.blocks import page_blocks
+    from pipeline.checkpoint import checkpoint_info, image_processor
+    from pipeline.rasterize import FILETYPES, RasterOptions, rasterize
+
+    info = checkpoint_info(checkpoint)
+    proc = image_processor(checkpoint)
+    if proc is None:
+        raise RecipeError(f"{checkpoint}: no preprocessor_config.json (calibration reads page images)")
+    page_px = int(info.get("page_px", 1288))
+    opts = RasterOptions(target_longest_px=page_px, max_pixels=min(proc.max_pixels, page_px * page_px * 4),
+                         glyph_px=float(info.get("glyph_px", 0.0)), glyph_from_ink=bool(info.get("glyph_from_ink")),
+                         extract_text=False, max_pages=4)
+    token_px = proc.patch_size * proc.merge_size
+    blocks: list[np.ndarray] = []
+    for f in files:
+        if f.suffix.lower() not in FILETYPES:
+            continue
+        for _, _, page in rasterize(f.read_bytes(), str(f), opts):
+            blocks += page_blocks(page.image, max_lines, token_px)[1]
+    if not blocks:
+        raise RecipeError(f"no text blocks found in the calibration files {[str(f) for f in files][:5]}")
+    keep = np.linspace(0, len(blocks) - 1, min(max_blocks, len(blocks))).round().astype(int)
+    return [blocks[i] for i in sorted(set(keep.tolist()))]
+
+
+def calibration_files(calib: Path | None, default: Path) -> list[Path]:
+    """Every page file under `calib` (a folder or one file), else under `default` (the repository's samples/)."""
+    root = calib or default
+    if root.is_file():
+        return [root]
+    files = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in
+                   (".pdf", ".png", ".jpg", ".jpeg", ".tif", ".tiff") and "broken" not in p.parts)
+    if not files:
+        raise RecipeError(f"--calib {root}: no PDF or page images found")
+    return files

@@ -1,0 +1,106 @@
+"""GDN speculative verify + commit: Triton (interpreter) vs reference, and both vs plain recurrent decoding of the
+accepted prefix (the state a commit leaves must be the one the tokens' plain decode steps leave)."""
+import pytest
+import torch
+
+from kernels.testing import assert_close, poisoned, require_interpreted  # sets TRITON_INTERPRET first
+from kernels.conv1d_update import causal_conv1d_update_ref
+from kernels.gdn_recurrent import gdn_recurrent_ref
+from kernels.gdn_verify import (
+    _gdn_commit_kernel, _gdn_verify_kernel, causal_conv1d_verify, conv_state_commit, gdn_commit_ref,
+    gdn_commit_triton, gdn_verify_ref, gdn_verify_triton)
+
+NUM_SLOTS = 6
+STATE_IDX = [4, -1, 0, 2]  # the second row is padding
+
+
+def inputs(B=4, T=5, Hk=2, Hv=6, dk=24, dv=40, dtype=torch.float32, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    rnd = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
+    return dict(q=rnd(B, T, Hk, dk).to(dtype), k=rnd(B, T, Hk, dk).to(dtype), v=rnd(B, T, Hv, dv).to(dtype),
+                g=rnd(B, T, Hv).to(dtype), beta=rnd(B, T, Hv).to(dtype),
+                A_log=torch.rand(Hv, generator=gen), dt_bias=rnd(Hv) * 0.5,
+                state=rnd(NUM_SLOTS, Hv, dk, dv) * 0.5)
+
+
+def kept(B, T, Hk, dk, Hv, dv, extra=1):
+    return (poisoned((B + extra, T + extra, Hk, dk), torch.float32), poisoned((B + extra, T + extra, Hv, dv), torch.float32),
+            poisoned((B + extra, T + extra, Hv), torch.float32))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T,dv", [(5, 40), (1, 24), (7, 17)])
+def test_verify_and_commit_triton_match_ref(dtype, T, dv):
+    require_interpreted(_gdn_verify_kernel)
+    require_interpreted(_gdn_commit_kernel)
+    Hk, Hv, dk = 2, 6, 24
+    x = inputs(T=T, dv=dv, dtype=dtype, seed=T + dv)
+    idx = torch.tensor(STATE_IDX, dtype=torch.int32)
+    B = len(STATE_IDX)
+    raw = (x["A_log"], x["dt_bias"])
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
+    s_ref, s_tri = x["state"].clone(), x["state"].clone()
+    kr, ur, gr = kept(B, T, Hk, dk, Hv, dv)
+    kt, ut, gt = kept(B, T, Hk, dk, Hv, dv)
+    o_ref = gdn_verify_ref(*args, s_ref, idx, kr, ur, gr, raw_gates=raw)
+    o_tri = gdn_verify_triton(*args, s_tri, idx, kt, ut, gt, raw_gates=raw, out=poisoned(x["v"].shape, dtype))
+    assert torch.equal(s_ref, x["state"]) and torch.equal(s_tri, x["state"]), "verify must not write the state"
+    assert_close(o_tri, o_ref, dtype)
+    assert torch.equal(o_tri[1], torch.zeros_like(o_tri[1]))
+    live = [0, 2, 3]
+    for a, b in ((kt, kr), (ut, ur), (gt, gr)):
+        assert_close(a[live, :T], b[live, :T], torch.float32)
+        assert a[1].isnan().all(), "a padding row's kept values must not be written"
+    n = torch.tensor([T, 3, 0, min(2, T)], dtype=torch.int32)
+    gdn_commit_ref(s_ref, idx, kr, ur, gr, n)
+    gdn_commit_triton(s_tri, idx, kt, ut, gt, n)
+    assert_close(s_tri, s_ref, torch.float32)
+    assert torch.equal(s_tri[0], x["state"][0]), "a row that accepted nothing keeps its state"
+    untouched = [s for s in range(NUM_SLOTS) if s not in STATE_IDX]
+    assert torch.equal(s_tri[untouched], x["state"][untouched])
+
+
+@pytest.mark.parametrize("n", [0, 1, 3, 5])
+def test_commit_equals_plain_decoding_of_the_prefix(n):
+    """Verify + commit of n accepted tokens == n plain recurrent steps (outputs and state), to fp32 rounding (the
+    batched einsums may sum in another order than the per-token ones)."""
+    T, Hk, Hv, dk, dv = 5, 2, 6, 24, 40
+    x = inputs(T=T, seed=10 + n)
+    idx = torch.tensor(STATE_IDX, dtype=torch.int32)
+    B = len(STATE_IDX)
+    raw = (x["A_log"], x["dt_bias"])
+    s_plain = x["state"].clone()
+    outs = [gdn_recurrent_ref(x["q"][:, t:t + 1], x["k"][:, t:t + 1], x["v"][:, t:t + 1], x["g"][:, t:t + 1],
+                              x["beta"][:, t:t + 1], s_plain, idx, raw_gates=raw) for t in range(n)]
+    for commit, verify in ((gdn_commit_ref, gdn_verify_ref), (gdn_commit_triton, gdn_verify_triton)):
+        s = x["state"].clone()
+        kk, uk, gk = kept(B, T, Hk, dk, Hv, dv)
+        o = verify(x["q"], x["k"], x["v"], x["g"], x["beta"], s, idx, kk, uk, gk, raw_gates=raw)
+        commit(s, idx, kk, uk, gk, torch.full((B,), n, dtype=torch.int64))
+        if n:
+            assert_close(o[:, :n], torch.cat(outs, 1), torch.float32, rtol=1e-6, atol=1e-6)
+            assert_close(s, s_plain, torch.float32, rtol=1e-6, atol=1e-6)
+        else:
+            assert torch.equal(s, x["state"])
+
+
+@pytest.mark.parametrize("n", [0, 2, 6])
+def test_conv_verify_and_commit_equal_token_by_token_updates(n):
+    B, T, C, K = 3, 6, 37, 4
+    gen = torch.Generator().manual_seed(n)
+    xs = torch.randn(B, T, C, generator=gen)
+    w = torch.randn(C, K, generator=gen)
+    state0 = torch.randn(5, C, K - 1, generator=gen)
+    idx = torch.tensor([3, 0, 4])
+    plain = state0.clone()
+    ys = [causal_conv1d_update_ref(xs[:, t], plain, w, idx) for t in range(T)]
+    assert torch.equal(plain[[1, 2]], state0[[1, 2]])
+    s = state0.clone()
+    y = causal_conv1d_verify(xs, s, w, idx)
+    assert torch.equal(s, state0)
+    torch.testing.assert_close(y, torch.stack(ys, 1), rtol=1e-6, atol=1e-6)
+    plain = state0.clone()
+    for t in range(n):
+        causal_conv1d_update_ref(xs[:, t], plain, w, idx)
+    conv_state_commit(xs, s, idx, torch.full((B,), n))
+    assert torch.equal(s, plain)

@@ -1,0 +1,150 @@
+"""Quantized small-M GEMVs (kernels/quant_linear) and the FP8 activation quantizers (kernels/fp8_quant): Triton under
+the interpreter against their torch references on fresh random inputs, odd shapes included.
+
+The decoded weight tiles are exact (E2M1 x E4M3 and FP8 values fit bf16), so kernel and reference multiply the same
+operands and differ only in fp32 summation order: fp32 outputs within 1e-5, bf16 within one bf16 ulp (1e-2)."""
+import pytest
+import torch
+
+from kernels.testing import assert_close, poisoned, require_interpreted  # sets TRITON_INTERPRET first
+from kernels import fp8_quant as fq  # noqa: I001
+from kernels.quant_linear import (
+    FP8, E2M1_VALUES, _quant_gemv_kernel, dequant_nvfp4_ref, fp8_linear_ref, fp8_linear_triton, fp8_matmul,
+    nvfp4_linear_ref, nvfp4_linear_triton, unpack_e2m1,
+)
+
+
+def fp8_weight(N, K, gen):
+    w = torch.randn(N, K, generator=gen) * K ** -0.5
+    scale = w.abs().amax(1) / 448
+    return (w / scale[:, None]).to(FP8), scale.float()
+
+
+def nvfp4_weight(N, K, gen):
+    packed = torch.randint(0, 256, (N, K // 2), generator=gen, dtype=torch.uint8)
+    bs = (torch.rand(N, K // 16, generator=gen) * 2 + 0.01).to(FP8)
+    row = torch.rand(N, generator=gen) * K ** -0.5 + 1e-3
+    return packed, bs, row
+
+
+def test_unpack_e2m1_codes():
+    """Every code once: low nibble = even element, bit 3 = sign."""
+    codes = torch.arange(16, dtype=torch.uint8)
+    packed = (codes[0::2] | (codes[1::2] << 4))[None]
+    want = torch.tensor(E2M1_VALUES + tuple(-v for v in E2M1_VALUES))
+    assert torch.equal(unpack_e2m1(packed)[0], want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("M,N,K", [(1, 40, 48), (3, 130, 208), (16, 33, 96), (7, 100, 400)])
+def test_nvfp4_gemv_matches_ref(M, N, K, dtype):
+    require_interpreted(_quant_gemv_kernel)
+    gen = torch.Generator().manual_seed(M * 977 + N + K)
+    x = torch.randn(M, K, generator=gen).to(dtype)
+    packed, bs, row = nvfp4_weight(N, K, gen)
+    y = nvfp4_linear_triton(x, packed, bs, row, out=poisoned((M, N), dtype), block_n=32, block_k=64)
+    assert_close(y, nvfp4_linear_ref(x, packed, bs, row), dtype)
+    # the reference is x @ dequantized weight
+    assert_close(nvfp4_linear_ref(x.float(), packed, bs, row), x.float() @ dequant_nvfp4_ref(packed, bs, row).T,
+                 torch.float32, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("act", ["w8a16", "w8a8"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("M,N,K", [(1, 40, 48), (5, 130, 200), (16, 33, 96)])
+def test_fp8_gemv_matches_ref(M, N, K, dtype, act):
+    gen = torch.Generator().manual_seed(M * 131 + N + K)
+    x = torch.randn(M, K, generator=gen).to(dtype)
+    w8, row = fp8_weight(N, K, gen)
+    if act == "w8a8":
+        xq, xs = fq.quant_fp8_per_token_ref(x)
+        y = fp8_linear_triton(xq, w8, row, xs, out_dtype=dtype, out=poisoned((M, N), dtype), block_k=32)
+        want = fp8_linear_ref(xq, w8, row, xs, out_dtype=dtype)
+    else:
+        y = fp8_linear_triton(x, w8, row, out=poisoned((M, N), dtype), block_k=64)
+        want = fp8_linear_ref(x, w8, row)
+    assert_close(y, want, dtype)
+    # W8A8 stays close to the exact product of the unquantized activation (per-token FP8 error ~2^-4 relative)
+    exact = x.float() @ (w8.float() * row[:, None]).T
+    assert (want.float() - exact).norm() / exact.norm() < 0.06
+
+
+@pytest.mark.parametrize("R,D", [(1, 48), (5, 200), (3, 1000)])
+def test_activation_quantizers_match_ref(R, D):
+    gen = torch.Generator().manual_seed(R * 7 + D)
+    for dtype in (torch.float32, torch.bfloat16):
+        x = (torch.randn(R, D, generator=gen) * 3).to(dtype)
+        w = (torch.randn(D, generator=gen) * 0.1).to(dtype)
+        gu = torch.randn(R, 2 * D, generator=gen).to(dtype)
+        pairs = [(fq.quant_fp8_per_token_triton(x), fq.quant_fp8_per_token_ref(x)),
+                 (fq.rmsnorm_quant_fp8_triton(x, w, 1e-6), fq.rmsnorm_quant_fp8_ref(x, w, 1e-6)),
+                 (fq.silu_mul_quant_fp8_triton(gu), fq.silu_mul_quant_fp8_ref(gu))]
+        for (q, s), (q_ref, s_ref) in pairs:
+            assert q.dtype == FP8 and s.shape == (R,)
+            torch.testing.assert_close(s, s_ref, rtol=1e-6, atol=0)
+            assert torch.equal(q.float(), q_ref.float())
+            assert q.float().abs().amax(1).eq(448).all()  # each row's amax lands on the top code
+
+
+def test_round_to_e4m3_every_binade():
+    """The in-kernel E4M3 rounding equals torch's cast on values across the whole range, subnormals and ties
+    included (the interpreter's own cast gets ~2 % of these wrong)."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def k(x_ptr, o_ptr, n, B: tl.constexpr):
+        offs = tl.arange(0, B)
+        m = offs < n
+        tl.store(o_ptr + offs, fq.round_to_e4m3(tl.load(x_ptr + offs, mask=m)).to(o_ptr.dtype.element_ty), mask=m)
+
+    gen = torch.Generator().manual_seed(11)
+    grid = torch.arange(256, dtype=torch.uint8).view(FP8).float()
+    grid = grid[~grid.isnan()].unique()
+    mids = (grid[1:] + grid[:-1]) / 2  # exact ties
+    x = torch.cat([grid, mids, torch.randn(4000, generator=gen) * 100, torch.randn(1000, generator=gen) * 0.01])
+    x = x.clamp(-448, 448)
+    out = torch.empty(x.numel(), dtype=FP8)
+    k[(1,)](x, out, x.numel(), B=8192)
+    assert torch.equal(out.float(), x.to(FP8).float())
+
+
+def test_fused_quantizers_equal_unfused():
+    from kernels.rmsnorm import rmsnorm_ref
+    from kernels.silu_mul import silu_mul_ref
+
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(4, 96, generator=gen).to(torch.bfloat16)
+    w = torch.randn(96, generator=gen).to(torch.bfloat16) * 0.1
+    for (q, s), h in ((fq.rmsnorm_quant_fp8_ref(x, w, 1e-6), rmsnorm_ref(x, w, 1e-6)),
+                      (fq.silu_mul_quant_fp8_ref(torch.cat([x, x], 1)), silu_mul_ref(torch.cat([x, x], 1)))):
+        q2, s2 = fq.quant_fp8_per_token_ref(h)
+        assert torch.equal(q.float(), q2.float()) and torch.equal(s, s2)
+
+
+def test_fp8_matmul_cpu_falls_back_to_ref():
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(40, 64, generator=gen)
+    w8, row = fp8_weight(48, 64, gen)
+    xq, xs = fq.quant_fp8_per_token_ref(x)
+    assert torch.equal(fp8_matmul(xq, xs, w8, row, torch.float32), fp8_linear_ref(xq, w8, row, xs, torch.float32))
+    # and torch._scaled_mm's CPU implementation agrees with the reference (what the CUDA path computes)
+    sm = torch._scaled_mm(xq, w8.t(), scale_a=xs[:, None], scale_b=row[None, :], out_dtype=torch.float32)
+    assert_close(sm, fp8_linear_ref(xq, w8, row, xs, torch.float32), torch.float32, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda: nvfp4_linear_triton(torch.zeros(2, 40), torch.zeros(3, 20, dtype=torch.uint8),
+                                 torch.zeros(3, 2, dtype=FP8), torch.ones(3)), "divisible by 16"),
+    (lambda: nvfp4_linear_triton(torch.zeros(2, 32), torch.zeros(3, 16, dtype=torch.uint8),
+                                 torch.zeros(3, 1, dtype=FP8), torch.ones(3)), "block_scale must be"),
+    (lambda: nvfp4_linear_triton(torch.zeros(17, 32), torch.zeros(3, 16, dtype=torch.uint8),
+                                 torch.zeros(3, 2, dtype=FP8), torch.ones(3)), "M <= 16"),
+    (lambda: fp8_linear_triton(torch.zeros(2, 32), torch.zeros(3, 32), torch.ones(3)), "float8_e4m3fn"),
+    (lambda: fp8_linear_triton(torch.zeros(2, 32), torch.zeros(3, 32, dtype=FP8), torch.ones(3), torch.ones(2)),
+     "x must be float8"),
+    (lambda: fp8_linear_triton(torch.zeros(2, 32), torch.zeros(3, 32, dtype=FP8), torch.ones(4)), "row_scale"),
+])
+def test_errors(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()

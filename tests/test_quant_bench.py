@@ -1,0 +1,26 @@
+"""bench/quantized_decode_bench.py end to end on CPU at toy sizes (the H200 run uses the same code at the 4B shape)."""
+import kernels.testing  # noqa: F401  (sets TRITON_INTERPRET before any kernel module is compiled)
+import json
+
+from conftest import load_bench
+
+
+def test_quantized_decode_bench_smoke(tmp_path, monkeypatch):
+    monkeypatch.delenv("OCRIA_FORCE_TRITON", raising=False)
+    bench = load_bench("quantized_decode_bench")
+    out = tmp_path / "qdb.json"
+    assert bench.main(["--device", "cpu", "--smoke", "--batch-sizes", "1,2", "--prefill-repeats", "1",
+                       "--quality-prompts", "3", "--check-tokens", "4", "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    rows = res["rows"]
+    assert [(r["precision"], r["batch"]) for r in rows] == [(p, b) for p in ("bf16", "fp8", "nvfp4") for b in (1, 2)]
+    for r in rows:
+        assert r["decode_step_ms"] > 0 and r["roofline_ms"] > 0 and r["decode_steps"] >= 3
+    wb = {r["precision"]: r["weight_bytes"] for r in rows}
+    assert wb["nvfp4"] < wb["fp8"] < wb["bf16"]  # the roofline counts each format's stored bytes
+    assert [p["precision"] for p in res["prefill"]] == ["bf16", "fp8", "nvfp4"]
+    assert all(p["tokens_per_s"] > 0 for p in res["prefill"])
+    q = {x["precision"]: x for x in res["quality"]}
+    assert set(q) == {"fp8", "nvfp4"}
+    assert 0 < q["fp8"]["logit_rel_err"] < q["nvfp4"]["logit_rel_err"] < 0.5
+    assert res["meta"]["copy_bandwidth_GBps"] > 0

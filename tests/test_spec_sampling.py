@@ -1,0 +1,86 @@
+"""Acceptance rules of speculative decoding (engine/spec_sampling.py): greedy prefix matching, and rejection sampling
+whose output must be distributed exactly as sampling from the target, whatever the drafter proposes."""
+import math
+
+import torch
+
+from engine.spec_sampling import greedy_accept, rejection_accept
+
+
+def test_greedy_accepts_the_matching_prefix_within_valid():
+    V = 7
+    post = torch.tensor([[3, 1, 4, 1, 5], [2, 2, 2, 2, 2], [6, 0, 6, 0, 6]])
+    logits = torch.nn.functional.one_hot(post, V).float()
+    drafts = torch.tensor([[3, 1, 0, 1], [2, 2, 2, 2], [1, 0, 6, 0]])
+    tokens, emitted = greedy_accept(drafts, logits, torch.tensor([5, 3, 5]))
+    assert torch.equal(tokens, post)
+    assert emitted.tolist() == [3, 3, 1]  # row 1: all drafts right, but only 2 may be taken (valid 3)
+
+
+def chi2_critical(df: int, z: float = 3.719) -> float:
+    """Upper quantile of chi-square (Wilson-Hilferty), z = 3.719: one-sided 1e-4."""
+    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+
+
+def chi2(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    expected = probs * counts.sum()
+    return float(((counts - expected) ** 2 / expected).sum())
+
+
+def generate(p_abs, q_abs, n_rows, L, T, gen, valid_random=True, accept=rejection_accept):
+    """Sample n_rows sequences of L tokens by repeated draft/verify steps: the target's distribution of the token
+    at absolute position k is p_abs[k] (context-free), the drafter's q_abs[k] (both L + 2T rows); block caps drawn
+    at random."""
+    V = p_abs.shape[1]
+    out = torch.full((n_rows, L + T), -1, dtype=torch.int64)
+    pos = torch.zeros(n_rows, dtype=torch.int64)
+    rows = torch.arange(n_rows)
+    while (pos < L).any():
+        j = torch.arange(T)
+        p = p_abs[pos[:, None] + j[None, :]]  # [n, T, V]
+        q = q_abs[pos[:, None] + j[None, :-1]]  # [n, T-1, V]
+        drafts = torch.multinomial(q.reshape(-1, V), 1, generator=gen).view(n_rows, T - 1)
+        valid = torch.randint(1, T + 1, (n_rows,), generator=gen) if valid_random else torch.full((n_rows,), T)
+        u = torch.rand(n_rows, T - 1, generator=gen)
+        rn = torch.empty(n_rows, T - 1, V).exponential_(generator=gen)
+        bn = torch.empty(n_rows, T, V).exponential_(generator=gen)
+        tokens, emitted = accept(drafts, q, p, valid, u, rn, bn)
+        assert (emitted >= 1).all() and (emitted <= valid).all()
+        active = pos < L  # rows already L long stand still
+        for k in range(T):
+            take = (k < emitted) & active
+            out[rows[take], pos[take] + k] = tokens[take, k]
+        pos = pos + emitted * active
+    return out[:, :L]
+
+
+def test_rejection_sampling_matches_the_target_distribution():
+    gen = torch.Generator().manual_seed(0)
+    V, T, L, N = 6, 4, 6, 40_000
+    p_abs = torch.softmax(torch.randn(L + 2 * T, V, generator=gen) * 1.5, -1)
+    q_abs = torch.softmax(torch.randn(L + 2 * T, V, generator=gen) * 1.5, -1)
+    q_abs[:, 0] = 0  # a token the drafter never proposes (must still come out at its target rate)
+    q_abs /= q_abs.sum(-1, keepdim=True)
+    out = generate(p_abs, q_abs, N, L, T, gen)
+    crit = chi2_critical(V - 1)
+    for k in range(L):
+        stat = chi2(torch.bincount(out[:, k], minlength=V).float(), p_abs[k])
+        assert stat < crit, (k, stat, crit)
+    joint = torch.bincount(out[:, 1] * V + out[:, 2], minlength=V * V).float()
+    assert chi2(joint, torch.outer(p_abs[1], p_abs[2]).flatten()) < chi2_critical(V * V - 1)
+
+
+def test_the_statistical_check_catches_a_lossy_rule():
+    """The same check fails for a sampler that keeps every draft the target finds likely enough (no rejection
+    sampling): the test has teeth."""
+    gen = torch.Generator().manual_seed(1)
+    V, T, L, N = 6, 4, 4, 40_000
+    p_abs = torch.softmax(torch.randn(L + 2 * T, V, generator=gen) * 1.5, -1)
+    q_abs = torch.softmax(torch.randn(L + 2 * T, V, generator=gen) * 1.5, -1)
+
+    def lossy(drafts, q, p, valid, u, rn, bn):  # as if the drafter were sure of its drafts (q(x) = 1/2)
+        return rejection_accept(drafts, torch.nn.functional.one_hot(drafts, V).float() * 0.5, p, valid, u, rn, bn)
+
+    out = generate(p_abs, q_abs, N, L, T, gen, valid_random=False, accept=lossy)
+    stats = [chi2(torch.bincount(out[:, k], minlength=V).float(), p_abs[k]) for k in range(1, L)]
+    assert max(stats) > chi2_critical(V - 1), stats
