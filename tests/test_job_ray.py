@@ -300,7 +300,7 @@ def test_outcomes_through_the_job_and_no_secret_in_anything_it_prints_or_writes(
         again = subprocess.run([sys.executable, "-c", block_ray, *args, "--max-attempts", "1"], cwd=ROOT, env=env,
                                capture_output=True, text=True, timeout=120)
         assert again.returncode == 0, again.stderr[-3000:]
-        assert time.perf_counter() - t < 30 and "0 to process" in again.stdout
+        assert time.perf_counter() - t < 60 and "0 to process" in again.stdout  # no Ray: seconds, even on a busy machine
         assert "encrypted (not retried" in again.stdout and "failed 1 times" in again.stdout
 
         written = []

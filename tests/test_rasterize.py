@@ -24,7 +24,7 @@ def _render_all(renderer, path):
 @pytest.fixture(scope="module")
 def renderer():
     r = IsolatedRasterizer(RasterOptions(target_longest_px=256, max_pixels=256 * 256, max_pages=400),
-                           page_timeout_s=30, memory_limit_mb=4096)  # one corpus page legitimately takes ~10 s
+                           page_timeout_s=120, memory_limit_mb=4096)  # test_4435's page 2: 21-26 s at this size
     yield r
     r.close()
 
