@@ -1,4 +1,6 @@
 """Progress in pages: done of known, documents, the current rate; one line every 30 s without a terminal."""
+import time
+
 from pipeline.progress import PageProgress
 
 
@@ -44,3 +46,12 @@ def test_a_burst_after_a_long_wait_is_not_read_as_hundreds_of_pages_a_second():
     p.document_done()
     p.close()
     assert abs(p.pages_per_s() - 7 / 76) < 1e-6 and "0.09 pages/s" in lines[-1]
+
+
+def test_a_line_while_nothing_arrives():
+    lines = []
+    p = PageProgress(6, lines.append, interactive=False, every_s=0.2)  # the real clock
+    time.sleep(0.7)
+    p.close()
+    assert lines[0].startswith("waiting for the first pages (0 s") and lines[0].endswith("documents 0/6")
+    assert len(lines) >= 2  # a line a period while waiting, and the last one
