@@ -158,3 +158,17 @@ def test_bad_drafter_fails_before_ray(tmp_path, tiny_checkpoint):
     assert proc.returncode != 0 and not ray_imported
     assert "hidden_size" in proc.stderr and "--drafter none" in proc.stderr, proc.stderr
     assert "Started a local Ray" not in proc.stderr + proc.stdout
+
+
+def test_the_old_per_document_limit_is_read_as_the_per_page_limit():
+    """raster.doc_timeout_s (and --doc-timeout) limited a whole document, which failed long documents for their
+    length; the limit is per page now, and the old key sets it."""
+    from jobs.parse_corpus import _overrides
+
+    base = {"input": {"uris": ["x"]}}
+    assert load_config(None, base).raster.page_timeout_s == 60
+    assert load_config(None, base | {"raster": {"doc_timeout_s": 300}}).raster.page_timeout_s == 300
+    both = {"raster": {"doc_timeout_s": 300, "page_timeout_s": 20}}
+    assert load_config(None, base | both).raster.page_timeout_s == 20  # the new key wins
+    assert load_config(None, base | _overrides(doc_timeout=45.0)).raster.page_timeout_s == 45
+    assert load_config(None, base | _overrides(page_timeout=30.0)).raster.page_timeout_s == 30
