@@ -425,3 +425,13 @@ def test_a_page_is_drawn_again_at_its_views_zooms(tmp_path):
     assert np.array_equal(drawn.image, main) and [v.shape for v in drawn.views] == [small.shape, large.shape]
     [(_, _, plain)] = list(rasterize(path.read_bytes(), "p.pdf", RasterOptions(1536, 1536 * 1536, glyph_px=24.0)))
     assert plain.views == []
+
+
+def test_a_missing_corpus_skips_here_and_fails_under_ci(monkeypatch):
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="not on this machine"):
+        require(False, "../shared/corpus")
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="CI=true"):
+        require(False, "../shared/corpus")
+    require(True, "../shared/corpus")  # present: nothing happens
