@@ -102,44 +102,41 @@ class IsolatedRasterizer:
     def rasterize(self, data: bytes, uri: str) -> Iterator[tuple[int, int, RenderedPage | PageFailure]]:
         """Like pipeline.rasterize.rasterize, with a time limit per page (and for opening the file)."""
         start, counts, lost = 0, None, 0
-        finished = False
+        idle = True  # the child holds no part of this document (it waits for a request, or it is gone)
         try:
             while True:
                 self._send(uri, data, start)
+                idle = False
                 try:
                     for msg in self._receive():
                         if msg[0] == "opened":
                             counts = counts or (msg[1], msg[2])
                         else:
-                            page = msg[1]
-                            start = page.index + 1
-                            yield (*counts, page)
-                    finished = True
+                            start = msg[1].index + 1
+                            yield (*counts, msg[1])
+                    idle = True
                     return
-                except DocumentError:  # the child said so and waits for the next document
-                    finished = counts is not None or self._proc is not None
+                except DocumentError:  # the child said why, and waits for the next document
+                    idle = True
                     raise
-                except _Lost as e:
-                    if counts is None:  # lost while opening the file: nothing of it was drawn
+                except _Lost as e:  # the child was killed, or died
+                    idle = True
+                    if counts is None:  # while opening the file: nothing of it was drawn
                         raise DocumentError(e.kind, f"opening the document: {e}") from None
-                    count, _ = counts
-                    if start >= count:  # lost after its last page was drawn
-                        finished = True
-                        return
-                    lost += 1
-                    yield (*counts, PageFailure(start, e.kind, f"page {start}: {e}"))
-                    start += 1
+                    count = counts[0]
+                    if start < count:  # else it went after the last page was sent: nothing is missing
+                        lost += 1
+                        yield (*counts, PageFailure(start, e.kind, f"page {start}: {e}"))
+                        start += 1
                     if lost >= self.max_lost_pages:
                         for i in range(start, count):
                             yield (*counts, PageFailure(i, e.kind, f"page {i}: not drawn: {lost} pages of this "
                                                         f"document already timed out or crashed the renderer"))
-                        finished = True
                         return
                     if start >= count:
-                        finished = True
                         return
         finally:
-            if not finished:  # stopped early or failed: the child may still be mid-document, so start clean
+            if not idle:  # the consumer stopped mid-document: the child may still be drawing, so start clean
                 self._kill_child()
 
     def _receive(self) -> Iterator[tuple]:

@@ -16,8 +16,9 @@ from typing import Iterator
 
 log = logging.getLogger("ocria.ray")
 
-# Ray's notice that token authentication is on (by default since 2.60) on every local start; authentication stays on
-RAY_NOTICE_LOGGERS = ("ray._private.authentication.authentication_token_setup",)
+# Ray's notice that token authentication is on (by default since 2.60) on every local start (authentication stays on),
+# and Ray Data's that its progress bars are off (the job reports progress in pages itself)
+RAY_NOTICE_LOGGERS = ("ray._private.authentication.authentication_token_setup", "ray.data._internal.progress")
 START_PAUSE_S = 5.0  # between the two attempts: let a busy machine settle
 
 
@@ -30,6 +31,8 @@ def ray_session(address: str | None, num_cpus: float) -> Iterator[object]:
     """The `ray` module, connected for the job, and shut down (with a local Ray stopped) when the block ends."""
     import ray
 
+    for name in RAY_NOTICE_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
     if address:  # an existing cluster, e.g. inside `ray job submit`: not ours to stop
         ray.init(address=address, log_to_driver=False)
         try:
@@ -53,8 +56,6 @@ def ray_session(address: str | None, num_cpus: float) -> Iterator[object]:
 
 def start_local(ray, num_cpus: float, attempts: int = 2) -> None:
     """ray.init for a local Ray, tried `attempts` times; the second with Ray's GCS connection window doubled."""
-    for name in RAY_NOTICE_LOGGERS:
-        logging.getLogger(name).setLevel(logging.ERROR)
     for attempt in range(1, attempts + 1):
         try:
             ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)

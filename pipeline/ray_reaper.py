@@ -32,7 +32,7 @@ def session_processes(driver: psutil.Process, session: str) -> dict[int, float]:
         return found
     for child in children:
         try:
-            if session not in " ".join(child.cmdline()):
+            if child.pid == os.getpid() or session not in " ".join(child.cmdline()):  # its own command names it too
                 continue
             for p in [child, *child.children(recursive=True)]:
                 found[p.pid] = p.create_time()

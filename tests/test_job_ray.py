@@ -9,7 +9,9 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from pathlib import Path
 
+import pyarrow as pa
 import pymupdf
 import pyarrow.fs as pafs
 import pytest
@@ -57,7 +59,7 @@ def make_pdfs(folder, n, pages=2):
 
 def test_sample_corpus_through_object_store_then_resume(object_store, tiny_checkpoint, tmp_path):
     """Input, output and the checkpoint all in one bucket of each object store (the checkpoint is copied into a
-    local cache before use); a rerun retries the failed document, and --retry-failed takes only failed ones."""
+    local cache before use); a rerun skips the failed document (not a PDF: permanent), --retry-failed forces it."""
     b = object_store.new_bucket("archive")
     object_store.upload_tree(SAMPLES, f"{b}/in")
     object_store.upload_tree(tiny_checkpoint, f"{b}/models/tiny")
@@ -81,19 +83,20 @@ def test_sample_corpus_through_object_store_then_resume(object_store, tiny_check
     assert not any(b"testing" in object_store.fs.open_input_stream(f"{b}/out/{k}").read()
                    for k in keys if k.endswith(".json")), "credentials must never reach the output"
 
-    # A plain rerun takes the failed document again and one that arrived since; --retry-failed only the first.
+    # A plain rerun takes the document that arrived since, not the failed one: not a PDF is a fact about the file.
     object_store.put(f"{b}/in/late.pdf", (SAMPLES / "letter.pdf").read_bytes())
     again = prepare(cfg)
     assert again.plan.skipped["already done"] == 5
-    assert sorted((k.rsplit("/", 1)[1], m.attempt) for k, m in again.plan.todo.items()) == [
-        ("download-error.pdf", 2), ("late.pdf", 1)]
+    assert again.plan.skipped["not_pdf (not retried: --retry-failed forces)"] == 1
+    assert [(k.rsplit("/", 1)[1], m.attempt) for k, m in again.plan.todo.items()] == [("late.pdf", 1)]
+    # --retry-failed forces it (attempt 2), and takes only failed documents.
     only_failed = prepare(job_config(u(f"{b}/models/tiny"), [u(f"{b}/in")], u(f"{b}/out"), storage=object_store.storage,
                                      run={"cache_dir": str(tmp_path / "cache"), "retry_failed": True}))
     assert [(k.rsplit("/", 1)[1], m.attempt) for k, m in only_failed.plan.todo.items()] == [("download-error.pdf", 2)]
     # The failed one is retried (attempt 2) and its row replaces the old one.
     retried = run(only_failed, echo=lambda *_: None)
     assert retried["documents"] == 1 and retried["pages"] == 0 and retried["warmup_pages"] == 0  # an error row is no page
-    assert retried["steady_pages_per_s"] == 0
+    assert retried["steady_pages_per_s"] == 0 and not retried["steady_phase"]
     docs, _ = assert_exactly_once(store, uris)
     [cached] = list((tmp_path / "cache").iterdir())
     assert (cached / "model.safetensors").read_bytes() == (tiny_checkpoint / "model.safetensors").read_bytes()
@@ -212,3 +215,148 @@ def test_ray_job_submit_against_a_started_cluster(tmp_path, tiny_checkpoint):
     finally:
         subprocess.run([ray_bin, "stop", "--force"], env=env, capture_output=True, timeout=120)
         shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _secret_env(tmp_path):
+    """Secret-looking values in the variables AWS and GCS clients read; each is searched for in all the job leaves."""
+    import json
+    import secrets
+
+    values = {"AWS_ACCESS_KEY_ID": "AKIA" + secrets.token_hex(8).upper(),
+              "AWS_SECRET_ACCESS_KEY": "wJalrXUtnFEMI/K7MDENG/" + secrets.token_urlsafe(24),
+              "AWS_SESSION_TOKEN": "IQoJb3JpZ2luX2VjE" + secrets.token_urlsafe(48)}
+    key = "-----BEGIN PRIVATE KEY-----\nMIIE" + secrets.token_urlsafe(48) + "\n-----END PRIVATE KEY-----\n"
+    creds = tmp_path / "gcs-service-account.json"
+    creds.write_text(json.dumps({"type": "service_account", "private_key_id": secrets.token_hex(20),
+                                 "private_key": key, "client_email": "parser@example.iam.gserviceaccount.com"}))
+    needles = [*values.values(), key.splitlines()[1], json.loads(creds.read_text())["private_key_id"]]
+    return {**values, "GOOGLE_APPLICATION_CREDENTIALS": str(creds), "AWS_DEFAULT_REGION": "us-east-1"}, needles
+
+
+def _broken_inputs(folder):
+    """One document of each outcome the job must tell apart, made here."""
+    from test_rasterize import _slow_page_pdf
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "letter.pdf").write_bytes((SAMPLES / "letter.pdf").read_bytes())
+    doc = pymupdf.open()
+    doc.new_page().insert_text((72, 100), "A page with text, then a blank one.", fontsize=14)
+    doc.new_page()
+    doc.save(folder / "with-blank.pdf")
+    doc = pymupdf.open()
+    doc.new_page().insert_text((72, 100), "Locked", fontsize=14)
+    (folder / "locked.pdf").write_bytes(doc.tobytes(encryption=pymupdf.PDF_ENCRYPT_AES_256, user_pw="u", owner_pw="o"))
+    (folder / "cut-off.pdf").write_bytes((SAMPLES / "report.pdf").read_bytes()[:300])
+    (folder / "download.pdf").write_bytes(b"<!DOCTYPE html><html><body>Access denied</body></html>")
+    (folder / "slow.pdf").write_bytes(_slow_page_pdf(40000))
+
+
+def _leaked(needles, text: str) -> list[str]:
+    return [n[:12] for n in needles if n in text]
+
+
+@pytest.mark.timeout(600)
+def test_outcomes_through_the_job_and_no_secret_in_anything_it_prints_or_writes(s3_server, s3_client, tiny_checkpoint,
+                                                                               tmp_path):
+    """Through the CLI on S3, with secret-looking credentials in the environment: each broken file gets its kind, a
+    blank page its status, a page past its time limit one error row while its document's other pages are read; no
+    secret is printed or written (console, Parquet tables, JSON, the run's Ray logs). A rerun with nothing
+    retryable left finishes in seconds with Ray unimportable."""
+    import pyarrow.parquet as pq
+
+    _broken_inputs(tmp_path / "in")
+    s3_client.create_bucket(Bucket="leak")
+    for f in (tmp_path / "in").iterdir():
+        s3_client.upload_file(str(f), "leak", f"in/{f.name}")
+    secret_env, needles = _secret_env(tmp_path)
+    ray_tmp = tempfile.mkdtemp(prefix="r", dir="/tmp")  # this run's Ray logs, searched too (short: socket paths)
+    env = dict(os.environ, **secret_env, RAY_TMPDIR=ray_tmp)
+    args = [str(ROOT / "jobs/parse_corpus.py"), "--input", "s3://leak/in", "--output", "s3://leak/out",
+            "--s3-endpoint", s3_server, "--checkpoint", str(tiny_checkpoint), "--backend", BACKEND, "--device", "cpu",
+            "--max-tokens", "8", "--num-cpus", "2", "--page-timeout", "3", "-v"]
+    try:
+        first = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=500)
+        assert first.returncode == 0, first.stderr[-3000:]
+        store = OutputStore(resolve("s3://leak/out", load_config(None, {"input": {"uris": ["x"]}, "storage": {
+            "s3_endpoint": s3_server}}).storage))
+        docs = {d["uri"].rsplit("/", 1)[1]: d for d in store.documents().to_pylist()}
+        assert {n: (d["status"], d["error_kind"]) for n, d in docs.items()} == {
+            "letter.pdf": ("ok", None), "with-blank.pdf": ("ok", None), "locked.pdf": ("error", "encrypted"),
+            "cut-off.pdf": ("error", "truncated"), "download.pdf": ("error", "not_pdf"),
+            "slow.pdf": ("error", "timeout")}
+        assert (docs["with-blank.pdf"]["pages_ok"], docs["with-blank.pdf"]["pages_blank"]) == (1, 1)
+        pages = store.pages().to_pylist()
+        slow = sorted((p["page_index"], p["status"]) for p in pages if p["uri"].endswith("slow.pdf"))
+        assert slow == [(0, "ok"), (1, "error"), (2, "ok")]
+        [blank] = [p for p in pages if p["status"] == "blank"]
+        assert blank["text"] == "" and blank["output_tokens"] is None  # not sent to the model
+        assert "blank 1" in first.stdout and "encrypted 1" in first.stdout and "truncated 1" in first.stdout
+
+        # Nothing retryable is left with --max-attempts 1 (the timed-out page's document has had its one attempt).
+        block_ray = ("import sys, runpy; sys.modules['ray'] = None; sys.argv = sys.argv[1:]; "
+                     "runpy.run_path(sys.argv[0], run_name='__main__')")
+        t = time.perf_counter()
+        again = subprocess.run([sys.executable, "-c", block_ray, *args, "--max-attempts", "1"], cwd=ROOT, env=env,
+                               capture_output=True, text=True, timeout=120)
+        assert again.returncode == 0, again.stderr[-3000:]
+        assert time.perf_counter() - t < 60 and "0 to process" in again.stdout  # no Ray: seconds, even on a busy machine
+        assert "encrypted (not retried" in again.stdout and "failed 1 times" in again.stdout
+
+        written = []
+        for o in s3_client.list_objects_v2(Bucket="leak", Prefix="out/")["Contents"]:
+            body = s3_client.get_object(Bucket="leak", Key=o["Key"])["Body"].read()
+            written.append(body.decode("latin-1"))
+            if o["Key"].endswith(".parquet"):  # compressed columns: search the values, not the bytes
+                written.append(str(pq.read_table(pa.BufferReader(body)).to_pylist()))
+        assert "with-blank.pdf" in "\n".join(written)  # the search reads what was written
+        logs = [f.read_text(errors="replace") for f in Path(ray_tmp).rglob("*") if f.is_file() and f.stat().st_size
+                < 50_000_000 and f.suffix in (".log", ".out", ".err", ".txt", ".json", "")]
+        assert logs, "the run's Ray logs were not where RAY_TMPDIR put them: the test searched nothing"
+        for name, text in (("stdout", first.stdout + again.stdout), ("stderr", first.stderr + again.stderr),
+                           ("output", "\n".join(written)), ("Ray logs", "\n".join(logs))):
+            assert not _leaked(needles, text), f"a secret is in the job's {name}: {_leaked(needles, text)}"
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+def test_a_killed_driver_leaves_no_ray_process_behind(tmp_path, tiny_checkpoint):
+    """kill -9 of the driver alone (not its process group): its local Ray's processes are gone within 30 s."""
+    import psutil
+
+    make_pdfs(tmp_path / "in", 16)
+    args = [sys.executable, str(ROOT / "jobs/parse_corpus.py"), "--input", str(tmp_path / "in"),
+            "--output", str(tmp_path / "out"), "--checkpoint", str(tiny_checkpoint), "--backend", BACKEND,
+            "--device", "cpu", "--max-tokens", "32", "--batch-size", "2", "--commit-every", "1", "--num-cpus", "2"]
+    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    driver, helpers = psutil.Process(proc.pid), {}
+    try:
+        deadline = time.time() + 200
+        while time.time() < deadline and proc.poll() is None and not list((tmp_path / "out" / "documents").glob("*")):
+            for p in driver.children(recursive=True):  # Ray's processes, its workers, their render processes
+                try:
+                    helpers[p.pid] = (p.create_time(), " ".join(p.cmdline())[:120])
+                except psutil.Error:
+                    pass
+            time.sleep(0.2)
+        assert proc.poll() is None, "the job ended before it could be killed: the test did not test anything"
+        assert any("raylet" in cmd for _, cmd in helpers.values()), helpers
+    finally:
+        proc.kill()
+        proc.wait()
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        alive = {pid: cmd for pid, (started, cmd) in helpers.items() if psutil.pid_exists(pid)
+                 and _started(pid) == started and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE}
+        if not alive:
+            break
+        time.sleep(0.5)
+    assert not alive, f"still running 30 s after the driver was killed: {alive}"
+
+
+def _started(pid):
+    import psutil
+
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None

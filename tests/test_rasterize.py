@@ -22,7 +22,7 @@ def _render_all(renderer, path):
 @pytest.fixture(scope="module")
 def renderer():
     r = IsolatedRasterizer(RasterOptions(target_longest_px=256, max_pixels=256 * 256, max_pages=400),
-                           page_timeout_s=30, memory_limit_mb=4096)  # one corpus page legitimately takes ~10 s
+                           page_timeout_s=120, memory_limit_mb=4096)  # test_4435's page 2: 21-26 s at this size
     yield r
     r.close()
 
@@ -398,3 +398,13 @@ def test_a_page_is_drawn_again_at_its_views_zooms(tmp_path):
     assert np.array_equal(drawn.image, main) and [v.shape for v in drawn.views] == [small.shape, large.shape]
     [(_, _, plain)] = list(rasterize(path.read_bytes(), "p.pdf", RasterOptions(1536, 1536 * 1536, glyph_px=24.0)))
     assert plain.views == []
+
+
+def test_a_missing_corpus_skips_here_and_fails_under_ci(monkeypatch):
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="not on this machine"):
+        require(False, "../shared/corpus")
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="CI=true"):
+        require(False, "../shared/corpus")
+    require(True, "../shared/corpus")  # present: nothing happens
