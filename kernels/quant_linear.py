@@ -125,7 +125,7 @@ def _quant_gemv_kernel(
     x_ptr, w_ptr, bs_ptr, rs_ptr, xs_ptr, out_ptr,
     M, N, K, sxm, swn, sbn, som,
     M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NVFP4: tl.constexpr,
-    X_SCALE: tl.constexpr, DOT_DTYPE: tl.constexpr,
+    X_SCALE: tl.constexpr, UPCAST_DOT: tl.constexpr,
 ):
     """NVFP4: w_ptr is packed [N, K/2] uint8, bs_ptr block scales [N, K/16] fp8; else w_ptr is fp8 [N, K].
     X_SCALE: x is fp8 with per-row scales xs_ptr [M]."""
@@ -156,7 +156,10 @@ def _quant_gemv_kernel(
                         other=0.0).to(tl.float32)
         xk = tl.load(x_ptr + offs_m[:, None] * sxm + k + offs_k[None, :], mask=mask_m[:, None] & mask_k[None, :],
                      other=0.0)
-        acc = tl.dot(w.to(DOT_DTYPE), tl.trans(xk.to(DOT_DTYPE)), acc)
+        if UPCAST_DOT or x_ptr.dtype.element_ty == tl.float32:  # fp32 operands, full-precision products
+            acc = tl.dot(w, tl.trans(xk.to(tl.float32)), acc, input_precision="ieee")
+        else:  # bf16 tensor-core MMA: the decoded tile and fp8 / bf16 x are exact in bf16
+            acc = tl.dot(w.to(tl.bfloat16), tl.trans(xk.to(tl.bfloat16)), acc)
     res = tl.trans(acc)  # [M_PAD, BLOCK_N]
     res = res * tl.load(rs_ptr + offs_n, mask=mask_n, other=0.0)[None, :]
     if X_SCALE:
@@ -177,13 +180,12 @@ def _launch(x, w, bs, row_scale, x_scale, out, out_dtype, nvfp4, block_n, block_
         return y
     check(block_n >= 16 and block_n == next_pow2(block_n), f"block_n must be a power of two >= 16, got {block_n}")
     check(block_k >= 32 and block_k == next_pow2(block_k), f"block_k must be a power of two >= 32, got {block_k}")
-    # the CPU interpreter multiplies bf16 tiles as raw integers: it gets fp32 (exact for these operands either way)
-    dot_dtype = tl.bfloat16 if x.is_cuda and x.dtype != torch.float32 else tl.float32
     _quant_gemv_kernel[(cdiv(N, block_n),)](
         x, w, bs if bs is not None else row_scale, row_scale, x_scale if x_scale is not None else row_scale, y,
         M, N, K, x.stride(0), w.stride(0), bs.stride(0) if bs is not None else 0, y.stride(0),
         M_PAD=max(16, next_pow2(M)), BLOCK_N=block_n, BLOCK_K=block_k, NVFP4=nvfp4, X_SCALE=x_scale is not None,
-        DOT_DTYPE=dot_dtype, num_warps=num_warps)
+        UPCAST_DOT=not x.is_cuda,  # the CPU interpreter multiplies bf16 tiles as raw integers: give it fp32
+        num_warps=num_warps)
     return y
 
 
@@ -213,16 +215,17 @@ def nvfp4_linear(x, packed, block_scale, row_scale, out=None, **launch):
     return nvfp4_linear_ref(x, packed, block_scale, row_scale, out)
 
 
-def scaled_mm_ok(x8, w8) -> bool:
-    """torch._scaled_mm's constraints (CUDA, sm_89+): K and N multiples of 16 (mat2 = w8.T is column-major)."""
-    return (x8.is_cuda and torch.cuda.get_device_capability(x8.device) >= (8, 9)
+def scaled_mm_ok(x8, w8, out_dtype) -> bool:
+    """torch._scaled_mm's row-wise constraints (CUDA, sm_89+): K and N multiples of 16 (mat2 = w8.T is column-major),
+    bf16 output (the only one row-wise scaling supports on sm_90 in every release we may meet)."""
+    return (x8.is_cuda and torch.cuda.get_device_capability(x8.device) >= (8, 9) and out_dtype == torch.bfloat16
             and w8.shape[1] % 16 == 0 and w8.shape[0] % 16 == 0)
 
 
 def fp8_matmul(x8, x_scale, w8, row_scale, out_dtype):
     """Prefill W8A8 GEMM of any M: (x8 @ w8.T) * x_scale[:, None] * row_scale[None, :] -> out_dtype.
     FP8 tensor cores through torch._scaled_mm (row-wise scales, cuBLAS/CUTLASS) where it applies, else the reference."""
-    if scaled_mm_ok(x8, w8):
+    if scaled_mm_ok(x8, w8, out_dtype):
         return torch._scaled_mm(x8, w8.t(), scale_a=x_scale[:, None], scale_b=row_scale[None, :],
                                 out_dtype=out_dtype)
     return fp8_linear_ref(x8, w8, row_scale, x_scale, out_dtype)
