@@ -1,4 +1,4 @@
-"""Small-M linear layers (decode GEMV) over low-precision weights, dequantized in registers.
+"""Small-M linear layers (decode GEMV, M <= MAX_M rows) over low-precision weights, dequantized in registers.
 
 Two weight formats, both in compressed-tensors' on-disk layout (engine/quant_config.py):
   * FP8: w8 [N, K] float8_e4m3fn, row_scale [N] fp32 (per output channel): W = w8 * row_scale[:, None].
@@ -25,9 +25,12 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import cdiv, check, next_pow2, output, require_last_dim_contiguous, use_triton
+from kernels._common import cdiv, check, next_pow2, output, require_last_dim_contiguous, sm_count, use_triton
 
-MAX_M = 16
+MAX_M = 64  # rows through the GEMV (more: prefill GEMMs). Above 16 the bf16 path hands over to cuBLAS; with 1-byte
+# or half-byte weights the GEMV keeps the weight-streaming advantage longer (Marlin: ~4x up to 16-32 rows), and
+# cuBLAS's row-wise FP8 was measured slower than bf16 at 1-64 rows on the H200 (issue 42). The H200 run of
+# bench/quantized_decode_bench.py at batch 32 / 64 is what should confirm or move this bound.
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
 E2M1_MAX = 6.0
@@ -178,6 +181,7 @@ def _launch(x, w, bs, row_scale, x_scale, out, out_dtype, nvfp4, block_n, block_
     y = output(out, (M, N), out_dtype, x.device)
     if M == 0 or N == 0:
         return y
+    block_n = block_n or default_block_n(N, sm_count(x.device))
     check(block_n >= 16 and block_n == next_pow2(block_n), f"block_n must be a power of two >= 16, got {block_n}")
     check(block_k >= 32 and block_k == next_pow2(block_k), f"block_k must be a power of two >= 32, got {block_k}")
     _quant_gemv_kernel[(cdiv(N, block_n),)](
@@ -189,27 +193,33 @@ def _launch(x, w, bs, row_scale, x_scale, out, out_dtype, nvfp4, block_n, block_
     return y
 
 
-def fp8_linear_triton(x, w8, row_scale, x_scale=None, out_dtype=None, out=None, block_n=32, block_k=128,
+def default_block_n(N: int, num_sms: int = 132) -> int:
+    """32-row tiles, or 16 where 32 would leave SMs without a program (the 4B down_proj / out_proj, N = 2560: 80
+    tiles of 32 for 132 SMs). There is no split-K here yet (docs/quantization.md)."""
+    return 32 if cdiv(N, 32) >= num_sms else 16
+
+
+def fp8_linear_triton(x, w8, row_scale, x_scale=None, out_dtype=None, out=None, block_n=None, block_k=128,
                       num_warps=4):
     _validate_fp8(x, w8, row_scale, x_scale)
     check(x_scale is None or out_dtype is not None, "W8A8 (x_scale given) needs out_dtype")
     return _launch(x, w8, None, row_scale, x_scale, out, out_dtype or x.dtype, False, block_n, block_k, num_warps)
 
 
-def nvfp4_linear_triton(x, packed, block_scale, row_scale, out=None, block_n=32, block_k=128, num_warps=4):
+def nvfp4_linear_triton(x, packed, block_scale, row_scale, out=None, block_n=None, block_k=128, num_warps=4):
     _validate_nvfp4(x, packed, block_scale, row_scale)
     return _launch(x, packed, block_scale, row_scale, None, out, x.dtype, True, block_n, block_k, num_warps)
 
 
 def fp8_linear(x, w8, row_scale, x_scale=None, out_dtype=None, out=None, **launch):
-    """Small-M FP8-weight linear: Triton on CUDA (M <= 16), else the torch reference (see fp8_linear_ref)."""
+    """Small-M FP8-weight linear: Triton on CUDA (M <= MAX_M), else the torch reference (see fp8_linear_ref)."""
     if use_triton(x) and x.shape[0] <= MAX_M:
         return fp8_linear_triton(x, w8, row_scale, x_scale, out_dtype, out, **launch)
     return fp8_linear_ref(x, w8, row_scale, x_scale, out_dtype, out)
 
 
 def nvfp4_linear(x, packed, block_scale, row_scale, out=None, **launch):
-    """Small-M NVFP4-weight linear (W4A16): Triton on CUDA (M <= 16), else the torch reference."""
+    """Small-M NVFP4-weight linear (W4A16): Triton on CUDA (M <= MAX_M), else the torch reference."""
     if use_triton(x) and x.shape[0] <= MAX_M:
         return nvfp4_linear_triton(x, packed, block_scale, row_scale, out, **launch)
     return nvfp4_linear_ref(x, packed, block_scale, row_scale, out)
