@@ -15,6 +15,7 @@ Targets (issue 42): FP8 within 0.2 CER points of bf16, NVFP4 within 0.5.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import subprocess
 import sys
@@ -50,6 +51,14 @@ def run_eval(model: Path, synth: Path, n: int, first: int, batch: int, out: Path
            "--heldout-from", str(first), "--batch", str(batch), "--out", str(out), *EVAL_FLAGS]
     subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
     return json.loads(out.read_text())["heldout_synthetic"]
+
+
+def weights_digest(ckpt: Path) -> str:
+    """sha256 of the checkpoint's weight files (first 16 hex digits): which bytes were read."""
+    h = hashlib.sha256()
+    for f in sorted(ckpt.glob("*.safetensors")):
+        h.update(f.read_bytes())
+    return h.hexdigest()[:16]
 
 
 def paired(base: list[dict], other: list[dict], draws: int = 2000, seed: int = 0) -> dict:
@@ -97,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     base = results[base_name]["per_page"]
     rows = {}
     for name, r in results.items():
-        row = {"checkpoint": models[name], "cer": round(r["model_text"]["cer"], 5), "wer": round(r["model_text"]["wer"], 5),
+        row = {"checkpoint": models[name], "weights_sha256": weights_digest(Path(models[name])), "cer": round(r["model_text"]["cer"], 5), "wer": round(r["model_text"]["wer"], 5),
                "ref_chars": r["model_text"]["ref_chars"], "pages": r["model_text"]["pages"],
                "block_images_read": r.get("block_images_read"), "wall_s": seconds[name]}
         if name != base_name:
