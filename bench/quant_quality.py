@@ -50,7 +50,7 @@ def run_eval(model: Path, synth: Path, n: int, first: int, batch: int, out: Path
     cmd = [sys.executable, "-m", module, "--config", config, "--model", str(model), "--synth", str(synth), "--heldout", str(n),
            "--heldout-from", str(first), "--batch", str(batch), "--out", str(out), *EVAL_FLAGS]
     subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
-    return json.loads(out.read_text())["heldout_synthetic"]
+    return json.loads(out.read_text())
 
 
 def weights_digest(ckpt: Path) -> str:
@@ -71,6 +71,7 @@ def paired(base: list[dict], other: list[dict], draws: int = 2000, seed: int = 0
     diffs = (eo[idx].sum(1) - eb[idx].sum(1)) / ref[idx].sum(1) * 100
     return {"cer_diff_points": round(float((eo.sum() - eb.sum()) / ref.sum() * 100), 4),
             "ci95_points": [round(float(np.percentile(diffs, 2.5)), 4), round(float(np.percentile(diffs, 97.5)), 4)],
+            "median_page_diff_points": round(float(np.median((eo - eb) / ref)) * 100, 4),
             "pages_worse": int((eo > eb).sum()), "pages_better": int((eo < eb).sum()),
             "pages_identical_output": int(sum(a["model_output"] == b["model_output"] for a, b in zip(base, other)))}
 
@@ -85,21 +86,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--heldout-from", type=int, default=2000)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--note", default="", help="how the inputs were made (kept in the results)")
     ap.add_argument("--work", type=Path, default=None,
                     help="keep each model's eval JSON here and reuse it when it is there (same pages and flags)")
     args = ap.parse_args(argv)
     models = dict(m.split("=", 1) for m in args.model)
-    results, seconds = {}, {}
+    results, seconds, read_from = {}, {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         work = args.work or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         for name, path in models.items():
             t0 = time.time()
             cached = work / f"{name}_{args.heldout_from}_{args.heldout}.json"
-            if cached.is_file():
-                results[name] = json.loads(cached.read_text())["heldout_synthetic"]
-            else:
-                results[name] = run_eval(Path(path), args.synth, args.heldout, args.heldout_from, args.batch, cached)
+            full = (json.loads(cached.read_text()) if cached.is_file() else
+                    run_eval(Path(path), args.synth, args.heldout, args.heldout_from, args.batch, cached))
+            results[name], read_from[name] = full["heldout_synthetic"], full["model"]
             seconds[name] = results[name]["model_text"].get("seconds", round(time.time() - t0, 1))
             print(name, results[name]["model_text"], file=sys.stderr)
     base_name = next(iter(models))
@@ -108,7 +109,10 @@ def main(argv: list[str] | None = None) -> int:
     for name, r in results.items():
         row = {"checkpoint": models[name], "weights_sha256": weights_digest(Path(models[name])), "cer": round(r["model_text"]["cer"], 5), "wer": round(r["model_text"]["wer"], 5),
                "ref_chars": r["model_text"]["ref_chars"], "pages": r["model_text"]["pages"],
-               "block_images_read": r.get("block_images_read"), "wall_s": seconds[name]}
+               "block_images_read": r.get("block_images_read"), "wall_s": seconds[name],
+               "read_from": read_from[name]}
+        if Path(read_from[name]).resolve() != Path(models[name]).resolve() and Path(read_from[name]).is_dir():
+            row["read_from_sha256"] = weights_digest(Path(read_from[name]))  # the same bytes, read before a copy
         if name != base_name:
             row["vs_" + base_name] = paired(base, r["per_page"])
             moved = sum(levenshtein(a["model_output"], b["model_output"]) for a, b in zip(base, r["per_page"]))
@@ -120,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         rows[name] = row
     out = {"command": " ".join(["python", "bench/quant_quality.py", *(argv or sys.argv[1:])]),
            "pages": f"held-out synthetic pages {args.heldout_from}-{args.heldout_from + args.heldout - 1}",
-           "eval": " ".join(eval_location()), "eval_flags": EVAL_FLAGS, "models": rows,
+           "note": args.note, "pool": results[base_name].get("pool"), "eval": " ".join(eval_location()), "eval_flags": EVAL_FLAGS, "models": rows,
            "per_page": {name: [{"page": p["page"], "cer": p["model_text"]["cer"], "ref_chars": p["model_text"]["ref_chars"]}
                                for p in r["per_page"]] for name, r in results.items()}}
     args.out.parent.mkdir(parents=True, exist_ok=True)
