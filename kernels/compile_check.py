@@ -225,9 +225,10 @@ def quant_cases(batch_sizes, fp8_quant, quant_linear):
     for B in batch_sizes:
         cases += [(f"quant_fp8_per_token N={B}", fp8_quant,
                    lambda B=B: fp8_quant.quant_fp8_per_token_triton(torch.empty(B, hidden, dtype=bf16))),
-                  (f"rmsnorm_quant_fp8 N={B}", fp8_quant,
+                  (f"rmsnorm_quant_fp8+residual N={B}", fp8_quant,
                    lambda B=B: fp8_quant.rmsnorm_quant_fp8_triton(torch.empty(B, hidden, dtype=bf16),
-                                                                  torch.empty(hidden, dtype=bf16), 1e-6)),
+                                                                  torch.empty(hidden, dtype=bf16), 1e-6,
+                                                                  residual=torch.empty(B, hidden, dtype=bf16))),
                   (f"silu_mul_quant_fp8 N={B}", fp8_quant,
                    lambda B=B: fp8_quant.silu_mul_quant_fp8_triton(torch.empty(B, 2 * inter, dtype=bf16)))]
         if B > quant_linear.MAX_M:

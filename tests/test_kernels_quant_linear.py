@@ -88,8 +88,13 @@ def test_activation_quantizers_match_ref(R, D):
         x = (torch.randn(R, D, generator=gen) * 3).to(dtype)
         w = (torch.randn(D, generator=gen) * 0.1).to(dtype)
         gu = torch.randn(R, 2 * D, generator=gen).to(dtype)
+        res = torch.randn(R, D, generator=gen).to(dtype)
+        fused = fq.rmsnorm_quant_fp8_triton(x, w, 1e-6, residual=res)
+        fused_ref = fq.rmsnorm_quant_fp8_ref(x, w, 1e-6, residual=res)
+        assert torch.equal(fused[2], fused_ref[2])  # the new residual x + residual
         pairs = [(fq.quant_fp8_per_token_triton(x), fq.quant_fp8_per_token_ref(x)),
                  (fq.rmsnorm_quant_fp8_triton(x, w, 1e-6), fq.rmsnorm_quant_fp8_ref(x, w, 1e-6)),
+                 (fused[:2], fused_ref[:2]),
                  (fq.silu_mul_quant_fp8_triton(gu), fq.silu_mul_quant_fp8_ref(gu))]
         for (q, s), (q_ref, s_ref) in pairs:
             assert q.dtype == FP8 and s.shape == (R,)
@@ -128,6 +133,10 @@ def test_fused_quantizers_equal_unfused():
     gen = torch.Generator().manual_seed(5)
     x = torch.randn(4, 96, generator=gen).to(torch.bfloat16)
     w = torch.randn(96, generator=gen).to(torch.bfloat16) * 0.1
+    r = torch.randn(4, 96, generator=gen).to(torch.bfloat16)
+    q, s, nr = fq.rmsnorm_quant_fp8_ref(x, w, 1e-6, r)
+    h, nr2 = rmsnorm_ref(x, w, 1e-6, r)
+    assert torch.equal(nr, nr2) and torch.equal(q.float(), fq.quant_fp8_per_token_ref(h)[0].float())
     for (q, s), h in ((fq.rmsnorm_quant_fp8_ref(x, w, 1e-6), rmsnorm_ref(x, w, 1e-6)),
                       (fq.silu_mul_quant_fp8_ref(torch.cat([x, x], 1)), silu_mul_ref(torch.cat([x, x], 1)))):
         q2, s2 = fq.quant_fp8_per_token_ref(h)
