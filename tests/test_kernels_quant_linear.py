@@ -27,16 +27,23 @@ def nvfp4_weight(N, K, gen):
     return packed, bs, row
 
 
-def test_default_tiles():
-    """16-row tiles where 32-row ones would leave SMs idle (4B down_proj / out_proj: N = 2560), 32 elsewhere; the
-    default launch gives the reference's result."""
-    from kernels.quant_linear import default_block_n
+def test_default_launch_splits_k_like_small_m_linear():
+    """No split where the 32-row tiles give every SM a program; ~8 chunks of 128 a split elsewhere (the 4B down_proj
+    9 splits, out_proj 4); a split launch on odd shapes gives the reference's result."""
+    from kernels.quant_linear import default_launch
 
-    assert default_block_n(2560) == 16 and default_block_n(18432) == 32 and default_block_n(12352) == 32
+    cpu = torch.device("cpu")
+    splits = {(N, K): default_launch(N, K, cpu)["split_k"] for N, K in ((18432, 2560), (12352, 2560), (2560, 9216),
+                                                                       (2560, 4096))}
+    assert splits == {(18432, 2560): 1, (12352, 2560): 1, (2560, 9216): 9, (2560, 4096): 4}
     gen = torch.Generator().manual_seed(9)
-    x = torch.randn(2, 96, generator=gen)
-    w8, row = fp8_weight(40, 96, gen)
-    assert_close(fp8_linear_triton(x, w8, row), fp8_linear_ref(x, w8, row))
+    x = torch.randn(3, 400, generator=gen).to(torch.bfloat16)
+    w8, row = fp8_weight(40, 400, gen)
+    assert_close(fp8_linear_triton(x, w8, row, out=poisoned((3, 40), torch.bfloat16), block_k=32, split_k=5),
+                 fp8_linear_ref(x, w8, row))
+    packed, bs, rs = nvfp4_weight(40, 400, gen)
+    assert_close(nvfp4_linear_triton(x, packed, bs, rs, out=poisoned((3, 40), torch.bfloat16), block_k=64,
+                                     split_k=3), nvfp4_linear_ref(x, packed, bs, rs))
 
 
 def test_unpack_e2m1_codes():
@@ -54,8 +61,9 @@ def test_nvfp4_gemv_matches_ref(M, N, K, dtype):
     gen = torch.Generator().manual_seed(M * 977 + N + K)
     x = torch.randn(M, K, generator=gen).to(dtype)
     packed, bs, row = nvfp4_weight(N, K, gen)
-    y = nvfp4_linear_triton(x, packed, bs, row, out=poisoned((M, N), dtype), block_n=32, block_k=64)
-    assert_close(y, nvfp4_linear_ref(x, packed, bs, row), dtype)
+    for launch in (dict(block_n=32, block_k=64), dict(block_n=16, block_k=32, split_k=4)):
+        y = nvfp4_linear_triton(x, packed, bs, row, out=poisoned((M, N), dtype), **launch)
+        assert_close(y, nvfp4_linear_ref(x, packed, bs, row), dtype)
     # the reference is x @ dequantized weight
     assert_close(nvfp4_linear_ref(x.float(), packed, bs, row), x.float() @ dequant_nvfp4_ref(packed, bs, row).T,
                  torch.float32, rtol=1e-4, atol=1e-4)
@@ -70,7 +78,7 @@ def test_fp8_gemv_matches_ref(M, N, K, dtype, act):
     w8, row = fp8_weight(N, K, gen)
     if act == "w8a8":
         xq, xs = fq.quant_fp8_per_token_ref(x)
-        y = fp8_linear_triton(xq, w8, row, xs, out_dtype=dtype, out=poisoned((M, N), dtype), block_k=32)
+        y = fp8_linear_triton(xq, w8, row, xs, out_dtype=dtype, out=poisoned((M, N), dtype), block_k=32, split_k=3)
         want = fp8_linear_ref(xq, w8, row, xs, out_dtype=dtype)
     else:
         y = fp8_linear_triton(x, w8, row, out=poisoned((M, N), dtype), block_k=64)
