@@ -4,7 +4,8 @@
       --model bf16=models/ocria-tiny --model fp8=models/ocria-tiny-fp8 --model nvfp4=models/ocria-tiny-nvfp4 \
       --out bench/results/ocria_tiny_quant_quality.json
 
-Each model reads the pages through jobs/eval_ocr.py (run as a subprocess: the native engine, CPU fp32, blocks of 8
+Each model reads the pages through the ocria-tiny evaluation (research/ocria_tiny/eval_ocr.py, formerly
+jobs/eval_ocr.py; run as a subprocess: the native engine, CPU fp32, blocks of 8
 lines at the shipped 32 px glyph size, one read per block, loops dropped as the job does), so every model sees the
 same page images. Reported: each model's micro CER (total edits / total reference characters, plain text), the
 difference to bf16 in CER points (x 100) with a paired bootstrap 95 % interval over pages (2,000 draws), how many
@@ -14,6 +15,7 @@ Targets (issue 42): FP8 within 0.2 CER points of bf16, NVFP4 within 0.5.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import subprocess
 import sys
@@ -28,16 +30,35 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 TARGET_POINTS = {"fp8": 0.2, "nvfp4": 0.5}
-EVAL_FLAGS = ["--config", "bench/results/ocria_tiny_eval_full_pages_1536_config.yaml", "--reader", "native",
+# where the ocria-tiny evaluation lives (it is moving from jobs/ to research/): (module, its 1,536 px page config)
+EVAL_LOCATIONS = (("research.ocria_tiny.eval_ocr", "research/ocria_tiny/results/eval_full_pages_1536_config.yaml"),
+                  ("jobs.eval_ocr", "bench/results/ocria_tiny_eval_full_pages_1536_config.yaml"))
+EVAL_FLAGS = ["--reader", "native",
               "--no-tesseract", "--loop-drop-tokens", "64", "--loop-ban-next", "--device", "cpu", "--dtype", "float32",
               "--glyph-px", "32", "--block-lines", "8", "--block-scales", "1", "--corpus-pages", "0"]
 
 
+def eval_location() -> tuple[str, str]:
+    for module, config in EVAL_LOCATIONS:
+        if (ROOT / (module.replace(".", "/") + ".py")).is_file() and (ROOT / config).is_file():
+            return module, config
+    raise SystemExit(f"no ocria-tiny evaluation found (looked for {[m for m, _ in EVAL_LOCATIONS]})")
+
+
 def run_eval(model: Path, synth: Path, n: int, first: int, batch: int, out: Path) -> dict:
-    cmd = [sys.executable, "-m", "jobs.eval_ocr", "--model", str(model), "--synth", str(synth), "--heldout", str(n),
+    module, config = eval_location()
+    cmd = [sys.executable, "-m", module, "--config", config, "--model", str(model), "--synth", str(synth), "--heldout", str(n),
            "--heldout-from", str(first), "--batch", str(batch), "--out", str(out), *EVAL_FLAGS]
     subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
-    return json.loads(out.read_text())["heldout_synthetic"]
+    return json.loads(out.read_text())
+
+
+def weights_digest(ckpt: Path) -> str:
+    """sha256 of the checkpoint's weight files (first 16 hex digits): which bytes were read."""
+    h = hashlib.sha256()
+    for f in sorted(ckpt.glob("*.safetensors")):
+        h.update(f.read_bytes())
+    return h.hexdigest()[:16]
 
 
 def paired(base: list[dict], other: list[dict], draws: int = 2000, seed: int = 0) -> dict:
@@ -50,6 +71,7 @@ def paired(base: list[dict], other: list[dict], draws: int = 2000, seed: int = 0
     diffs = (eo[idx].sum(1) - eb[idx].sum(1)) / ref[idx].sum(1) * 100
     return {"cer_diff_points": round(float((eo.sum() - eb.sum()) / ref.sum() * 100), 4),
             "ci95_points": [round(float(np.percentile(diffs, 2.5)), 4), round(float(np.percentile(diffs, 97.5)), 4)],
+            "median_page_diff_points": round(float(np.median((eo - eb) / ref)) * 100, 4),
             "pages_worse": int((eo > eb).sum()), "pages_better": int((eo < eb).sum()),
             "pages_identical_output": int(sum(a["model_output"] == b["model_output"] for a, b in zip(base, other)))}
 
@@ -64,23 +86,33 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--heldout-from", type=int, default=2000)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--note", default="", help="how the inputs were made (kept in the results)")
+    ap.add_argument("--work", type=Path, default=None,
+                    help="keep each model's eval JSON here and reuse it when it is there (same pages and flags)")
     args = ap.parse_args(argv)
     models = dict(m.split("=", 1) for m in args.model)
-    results, seconds = {}, {}
+    results, seconds, read_from = {}, {}, {}
     with tempfile.TemporaryDirectory() as tmp:
+        work = args.work or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
         for name, path in models.items():
             t0 = time.time()
-            results[name] = run_eval(Path(path), args.synth, args.heldout, args.heldout_from, args.batch,
-                                     Path(tmp) / f"{name}.json")
-            seconds[name] = round(time.time() - t0, 1)
+            cached = work / f"{name}_{args.heldout_from}_{args.heldout}.json"
+            full = (json.loads(cached.read_text()) if cached.is_file() else
+                    run_eval(Path(path), args.synth, args.heldout, args.heldout_from, args.batch, cached))
+            results[name], read_from[name] = full["heldout_synthetic"], full["model"]
+            seconds[name] = results[name]["model_text"].get("seconds", round(time.time() - t0, 1))
             print(name, results[name]["model_text"], file=sys.stderr)
     base_name = next(iter(models))
     base = results[base_name]["per_page"]
     rows = {}
     for name, r in results.items():
-        row = {"checkpoint": models[name], "cer": round(r["model_text"]["cer"], 5), "wer": round(r["model_text"]["wer"], 5),
+        row = {"checkpoint": models[name], "weights_sha256": weights_digest(Path(models[name])), "cer": round(r["model_text"]["cer"], 5), "wer": round(r["model_text"]["wer"], 5),
                "ref_chars": r["model_text"]["ref_chars"], "pages": r["model_text"]["pages"],
-               "block_images_read": r.get("block_images_read"), "wall_s": seconds[name]}
+               "block_images_read": r.get("block_images_read"), "wall_s": seconds[name],
+               "read_from": read_from[name]}
+        if Path(read_from[name]).resolve() != Path(models[name]).resolve() and Path(read_from[name]).is_dir():
+            row["read_from_sha256"] = weights_digest(Path(read_from[name]))  # the same bytes, read before a copy
         if name != base_name:
             row["vs_" + base_name] = paired(base, r["per_page"])
             moved = sum(levenshtein(a["model_output"], b["model_output"]) for a, b in zip(base, r["per_page"]))
@@ -92,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         rows[name] = row
     out = {"command": " ".join(["python", "bench/quant_quality.py", *(argv or sys.argv[1:])]),
            "pages": f"held-out synthetic pages {args.heldout_from}-{args.heldout_from + args.heldout - 1}",
-           "eval_flags": EVAL_FLAGS, "models": rows,
+           "note": args.note, "pool": results[base_name].get("pool"), "eval": " ".join(eval_location()), "eval_flags": EVAL_FLAGS, "models": rows,
            "per_page": {name: [{"page": p["page"], "cer": p["model_text"]["cer"], "ref_chars": p["model_text"]["ref_chars"]}
                                for p in r["per_page"]] for name, r in results.items()}}
     args.out.parent.mkdir(parents=True, exist_ok=True)

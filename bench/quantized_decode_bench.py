@@ -6,7 +6,9 @@
     measured in the same run;
   * prefill tokens/s at page-sized prompts (--page-tokens per sequence, --prefill-batch sequences, one step each);
   * next-token logit error and top-1 agreement of FP8 / NVFP4 against bf16 on page-shaped prompts (an image of
-    --page-image-tokens merged tokens + text), and how many of the first --check-tokens greedy tokens agree.
+    --page-image-tokens merged tokens + text), and how many of the first --check-tokens greedy tokens agree;
+  * `gemv`: each decode projection shape alone (bf16 kernels/small_m_linear, FP8 W8A8 and NVFP4 kernels/quant_linear
+    GEMVs at 1 and 8 rows), microseconds and the bandwidth its weight bytes imply, against the same copy bandwidth.
 The quantized engines are built from the bf16 weights by engine.quantize.quantize_tensors with the built-in recipes
 (pipeline/quantize.py: fp8 = every projection FP8 W8A8 but the GDN gates; nvfp4 = NVFP4, down_proj FP8),
 round-to-nearest (random weights have no activations worth calibrating on).
@@ -122,6 +124,44 @@ def quality_row(precision: str, got: list, ref: list) -> dict:
                 greedy_prefix_agreement=float(np.mean(same)))
 
 
+GEMV_SHAPES = {"gate_up": (18432, 2560), "gdn_in_proj": (12352, 2560), "down": (2560, 9216), "out_proj": (2560, 4096)}
+TOY_GEMV_SHAPES = {"gate_up": (256, 64), "down": (64, 128)}
+
+
+def time_us(fn, device, iters: int) -> float:
+    fn()
+    jb.sync(device)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    jb.sync(device)
+    return (time.perf_counter() - t0) / iters * 1e6
+
+
+def gemv_rows(shapes: dict, device, dtype, bw: float, iters: int) -> list[dict]:
+    from engine import ops
+    from engine.quant_codec import quantize_fp8, quantize_nvfp4
+
+    rows = []
+    gen = torch.Generator(device=device).manual_seed(0)
+    for name, (N, K) in shapes.items():
+        w = torch.randn(N, K, generator=gen, device=device, dtype=torch.float32) * K ** -0.5
+        w8, s8 = quantize_fp8(w)
+        packed, bs, gs = quantize_nvfp4(w)
+        wb, row8, rown = w.to(dtype), s8.reshape(-1).contiguous(), (1 / gs).expand(N).contiguous()
+        for M in (1, 8):
+            x = torch.randn(M, K, generator=gen, device=device, dtype=torch.float32).to(dtype)
+            xq, xs = ops.quant_fp8_per_token(x)
+            cases = {"bf16": (lambda: ops.small_m_linear(x, wb), wb.numel() * wb.element_size()),
+                     "fp8": (lambda: ops.fp8_linear(xq, w8, row8, xs, out_dtype=dtype), w8.numel() + 4 * N),
+                     "nvfp4": (lambda: ops.nvfp4_linear(x, packed, bs, rown), packed.numel() + bs.numel() + 4 * N)}
+            for prec, (fn, nbytes) in cases.items():
+                us = time_us(fn, device, iters)
+                rows.append(dict(shape=name, N=N, K=K, M=M, precision=prec, us=us, weight_bytes=nbytes,
+                                 GBps=nbytes / us / 1e3, roofline_us=nbytes / bw * 1e6))
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda")
@@ -162,12 +202,14 @@ def main(argv=None) -> int:
                 args={k: v for k, v in vars(args).items() if k != "out"} | {"out": str(args.out)},
                 torch=torch.__version__, command=" ".join(["python", "bench/quantized_decode_bench.py",
                                                            *(argv if argv is not None else sys.argv[1:])]))
-    result = dict(meta=meta, rows=[], prefill=[], quality=[])
+    result = dict(meta=meta, rows=[], prefill=[], quality=[], gemv=[])
 
     def save():
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1) + "\n")
 
+    result["gemv"] = gemv_rows(TOY_GEMV_SHAPES if small else GEMV_SHAPES, device, dtype, bw, 3 if small else 100)
+    save()
     ref_pages = None
     rng = np.random.default_rng(0)
     for precision in precisions:

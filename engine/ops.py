@@ -3,23 +3,25 @@ tensors and its torch reference elsewhere (CPU)."""
 from kernels._common import pdl_supported, use_triton
 from kernels.conv1d_update import causal_conv1d_update
 from kernels.copy_rows import copy_rows
-from kernels.fused_attn_decode import fused_attn_decode_inputs
 from kernels.fp8_quant import quant_fp8_per_token, rmsnorm_quant_fp8, silu_mul_quant_fp8
+from kernels.fused_attn_decode import fused_attn_decode_inputs
 from kernels.fused_gdn_decode import fused_gdn_decode
 from kernels.gated_rmsnorm import gated_rmsnorm
 from kernels.gdn_recurrent import gates_from_raw, gdn_recurrent, l2norm_ref
 from kernels.gdn_verify import causal_conv1d_verify, conv_state_commit, gdn_commit, gdn_verify
-from kernels.quant_linear import MAX_M as MAX_QUANT_GEMV_M
+from kernels.paged_attention import paged_decode_attention, store_kvcache
+from kernels.quant_linear import MAX_M as MAX_QUANT_GEMV_M  # noqa: F401 (a number: not in __all__)
 from kernels.quant_linear import (
     dequant_fp8_ref, dequant_nvfp4_ref, fp8_linear, fp8_matmul, nvfp4_linear, nvfp4_matmul)
-from kernels.paged_attention import paged_decode_attention, store_kvcache
 from kernels.rmsnorm import rmsnorm
 from kernels.silu_mul import silu_mul
-from kernels.small_m_linear import MAX_M, SplitKWorkspace, default_launch, linear_silu_mul, small_m_linear, split_ranges
+from kernels.small_m_linear import MAX_M  # noqa: F401 (a number: not in __all__)
+from kernels.small_m_linear import SplitKWorkspace, default_launch, linear_silu_mul, small_m_linear, split_ranges
 
-__all__ = ["MAX_M", "MAX_QUANT_GEMV_M", "SplitKWorkspace", "causal_conv1d_update", "causal_conv1d_verify",
-           "conv_state_commit", "copy_rows", "default_launch", "dequant_fp8_ref", "dequant_nvfp4_ref", "fp8_linear",
-           "fp8_matmul", "fused_attn_decode_inputs", "fused_gdn_decode", "gated_rmsnorm", "gates_from_raw", "gdn_commit",
+# The ops (callables); the row bounds MAX_M and MAX_QUANT_GEMV_M are numbers, imported by name.
+__all__ = ["SplitKWorkspace", "causal_conv1d_update", "causal_conv1d_verify", "conv_state_commit", "copy_rows",
+           "default_launch", "dequant_fp8_ref", "dequant_nvfp4_ref", "fp8_linear", "fp8_matmul",
+           "fused_attn_decode_inputs", "fused_gdn_decode", "gated_rmsnorm", "gates_from_raw", "gdn_commit",
            "gdn_recurrent", "gdn_verify", "l2norm_ref", "linear_silu_mul", "nvfp4_linear", "nvfp4_matmul",
            "paged_decode_attention", "pdl_supported", "quant_fp8_per_token", "rmsnorm", "rmsnorm_quant_fp8", "silu_mul",
            "silu_mul_quant_fp8", "small_m_linear", "split_ranges", "store_kvcache", "use_triton"]

@@ -199,6 +199,21 @@ def quantize_tensors(cfg: ModelConfig, tensors: dict[str, torch.Tensor], plan: d
     return out, quant_config_dict(cg, ["lm_head", "re:.*visual.*"]), awq
 
 
+def quantized_info(meta: dict, src: Path, name: str, recipe_note: str, modules: dict) -> dict:
+    """The source's ocria_info.json (how the job reads pages with it: glyph size, blocks, ...) for its quantized copy:
+    renamed, its note saying what it is, and the source's measured CER kept under a name that says whose it is."""
+    meta = dict(meta)
+    if "name" in meta:
+        meta["name"] = name
+    if "heldout_synthetic_cer" in meta:
+        meta["source_heldout_synthetic_cer"] = meta.pop("heldout_synthetic_cer")
+    if meta.get("note"):
+        meta["note"] = f"{src.name} quantized ({', '.join(f'{n} {k}' for k, n in modules.items())} projections; " \
+                       f"ocria_info.json's quantization). The source's note: " + meta["note"]
+    meta["quantization"] = dict(source=str(src), note=recipe_note, modules=modules)
+    return meta
+
+
 def quantize_checkpoint(src: str | Path, out: str | Path, plan: dict[str, str], act_fp8: bool = True,
                         calibration: Calibration | None = None, recipe_note: str = "") -> dict:
     """Write `src` quantized by `plan` (module -> bf16/fp8/nvfp4) to `out`; returns a report (per-group AWQ alpha and
@@ -224,8 +239,7 @@ def quantize_checkpoint(src: str | Path, out: str | Path, plan: dict[str, str], 
     info_file = out / "ocria_info.json"
     if info_file.is_file() or recipe_note:
         meta = json.loads(info_file.read_text()) if info_file.is_file() else {}
-        meta["quantization"] = dict(source=str(src), note=recipe_note, modules=modules)
-        info_file.write_text(json.dumps(meta, indent=2) + "\n")
+        info_file.write_text(json.dumps(quantized_info(meta, src, out.name, recipe_note, modules), indent=2) + "\n")
     nbytes = lambda d: sum(t.numel() * t.element_size() for t in d.values())  # noqa: E731
     return {"awq": awq, "modules": modules, "bytes": {"source": nbytes(tensors), "quantized": nbytes(outt)}}
 

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 import torch
 
 TYPE_CODES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.int32: "i32",
-              torch.int64: "i64", torch.uint8: "u8"}
+              torch.int64: "i64", torch.uint8: "u8", torch.float8_e4m3fn: "fp8e4nv"}
 
 
 class LaunchRecorder:
@@ -115,8 +115,8 @@ def compile_recorded(name, recorder):
 def decode_cases(batch_sizes=(1, 64)):
     """(name, module, thunk calling the launcher) at the 4B model's decode shapes."""
     from kernels import (
-        conv1d_update, copy_rows, fused_attn_decode, gated_rmsnorm, gdn_recurrent, paged_attention, rmsnorm, silu_mul,
-        small_m_linear)
+        conv1d_update, copy_rows, fp8_quant, fused_attn_decode, gated_rmsnorm, gdn_recurrent, paged_attention,
+        quant_linear, rmsnorm, silu_mul, small_m_linear)
 
     bf16, f32, i32 = torch.bfloat16, torch.float32, torch.int32
     Hk, Hv, dk, dv, C, K, Hq, Hkv, D, hidden, inter = 16, 32, 128, 128, 8192, 4, 16, 4, 256, 2560, 9216
@@ -212,6 +212,36 @@ def decode_cases(batch_sizes=(1, 64)):
                 (f"linear_silu_mul M={B} pdl", small_m_linear, lambda B=B: small_m_linear.linear_silu_mul_triton(
                     torch.empty(B, hidden, dtype=bf16), torch.empty(2 * inter, hidden, dtype=bf16), **pdl)),
             ]
+    cases += quant_cases(batch_sizes, fp8_quant, quant_linear)
+    return cases
+
+
+def quant_cases(batch_sizes, fp8_quant, quant_linear):
+    """The quantized decode path (docs/quantization.md): FP8 / NVFP4 GEMVs at the 4B projection shapes, the
+    per-token FP8 activation quantizers."""
+    bf16, f32, fp8, u8 = torch.bfloat16, torch.float32, torch.float8_e4m3fn, torch.uint8
+    hidden, inter = 2560, 9216
+    cases = []
+    for B in batch_sizes:
+        cases += [(f"quant_fp8_per_token N={B}", fp8_quant,
+                   lambda B=B: fp8_quant.quant_fp8_per_token_triton(torch.empty(B, hidden, dtype=bf16))),
+                  (f"rmsnorm_quant_fp8+residual N={B}", fp8_quant,
+                   lambda B=B: fp8_quant.rmsnorm_quant_fp8_triton(torch.empty(B, hidden, dtype=bf16),
+                                                                  torch.empty(hidden, dtype=bf16), 1e-6,
+                                                                  residual=torch.empty(B, hidden, dtype=bf16))),
+                  (f"silu_mul_quant_fp8 N={B}", fp8_quant,
+                   lambda B=B: fp8_quant.silu_mul_quant_fp8_triton(torch.empty(B, 2 * inter, dtype=bf16)))]
+        if B > quant_linear.MAX_M:
+            continue
+        for N, K_in in ((2 * inter, hidden), (12352, hidden), (hidden, inter), (hidden, 4096)):
+            cases += [(f"fp8_linear W8A8 M={B} {N}x{K_in}", quant_linear,
+                       lambda B=B, N=N, K_in=K_in: quant_linear.fp8_linear_triton(
+                           torch.empty(B, K_in, dtype=fp8), torch.empty(N, K_in, dtype=fp8), torch.empty(N, dtype=f32),
+                           torch.empty(B, dtype=f32), out_dtype=bf16)),
+                      (f"nvfp4_linear M={B} {N}x{K_in}", quant_linear,
+                       lambda B=B, N=N, K_in=K_in: quant_linear.nvfp4_linear_triton(
+                           torch.empty(B, K_in, dtype=bf16), torch.empty(N, K_in // 2, dtype=u8),
+                           torch.empty(N, K_in // 16, dtype=fp8), torch.empty(N, dtype=f32)))]
     return cases
 
 

@@ -1,4 +1,4 @@
-"""Small-M linear layers (decode GEMV) over low-precision weights, dequantized in registers.
+"""Small-M linear layers (decode GEMV, M <= MAX_M rows) over low-precision weights, dequantized in registers.
 
 Two weight formats, both in compressed-tensors' on-disk layout (engine/quant_config.py):
   * FP8: w8 [N, K] float8_e4m3fn, row_scale [N] fp32 (per output channel): W = w8 * row_scale[:, None].
@@ -17,17 +17,24 @@ chunk of all M rows of x with tl.dot ("swap AB" as kernels/small_m_linear: the w
 padded to 16 rows). E2M1 x E4M3 products have at most 6 significant bits and FP8 values 4, so the decoded tiles are
 exact in bf16: the dot sees exactly the reference's operands, and the per-row (and per-token) fp32 scales are applied
 once, after the K loop. The Triton interpreter handles float8_e4m3fn loads on CPU, so the tests run the same code.
+Split-K (default_launch: where N alone gives too few programs, e.g. the 4B down_proj) stores each split's scaled fp32
+partial and kernels/small_m_linear's reduction kernel adds them in split order (deterministic, one rounding).
 
-Not done here (see docs/quantization.md): split-K (needed where N/BLOCK_N gives fewer programs than SMs, e.g. the 4B
-down_proj), PDL and the SwiGLU epilogue of kernels/small_m_linear.
+Not done here (see docs/quantization.md): the in-kernel split-K reduction, PDL and the SwiGLU epilogue of
+kernels/small_m_linear, and tuning on a GPU.
 """
 import torch
 import triton
 import triton.language as tl
 
-from kernels._common import cdiv, check, next_pow2, output, require_last_dim_contiguous, use_triton
+from kernels._common import (
+    cast_rtne, cdiv, check, next_pow2, output, require_last_dim_contiguous, sm_count, use_triton)
+from kernels.small_m_linear import MAX_SPLIT_K, _split_k_reduce_kernel, pick_split_k, split_ranges
 
-MAX_M = 16
+MAX_M = 64  # rows through the GEMV (more: prefill GEMMs). Above 16 the bf16 path hands over to cuBLAS; with 1-byte
+# or half-byte weights the GEMV keeps the weight-streaming advantage longer (Marlin: ~4x up to 16-32 rows), and
+# cuBLAS's row-wise FP8 was measured slower than bf16 at 1-64 rows on the H200 (issue 42). The H200 run of
+# bench/quantized_decode_bench.py at batch 32 / 64 is what should confirm or move this bound.
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
 E2M1_MAX = 6.0
@@ -122,14 +129,18 @@ def _e2m1_decode(codes):
 
 @triton.jit(do_not_specialize=["M"])
 def _quant_gemv_kernel(
-    x_ptr, w_ptr, bs_ptr, rs_ptr, xs_ptr, out_ptr,
-    M, N, K, sxm, swn, sbn, som,
+    x_ptr, w_ptr, bs_ptr, rs_ptr, xs_ptr, out_ptr, part_ptr,
+    M, N, K, K_PER_SPLIT, sxm, swn, sbn, som,
     M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NVFP4: tl.constexpr,
-    X_SCALE: tl.constexpr, DOT_DTYPE: tl.constexpr,
+    X_SCALE: tl.constexpr, UPCAST_DOT: tl.constexpr, SPLIT: tl.constexpr,
 ):
     """NVFP4: w_ptr is packed [N, K/2] uint8, bs_ptr block scales [N, K/16] fp8; else w_ptr is fp8 [N, K].
-    X_SCALE: x is fp8 with per-row scales xs_ptr [M]."""
+    X_SCALE: x is fp8 with per-row scales xs_ptr [M]. SPLIT: program (n, s) sums K range s (K_PER_SPLIT, a multiple
+    of BLOCK_K) and stores its scaled fp32 partial to part_ptr [S, M, N]; a second kernel adds them in split order."""
     pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    k_lo = pid_k * K_PER_SPLIT
+    k_hi = tl.minimum(K, k_lo + K_PER_SPLIT)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
     offs_m = tl.arange(0, M_PAD)
@@ -137,18 +148,18 @@ def _quant_gemv_kernel(
     offs_k = tl.arange(0, BLOCK_K)
     rows = offs_n.to(tl.int64)[:, None] * swn
     acc = tl.zeros((BLOCK_N, M_PAD), dtype=tl.float32)
-    for k in range(0, K, BLOCK_K):
-        mask_k = (k + offs_k) < K
+    for k in range(k_lo, k_hi, BLOCK_K):
+        mask_k = (k + offs_k) < k_hi
         if NVFP4:
             HALF: tl.constexpr = BLOCK_K // 2
             GROUPS: tl.constexpr = BLOCK_K // 16
             offs_b = tl.arange(0, HALF)
             b = tl.load(w_ptr + rows + k // 2 + offs_b[None, :],
-                        mask=mask_n[:, None] & ((k + 2 * offs_b) < K)[None, :], other=0)
+                        mask=mask_n[:, None] & ((k + 2 * offs_b) < k_hi)[None, :], other=0)
             codes = tl.reshape(tl.join(b & 15, b >> 4), (BLOCK_N, BLOCK_K))
             offs_g = tl.arange(0, GROUPS)
             bs = tl.load(bs_ptr + offs_n.to(tl.int64)[:, None] * sbn + k // 16 + offs_g[None, :],
-                         mask=mask_n[:, None] & ((k + 16 * offs_g) < K)[None, :], other=0.0).to(tl.float32)
+                         mask=mask_n[:, None] & ((k + 16 * offs_g) < k_hi)[None, :], other=0.0).to(tl.float32)
             w = tl.reshape(tl.reshape(_e2m1_decode(codes.to(tl.int32)), (BLOCK_N, GROUPS, 16)) * bs[:, :, None],
                            (BLOCK_N, BLOCK_K))
         else:
@@ -156,16 +167,29 @@ def _quant_gemv_kernel(
                         other=0.0).to(tl.float32)
         xk = tl.load(x_ptr + offs_m[:, None] * sxm + k + offs_k[None, :], mask=mask_m[:, None] & mask_k[None, :],
                      other=0.0)
-        acc = tl.dot(w.to(DOT_DTYPE), tl.trans(xk.to(DOT_DTYPE)), acc)
+        if UPCAST_DOT or x_ptr.dtype.element_ty == tl.float32:  # fp32 operands, full-precision products
+            acc = tl.dot(w, tl.trans(xk.to(tl.float32)), acc, input_precision="ieee")
+        else:  # bf16 tensor-core MMA: the decoded tile and fp8 / bf16 x are exact in bf16
+            acc = tl.dot(w.to(tl.bfloat16), tl.trans(xk.to(tl.bfloat16)), acc)
     res = tl.trans(acc)  # [M_PAD, BLOCK_N]
     res = res * tl.load(rs_ptr + offs_n, mask=mask_n, other=0.0)[None, :]
     if X_SCALE:
         res = res * tl.load(xs_ptr + offs_m, mask=mask_m, other=0.0)[:, None]
-    tl.store(out_ptr + offs_m[:, None] * som + offs_n[None, :], res.to(out_ptr.dtype.element_ty),
-             mask=mask_m[:, None] & mask_n[None, :])
+    mask = mask_m[:, None] & mask_n[None, :]
+    if SPLIT:
+        tl.store(part_ptr + (pid_k * M + offs_m[:, None]) * N + offs_n[None, :], res, mask=mask)
+    else:
+        tl.store(out_ptr + offs_m[:, None] * som + offs_n[None, :], cast_rtne(res, out_ptr.dtype.element_ty), mask=mask)
 
 
-def _launch(x, w, bs, row_scale, x_scale, out, out_dtype, nvfp4, block_n, block_k, num_warps):
+def default_launch(N: int, K: int, device) -> dict:
+    """32-row tiles and 128-element K chunks; K split as kernels/small_m_linear splits it (no split where the N tiles
+    give every SM a program, else about 8 chunks a split: 9 splits for the 4B down_proj, 4 for out_proj)."""
+    block_n, block_k = 32, 128
+    return dict(block_n=block_n, block_k=block_k, split_k=pick_split_k(N, K, block_n, block_k, sm_count(device)))
+
+
+def _launch(x, w, bs, row_scale, x_scale, out, out_dtype, nvfp4, block_n, block_k, split_k, num_warps):
     require_last_dim_contiguous("x", x)
     require_last_dim_contiguous("weight", w)
     M = x.shape[0]
@@ -175,54 +199,67 @@ def _launch(x, w, bs, row_scale, x_scale, out, out_dtype, nvfp4, block_n, block_
     y = output(out, (M, N), out_dtype, x.device)
     if M == 0 or N == 0:
         return y
+    d = default_launch(N, K, x.device)
+    block_n, block_k = block_n or d["block_n"], block_k or d["block_k"]
     check(block_n >= 16 and block_n == next_pow2(block_n), f"block_n must be a power of two >= 16, got {block_n}")
     check(block_k >= 32 and block_k == next_pow2(block_k), f"block_k must be a power of two >= 32, got {block_k}")
-    # the CPU interpreter multiplies bf16 tiles as raw integers: it gets fp32 (exact for these operands either way)
-    dot_dtype = tl.bfloat16 if x.is_cuda and x.dtype != torch.float32 else tl.float32
-    _quant_gemv_kernel[(cdiv(N, block_n),)](
-        x, w, bs if bs is not None else row_scale, row_scale, x_scale if x_scale is not None else row_scale, y,
-        M, N, K, x.stride(0), w.stride(0), bs.stride(0) if bs is not None else 0, y.stride(0),
+    split = d["split_k"] if split_k is None else split_k
+    check(isinstance(split, int) and 1 <= split <= MAX_SPLIT_K, f"split_k must be an int in [1, {MAX_SPLIT_K}]")
+    k_per_split, S = split_ranges(K, block_k, split)
+    parts = torch.empty(S * M * N if S > 1 else 1, dtype=torch.float32, device=x.device)
+    _quant_gemv_kernel[(cdiv(N, block_n), S)](
+        x, w, bs if bs is not None else row_scale, row_scale, x_scale if x_scale is not None else row_scale, y, parts,
+        M, N, K, k_per_split, x.stride(0), w.stride(0), bs.stride(0) if bs is not None else 0, y.stride(0),
         M_PAD=max(16, next_pow2(M)), BLOCK_N=block_n, BLOCK_K=block_k, NVFP4=nvfp4, X_SCALE=x_scale is not None,
-        DOT_DTYPE=dot_dtype, num_warps=num_warps)
+        UPCAST_DOT=not x.is_cuda,  # the CPU interpreter multiplies bf16 tiles as raw integers: give it fp32
+        SPLIT=S > 1, num_warps=num_warps)
+    if S > 1:
+        block = min(1024, next_pow2(N))
+        _split_k_reduce_kernel[(M, cdiv(N, block))](parts, y, M, N, S, y.stride(0), BLOCK=block, num_warps=4)
     return y
 
 
-def fp8_linear_triton(x, w8, row_scale, x_scale=None, out_dtype=None, out=None, block_n=32, block_k=128,
-                      num_warps=4):
+def fp8_linear_triton(x, w8, row_scale, x_scale=None, out_dtype=None, out=None, block_n=None, block_k=None,
+                      split_k=None, num_warps=4):
+    """Launch options (default_launch's where None): block_n, block_k, split_k, num_warps."""
     _validate_fp8(x, w8, row_scale, x_scale)
     check(x_scale is None or out_dtype is not None, "W8A8 (x_scale given) needs out_dtype")
-    return _launch(x, w8, None, row_scale, x_scale, out, out_dtype or x.dtype, False, block_n, block_k, num_warps)
+    return _launch(x, w8, None, row_scale, x_scale, out, out_dtype or x.dtype, False, block_n, block_k, split_k,
+                   num_warps)
 
 
-def nvfp4_linear_triton(x, packed, block_scale, row_scale, out=None, block_n=32, block_k=128, num_warps=4):
+def nvfp4_linear_triton(x, packed, block_scale, row_scale, out=None, block_n=None, block_k=None, split_k=None,
+                        num_warps=4):
+    """Launch options as fp8_linear_triton."""
     _validate_nvfp4(x, packed, block_scale, row_scale)
-    return _launch(x, packed, block_scale, row_scale, None, out, x.dtype, True, block_n, block_k, num_warps)
+    return _launch(x, packed, block_scale, row_scale, None, out, x.dtype, True, block_n, block_k, split_k, num_warps)
 
 
 def fp8_linear(x, w8, row_scale, x_scale=None, out_dtype=None, out=None, **launch):
-    """Small-M FP8-weight linear: Triton on CUDA (M <= 16), else the torch reference (see fp8_linear_ref)."""
+    """Small-M FP8-weight linear: Triton on CUDA (M <= MAX_M), else the torch reference (see fp8_linear_ref)."""
     if use_triton(x) and x.shape[0] <= MAX_M:
         return fp8_linear_triton(x, w8, row_scale, x_scale, out_dtype, out, **launch)
     return fp8_linear_ref(x, w8, row_scale, x_scale, out_dtype, out)
 
 
 def nvfp4_linear(x, packed, block_scale, row_scale, out=None, **launch):
-    """Small-M NVFP4-weight linear (W4A16): Triton on CUDA (M <= 16), else the torch reference."""
+    """Small-M NVFP4-weight linear (W4A16): Triton on CUDA (M <= MAX_M), else the torch reference."""
     if use_triton(x) and x.shape[0] <= MAX_M:
         return nvfp4_linear_triton(x, packed, block_scale, row_scale, out, **launch)
     return nvfp4_linear_ref(x, packed, block_scale, row_scale, out)
 
 
-def scaled_mm_ok(x8, w8) -> bool:
-    """torch._scaled_mm's constraints (CUDA, sm_89+): K and N multiples of 16 (mat2 = w8.T is column-major)."""
-    return (x8.is_cuda and torch.cuda.get_device_capability(x8.device) >= (8, 9)
+def scaled_mm_ok(x8, w8, out_dtype) -> bool:
+    """torch._scaled_mm's row-wise constraints (CUDA, sm_89+): K and N multiples of 16 (mat2 = w8.T is column-major),
+    bf16 output (the only one row-wise scaling supports on sm_90 in every release we may meet)."""
+    return (x8.is_cuda and torch.cuda.get_device_capability(x8.device) >= (8, 9) and out_dtype == torch.bfloat16
             and w8.shape[1] % 16 == 0 and w8.shape[0] % 16 == 0)
 
 
 def fp8_matmul(x8, x_scale, w8, row_scale, out_dtype):
     """Prefill W8A8 GEMM of any M: (x8 @ w8.T) * x_scale[:, None] * row_scale[None, :] -> out_dtype.
     FP8 tensor cores through torch._scaled_mm (row-wise scales, cuBLAS/CUTLASS) where it applies, else the reference."""
-    if scaled_mm_ok(x8, w8):
+    if scaled_mm_ok(x8, w8, out_dtype):
         return torch._scaled_mm(x8, w8.t(), scale_a=x_scale[:, None], scale_b=row_scale[None, :],
                                 out_dtype=out_dtype)
     return fp8_linear_ref(x8, w8, row_scale, x_scale, out_dtype)

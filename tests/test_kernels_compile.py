@@ -26,11 +26,12 @@ def test_all_kernels_compile_for_sm90_without_spills():
     assert kernels == {"_gdn_recurrent_kernel", "_conv1d_update_kernel", "_paged_decode_partition_kernel",
                        "_paged_decode_reduce_kernel", "_store_kvcache_kernel", "_gated_rmsnorm_kernel",
                        "_rmsnorm_kernel", "_silu_mul_kernel", "_small_m_linear_kernel", "_fused_attn_inputs_kernel",
-                       "_copy_rows_kernel"}
+                       "_copy_rows_kernel", "_quant_rows_kernel", "_quant_gemv_kernel", "_split_k_reduce_kernel"}
     for r in rows:
         assert r["regs"] is not None, f"ptxas gave no register report for {r}"
         assert r["spill_stores"] == 0, f"register spills at the default launch config: {r}"
         # pdl=True launches wait on the kernel before (griddepcontrol.wait); the others never do
         assert r["griddepcontrol"] == r["case"].endswith(" pdl"), r
     pdl_kernels = {r["kernel"] for r in rows if r["griddepcontrol"]}
-    assert pdl_kernels == kernels - {"_store_kvcache_kernel", "_silu_mul_kernel", "_copy_rows_kernel"}, pdl_kernels
+    assert pdl_kernels == kernels - {"_store_kvcache_kernel", "_silu_mul_kernel", "_copy_rows_kernel",
+                                     "_quant_rows_kernel", "_quant_gemv_kernel", "_split_k_reduce_kernel"}, pdl_kernels

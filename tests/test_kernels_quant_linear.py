@@ -27,6 +27,25 @@ def nvfp4_weight(N, K, gen):
     return packed, bs, row
 
 
+def test_default_launch_splits_k_like_small_m_linear():
+    """No split where the 32-row tiles give every SM a program; ~8 chunks of 128 a split elsewhere (the 4B down_proj
+    9 splits, out_proj 4); a split launch on odd shapes gives the reference's result."""
+    from kernels.quant_linear import default_launch
+
+    cpu = torch.device("cpu")
+    splits = {(N, K): default_launch(N, K, cpu)["split_k"] for N, K in ((18432, 2560), (12352, 2560), (2560, 9216),
+                                                                       (2560, 4096))}
+    assert splits == {(18432, 2560): 1, (12352, 2560): 1, (2560, 9216): 9, (2560, 4096): 4}
+    gen = torch.Generator().manual_seed(9)
+    x = torch.randn(3, 400, generator=gen).to(torch.bfloat16)
+    w8, row = fp8_weight(40, 400, gen)
+    assert_close(fp8_linear_triton(x, w8, row, out=poisoned((3, 40), torch.bfloat16), block_k=32, split_k=5),
+                 fp8_linear_ref(x, w8, row))
+    packed, bs, rs = nvfp4_weight(40, 400, gen)
+    assert_close(nvfp4_linear_triton(x, packed, bs, rs, out=poisoned((3, 40), torch.bfloat16), block_k=64,
+                                     split_k=3), nvfp4_linear_ref(x, packed, bs, rs))
+
+
 def test_unpack_e2m1_codes():
     """Every code once: low nibble = even element, bit 3 = sign."""
     codes = torch.arange(16, dtype=torch.uint8)
@@ -36,14 +55,15 @@ def test_unpack_e2m1_codes():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("M,N,K", [(1, 40, 48), (3, 130, 208), (16, 33, 96), (7, 100, 400)])
+@pytest.mark.parametrize("M,N,K", [(1, 40, 48), (3, 130, 208), (16, 33, 96), (7, 100, 400), (45, 70, 80)])
 def test_nvfp4_gemv_matches_ref(M, N, K, dtype):
     require_interpreted(_quant_gemv_kernel)
     gen = torch.Generator().manual_seed(M * 977 + N + K)
     x = torch.randn(M, K, generator=gen).to(dtype)
     packed, bs, row = nvfp4_weight(N, K, gen)
-    y = nvfp4_linear_triton(x, packed, bs, row, out=poisoned((M, N), dtype), block_n=32, block_k=64)
-    assert_close(y, nvfp4_linear_ref(x, packed, bs, row), dtype)
+    for launch in (dict(block_n=32, block_k=64), dict(block_n=16, block_k=32, split_k=4)):
+        y = nvfp4_linear_triton(x, packed, bs, row, out=poisoned((M, N), dtype), **launch)
+        assert_close(y, nvfp4_linear_ref(x, packed, bs, row), dtype)
     # the reference is x @ dequantized weight
     assert_close(nvfp4_linear_ref(x.float(), packed, bs, row), x.float() @ dequant_nvfp4_ref(packed, bs, row).T,
                  torch.float32, rtol=1e-4, atol=1e-4)
@@ -51,14 +71,14 @@ def test_nvfp4_gemv_matches_ref(M, N, K, dtype):
 
 @pytest.mark.parametrize("act", ["w8a16", "w8a8"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("M,N,K", [(1, 40, 48), (5, 130, 200), (16, 33, 96)])
+@pytest.mark.parametrize("M,N,K", [(1, 40, 48), (5, 130, 200), (16, 33, 96), (64, 50, 72)])
 def test_fp8_gemv_matches_ref(M, N, K, dtype, act):
     gen = torch.Generator().manual_seed(M * 131 + N + K)
     x = torch.randn(M, K, generator=gen).to(dtype)
     w8, row = fp8_weight(N, K, gen)
     if act == "w8a8":
         xq, xs = fq.quant_fp8_per_token_ref(x)
-        y = fp8_linear_triton(xq, w8, row, xs, out_dtype=dtype, out=poisoned((M, N), dtype), block_k=32)
+        y = fp8_linear_triton(xq, w8, row, xs, out_dtype=dtype, out=poisoned((M, N), dtype), block_k=32, split_k=3)
         want = fp8_linear_ref(xq, w8, row, xs, out_dtype=dtype)
     else:
         y = fp8_linear_triton(x, w8, row, out=poisoned((M, N), dtype), block_k=64)
@@ -76,8 +96,13 @@ def test_activation_quantizers_match_ref(R, D):
         x = (torch.randn(R, D, generator=gen) * 3).to(dtype)
         w = (torch.randn(D, generator=gen) * 0.1).to(dtype)
         gu = torch.randn(R, 2 * D, generator=gen).to(dtype)
+        res = torch.randn(R, D, generator=gen).to(dtype)
+        fused = fq.rmsnorm_quant_fp8_triton(x, w, 1e-6, residual=res)
+        fused_ref = fq.rmsnorm_quant_fp8_ref(x, w, 1e-6, residual=res)
+        assert torch.equal(fused[2], fused_ref[2])  # the new residual x + residual
         pairs = [(fq.quant_fp8_per_token_triton(x), fq.quant_fp8_per_token_ref(x)),
                  (fq.rmsnorm_quant_fp8_triton(x, w, 1e-6), fq.rmsnorm_quant_fp8_ref(x, w, 1e-6)),
+                 (fused[:2], fused_ref[:2]),
                  (fq.silu_mul_quant_fp8_triton(gu), fq.silu_mul_quant_fp8_ref(gu))]
         for (q, s), (q_ref, s_ref) in pairs:
             assert q.dtype == FP8 and s.shape == (R,)
@@ -116,6 +141,10 @@ def test_fused_quantizers_equal_unfused():
     gen = torch.Generator().manual_seed(5)
     x = torch.randn(4, 96, generator=gen).to(torch.bfloat16)
     w = torch.randn(96, generator=gen).to(torch.bfloat16) * 0.1
+    r = torch.randn(4, 96, generator=gen).to(torch.bfloat16)
+    q, s, nr = fq.rmsnorm_quant_fp8_ref(x, w, 1e-6, r)
+    h, nr2 = rmsnorm_ref(x, w, 1e-6, r)
+    assert torch.equal(nr, nr2) and torch.equal(q.float(), fq.quant_fp8_per_token_ref(h)[0].float())
     for (q, s), h in ((fq.rmsnorm_quant_fp8_ref(x, w, 1e-6), rmsnorm_ref(x, w, 1e-6)),
                       (fq.silu_mul_quant_fp8_ref(torch.cat([x, x], 1)), silu_mul_ref(torch.cat([x, x], 1)))):
         q2, s2 = fq.quant_fp8_per_token_ref(h)
@@ -138,8 +167,8 @@ def test_fp8_matmul_cpu_falls_back_to_ref():
                                  torch.zeros(3, 2, dtype=FP8), torch.ones(3)), "divisible by 16"),
     (lambda: nvfp4_linear_triton(torch.zeros(2, 32), torch.zeros(3, 16, dtype=torch.uint8),
                                  torch.zeros(3, 1, dtype=FP8), torch.ones(3)), "block_scale must be"),
-    (lambda: nvfp4_linear_triton(torch.zeros(17, 32), torch.zeros(3, 16, dtype=torch.uint8),
-                                 torch.zeros(3, 2, dtype=FP8), torch.ones(3)), "M <= 16"),
+    (lambda: nvfp4_linear_triton(torch.zeros(65, 32), torch.zeros(3, 16, dtype=torch.uint8),
+                                 torch.zeros(3, 2, dtype=FP8), torch.ones(3)), "M <= 64"),
     (lambda: fp8_linear_triton(torch.zeros(2, 32), torch.zeros(3, 32), torch.ones(3)), "float8_e4m3fn"),
     (lambda: fp8_linear_triton(torch.zeros(2, 32), torch.zeros(3, 32, dtype=FP8), torch.ones(3), torch.ones(2)),
      "x must be float8"),

@@ -24,3 +24,8 @@ def test_quantized_decode_bench_smoke(tmp_path, monkeypatch):
     assert set(q) == {"fp8", "nvfp4"}
     assert 0 < q["fp8"]["logit_rel_err"] < q["nvfp4"]["logit_rel_err"] < 0.5
     assert res["meta"]["copy_bandwidth_GBps"] > 0
+    gemv = res["gemv"]
+    assert {(g["shape"], g["M"], g["precision"]) for g in gemv} == {
+        (s, m, p) for s in ("gate_up", "down") for m in (1, 8) for p in ("bf16", "fp8", "nvfp4")}
+    by = {(g["shape"], g["M"], g["precision"]): g["weight_bytes"] for g in gemv}
+    assert by[("down", 1, "nvfp4")] < by[("down", 1, "fp8")] < by[("down", 1, "bf16")]

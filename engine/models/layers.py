@@ -70,13 +70,15 @@ class DecodeProjections:
             return (ops.linear_silu_mul if swiglu else ops.small_m_linear)(x, weight, **self.launch)
         return F.linear(x, weight)
 
-    def mlp(self, x: torch.Tensor, gate_up_weight: torch.Tensor, down_weight: torch.Tensor) -> torch.Tensor:
-        """down(silu(gate) * up) of a SwiGLU MLP with a fused [gate | up] weight. An FP8 W8A8 down_proj gets its input
-        from the SwiGLU kernel that also quantizes it (kernels/fp8_quant.silu_mul_quant_fp8)."""
+    def mlp(self, x: torch.Tensor | None, gate_up_weight, down_weight, x_fp8=None, out_dtype=None) -> torch.Tensor:
+        """down(silu(gate) * up) of a SwiGLU MLP with a fused [gate | up] weight. Quantized weights: x may come
+        quantized already (x_fp8 = (q, scale) from the norm, x None, out_dtype given) for an FP8 W8A8 gate_up, and an
+        FP8 W8A8 down_proj gets its input from the SwiGLU kernel that also quantizes it (kernels/fp8_quant)."""
         if is_quantized(gate_up_weight) or is_quantized(down_weight):
-            gate_up = self.linear(x, gate_up_weight)
+            gate_up = quant_linear(x, gate_up_weight, x_fp8, out_dtype) if is_quantized(gate_up_weight) else \
+                self.linear(x, gate_up_weight)
             if wants_fp8_input(down_weight):
-                return quant_linear(None, down_weight, ops.silu_mul_quant_fp8(gate_up), out_dtype=x.dtype)
+                return quant_linear(None, down_weight, ops.silu_mul_quant_fp8(gate_up), out_dtype=gate_up.dtype)
             return self.linear(ops.silu_mul(gate_up), down_weight)
         if self.swiglu_epilogue and self.gemv(x.shape[0]):
             return self.linear(self.linear(x, gate_up_weight, swiglu=True), down_weight)

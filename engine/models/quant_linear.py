@@ -5,7 +5,7 @@ A projection module's `.weight` is normally a bf16 [N, K] parameter; in a quanti
     keeps its own scale per row, so shards with different global scales fuse exactly), or
   * SplitWeight: row blocks of different kinds, e.g. the GDN in_proj [qkv | z | b | a] with qkv and z in FP8 and the
     small b and a (gates) in bf16; the product is the blocks' products side by side.
-quant_linear(x, weight) runs one: decode-sized inputs (M <= 16) on CUDA through the in-register-dequantizing GEMVs
+quant_linear(x, weight) runs one: decode-sized inputs (M <= 64) on CUDA through the in-register-dequantizing GEMVs
 (kernels/quant_linear), prefill through torch._scaled_mm (FP8) or a dequantize-then-GEMM fallback (NVFP4), and the
 torch references on CPU. FP8 W8A8 quantizes activations per token on the fly (kernels/fp8_quant), or takes them
 already quantized from a fused producer (x_fp8).

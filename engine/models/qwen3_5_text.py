@@ -14,6 +14,7 @@ from engine.config import TextConfig
 from engine.models.gdn_prefill import conv1d_prefill_varlen, delta_rule_prefill
 from engine.models.glue import Glue
 from engine.models.layers import DecodeProjections, fused_weight, param
+from engine.models.quant_linear import wants_fp8_input
 from engine.step_metadata import StepMetadata
 
 
@@ -40,8 +41,13 @@ class MLP(nn.Module):
         self.down_proj.weight = param(cfg.hidden_size, cfg.intermediate_size, **factory)
         self.proj = DecodeProjections()
 
-    def forward(self, x):
-        return self.proj.mlp(x, self.gate_up_proj.weight, self.down_proj.weight)
+    def forward(self, x, x_fp8=None, out_dtype=None):
+        return self.proj.mlp(x, self.gate_up_proj.weight, self.down_proj.weight, x_fp8, out_dtype)
+
+    @property
+    def takes_fp8_input(self) -> bool:
+        """gate_up is FP8 W8A8: the norm before it may hand over its output quantized (kernels/fp8_quant)."""
+        return wants_fp8_input(self.gate_up_proj.weight)
 
 
 class GatedAttention(nn.Module):
@@ -212,6 +218,10 @@ class DecoderLayer(nn.Module):
         else:
             h, residual = self.input_layernorm(x, residual)
         h = self.mixer(h, meta, cos, sin)
+        if self.mlp.takes_fp8_input:  # RMSNorm + residual add + per-token FP8 quantization in one kernel
+            norm = self.post_attention_layernorm
+            q, scale, residual = ops.rmsnorm_quant_fp8(h, norm.weight, norm.eps, residual)
+            return self.mlp(None, (q, scale), h.dtype), residual
         h, residual = self.post_attention_layernorm(h, residual)
         return self.mlp(h), residual
 
