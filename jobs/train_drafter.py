@@ -149,12 +149,13 @@ def measure_tau(checkpoint: str, drafter_dir: Path, images, prompt: str, max_tok
     reqs = [dict(request_id=f"h{i}", prompt=prompt, image=im, sampling=SamplingParams(max_tokens=max_tokens))
             for i, im in enumerate(images)]
     plain = Engine.from_checkpoint(checkpoint, device=device, max_num_seqs=4, dtype="float32").generate(reqs)
-    return [_tau_row(plain, Engine.from_checkpoint(checkpoint, device=device, max_num_seqs=4, dtype="float32",
+    return [tau_row(plain, Engine.from_checkpoint(checkpoint, device=device, max_num_seqs=4, dtype="float32",
                                                    drafter=str(drafter_dir), spec_block_size=block).generate(reqs),
                      block) for block in blocks]
 
 
-def _tau_row(a, b, block: int) -> dict:
+def tau_row(a, b, block: int) -> dict:
+    """tau and acceptance by position of spec outputs b; a: plain outputs of the same requests (or None)."""
     steps = sum(o.spec_steps for o in b)
     acc = sum(o.spec_accepted for o in b)
     width = max(len(o.spec_drafted_by_pos) for o in b)
@@ -163,7 +164,8 @@ def _tau_row(a, b, block: int) -> dict:
     return {"block_size": block, "pages": len(b), "tau": (acc + steps) / steps if steps else 0.0,
             "verify_steps": steps, "drafted": sum(o.spec_drafted for o in b), "accepted": acc,
             "acceptance_by_position": [round(x, 4) for x in by_pos],
-            "identical_to_plain": all(x.output_token_ids == y.output_token_ids for x, y in zip(a, b))}
+            "identical_to_plain": None if a is None else all(x.output_token_ids == y.output_token_ids
+                                                             for x, y in zip(a, b))}
 
 
 def train(cfg: TrainDrafterConfig, echo=print) -> dict:
