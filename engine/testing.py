@@ -191,16 +191,17 @@ def write_random_checkpoint(out: str | Path, text: dict, vision: dict, *, min_pi
     return out
 
 
-def write_random_drafter(out: str | Path, target_checkpoint: str | Path, *, num_layers: int = 2, num_taps: int = 2,
+def write_random_drafter(out: str | Path, target, *, num_layers: int = 2, num_taps: int = 2,
                          block_size: int = 4, mask_token_id: int | None = None, seed: int = 0,
                          dtype: torch.dtype = torch.float32) -> Path:
-    """A random-weight DFlash drafter for a target checkpoint, in the public DFlash layout (config.json with
-    dflash_config, model.safetensors): the target's hidden size and vocabulary, `num_taps` evenly spaced target
-    layers, Qwen3 layers of the target's attention shape. mask_token_id defaults to the target's last token id."""
-    from engine.config import load_config
+    """A random-weight DFlash drafter for a target (checkpoint folder or engine.config.TextConfig), in the public
+    DFlash layout (config.json with dflash_config, model.safetensors): the target's hidden size and vocabulary,
+    `num_taps` evenly spaced target layers, Qwen3 layers of the target's attention shape. mask_token_id defaults to
+    the target's last token id."""
+    from engine.config import TextConfig, load_config
     from engine.models.dflash import DFlashConfig, DFlashDrafter, build_target_layer_ids
 
-    t = load_config(target_checkpoint).text
+    t = target if isinstance(target, TextConfig) else load_config(target).text
     cfg = DFlashConfig(
         hidden_size=t.hidden_size, intermediate_size=t.intermediate_size, num_hidden_layers=num_layers,
         num_attention_heads=t.num_attention_heads, num_key_value_heads=t.num_key_value_heads, head_dim=t.head_dim,

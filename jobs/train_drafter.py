@@ -142,24 +142,30 @@ def block_loss(drafter: DFlashDrafter, ex: Example, embed: torch.Tensor, head: t
     return (ce * w).sum() / w.sum()
 
 
-def measure_tau(checkpoint: str, drafter_dir: Path, images, prompt: str, max_tokens: int, block: int, device: str):
-    """Greedy reads of `images` with the drafter at verify block `block`: tau and acceptance by block position,
+def measure_tau(checkpoint: str, drafter_dir: Path, images, prompt: str, max_tokens: int, blocks: list[int],
+                device: str) -> list[dict]:
+    """Greedy reads of `images` with the drafter at each verify block size: tau and acceptance by block position,
     plus whether the answers equal plain decoding's (they must)."""
-    plain = Engine.from_checkpoint(checkpoint, device=device, max_num_seqs=4, dtype="float32")
-    spec = Engine.from_checkpoint(checkpoint, device=device, max_num_seqs=4, dtype="float32",
-                                  drafter=str(drafter_dir), spec_block_size=block)
     reqs = [dict(request_id=f"h{i}", prompt=prompt, image=im, sampling=SamplingParams(max_tokens=max_tokens))
             for i, im in enumerate(images)]
-    a, b = plain.generate(reqs), spec.generate(reqs)
+    plain = Engine.from_checkpoint(checkpoint, device=device, max_num_seqs=4, dtype="float32").generate(reqs)
+    return [tau_row(plain, Engine.from_checkpoint(checkpoint, device=device, max_num_seqs=4, dtype="float32",
+                                                   drafter=str(drafter_dir), spec_block_size=block).generate(reqs),
+                     block) for block in blocks]
+
+
+def tau_row(a, b, block: int) -> dict:
+    """tau and acceptance by position of spec outputs b; a: plain outputs of the same requests (or None)."""
     steps = sum(o.spec_steps for o in b)
     acc = sum(o.spec_accepted for o in b)
     width = max(len(o.spec_drafted_by_pos) for o in b)
     by_pos = [sum(o.spec_accepted_by_pos[j] for o in b if j < len(o.spec_accepted_by_pos)) /
               max(1, sum(o.spec_drafted_by_pos[j] for o in b if j < len(o.spec_drafted_by_pos))) for j in range(width)]
-    return {"block_size": block, "pages": len(images), "tau": (acc + steps) / steps if steps else 0.0,
+    return {"block_size": block, "pages": len(b), "tau": (acc + steps) / steps if steps else 0.0,
             "verify_steps": steps, "drafted": sum(o.spec_drafted for o in b), "accepted": acc,
             "acceptance_by_position": [round(x, 4) for x in by_pos],
-            "identical_to_plain": all(x.output_token_ids == y.output_token_ids for x, y in zip(a, b))}
+            "identical_to_plain": None if a is None else all(x.output_token_ids == y.output_token_ids
+                                                             for x, y in zip(a, b))}
 
 
 def train(cfg: TrainDrafterConfig, echo=print) -> dict:
@@ -221,13 +227,14 @@ def train(cfg: TrainDrafterConfig, echo=print) -> dict:
     log = {"config": cfg.model_dump(), "drafter": dcfg.to_json(), "train_pages": len(train_images),
            "answers": len(examples), "answer_tokens": sum(len(e.ids) - e.prompt_len for e in examples),
            "steps": len(losses), "train_seconds": round(time.perf_counter() - t_train, 1), "losses": losses}
+    (out / "train_log.json").write_text(json.dumps(log, indent=1) + "\n")
     if heldout:
-        log["heldout_tau"] = [measure_tau(cfg.checkpoint, out, heldout, cfg.prompt, cfg.max_tokens, b, cfg.device)
-                              for b in cfg.measure_blocks]
+        log["heldout_tau"] = measure_tau(cfg.checkpoint, out, heldout, cfg.prompt, cfg.max_tokens,
+                                         cfg.measure_blocks, cfg.device)
         for r in log["heldout_tau"]:
             echo(f"held-out pages, block {r['block_size']}: tau {r['tau']:.2f} ({r['accepted']}/{r['drafted']} "
                  f"drafts accepted; answers identical to plain decoding: {r['identical_to_plain']})")
-    (out / "train_log.json").write_text(json.dumps(log, indent=1) + "\n")
+        (out / "train_log.json").write_text(json.dumps(log, indent=1) + "\n")
     return log
 
 

@@ -27,3 +27,12 @@ def test_train_drafter_smoke(tiny_checkpoint, tmp_path):
     (tau,) = log["heldout_tau"]
     assert tau["identical_to_plain"] and tau["verify_steps"] > 0 and tau["tau"] >= 1.0
     assert json.loads((tmp_path / "drafter" / "train_log.json").read_text())["steps"] == 60
+    # bench/drafter_tau.py measures the same on a folder of images
+    from conftest import load_bench
+
+    out = tmp_path / "tau.json"
+    load_bench("drafter_tau").main(["--checkpoint", str(tiny_checkpoint), "--drafter", str(tmp_path / "drafter"),
+                                    "--pages", str(pages), "--prefix", "p0", "--block", "4", "--max-tokens", "24",
+                                    "--check-plain", "--out", str(out)], standalone_mode=False)
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["identical_to_plain"] and row["pages"] == 1 and row["block_size"] == 4

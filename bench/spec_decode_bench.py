@@ -1,0 +1,305 @@
+"""Speculative decoding on the GPU: what it buys per sequence, against plain decoding in the same run.
+
+    python3 bench/spec_decode_bench.py --pages PAGES --drafter DRAFTER --out bench/results/h200_spec_decode.json
+    python bench/spec_decode_bench.py --device cpu --smoke --out /tmp/spec_smoke.json     # CPU, toy shapes
+
+Three parts, each written to the results file as soon as it is done (`rows`, `kernels`, `notes`):
+1. ocria-tiny (bf16) reads the PNG block images in PAGES greedily at batch 1, 8, 32, 128 with speculation off and on
+   (DRAFTER at --block-sizes): per-sequence decode tok/s (RequestOutput.decode_tokens_per_s, mean), pages/s, tau,
+   acceptance by block position; any answer that differs from plain decoding is listed with the top-2 logit margin
+   of plain decoding at its first differing token.
+2. the Qwen3.5-4B shape with random weights (jobs/benchmark.py's page requests): a random drafter is never right, so
+   the real draft and verify passes run, but the proposals are replaced by the plain run's own greedy continuation,
+   wrong at a position drawn from an acceptance profile (per block position, the chance a draft is accepted given
+   the ones before it were: --profile JSON list, e.g. ocria-tiny's acceptance_by_position from part 1). Method
+   "replayed proposals, profile ...". tok/s per sequence and total at batch 1, 8, 32, 64, 128 against plain decode.
+3. the GDN verify + commit kernels (kernels/gdn_verify.py) at 32 sequences x block 16 of the 4B shape: us per layer
+   against the torch reference, fla's fused recurrent kernel over the same block (when fla imports), and the
+   roofline of the state traffic (verify reads the state, commit reads and writes it) at the measured copy bandwidth.
+
+Rows: {model, batch, block_size, tau, tok_s_per_seq, tok_s_per_seq_plain, speedup, method, ...}.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from engine.interface import SamplingParams  # noqa: E402
+from engine.llm_engine import Engine, EngineOptions  # noqa: E402
+from engine.speculative import SpecDecoder  # noqa: E402
+from engine.testing import write_random_drafter  # noqa: E402
+from jobs.benchmark import copy_bandwidth, sync  # noqa: E402
+
+DEFAULT_PROFILE = [0.9] * 15  # per-position conditional acceptance when no measured profile is given
+
+
+class ReplayedProposals(SpecDecoder):
+    """Runs the real draft pass (its cost is what is measured), then proposes the plain run's greedy continuation,
+    with the first wrong draft at a position drawn from `profile` (conditional acceptance per block position)."""
+
+    reference: dict = {}
+    profile: list = DEFAULT_PROFILE
+    rng = np.random.default_rng(0)
+
+    def propose(self, seqs, block, sampled, index, slots, block_tables, draft_ctx):
+        drafts, q = super().propose(seqs, block, sampled, index, slots, block_tables, draft_ctx)
+        S, T = block.shape
+        rep = np.zeros((S, T - 1), dtype=np.int64)
+        for r, seq in enumerate(seqs):
+            ref = self.reference[seq.request_id]
+            start = len(seq) - 1 - seq.prompt_len
+            for j in range(T - 1):
+                k = start + 1 + j
+                rep[r, j] = ref[k] if k < len(ref) else 0
+            for j in range(T - 1):  # the first rejected position
+                if self.rng.random() >= self.profile[min(j, len(self.profile) - 1)]:
+                    rep[r, j] = (rep[r, j] + 1) % 1000
+                    break
+        return torch.from_numpy(rep).to(drafts.device), q
+
+
+def per_seq_tok_s(outs) -> float:
+    return float(np.mean([o.decode_tokens_per_s for o in outs if o.output_tokens > 1]))
+
+
+def acceptance(outs) -> tuple[float, list[float]]:
+    steps = sum(o.spec_steps for o in outs)
+    acc = sum(o.spec_accepted for o in outs)
+    width = max((len(o.spec_drafted_by_pos) for o in outs), default=0)
+    by_pos = []
+    for j in range(width):
+        d = sum(o.spec_drafted_by_pos[j] for o in outs if j < len(o.spec_drafted_by_pos))
+        a = sum(o.spec_accepted_by_pos[j] for o in outs if j < len(o.spec_accepted_by_pos))
+        by_pos.append(round(a / d, 4) if d else 0.0)
+    return ((acc + steps) / steps if steps else 0.0), by_pos
+
+
+def conditional_profile(by_pos: list[float]) -> list[float]:
+    """Unconditional acceptance by position (share of drafts accepted) -> conditional (given the ones before)."""
+    out, prev = [], 1.0
+    for p in by_pos:
+        out.append(min(1.0, p / prev) if prev > 0 else 0.0)
+        prev = p
+    return out
+
+
+def divergences(plain_engine, reqs, plain, spec) -> list[dict]:
+    """Answers that differ: the first differing token and plain decoding's top-2 logit margin there."""
+    out = []
+    for r, a, b in zip(reqs, plain, spec):
+        if a.output_token_ids == b.output_token_ids:
+            continue
+        i = next((j for j, (x, y) in enumerate(zip(a.output_token_ids, b.output_token_ids)) if x != y),
+                 min(len(a.output_token_ids), len(b.output_token_ids)))
+        again = plain_engine.generate([dict(r, request_id="margin", keep_logits=True)])[0]
+        top2 = again.logits[min(i, again.logits.shape[0] - 1)].float().topk(2).values
+        out.append({"request": r["request_id"], "first_diff": i, "top2_margin": float(top2[0] - top2[1])})
+    return out
+
+
+def timed(engine, reqs):
+    sync(engine.device)
+    t = time.perf_counter()
+    outs = engine.generate(reqs)
+    sync(engine.device)
+    return outs, time.perf_counter() - t
+
+
+def tiny_rows(args, device, dtype, record) -> None:
+    from PIL import Image
+
+    files = sorted(Path(args.pages).glob("*.png"))
+    if not files:
+        raise SystemExit(f"--pages {args.pages}: no PNG block images (bench/drafter_block_pages.py writes them)")
+    images = [np.asarray(Image.open(f).convert("RGB")) for f in files]
+    max_b = max(args.batches)
+    common = dict(device=device, dtype=dtype, max_num_seqs=max_b, enforce_eager=args.device == "cpu")
+    plain_engine = Engine.from_checkpoint(args.checkpoint, **common)
+    for block in args.block_sizes:
+        spec_engine = Engine.from_checkpoint(args.checkpoint, drafter=args.drafter, spec_block_size=block, **common)
+        for batch in args.batches:
+            reqs = [dict(request_id=f"b{batch}-{i}", image=images[i % len(images)], prompt=args.prompt,
+                         sampling=SamplingParams(max_tokens=args.max_tokens)) for i in range(batch)]
+            plain, t_plain = timed(plain_engine, reqs)
+            spec, t_spec = timed(spec_engine, reqs)
+            tau, by_pos = acceptance(spec)
+            tps, tps_plain = per_seq_tok_s(spec), per_seq_tok_s(plain)
+            record("rows", {"model": "ocria-tiny", "batch": batch, "block_size": block, "tau": round(tau, 3),
+                            "tok_s_per_seq": round(tps, 1), "tok_s_per_seq_plain": round(tps_plain, 1),
+                            "speedup": round(tps / tps_plain, 3), "pages_s": round(batch / t_spec, 3),
+                            "pages_s_plain": round(batch / t_plain, 3), "acceptance_by_position": by_pos,
+                            "identical": [a.output_token_ids == b.output_token_ids for a, b in zip(plain, spec)].count(
+                                True), "divergences": divergences(plain_engine, reqs, plain, spec),
+                            "method": f"ocria-tiny, drafter {Path(args.drafter).name}, greedy, {str(dtype)[6:]}"})
+        del spec_engine
+
+
+def shape_4b_rows(args, device, dtype, record, profile) -> None:
+    from engine.config import parse_config
+    from jobs import benchmark as b
+
+    hf_cfg = b.hf_config(tiny=args.smoke)
+    cfg = parse_config(hf_cfg.to_dict())
+    hf = b.build_hf_model(hf_cfg, device, dtype)
+    weights = list(hf.state_dict().items())
+    del hf
+    bargs = argparse.Namespace(page_image_tokens=args.page_image_tokens, page_gen=args.page_gen, text_prompt=8,
+                               text_gen=8)
+    max_b = max(args.batches_4b)
+    opts = b.engine_options(max_b, args.page_image_tokens + 40 + args.page_gen + max(args.block_sizes), device,
+                            enforce_eager=args.device == "cpu")
+    plain_engine = Engine(cfg, weights, device=device, dtype=dtype, options=EngineOptions(**opts))
+    drafter_dir = Path(tempfile.mkdtemp(prefix="drafter4b-"))
+    rng = np.random.default_rng(0)
+    for block in args.block_sizes:
+        write_random_drafter(drafter_dir, cfg.text, num_layers=1 if args.smoke else 5,
+                             num_taps=2 if args.smoke else 5, block_size=block, dtype=dtype)
+        spec_engine = Engine(cfg, weights, device=device, dtype=dtype,
+                             options=EngineOptions(**opts, drafter=str(drafter_dir)))
+        replay = ReplayedProposals(spec_engine.runner, spec_engine.spec.drafter, block, max_b)
+        replay.profile = profile
+        spec_engine.spec = replay
+        for batch in args.batches_4b:
+            reqs = [dict(r, request_id=f"4b-{block}-{batch}-{i}", ignore_eos=True)
+                    for i, r in enumerate(b.make_requests("page", batch, bargs, cfg, rng))]
+            plain, t_plain = timed(plain_engine, reqs)
+            replay.reference = {o.request_id: o.output_token_ids for o in plain}
+            spec, t_spec = timed(spec_engine, reqs)
+            tau, by_pos = acceptance(spec)
+            tps, tps_plain = per_seq_tok_s(spec), per_seq_tok_s(plain)
+            tokens = sum(o.output_tokens for o in plain)
+            record("rows", {"model": "4b-shape" if not args.smoke else "tiny-shape", "batch": batch,
+                            "block_size": block, "tau": round(tau, 3), "tok_s_per_seq": round(tps, 1),
+                            "tok_s_per_seq_plain": round(tps_plain, 1), "speedup": round(tps / tps_plain, 3),
+                            "tok_s_total": round(tokens / t_spec, 1), "tok_s_total_plain": round(tokens / t_plain, 1),
+                            "acceptance_by_position": by_pos,
+                            "method": "replayed proposals: the plain run's greedy continuation, first wrong draft "
+                                      f"drawn from the acceptance profile {[round(p, 3) for p in profile]}; random "
+                                      f"weights, {str(dtype)[6:]}, real draft and verify passes"})
+        del spec_engine
+
+
+def kernel_rows(args, device, record) -> None:
+    from engine import ops
+    from kernels.gdn_verify import gdn_commit_ref, gdn_verify_ref
+
+    S, T, Hk, Hv, dk, dv = (3, 4, 2, 4, 16, 16) if args.smoke else (32, 16, 16, 32, 128, 128)
+    gen = torch.Generator(device=device).manual_seed(0)
+
+    def rnd(*shape, dtype=torch.bfloat16 if device.type == "cuda" else torch.float32):
+        return torch.randn(*shape, generator=gen, device=device).to(dtype)
+
+    q, k, v = rnd(S, T, Hk, dk), rnd(S, T, Hk, dk), rnd(S, T, Hv, dv)
+    a, bb = rnd(S, T, Hv), rnd(S, T, Hv)
+    A_log, dt_bias = torch.rand(Hv, device=device), torch.zeros(Hv, device=device)
+    state = rnd(S + 1, Hv, dk, dv, dtype=torch.float32) * 0.1
+    idx = torch.arange(S, device=device, dtype=torch.int64)
+    kept = (torch.empty(S, T, Hk, dk, device=device), torch.empty(S, T, Hv, dv, device=device),
+            torch.empty(S, T, Hv, device=device))
+    n = torch.full((S,), T, device=device, dtype=torch.int64)
+
+    def bench(fn, iters):
+        for _ in range(2):
+            fn()
+        sync(device)
+        t = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        sync(device)
+        return 1e6 * (time.perf_counter() - t) / iters
+
+    iters = 3 if args.smoke else 100
+    raw = (A_log, dt_bias)
+    impls = {"triton verify + commit": lambda: (ops.gdn_verify(q, k, v, a, bb, state, idx, *kept, raw_gates=raw),
+                                                ops.gdn_commit(state, idx, *kept, n)),
+             "torch reference verify + commit": lambda: (gdn_verify_ref(q, k, v, a, bb, state, idx, *kept,
+                                                                        raw_gates=raw),
+                                                         gdn_commit_ref(state, idx, *kept, n))}
+    if device.type != "cuda":
+        impls.pop("triton verify + commit")  # on CPU the dispatch runs the reference
+    try:
+        from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule as fla_rec
+
+        from kernels.gdn_recurrent import gates_from_raw
+
+        g, beta = gates_from_raw(a, bb, A_log, dt_bias)
+        qf, kf = q.repeat_interleave(Hv // Hk, 2), k.repeat_interleave(Hv // Hk, 2)
+        impls["fla fused_recurrent (writes the final state)"] = lambda: fla_rec(
+            qf, kf, v, g, beta.to(v.dtype), initial_state=state[:S], output_final_state=True,
+            use_qk_l2norm_in_kernel=True)
+    except Exception as e:  # noqa: BLE001  (fla is optional)
+        record("notes", f"fla not importable ({type(e).__name__}): no fla row")
+    bw = copy_bandwidth(device, (1 << 30) if device.type == "cuda" else (16 << 20))
+    state_bytes = S * Hv * dk * dv * 4
+    for name, fn in impls.items():
+        record("kernels", {"kernel": name, "sequences": S, "block": T, "us_per_layer": round(bench(fn, iters), 2),
+                           "roofline_us": round(1e6 * 3 * state_bytes / bw, 2),
+                           "roofline_note": "verify reads the fp32 state once, commit reads and writes it: 3 state "
+                                            f"passes of {state_bytes} bytes at the measured copy bandwidth "
+                                            f"{bw / 1e9:.1f} GB/s"})
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--smoke", action="store_true", help="toy shapes and sizes (CPU check that everything runs)")
+    p.add_argument("--checkpoint", default=str(ROOT / "models" / "ocria-tiny"))
+    p.add_argument("--drafter", help="ocria-tiny's drafter folder (part 1; skipped without it)")
+    p.add_argument("--pages", help="folder of PNG block images for part 1")
+    p.add_argument("--prompt", default="Convert this page to markdown.")
+    p.add_argument("--max-tokens", type=int, default=512)
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 128])
+    p.add_argument("--batches-4b", type=int, nargs="+", default=[1, 8, 32, 64, 128])
+    p.add_argument("--block-sizes", type=int, nargs="+", default=[16, 8])
+    p.add_argument("--profile", help="JSON list: conditional acceptance per block position for part 2 (default: "
+                   "part 1's measured profile, else 0.9 everywhere)")
+    p.add_argument("--page-image-tokens", type=int, default=1300)
+    p.add_argument("--page-gen", type=int, default=256)
+    p.add_argument("--parts", nargs="+", default=["tiny", "4b", "kernel"])
+    p.add_argument("--out", default=str(ROOT / "bench" / "results" / "h200_spec_decode.json"))
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.batches, args.batches_4b, args.block_sizes = [1, 2], [1, 2], [4]
+        args.max_tokens, args.page_image_tokens, args.page_gen = 6, 16, 8
+    device = torch.device(args.device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    results = {"command": "python3 bench/spec_decode_bench.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+               "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+               "rows": [], "kernels": [], "notes": []}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def record(part, item):
+        results[part].append(item)
+        print(json.dumps(item), flush=True)
+        out.write_text(json.dumps(results, indent=1) + "\n")
+
+    if "tiny" in args.parts:
+        if args.drafter and args.pages:
+            tiny_rows(args, device, dtype, record)
+        else:
+            record("notes", "part 1 (ocria-tiny) skipped: give --drafter and --pages")
+    profile = DEFAULT_PROFILE
+    if args.profile:
+        profile = json.loads(Path(args.profile).read_text() if Path(args.profile).is_file() else args.profile)
+    elif results["rows"]:
+        tiny16 = [r for r in results["rows"] if r["model"] == "ocria-tiny"]
+        profile = conditional_profile(max(tiny16, key=lambda r: r["block_size"])["acceptance_by_position"]) or profile
+    if "4b" in args.parts:
+        shape_4b_rows(args, device, dtype, record, profile)
+    if "kernel" in args.parts:
+        kernel_rows(args, device, record)
+
+
+if __name__ == "__main__":
+    main()
