@@ -4,8 +4,8 @@
       --model bf16=models/ocria-tiny --model fp8=models/ocria-tiny-fp8 --model nvfp4=models/ocria-tiny-nvfp4 \
       --out bench/results/ocria_tiny_quant_quality.json
 
-Each model reads the pages through the ocria-tiny evaluation (research/ocria_tiny/eval_ocr.py, formerly
-jobs/eval_ocr.py; run as a subprocess: the native engine, CPU fp32, blocks of 8
+Each model reads the pages through the ocria-tiny evaluation (research/ocria_tiny/eval_ocr.py, run as a subprocess:
+the native engine, CPU fp32, blocks of 8
 lines at the shipped 32 px glyph size, one read per block, loops dropped as the job does), so every model sees the
 same page images. Reported: each model's micro CER (total edits / total reference characters, plain text), the
 difference to bf16 in CER points (x 100) with a paired bootstrap 95 % interval over pages (2,000 draws), how many
@@ -30,24 +30,16 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 TARGET_POINTS = {"fp8": 0.2, "nvfp4": 0.5}
-# where the ocria-tiny evaluation lives (it is moving from jobs/ to research/): (module, its 1,536 px page config)
-EVAL_LOCATIONS = (("research.ocria_tiny.eval_ocr", "research/ocria_tiny/results/eval_full_pages_1536_config.yaml"),
-                  ("jobs.eval_ocr", "bench/results/ocria_tiny_eval_full_pages_1536_config.yaml"))
+# the ocria-tiny evaluation and its 1,536 px page config
+EVAL_MODULE = "research.ocria_tiny.eval_ocr"
+EVAL_CONFIG = "research/ocria_tiny/results/eval_full_pages_1536_config.yaml"
 EVAL_FLAGS = ["--reader", "native",
               "--no-tesseract", "--loop-drop-tokens", "64", "--loop-ban-next", "--device", "cpu", "--dtype", "float32",
               "--glyph-px", "32", "--block-lines", "8", "--block-scales", "1", "--corpus-pages", "0"]
 
 
-def eval_location() -> tuple[str, str]:
-    for module, config in EVAL_LOCATIONS:
-        if (ROOT / (module.replace(".", "/") + ".py")).is_file() and (ROOT / config).is_file():
-            return module, config
-    raise SystemExit(f"no ocria-tiny evaluation found (looked for {[m for m, _ in EVAL_LOCATIONS]})")
-
-
 def run_eval(model: Path, synth: Path, n: int, first: int, batch: int, out: Path) -> dict:
-    module, config = eval_location()
-    cmd = [sys.executable, "-m", module, "--config", config, "--model", str(model), "--synth", str(synth), "--heldout", str(n),
+    cmd = [sys.executable, "-m", EVAL_MODULE, "--config", EVAL_CONFIG, "--model", str(model), "--synth", str(synth), "--heldout", str(n),
            "--heldout-from", str(first), "--batch", str(batch), "--out", str(out), *EVAL_FLAGS]
     subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
     return json.loads(out.read_text())
@@ -124,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         rows[name] = row
     out = {"command": " ".join(["python", "bench/quant_quality.py", *(argv or sys.argv[1:])]),
            "pages": f"held-out synthetic pages {args.heldout_from}-{args.heldout_from + args.heldout - 1}",
-           "note": args.note, "pool": results[base_name].get("pool"), "eval": " ".join(eval_location()), "eval_flags": EVAL_FLAGS, "models": rows,
+           "note": args.note, "pool": results[base_name].get("pool"), "eval": f"{EVAL_MODULE} {EVAL_CONFIG}", "eval_flags": EVAL_FLAGS, "models": rows,
            "per_page": {name: [{"page": p["page"], "cer": p["model_text"]["cer"], "ref_chars": p["model_text"]["ref_chars"]}
                                for p in r["per_page"]] for name, r in results.items()}}
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -9,8 +9,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from tests.conftest import (CORPUS, s3_server, text_ckpt, tiny_checkpoint, tiny_tokenizer,  # noqa: E402,F401
-                            vl_ckpt)
+from tests.conftest import (CORPUS, require, s3_server, text_ckpt, tiny_checkpoint,  # noqa: E402,F401
+                            tiny_tokenizer, vl_ckpt)
 
 TRAIN_CONFIG = ROOT / "research" / "ocria_tiny" / "train_tiny.yaml"
 STUDIES = ROOT / "research" / "ocria_tiny" / "studies"
@@ -52,10 +52,9 @@ def shipped_pages_config(folder: Path) -> Path:
 @pytest.fixture(scope="session")
 def licence_prose() -> list[str]:
     """Paragraphs of the system's licence texts: a real-text pool for the synthetic page generator. Debian and Ubuntu
-    ship them; elsewhere the tests that need real prose cannot run, and say so."""
+    ship them; elsewhere the tests that need real prose skip and say so (under CI they fail)."""
     from research.ocria_tiny.synthetic import split_paragraphs
 
     licences = Path("/usr/share/common-licenses")
-    if not licences.is_dir():
-        pytest.skip("needs /usr/share/common-licenses (Debian's licence texts) as a real-text pool")
+    require(licences.is_dir(), "/usr/share/common-licenses (Debian's licence texts, the text pool)")
     return [p for f in sorted(licences.iterdir()) if f.is_file() for p in split_paragraphs(f.read_text(errors="replace"))]
