@@ -16,7 +16,7 @@ from PIL import Image
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.blocks import page_blocks  # noqa: E402
-from pipeline.checkpoint import block_reading, raster_options  # noqa: E402
+from pipeline.page_reading import block_reading, raster_options  # noqa: E402
 from pipeline.config import load_config  # noqa: E402
 from pipeline.rasterize import rasterize  # noqa: E402
 

@@ -64,7 +64,7 @@ def _overrides(**flags) -> dict:
 @click.option("--block-tolerance", type=float,
               help="with --block-lines: 0 reads blocks only; > 0 reads whole pages too and takes the blocks' read "
                    "where the lengths differ by more than this share (default: the checkpoint's)")
-@click.option("--block-scale", "block_scales", type=float, multiple=True,
+@click.option("--block-scales", "--block-scale", "block_scales", type=float, multiple=True,
               help="with blocks: read each block at this size too (repeatable, the first the main read; 1 = as "
                    "drawn) and keep the reads' character vote (default: the checkpoint's)")
 @click.option("--max-pages", type=int, help="pages per document")

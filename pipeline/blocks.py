@@ -46,7 +46,7 @@ BLOCK_SCALES_RULE = "sizes in [0.25, 4], the first 1 (the page as drawn), none t
 
 
 def valid_block_scales(scales) -> bool:
-    """Whether `scales` (a config's or a checkpoint's) can be BlockReading.scales."""
+    """Whether `scales` (a config's or a checkpoint's) can be BlockReading.block_scales."""
     return (isinstance(scales, list) and bool(scales) and scales[0] == 1 and len(set(scales)) == len(scales)
             and all(isinstance(x, (int, float)) and 0.25 <= x <= 4 for x in scales))
 
@@ -55,11 +55,11 @@ def valid_block_scales(scales) -> bool:
 class BlockReading:
     """How the job reads pages in blocks: blocks of at most `lines` text lines (0: not at all); with `tolerance` 0 the
     blocks only, else the whole page too and the blocks' read taken where the page's differs in length by more than
-    `tolerance`; block images in whole tokens of `token_px`, each read at `scales` and the reads voted on."""
+    `tolerance`; block images in whole tokens of `token_px`, each read at `block_scales` and the reads voted on."""
     lines: int = 0
     tolerance: float = 0.1  # 0: blocks only, no whole-page read
     token_px: int = 32
-    scales: tuple[float, ...] = (1.0,)
+    block_scales: tuple[float, ...] = (1.0,)
 
     @property
     def only(self) -> bool:
@@ -450,47 +450,47 @@ def scaled_block(block: TextBlock, image: np.ndarray, view: np.ndarray) -> TextB
 
 
 def read_at_scales(images: list[np.ndarray], wanted: list[tuple[int, int, TextBlock]], token_px: int,
-                   scales: Sequence[float], read: Callable[[list[tuple[int, str, np.ndarray]]], list[T]],
+                   block_scales: Sequence[float], read: Callable[[list[tuple[int, str, np.ndarray]]], list[T]],
                    text: Callable[[T], str], combine: Callable[[list[T]], T],
                    views: list[list[np.ndarray]] | None = None) -> list[T]:
     """One answer for each wanted block (its page's position in `images`, its number, the block): its image read at
-    each of `scales` and the answers combined (`combine`, a vote: pipeline.vote). At a scale other than the first
+    each of `block_scales` and the answers combined (`combine`, a vote: pipeline.vote). At a scale other than the first
     (the page as drawn) the block is cut from the page's view drawn at that size (`views[page][scale's index - 1]`),
     else its crop is resized. The first reads are the fewest that could hold a majority; a block whose reads agree
-    word for word in a majority of `scales` is settled (no later read could outvote them), the rest are read at one
+    word for word in a majority of `block_scales` is settled (no later read could outvote them), the rest are read at one
     more scale at a time. Each round is one call of `read`, with (page, label, image) items: the label is the block's
     number, then "@scale" after the first scale."""
 
     def crop(p: int, block: TextBlock, s: int) -> np.ndarray:
         if s and views and views[p]:
             return block_image(views[p][s - 1], scaled_block(block, images[p], views[p][s - 1]), multiple=token_px)
-        return block_image(images[p], block, multiple=token_px, scale=scales[s])
+        return block_image(images[p], block, multiple=token_px, scale=block_scales[s])
 
     answers: list[list[T]] = [[] for _ in wanted]
     todo, done = list(range(len(wanted))), 0
-    while todo and done < len(scales):
-        now = range(done, len(scales) // 2 + 1) if done == 0 else range(done, done + 1)
-        items = [(p, f"{k}@{scales[s]:g}" if s else f"{k}", crop(p, block, s))
+    while todo and done < len(block_scales):
+        now = range(done, len(block_scales) // 2 + 1) if done == 0 else range(done, done + 1)
+        items = [(p, f"{k}@{block_scales[s]:g}" if s else f"{k}", crop(p, block, s))
                  for p, k, block in (wanted[i] for i in todo) for s in now]
         got = iter(read(items))
         for i in todo:
             answers[i] += [next(got) for _ in now]
         done = now.stop
-        todo = [i for i in todo if majority([text(a) for a in answers[i]], len(scales)) is None]
+        todo = [i for i in todo if majority([text(a) for a in answers[i]], len(block_scales)) is None]
     return [a[0] if len(a) == 1 else combine(a) for a in answers]
 
 
 def read_blocks(images: list[np.ndarray], max_lines: int, token_px: int,
                 read: Callable[[list[tuple[int, str, np.ndarray]]], list[T]], text: Callable[[T], str] = str,
-                scales: Sequence[float] = (1.0,), combine: Callable[[list[T]], T] = vote,
+                block_scales: Sequence[float] = (1.0,), combine: Callable[[list[T]], T] = vote,
                 views: list[list[np.ndarray]] | None = None) -> list[tuple[list[TextBlock], list[T], list[T]]]:
     """Each page's blocks, the answers to their images, and the answers read and set aside. All blocks of the pages
-    are read together (`read_at_scales`: at each of `scales`, from the pages' `views` where given, the answers
+    are read together (`read_at_scales`: at each of `block_scales`, from the pages' `views` where given, the answers
     combined). A block whose answer `ran_on` is read again in halves (numbered on after the page's blocks), and the
     halves' answers (`text` gives an answer's text) take its place where they are shorter together."""
     pages = [text_blocks(im, max_lines) for im in images]
     wanted = [(p, k, b) for p, blocks in enumerate(pages) for k, b in enumerate(blocks)]
-    answers = iter(read_at_scales(images, wanted, token_px, scales, read, text, combine, views))
+    answers = iter(read_at_scales(images, wanted, token_px, block_scales, read, text, combine, views))
     out = [(blocks, [next(answers) for _ in blocks], []) for blocks in pages]
     redo = [(p, k, halves) for p, (blocks, got, _) in enumerate(out) for k, (b, a) in enumerate(zip(blocks, got))
             if ran_on(text(a), b) and len(halves := split_block(images[p], b, max(1, max_lines // 2))) > 1]
@@ -500,7 +500,7 @@ def read_blocks(images: list[np.ndarray], max_lines: int, token_px: int,
         for h in halves:
             wanted.append((p, numbers[p], h))
             numbers[p] += 1
-    again = iter(read_at_scales(images, wanted, token_px, scales, read, text, combine, views))
+    again = iter(read_at_scales(images, wanted, token_px, block_scales, read, text, combine, views))
     reread = [[next(again) for _ in halves] for _, _, halves in redo]
     for (p, k, halves), got_halves in reversed(list(zip(redo, reread))):  # from the end: earlier numbers still hold
         blocks, got, spent = out[p]

@@ -12,11 +12,11 @@ from datetime import UTC, datetime
 import pyarrow.fs as pafs
 
 from pipeline.blocks import BlockReading
-from pipeline.checkpoint import (
-    CheckpointError, block_reading, checkpoint_note, localize, raster_options, validate, validate_drafter)
+from pipeline.checkpoint import CheckpointError, checkpoint_note, localize, validate, validate_drafter
 from pipeline.config import ConfigError, JobConfig, knob
 from pipeline.local_ray import ray_session
 from pipeline.output import DocumentAssembler, OutputStore, document_row
+from pipeline.page_reading import block_reading, raster_options
 from pipeline.plan import Plan, plan_run
 from pipeline.progress import PageProgress
 from pipeline.rasterize import RasterOptions

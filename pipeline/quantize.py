@@ -78,7 +78,8 @@ def calibration_images(files: list[Path], checkpoint: str, max_blocks: int, max_
     this checkpoint (its glyph size and page size, from ocria_info.json / its processor) and cut into blocks of at
     most `max_lines` text lines, evenly chosen up to `max_blocks`."""
     from pipeline.blocks import page_blocks
-    from pipeline.checkpoint import checkpoint_info, image_processor
+    from pipeline.checkpoint import checkpoint_info
+    from pipeline.page_reading import image_processor
     from pipeline.rasterize import FILETYPES, RasterOptions, rasterize
 
     info = checkpoint_info(checkpoint)

@@ -51,7 +51,7 @@ class RasterOptions:
     glyph_from_ink: bool = False
     # each page drawn again this many times its size (RenderedPage.views): the sizes its blocks are also read at and
     # voted on (model.block_scales; drawn, not resized: a resized crop reads worse)
-    view_zooms: tuple[float, ...] = ()
+    block_scales: tuple[float, ...] = (1.0,)
 
 
 @dataclass
@@ -60,7 +60,7 @@ class RenderedPage:
     image: np.ndarray  # H x W x 3 uint8
     text_layer: str
     render_s: float
-    views: list[np.ndarray] = field(default_factory=list)  # the page drawn at RasterOptions.view_zooms
+    views: list[np.ndarray] = field(default_factory=list)  # the page drawn at RasterOptions.block_scales[1:]
     blank: bool = False  # nothing drawn on it (`is_blank`): its row says so and the model does not read it
 
 
@@ -256,7 +256,7 @@ def draw_pages(doc: pymupdf.Document, opts: RasterOptions, start: int = 0
         try:
             page = doc.load_page(i)
             image, *views = render_views(page, opts.target_longest_px, opts.max_pixels, opts.glyph_px,
-                                         opts.glyph_from_ink, zooms=opts.view_zooms)
+                                         opts.glyph_from_ink, zooms=opts.block_scales[1:])
             text = page.get_text("text") if opts.extract_text else ""
         except MemoryError as e:
             yield count, total, PageFailure(i, "too_large", f"page {i}: out of memory while drawing ({e})")

@@ -26,7 +26,7 @@ RASTER_SCHEMA = pa.schema([
     ("image_width", pa.int32()),
     ("text_layer", pa.string()),
     ("raster_s", pa.float64()),
-    # the page drawn again at other sizes (RasterOptions.view_zooms), each as `image` is
+    # the page drawn again at other sizes (RasterOptions.block_scales after the first), each as `image` is
     ("views", pa.list_(pa.struct([("image", pa.large_binary()), ("height", pa.int32()), ("width", pa.int32())]))),
 ])
 

@@ -161,7 +161,7 @@ class ParseStage:
         out = {}
         for i, (blocks, got, spent) in zip(read, read_blocks([images[i] for i in read], self.blocks.lines,
                                                              self.blocks.token_px, parse, lambda r: r.text,
-                                                             self.blocks.scales, voted_result, views)):
+                                                             self.blocks.block_scales, voted_result, views)):
             if blocks and all(r.finish_reason != "error" for r in got):  # no blocks: no ink to measure it by
                 out[i] = merge_block_results(_page_id(rows[i]), blocks, got, spent)
         return out

@@ -197,7 +197,7 @@ def test_blocks_read_at_several_sizes_are_voted_and_settled_blocks_read_no_furth
         calls.append([k for _, k, _ in items])
         return ["same words" if k.startswith("1") else answers[k.partition("@")[2]] for _, k, _ in items]
 
-    [(blocks, got, spent)] = read_blocks([image], 2, 32, read, scales=(1.0, 0.9, 1.1))
+    [(blocks, got, spent)] = read_blocks([image], 2, 32, read, block_scales=(1.0, 0.9, 1.1))
     assert len(blocks) == 3 and spent == []
     assert calls == [["0", "0@0.9", "1", "1@0.9", "2", "2@0.9"], ["0@1.1", "2@1.1"]]
     assert got == ["the cat sat", "same words", "the cat sat"]
@@ -211,7 +211,7 @@ def test_blocks_read_at_several_sizes_are_voted_and_settled_blocks_read_no_furth
         crops.update({k: c for _, k, c in items})
         return ["a", "b"] * (len(items) // 2) if len(items) > 3 else ["c"] * len(items)
 
-    read_blocks([image], 2, 32, keep, scales=(1.0, 2.0, 0.5), views=[views])
+    read_blocks([image], 2, 32, keep, block_scales=(1.0, 2.0, 0.5), views=[views])
     for k, b in enumerate(blocks):
         assert np.array_equal(crops[f"{k}@2"], block_image(views[0], scaled_block(b, image, views[0]), multiple=32))
         assert np.array_equal(crops[f"{k}@0.5"], block_image(views[1], scaled_block(b, image, views[1]), multiple=32))
@@ -268,7 +268,8 @@ def _info_model(folder, info: dict | None, processor: bool = True):
 
 def test_the_job_reads_in_blocks_as_the_checkpoint_says_unless_configured(tmp_path):
     from pipeline.blocks import BlockReading
-    from pipeline.checkpoint import CheckpointError, block_reading
+    from pipeline.checkpoint import CheckpointError
+    from pipeline.page_reading import block_reading
     from pipeline.config import JobConfig
 
     def job(**model):
@@ -289,11 +290,11 @@ def test_the_job_reads_in_blocks_as_the_checkpoint_says_unless_configured(tmp_pa
     assert not block_reading(job(block_lines=0, block_tolerance=0), named).only
     with pytest.raises(ValueError):
         job(block_tolerance=-0.1)
-    assert block_reading(job(), named).scales == (1.0,)
-    assert block_reading(job(block_scales=[1, 0.9]), named).scales == (1.0, 0.9)
+    assert block_reading(job(), named).block_scales == (1.0,)
+    assert block_reading(job(block_scales=[1, 0.9]), named).block_scales == (1.0, 0.9)
     voted = _info_model(tmp_path / "voted", {"block_lines": 8, "block_scales": [1.0, 0.9375, 1.0625]})
-    assert block_reading(job(), voted).scales == (1.0, 0.9375, 1.0625)
-    assert block_reading(job(block_scales=[1]), voted).scales == (1.0,)
+    assert block_reading(job(), voted).block_scales == (1.0, 0.9375, 1.0625)
+    assert block_reading(job(block_scales=[1]), voted).block_scales == (1.0,)
     for bad in ([], [1.0, 9], "1", [0.9, 1.0], [1.0, 1.0]):
         broken = _info_model(tmp_path / f"broken{abs(hash(str(bad)))}", {"block_lines": 8, "block_scales": bad})
         with pytest.raises(CheckpointError, match="block_scales"):

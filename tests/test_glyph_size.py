@@ -1,5 +1,5 @@
 """Pages drawn at a reader's glyph size: the body text's em in pixels decides the scale of a page with a text layer
-(pipeline.rasterize.page_scale), the job takes the size from the checkpoint (pipeline.checkpoint.raster_options), and
+(pipeline.rasterize.page_scale), the job takes the size from the checkpoint (pipeline.page_reading.raster_options), and
 the evaluation and the training pages draw the same documents that way (research.ocria_tiny.eval_ocr, research.ocria_tiny.synthetic)."""
 import json
 import shutil
@@ -81,7 +81,7 @@ def _model_dir(tmp_path, info: dict, max_side: int = 2688):
 def test_the_job_draws_at_the_checkpoints_glyph_size_unless_configured(tmp_path):
     """ocria_info.json names the page size (page_px) and the glyph size; the pixels are the processor's, as many as
     the context holds beside model.max_tokens; raster.glyph_px 0 turns it off (pages at page_px, its pixels)."""
-    from pipeline.checkpoint import context_pixels, image_processor, raster_options
+    from pipeline.page_reading import context_pixels, image_processor, raster_options
     from pipeline.config import JobConfig
 
     model = _model_dir(tmp_path, {"page_px": 1536, "glyph_px": 32})
@@ -153,7 +153,7 @@ def test_a_page_with_a_text_layer_can_be_drawn_as_a_scan():
 
 def test_glyph_from_ink_follows_the_checkpoint_unless_configured(tmp_path):
     from jobs.parse_corpus import _overrides
-    from pipeline.checkpoint import raster_options
+    from pipeline.page_reading import raster_options
     from pipeline.config import JobConfig
 
     def job(**raster):

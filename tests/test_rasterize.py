@@ -289,7 +289,7 @@ def test_pages_are_drawn_at_the_checkpoints_size(tmp_path, side, expected):
     import json
     import shutil
 
-    from pipeline.checkpoint import raster_options
+    from pipeline.page_reading import raster_options
     from pipeline.config import JobConfig
 
     shutil.copy(ROOT / "models" / "ocria-tiny" / "preprocessor_config.json", tmp_path)
@@ -312,7 +312,8 @@ def test_pages_leave_room_for_the_answer_in_the_context(width_pt, height_pt):
     the engine's own prompt for the rendered page plus the answer fits, whatever the page's shape and font size."""
     from engine.config import default_max_model_len, load_config
     from engine.processor import Processor
-    from pipeline.checkpoint import CheckpointError, image_processor, raster_options
+    from pipeline.checkpoint import CheckpointError
+    from pipeline.page_reading import image_processor, raster_options
     from pipeline.config import JobConfig
 
     model = ROOT / "models" / "ocria-tiny"
@@ -393,7 +394,7 @@ def test_a_page_is_drawn_again_at_its_views_zooms(tmp_path):
         assert (view.shape[0] > view.shape[1]) == (main.shape[0] > main.shape[1])  # turned as the page is
     path = tmp_path / "p.pdf"
     doc.save(path)
-    opts = RasterOptions(target_longest_px=1536, max_pixels=1536 * 1536, glyph_px=24.0, view_zooms=(0.9375, 1.0625))
+    opts = RasterOptions(target_longest_px=1536, max_pixels=1536 * 1536, glyph_px=24.0, block_scales=(1.0, 0.9375, 1.0625))
     [(_, _, drawn)] = list(rasterize(path.read_bytes(), "p.pdf", opts))
     assert np.array_equal(drawn.image, main) and [v.shape for v in drawn.views] == [small.shape, large.shape]
     [(_, _, plain)] = list(rasterize(path.read_bytes(), "p.pdf", RasterOptions(1536, 1536 * 1536, glyph_px=24.0)))

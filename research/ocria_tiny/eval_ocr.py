@@ -225,7 +225,7 @@ class BlockReader:
             self.block_images_read += len(items)
             return self.reader.read([crop for _, _, crop in items], max_new_tokens)
 
-        read = read_blocks(images, self.max_lines, token_px, read_items, scales=self.scales, views=views)
+        read = read_blocks(images, self.max_lines, token_px, read_items, block_scales=self.scales, views=views)
         by_blocks = [join_block_texts(blocks, texts) for blocks, texts, _ in read]
         if not self.tolerance:
             return by_blocks
@@ -294,8 +294,8 @@ class Drawing:
 def glyph_drawing(cfg: dict, model_dir: Path, glyph_px: float, max_new_tokens: int, as_scans: bool = False,
                   zooms: tuple[float, ...] = ()) -> Drawing:
     """Pages at glyph_px up to the pixels the model's processor lets through and its context holds beside
-    max_new_tokens of answer, as the job caps them (pipeline.checkpoint.glyph_max_pixels)."""
-    from pipeline.checkpoint import glyph_max_pixels, image_processor
+    max_new_tokens of answer, as the job caps them (pipeline.page_reading.glyph_max_pixels)."""
+    from pipeline.page_reading import glyph_max_pixels, image_processor
 
     target = cfg["image"]["target_longest_px"]
     cap = glyph_max_pixels(str(model_dir), image_processor(str(model_dir)), max_new_tokens, target)
