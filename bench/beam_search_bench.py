@@ -262,7 +262,7 @@ def parent_shares(args) -> None:
     names, images, _ = load_pages(args.pages)
     reader = EnginePageReader(TINY, args.device, num_beams=args.beams, batch=args.num_pages)
     engine = reader.backend.engine
-    copy, steps = engine._copy_to_members, []
+    copy, steps = engine.beams.copy_to_members, []
 
     def recording_copy(beams):
         for _, choice in beams:
@@ -270,7 +270,7 @@ def parent_shares(args) -> None:
                 steps.append((choice.parents.cpu() == torch.arange(choice.parents.shape[1])).float().mean(1))
         return copy(beams)
 
-    engine._copy_to_members = recording_copy
+    engine.beams.copy_to_members = recording_copy
     reader.read(images[:args.num_pages], args.max_new_tokens)
     stay = torch.cat(steps)
     out = {"command": "python bench/beam_search_bench.py " + " ".join(sys.argv[1:]), "pages": names[:args.num_pages],

@@ -14,7 +14,9 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.block_manager import blocks_for
 from engine.sequence import Sequence
+from engine.step_metadata import to_device
 
 # transformers' mask for continuations that must not be chosen; a score this low never wins a comparison
 MASKED = -1.0e9
@@ -112,3 +114,85 @@ class BeamGroup:
 
     def best(self) -> list[int]:
         return self.hypotheses[0][1]
+
+
+class BeamStepper:
+    """The engine's side of beam requests within a step: the device-side choices, the copy of the chosen parents'
+    caches into the members that continue them, and the end of a request."""
+
+    def __init__(self, scheduler, runner, block_size: int, device: torch.device):
+        self.scheduler, self.runner, self.block_size, self.device = scheduler, runner, block_size, device
+
+    def step(self, seqs: list[Sequence], tokens: torch.Tensor, logits: torch.Tensor):
+        """Beam requests' choices for this step (one selection per shape of request, not per request), their
+        parents' caches copied to the members that continue them.
+        -> (the other sequences, their tokens and logits rows, [(requests, their choice)])."""
+        row_of = {id(s): i for i, s in enumerate(seqs)}
+        others = [i for i, s in enumerate(seqs) if s.beam is None]
+        by_shape: dict[tuple, list[BeamGroup]] = {}
+        for group in dict.fromkeys(s.beam for s in seqs if s.beam is not None):
+            by_shape.setdefault(group.shape_key(), []).append(group)
+        beams = []
+        for (n, k, _), groups in by_shape.items():
+            rows = to_device([row_of[id(m)] for g in groups for m in g.scored], torch.int64, self.device)
+            norm, at_max = zip(*(g.next_length() for g in groups))
+            scores = torch.stack([g.scores for g in groups])
+            choice, new_scores = select_beams(logits[rows].view(len(groups), n, -1), scores, k, groups[0].stop_ids,
+                                              to_device(norm, torch.float32, self.device),
+                                              to_device(at_max, torch.bool, self.device))
+            for g, row_scores in zip(groups, new_scores):
+                g.scores = row_scores
+            beams.append((groups, choice))
+        self.copy_to_members(beams)
+        for groups, _ in beams:
+            for group in groups:
+                if not group.forked:
+                    group.forked = True
+                    self.scheduler.join(group.members[1:])
+        idx = to_device(others, torch.int64, self.device)
+        return [seqs[i] for i in others], tokens[idx], logits[idx], beams
+
+
+    def copy_to_members(self, beams: list[tuple[list[BeamGroup], BeamChoice]]) -> None:
+        """Each member gets the GDN state row and KV blocks of the scored sequence it continues, for all beam
+        requests in one copy. Blocks before the prompt's last full one are the same in every member (copied once,
+        when the prompt is done). The parents are on the device, so the sources are gathered there: per member,
+        the offset of its request's scored slots; per block, the offset of its request's scored block tables."""
+        bs = self.block_size
+        scored_slots, slot_base, dst_slots = [], [], []
+        tables, blk_member, blk_base, blk_count, dst_blocks = [], [], [], [], []
+        for groups, _ in beams:
+            for g in groups:
+                scored = g.scored
+                first = scored[0].prompt_len // bs if g.forked else 0
+                nb = blocks_for(scored[0].num_computed, bs) - first
+                base_slot, base_table = len(scored_slots), len(tables)
+                scored_slots += [s.state_slot for s in scored]
+                for s in scored:
+                    tables += s.block_table[first:first + nb]
+                for m in g.members:
+                    member = len(dst_slots)
+                    slot_base.append(base_slot)
+                    dst_slots.append(m.state_slot)
+                    dst_blocks += m.block_table[first:first + nb]
+                    blk_member += [member] * nb
+                    blk_base += range(base_table, base_table + nb)
+                    blk_count += [nb] * nb
+        dev = self.device
+        parents = torch.cat([choice.parents.flatten() for _, choice in beams])
+        src_slots = to_device(scored_slots, torch.int64, dev)[to_device(slot_base, torch.int64, dev) + parents]
+        blk = to_device([blk_member, blk_base, blk_count], torch.int64, dev)
+        src_blocks = to_device(tables, torch.int64, dev)[blk[1] + parents[blk[0]] * blk[2]]
+        self.runner.copy_caches(src_slots, to_device(dst_slots, torch.int64, dev), src_blocks,
+                                to_device(dst_blocks, torch.int64, dev))
+
+
+    def finish(self, group: BeamGroup) -> Sequence:
+        """Ends a beam request: its leader takes the best hypothesis; every member leaves the scheduler."""
+        leader, best = group.leader, group.best()
+        leader.token_ids = leader.token_ids[:leader.prompt_len] + best
+        leader.num_known = len(leader.token_ids)
+        reason = "stop" if best[-1] in leader.stop_ids else "length"
+        for m in group.members:
+            self.scheduler.finish(m, reason)
+        return leader

@@ -7,11 +7,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from engine.beam_search import BeamChoice, BeamGroup, select_beams
-from engine.block_manager import BlockManager, blocks_for
+from engine.beam_search import BeamChoice, BeamGroup, BeamStepper
+from engine.block_manager import BlockManager
 from engine.checkpoint import expected_tensors, inspect_checkpoint, iter_checkpoint_tensors, load_weights
 from engine.config import ModelConfig, default_max_model_len
 from engine.interface import SamplingParams, seed_for_request
@@ -19,10 +18,11 @@ from engine.model_runner import DecodePath, ModelRunner, resolve_dtype
 from engine.models.dflash import DFlashDrafter
 from engine.models.qwen3_5 import Qwen3_5Model
 from engine.processor import Processor
+from engine.request_checks import RequestRejected, check_prompt, check_sampling, image_inputs
 from engine.rope import mrope_positions
 from engine.sampler import Sampler
 from engine.scheduler import NEED_DRAIN, ScheduledStep, Scheduler
-from engine.sequence import ImageInputs, SeqStatus, Sequence
+from engine.sequence import SeqStatus, Sequence
 from engine.speculative import SpecDecoder, SpecFlight, SpecStats
 from engine.state_pool import StatePool
 from engine.step_metadata import PrefillChunk, to_device
@@ -52,10 +52,6 @@ class InFlight:
     ev_start: torch.cuda.Event | None = None
     record: StepRecord | None = None
     spec: SpecFlight | None = None  # a speculative step: up to T tokens per sequence (tokens is then [S, T])
-
-
-class RequestRejected(ValueError):
-    """The request can never run on this engine (too long, malformed); nothing was queued."""
 
 
 @dataclass
@@ -160,6 +156,7 @@ class Engine:
             self.spec = SpecDecoder(self.runner, drafter, block, opts.max_num_seqs)
         self.scheduler = Scheduler(self.block_manager, StatePool(opts.max_num_seqs), opts.max_num_seqs, mnbt,
                                    decode_len=self._decode_len)
+        self.beams = BeamStepper(self.scheduler, self.runner, self.block_manager.block_size, self.device)
         self.sampler = Sampler()
         stops = set(stop_token_ids) | set(cfg.text.eos_token_ids)
         if processor is not None:
@@ -190,20 +187,8 @@ class Engine:
         sampling = sampling or SamplingParams()
         if request_id in self._seqs:
             raise RequestRejected(f"request {request_id!r}: id already in use")
-        if sampling.max_tokens < 1:
-            raise RequestRejected(f"request {request_id!r}: max_tokens must be >= 1, got {sampling.max_tokens}")
-        if sampling.temperature < 0 or not 0 < sampling.top_p <= 1 or sampling.top_k < 0 or sampling.num_beams < 1:
-            raise RequestRejected(f"request {request_id!r}: bad sampling params {sampling}")
-        loops = [n for n in (sampling.loop_stop_tokens, sampling.loop_drop_tokens) if n]
-        if (loops and (min(loops) < 3 or len(loops) > 1 or sampling.num_beams > 1)
-                or (sampling.loop_ban_next and not sampling.loop_drop_tokens)):
-            raise RequestRejected(f"request {request_id!r}: loop_stop_tokens and loop_drop_tokens must be 0 (off) or "
-                                  f">= 3, one of them at most, and work without beam search only; loop_ban_next needs "
-                                  f"loop_drop_tokens; got {sampling}")
+        check_sampling(request_id, sampling, keep_logits, self.options.max_num_seqs)
         beams = sampling.num_beams
-        if beams > 1 and (sampling.temperature > 0 or keep_logits or beams > self.options.max_num_seqs):
-            raise RequestRejected(f"request {request_id!r}: beam search needs temperature 0, no keep_logits and "
-                                  f"num_beams <= max_num_seqs ({self.options.max_num_seqs}); got {sampling}")
         if prompt_token_ids is None:
             if self.processor is None:
                 raise RequestRejected(f"request {request_id!r}: engine has no tokenizer; pass prompt_token_ids")
@@ -213,26 +198,13 @@ class Engine:
                 raise RequestRejected(f"request {request_id!r}: image given but the engine is text-only")
             prompt_token_ids, pixel_values, image_grids = self.processor.page_inputs(image, prompt)
         ids = [int(t) for t in prompt_token_ids]
-        if not ids:
-            raise RequestRejected(f"request {request_id!r}: empty prompt")
-        if any(t < 0 or t >= self.cfg.text.vocab_size for t in ids):
-            raise RequestRejected(f"request {request_id!r}: token id outside [0, {self.cfg.text.vocab_size})")
-        budget = len(ids) + sampling.max_tokens
-        if budget > self.max_model_len:
-            raise RequestRejected(
-                f"request {request_id!r}: prompt ({len(ids)} tokens) + max_tokens ({sampling.max_tokens}) = {budget} "
-                f"exceeds the context budget max_model_len={self.max_model_len}; shrink the image (max_pixels), "
-                f"lower max_tokens or raise max_model_len")
-        if beams * blocks_for(budget, self.block_manager.block_size) > self.block_manager.num_blocks:
-            raise RequestRejected(f"request {request_id!r}: needs {budget} tokens of KV cache for each of its "
-                                  f"{beams} beam(s), the whole cache holds "
-                                  f"{self.block_manager.num_blocks * self.block_manager.block_size}")
+        check_prompt(request_id, ids, sampling, self.cfg.text.vocab_size, self.max_model_len, self.block_manager)
         images = None
         grids = [tuple(int(v) for v in g) for g in (image_grids or [])]
         if pixel_values is not None or grids:
             if self.text_only:
                 raise RequestRejected(f"request {request_id!r}: image inputs given but the engine is text-only")
-            images = self._image_inputs(request_id, ids, pixel_values, grids)
+            images = image_inputs(request_id, self.cfg, ids, pixel_values, grids, self._image_processor is not None)
         merge = self.cfg.vision.spatial_merge_size if self.cfg.vision is not None else 2
         try:
             pos, delta = mrope_positions(ids, self.cfg.image_token_id, grids, merge)
@@ -249,36 +221,6 @@ class Engine:
             BeamGroup([seq, *others], sampling.length_penalty, self.device)
         self._seqs[request_id] = seq
         self.scheduler.add(seq)
-
-    def _image_inputs(self, request_id, ids, pixel_values, grids) -> ImageInputs:
-        v = self.cfg.vision
-        pv = torch.as_tensor(np.asarray(pixel_values) if not torch.is_tensor(pixel_values) else pixel_values)
-        n_patches = sum(t * h * w for t, h, w in grids)
-        compact = pv.dtype == torch.uint8  # Processor.page_inputs(compact=True): expanded on the device
-        width = v.patch_dim // v.temporal_patch_size if compact else v.patch_dim
-        if pv.dim() != 2 or pv.shape != (n_patches, width):
-            raise RequestRejected(f"request {request_id!r}: pixel_values shape {tuple(pv.shape)}, grids imply "
-                                  f"[{n_patches}, {width}]")
-        if compact and (self._image_processor is None or any(t != 1 for t, _, _ in grids)):
-            raise RequestRejected(f"request {request_id!r}: uint8 patches need still images (grid t = 1) and the "
-                                  f"checkpoint's image processor; pass float32 patches instead")
-        m2 = v.spatial_merge_size**2
-        spans, i, arr = [], 0, np.asarray(ids)
-        is_img = arr == self.cfg.image_token_id
-        for t, h, w in grids:
-            n = t * h * w // m2
-            starts = np.flatnonzero(is_img[i:])
-            if not len(starts):
-                raise RequestRejected(f"request {request_id!r}: fewer image-token runs than images")
-            a = i + int(starts[0])
-            if not is_img[a:a + n].all() or (a + n < len(arr) and is_img[a + n]):
-                raise RequestRejected(f"request {request_id!r}: image of grid {(t, h, w)} needs exactly {n} "
-                                      f"consecutive image tokens at {a}")
-            spans.append((a, n))
-            i = a + n
-        if is_img[i:].any():
-            raise RequestRejected(f"request {request_id!r}: more image tokens than the images provide")
-        return ImageInputs(pv if compact else pv.float(), grids, spans)
 
     def abort(self, request_id: str) -> None:
         seq = self._seqs.pop(request_id, None)
@@ -340,7 +282,7 @@ class Engine:
         tokens = self.sampler(logits, seqs)
         beams, fed = [], seqs
         if any(s.beam is not None for s in seqs):
-            seqs, tokens, logits, beams = self._beam_step(seqs, tokens, logits)
+            seqs, tokens, logits, beams = self.beams.step(seqs, tokens, logits)
             fed = seqs + [m for groups, _ in beams for group in groups for m in group.members]
             tokens = torch.cat([tokens] + [choice.tokens.flatten() for _, choice in beams])
         slots = to_device([s.state_slot for s in fed], torch.int64, self.device)
@@ -410,7 +352,7 @@ class Engine:
                 leader.first_token_time = leader.first_token_time or now
                 leader.last_token_time = now
                 if group.apply(choice, row):
-                    finished.append(self._finish_beams(group))
+                    finished.append(self._output(self.beams.finish(group)))
         return finished
 
     def _apply_token(self, seq: Sequence, tok: int, logits_row, now: float) -> RequestOutput | None:
@@ -454,77 +396,6 @@ class Engine:
                     finished.append(out)
                     break
         return finished
-
-    def _beam_step(self, seqs: list[Sequence], tokens: torch.Tensor, logits: torch.Tensor):
-        """Beam requests' choices for this step (one selection per shape of request, not per request), their
-        parents' caches copied to the members that continue them.
-        -> (the other sequences, their tokens and logits rows, [(requests, their choice)])."""
-        row_of = {id(s): i for i, s in enumerate(seqs)}
-        others = [i for i, s in enumerate(seqs) if s.beam is None]
-        by_shape: dict[tuple, list[BeamGroup]] = {}
-        for group in dict.fromkeys(s.beam for s in seqs if s.beam is not None):
-            by_shape.setdefault(group.shape_key(), []).append(group)
-        beams = []
-        for (n, k, _), groups in by_shape.items():
-            rows = to_device([row_of[id(m)] for g in groups for m in g.scored], torch.int64, self.device)
-            norm, at_max = zip(*(g.next_length() for g in groups))
-            scores = torch.stack([g.scores for g in groups])
-            choice, new_scores = select_beams(logits[rows].view(len(groups), n, -1), scores, k, groups[0].stop_ids,
-                                              to_device(norm, torch.float32, self.device),
-                                              to_device(at_max, torch.bool, self.device))
-            for g, row_scores in zip(groups, new_scores):
-                g.scores = row_scores
-            beams.append((groups, choice))
-        self._copy_to_members(beams)
-        for groups, _ in beams:
-            for group in groups:
-                if not group.forked:
-                    group.forked = True
-                    self.scheduler.join(group.members[1:])
-        idx = to_device(others, torch.int64, self.device)
-        return [seqs[i] for i in others], tokens[idx], logits[idx], beams
-
-    def _copy_to_members(self, beams: list[tuple[list[BeamGroup], BeamChoice]]) -> None:
-        """Each member gets the GDN state row and KV blocks of the scored sequence it continues, for all beam
-        requests in one copy. Blocks before the prompt's last full one are the same in every member (copied once,
-        when the prompt is done). The parents are on the device, so the sources are gathered there: per member,
-        the offset of its request's scored slots; per block, the offset of its request's scored block tables."""
-        bs = self.block_manager.block_size
-        scored_slots, slot_base, dst_slots = [], [], []
-        tables, blk_member, blk_base, blk_count, dst_blocks = [], [], [], [], []
-        for groups, _ in beams:
-            for g in groups:
-                scored = g.scored
-                first = scored[0].prompt_len // bs if g.forked else 0
-                nb = blocks_for(scored[0].num_computed, bs) - first
-                base_slot, base_table = len(scored_slots), len(tables)
-                scored_slots += [s.state_slot for s in scored]
-                for s in scored:
-                    tables += s.block_table[first:first + nb]
-                for m in g.members:
-                    member = len(dst_slots)
-                    slot_base.append(base_slot)
-                    dst_slots.append(m.state_slot)
-                    dst_blocks += m.block_table[first:first + nb]
-                    blk_member += [member] * nb
-                    blk_base += range(base_table, base_table + nb)
-                    blk_count += [nb] * nb
-        dev = self.device
-        parents = torch.cat([choice.parents.flatten() for _, choice in beams])
-        src_slots = to_device(scored_slots, torch.int64, dev)[to_device(slot_base, torch.int64, dev) + parents]
-        blk = to_device([blk_member, blk_base, blk_count], torch.int64, dev)
-        src_blocks = to_device(tables, torch.int64, dev)[blk[1] + parents[blk[0]] * blk[2]]
-        self.runner.copy_caches(src_slots, to_device(dst_slots, torch.int64, dev), src_blocks,
-                                to_device(dst_blocks, torch.int64, dev))
-
-    def _finish_beams(self, group: BeamGroup) -> RequestOutput:
-        leader, best = group.leader, group.best()
-        leader.token_ids = leader.token_ids[:leader.prompt_len] + best
-        leader.num_known = len(leader.token_ids)
-        reason = "stop" if best[-1] in leader.stop_ids else "length"
-        for m in group.members:
-            self.scheduler.finish(m, reason)
-        return self._output(leader)
 
     def _prefill(self, seqs: list[Sequence], lens: list[int], start_event=None):
         self._encode_images([s for s in seqs if s.images is not None and s.image_embeds is None])

@@ -131,7 +131,7 @@ def test_members_get_their_parents_caches(text_ckpt, monkeypatch, triton):
     choice = BeamChoice(parents, parents, parents, parents, parents.float(), parents > 9, 3)
     if triton:
         monkeypatch.setenv("OCRIA_FORCE_TRITON", "1")
-    eng._copy_to_members([(groups, choice)])
+    eng.beams.copy_to_members([(groups, choice)])
     checked = 0
     for g, row in zip(groups, parents.tolist()):
         first = g.leader.prompt_len // 8
