@@ -149,12 +149,12 @@ def test_job_killed_midway_then_resumed_gives_every_document_once(where, request
     """The driver and its Ray killed mid-stream; a rerun gives every document exactly once. On GCS the endpoint
     comes from STORAGE_EMULATOR_HOST, as a user of an emulator would set it, in the killed run and the resume."""
     make_pdfs(tmp_path / "in", 16)
-    env, flags = dict(os.environ), []
+    store = request.getfixturevalue(f"{where}_store") if where != "local" else None
+    env, flags = dict(os.environ), []  # after the store's fixture, which puts its credentials in the environment
     if where == "local":
         inp, out, storage = str(tmp_path / "in"), str(tmp_path / "out"), {}
         committed = lambda: len(list((tmp_path / "out" / "documents").glob("*.parquet")))  # noqa: E731
     else:
-        store = request.getfixturevalue(f"{where}_store")
         b = store.new_bucket()
         store.upload_tree(tmp_path / "in", f"{b}/in")
         inp, out = store.uri(f"{b}/in"), store.uri(f"{b}/out")
