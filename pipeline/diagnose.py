@@ -76,12 +76,21 @@ def warnings_text(warnings: str) -> str:
     return text if len(text) <= WARNINGS_SHOWN else text[: WARNINGS_SHOWN - 3] + "..."
 
 
+def out_of_memory(failure: str) -> bool:
+    """Whether MuPDF failed for want of memory ("malloc (300010000 bytes) failed"): under the render process's
+    address-space cap that is a page or image too large to draw, not a damaged file."""
+    low = failure.lower()
+    return "out of memory" in low or (("malloc" in low or "calloc" in low or "realloc" in low) and "failed" in low)
+
+
 def classify_unopened(data: bytes, warnings: str, failure: str) -> tuple[str, str]:
     """(kind, message) for a PDF that did not open, whose page count could not be read, or that has no pages.
     `failure` says what went wrong in MuPDF's words ("no pages" when the document opened empty)."""
     f = facts(data, warnings)
     said = warnings_text(warnings)
     mupdf = f" (MuPDF: {failure}{'; ' + said if said else ''})"
+    if out_of_memory(failure):
+        return "too_large", f"out of memory while opening the document{mupdf}"
     if f.header_at is None:
         return "not_pdf", f"no %PDF- marker in the first {HEAD} bytes: the file is {what_it_looks_like(data)}{mupdf}"
     if why := f.cut_off():
@@ -98,4 +107,6 @@ def classify_unopened(data: bytes, warnings: str, failure: str) -> tuple[str, st
 def classify_page_failure(failure: str) -> str:
     """The kind of one page that could not be loaded or drawn."""
     low = failure.lower()
+    if out_of_memory(failure):
+        return "too_large"
     return "page_tree" if "page tree" in low or "number of pages" in low else "page_damaged"

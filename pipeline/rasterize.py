@@ -12,7 +12,7 @@ from typing import Iterator
 import numpy as np
 import pymupdf
 
-from pipeline.diagnose import classify_page_failure, classify_unopened, warnings_text, what_it_looks_like
+from pipeline.diagnose import classify_page_failure, classify_unopened, out_of_memory, warnings_text, what_it_looks_like
 
 # File types PyMuPDF opens by content; the extension only picks the parser.
 FILETYPES = {".pdf": "pdf", ".png": "png", ".jpg": "jpeg", ".jpeg": "jpeg", ".tif": "tiff", ".tiff": "tiff"}
@@ -211,7 +211,8 @@ def open_document(data: bytes, uri: str) -> pymupdf.Document:
     except Exception as e:  # MuPDF raises FileDataError / RuntimeError subclasses
         if filetype == "pdf":
             raise DocumentError(*classify_unopened(data, pymupdf.TOOLS.mupdf_warnings(), f"{type(e).__name__}: {e}")) from e
-        raise DocumentError("damaged", f"cannot open as {filetype}: {type(e).__name__}: {e}") from e
+        kind = "too_large" if out_of_memory(str(e)) else "damaged"
+        raise DocumentError(kind, f"cannot open as {filetype}: {type(e).__name__}: {e}") from e
     if filetype == "pdf" and not doc.is_pdf:  # MuPDF sniffs content: an HTML error page named .pdf opens as HTML
         raise DocumentError("not_pdf", f"file is named .pdf but its content is not a PDF: it is {what_it_looks_like(data)}")
     if doc.needs_pass:
@@ -221,7 +222,8 @@ def open_document(data: bytes, uri: str) -> pymupdf.Document:
     except Exception as e:
         if filetype == "pdf":
             raise DocumentError(*classify_unopened(data, pymupdf.TOOLS.mupdf_warnings(), f"{type(e).__name__}: {e}")) from e
-        raise DocumentError("damaged", f"cannot read the page count: {type(e).__name__}: {e}") from e
+        kind = "too_large" if out_of_memory(str(e)) else "damaged"
+        raise DocumentError(kind, f"cannot read the page count: {type(e).__name__}: {e}") from e
     if count == 0:
         if filetype == "pdf":
             raise DocumentError(*classify_unopened(data, pymupdf.TOOLS.mupdf_warnings(), "no pages"))
