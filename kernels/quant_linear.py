@@ -33,8 +33,8 @@ from kernels.small_m_linear import MAX_SPLIT_K, _split_k_reduce_kernel, pick_spl
 
 MAX_M = 64  # rows through the GEMV (more: prefill GEMMs). Above 16 the bf16 path hands over to cuBLAS; with 1-byte
 # or half-byte weights the GEMV keeps the weight-streaming advantage longer (Marlin: ~4x up to 16-32 rows), and
-# cuBLAS's row-wise FP8 was measured slower than bf16 at 1-64 rows on the H200 (issue 42). The H200 run of
-# bench/quantized_decode_bench.py at batch 32 / 64 is what should confirm or move this bound.
+# cuBLAS's row-wise FP8 is slower than bf16 at 1-64 rows. bench/quantized_decode_bench.py at batch 32 / 64 on the
+# H200 is what should confirm or move this bound.
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
 E2M1_MAX = 6.0
