@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml
 	    extra="--extra-index-url $(TORCH_INDEX)"; \
 	  else echo "note: $(TORCH_INDEX) cannot be reached: torch comes from PyPI or your pip configuration"; fi; \
 	fi; \
-	$(PY) -m pip install -q $$extra -e '.[dev]'
+	$(PY) -m pip install -q $$extra -e '.[dev,interop]'
 	touch $@
 
 setup: $(STAMP)

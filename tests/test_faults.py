@@ -110,8 +110,9 @@ def test_without_the_cap_the_same_raster_is_drawn_at_page_size(bomb):
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_doc_timeout_and_retry_failed_flags_reach_the_job(tmp_path, tiny_checkpoint):
-    """`--doc-timeout` from the command line to the renderer of a real job (its limit, not the default 300 s, is
-    in the error row), then `--retry-failed`: only the document that failed is taken again, not one added since."""
+    """`--doc-timeout` (the per-page limit's old name) from the command line to the renderer of a real job (its
+    limit, not the default, is in the error row), then `--retry-failed`: only the document that failed is taken
+    again, not one added since."""
     import subprocess
     import sys
 
@@ -137,7 +138,7 @@ def test_doc_timeout_and_retry_failed_flags_reach_the_job(tmp_path, tiny_checkpo
     assert docs["letter.pdf"]["status"] == "ok"
     hang = docs["hang.pdf"]
     assert (hang["status"], hang["error_kind"], hang["attempt"]) == ("error", "timeout", 1)
-    assert "longer than 20 s" in hang["error"], hang["error"]
+    assert "not drawn within 20 s" in hang["error"], hang["error"]
     (tmp_path / "in" / "report.pdf").write_bytes((ROOT / "samples" / "report.pdf").read_bytes())
     docs = cli("--retry-failed")
     assert sorted(docs) == ["hang.pdf", "letter.pdf"]  # report.pdf is new, not failed: --retry-failed leaves it
