@@ -55,6 +55,8 @@ class PageResult:
     spec_steps: int = 0  # speculative decoding: verify steps, drafts proposed and accepted (RequestOutput)
     spec_drafted: int = 0
     spec_accepted: int = 0
+    spec_drafted_by_pos: tuple[int, ...] = ()  # ... the same by position in the block (1 = the first draft)
+    spec_accepted_by_pos: tuple[int, ...] = ()
 
 
 def seed_for_request(request_id: str) -> int:

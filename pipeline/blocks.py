@@ -386,6 +386,17 @@ def join_block_texts(blocks: list[TextBlock], texts: list[str]) -> str:
     return out
 
 
+def spec_counts(results: Sequence[PageResult]) -> dict:
+    """Speculative-decoding counts of several reads as one: every count summed, by-position ones place by place."""
+    def by_pos(name: str) -> tuple[int, ...]:
+        lists = [getattr(r, name) for r in results]
+        return tuple(sum(v[i] for v in lists if i < len(v)) for i in range(max(map(len, lists), default=0)))
+
+    return dict(spec_steps=sum(r.spec_steps for r in results), spec_drafted=sum(r.spec_drafted for r in results),
+                spec_accepted=sum(r.spec_accepted for r in results), spec_drafted_by_pos=by_pos("spec_drafted_by_pos"),
+                spec_accepted_by_pos=by_pos("spec_accepted_by_pos"))
+
+
 def merge_block_results(request_id: str, blocks: list[TextBlock], results: list[PageResult],
                         spent: list[PageResult] = ()) -> PageResult:
     """Page `request_id`'s result from its blocks' (read together in one engine call, and the reads set aside,
@@ -399,7 +410,8 @@ def merge_block_results(request_id: str, blocks: list[TextBlock], results: list[
         prompt_tokens=sum(r.prompt_tokens for r in every), output_tokens=sum(r.output_tokens for r in every),
         finish_reason=next((f for f in ("length", "loop") if f in reasons), "stop"),
         loop_dropped_tokens=sum(r.loop_dropped_tokens for r in every), ttft_s=first,
-        decode_s=max(r.ttft_s + r.decode_s for r in every) - first, total_s=max(r.total_s for r in every))
+        decode_s=max(r.ttft_s + r.decode_s for r in every) - first, total_s=max(r.total_s for r in every),
+        **spec_counts(every))
 
 
 def voted_result(results: list[PageResult]) -> PageResult:
@@ -412,7 +424,8 @@ def voted_result(results: list[PageResult]) -> PageResult:
         prompt_tokens=sum(r.prompt_tokens for r in results), output_tokens=sum(r.output_tokens for r in results),
         finish_reason="error" if failed else results[0].finish_reason, error=failed.error if failed else None,
         loop_dropped_tokens=sum(r.loop_dropped_tokens for r in results), ttft_s=first,
-        decode_s=max(r.ttft_s + r.decode_s for r in results) - first, total_s=max(r.total_s for r in results))
+        decode_s=max(r.ttft_s + r.decode_s for r in results) - first, total_s=max(r.total_s for r in results),
+        **spec_counts(results))
 
 
 def page_blocks(image: np.ndarray, max_lines: int, token_px: int) -> tuple[list[TextBlock], list[np.ndarray]]:

@@ -52,6 +52,14 @@ PAGE_SCHEMA = pa.schema([
     ("finish_reason", pa.string()),
     ("loop_dropped_tokens", pa.int32()),  # output tokens left out of `text` as a loop's repeats (model.loop_drop_tokens)
     ("read_by", pa.string()),  # page | blocks: whose read `text` is (model.block_lines: a page read in blocks too)
+    # speculative decoding (model.drafter), over every read of the page: verify steps, drafts proposed and accepted,
+    # both by position in the block, and tau, the mean tokens a verify step gave (null without a drafter)
+    ("spec_steps", pa.int32()),
+    ("spec_drafted", pa.int32()),
+    ("spec_accepted", pa.int32()),
+    ("spec_drafted_by_pos", pa.list_(pa.int32())),
+    ("spec_accepted_by_pos", pa.list_(pa.int32())),
+    ("spec_tau", pa.float64()),
     ("backend", pa.string()),
     ("model_id", pa.string()),
     ("raster_s", pa.float64()),

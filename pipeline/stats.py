@@ -31,6 +31,11 @@ class RunStats:
     prompt_tokens: int = 0
     loop_dropped_tokens: int = 0
     pages_loop_dropped: int = 0  # pages whose answer had a loop's repeats left out
+    spec_steps: int = 0  # speculative decoding: verify steps, drafts proposed and accepted (by position in the block)
+    spec_drafted: int = 0
+    spec_accepted: int = 0
+    spec_drafted_by_pos: list[int] = field(default_factory=list)
+    spec_accepted_by_pos: list[int] = field(default_factory=list)
     raster_actors: int = 1
     engine_busy_s: float = 0.0
     raster_s: list[float] = field(default_factory=list)
@@ -57,12 +62,31 @@ class RunStats:
             self.prompt_tokens += r["prompt_tokens"] or 0
             self.loop_dropped_tokens += r["loop_dropped_tokens"] or 0
             self.pages_loop_dropped += bool(r["loop_dropped_tokens"])
+            self._add_speculation(r)
             self.raster_s.append(r["raster_s"] or 0.0)
             self.engine_busy_s += r["engine_s"] or 0.0
             if r["parse_s"] is not None:
                 self.parse_s.append(r["parse_s"])
             if r["ttft_s"] is not None:
                 self.ttft_s.append(r["ttft_s"])
+
+    def _add_speculation(self, r: dict) -> None:
+        self.spec_steps += r.get("spec_steps") or 0
+        self.spec_drafted += r.get("spec_drafted") or 0
+        self.spec_accepted += r.get("spec_accepted") or 0
+        for total, page in ((self.spec_drafted_by_pos, r.get("spec_drafted_by_pos") or ()),
+                            (self.spec_accepted_by_pos, r.get("spec_accepted_by_pos") or ())):
+            total.extend([0] * (len(page) - len(total)))
+            for i, n in enumerate(page):
+                total[i] += n
+
+    def speculation(self) -> dict:
+        """tau (mean tokens per verify step), drafts proposed and accepted, and the share accepted at each position of
+        the block (1 = the first draft); zeros without a drafter."""
+        return {"verify_steps": self.spec_steps, "drafted": self.spec_drafted, "accepted": self.spec_accepted,
+                "tau": (self.spec_accepted + self.spec_steps) / self.spec_steps if self.spec_steps else 0.0,
+                "acceptance_by_position": {str(i + 1): a / d for i, (a, d) in
+                                           enumerate(zip(self.spec_accepted_by_pos, self.spec_drafted_by_pos)) if d}}
 
     def summary(self) -> dict:
         wall = max(self.wall_s, 1e-9)
@@ -109,6 +133,7 @@ class RunStats:
             "output_tokens": self.output_tokens,
             "loop_dropped_tokens": self.loop_dropped_tokens,
             "pages_loop_dropped": self.pages_loop_dropped,
+            "speculation": self.speculation(),
             "raster_s_per_page": percentiles(self.raster_s),
             "parse_s_per_page": percentiles(self.parse_s),
             "ttft_s": percentiles(self.ttft_s),
@@ -138,6 +163,15 @@ class RunStats:
         return json.dumps(self.summary(), indent=2, sort_keys=True, default=str)
 
 
+def speculation_lines(spec: dict) -> list[str]:
+    """The table's speculative-decoding line: none without a drafter."""
+    if not spec["verify_steps"]:
+        return []
+    by_pos = " ".join(f"{v:.2f}" for v in list(spec["acceptance_by_position"].values())[:16])
+    return [f"{'speculation tau':<24}{spec['tau']:>10.2f}   accepted {spec['accepted']} of {spec['drafted']} drafts in "
+            f"{spec['verify_steps']} verify steps; accepted by position: {by_pos}"]
+
+
 def format_table(s: dict) -> str:
     def pct(d: dict, scale: float = 1000.0) -> str:
         return "  ".join(f"{k} {v * scale:8.1f}" for k, v in d.items())
@@ -154,6 +188,7 @@ def format_table(s: dict) -> str:
            f"after warm-up: run too short for a steady phase (warm-up {s['warmup_s']:.1f} of {s['wall_s']:.1f} s)"),
         f"{'output tokens/s':<24}{s['output_tokens_per_s']:>10.1f}   per engine {s['output_tokens_per_s_per_engine']:.1f}",
         f"{'loop repeats left out':<24}{s['loop_dropped_tokens']:>10}   tokens, on {s['pages_loop_dropped']} pages",
+        *speculation_lines(s["speculation"]),
         f"{'busy share':<24}engines {s['engine_busy_fraction']:.2f}   rasterizers {s['raster_busy_fraction']:.2f} "
         f"(of up to {s['raster_actors']})",
         f"{'raster ms/page':<24}{pct(s['raster_s_per_page'])}",

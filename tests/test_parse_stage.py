@@ -64,3 +64,42 @@ def test_loop_drop_reaches_the_page_rows(tmp_path):
         else:
             assert d["text"] == f["text"]
     assert any(r["loop_dropped_tokens"] for r in dropped), [r["text"] for r in free]
+
+
+def test_speculation_counts_reach_the_page_rows_and_the_stats(tiny_checkpoint, tmp_path):
+    """With a drafter (model.drafter) the rows carry each page's verify steps, drafts, accepted drafts (by block
+    position) and tau; the text is the plain read's (speculation is lossless); the run's stats add them up."""
+    from engine.testing import write_random_drafter
+    from pipeline.stats import RunStats, format_table
+
+    drafter = write_random_drafter(tmp_path / "drafter", tiny_checkpoint, block_size=4)
+
+    def read(options):
+        stage = ParseStage(run_id="r", backend_name="native", checkpoint=str(tiny_checkpoint), storage=StorageConfig(),
+                           cache_dir=str(tmp_path), device="cpu", dtype="float32",
+                           sampling={"max_tokens": 10, "temperature": 0.0}, prompt="Read.",
+                           fallback_to_text_layer=False, options={"max_num_seqs": 4, "num_blocks": 96, **options})
+        out = stage(_batch("d", 3, 5)).to_pylist()
+        stage.backend.close()
+        return out
+
+    plain, spec = read({}), read({"drafter": str(drafter)})
+    assert [r["text"] for r in spec] == [r["text"] for r in plain]
+    assert all(r["spec_steps"] is None or r["spec_steps"] == 0 for r in plain)
+    assert all(r["spec_tau"] is None for r in plain)
+    for r in spec:
+        assert r["spec_steps"] > 0 and r["spec_drafted"] >= r["spec_accepted"] >= 0
+        assert r["spec_tau"] == (r["spec_accepted"] + r["spec_steps"]) / r["spec_steps"]
+        assert sum(r["spec_drafted_by_pos"]) == r["spec_drafted"] and sum(r["spec_accepted_by_pos"]) == r["spec_accepted"]
+        assert len(r["spec_drafted_by_pos"]) <= 3  # block 4: at most 3 drafts a step
+    stats = RunStats(run_id="r", engine_actors=1, gpus=0, usd_per_gpu_hour=1.0)
+    stats.add_document({"status": "ok", "error_kind": None}, spec)
+    s = stats.summary()["speculation"]
+    assert s["verify_steps"] == sum(r["spec_steps"] for r in spec)
+    assert s["tau"] == (s["accepted"] + s["verify_steps"]) / s["verify_steps"]
+    first = sum(r["spec_accepted_by_pos"][0] for r in spec) / sum(r["spec_drafted_by_pos"][0] for r in spec)
+    assert s["acceptance_by_position"]["1"] == first
+    assert "speculation tau" in format_table(stats.summary())
+    plain_stats = RunStats(run_id="p", engine_actors=1, gpus=0, usd_per_gpu_hour=1.0)
+    plain_stats.add_document({"status": "ok", "error_kind": None}, plain)
+    assert "speculation tau" not in format_table(plain_stats.summary())
