@@ -22,7 +22,8 @@ PERMANENT_KINDS = {
     "page_tree": "the page tree is broken (a cycle, a wrong page count, a page that cannot be loaded)",
     "encrypted": "the document needs a user password",
     "page_damaged": "one page whose content MuPDF cannot draw (the document's other pages are parsed)",
-    "too_large": "drawing the page ran out of the render process's memory cap (raster.memory_limit_mb)",
+    "too_large": "drawing the page (or decoding an image document) ran out of the render process's memory cap "
+                 "(raster.memory_limit_mb)",
 }
 RETRYABLE_KINDS = {
     "timeout": "a page was not drawn within raster.page_timeout_s (the renderer is killed and the next page drawn)",
