@@ -8,7 +8,7 @@ export RAY_USAGE_STATS_ENABLED := 0
 export AWS_EC2_METADATA_DISABLED := true
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: run test setup samples checkpoint clean test-fast research-test deps-check
+.PHONY: run test setup checkpoint clean test-fast research-test deps-check
 
 # torch's CPU build, for `make run` and `make test` on a machine without a GPU (docs/install.md). Where the index cannot
 # be reached in 5 s, torch comes from PyPI (its CUDA build, which runs on CPU too) or your pip configuration.
@@ -50,7 +50,7 @@ deps-check: $(STAMP)
 	@echo "dependencies resolve from PyPI alone"
 
 test: $(STAMP) deps-check
-	TRITON_INTERPRET=1 timeout 2400 $(PY) -m pytest -q -rs --durations=10 -p no:cacheprovider $(PYTEST_ARGS)
+	TRITON_INTERPRET=1 timeout 2400 $(PY) -m pytest -q --durations=10 -p no:cacheprovider $(PYTEST_ARGS)
 
 # ocria-tiny's training and evaluation code (research/): its own tests, apart from the product's
 research-test: $(STAMP)

@@ -133,7 +133,9 @@ def scaling_rows(runs: list[dict]) -> list[dict]:
             "engines": n, "gpus": r["gpus"], "pages": r["pages"], "documents": r["documents"],
             "pages_per_s": r["pages_per_s"], "steady_pages_per_s": r["steady_pages_per_s"],
             "steady_pages_per_s_per_engine": r["steady_pages_per_s"] / n,
-            "scaling_efficiency": r["steady_pages_per_s"] / (n * base["steady_pages_per_s"]),
+            # a run too short for a steady phase has none (0): its efficiency is not defined
+            "scaling_efficiency": (r["steady_pages_per_s"] / (n * base["steady_pages_per_s"])
+                                   if base["steady_pages_per_s"] else float("nan")),
             "scaling_efficiency_overall": r["pages_per_s"] / (n * base["pages_per_s"]),
             "output_tokens_per_s": r["output_tokens_per_s"],
             "engine_busy_fraction": r["engine_busy_fraction"], "gpu_idle_fraction": 1 - r["engine_busy_fraction"],

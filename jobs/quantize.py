@@ -51,7 +51,11 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     cal = None
     if files:
-        images = calibration_images(files, str(args.checkpoint), recipe.calib_max_blocks)
+        try:
+            images = calibration_images(files, str(args.checkpoint), recipe.calib_max_blocks)
+        except RecipeError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
         cal = collect_calibration(args.checkpoint, images)
         print(f"calibration: {len(images)} block images from {len(files)} files, {cal.tokens} tokens, "
               f"{time.time() - t0:.0f} s", file=sys.stderr)

@@ -60,6 +60,9 @@ def validate_drafter(drafter: str | None, checkpoint_dir: str, backend: str) -> 
         return None
     if backend != "native":
         raise CheckpointError(f"model.drafter={drafter!r} needs model.backend native (or set --drafter none)")
+    if "://" in drafter:
+        raise CheckpointError(f"model.drafter={drafter!r}: a drafter is a local folder present on every node, not an "
+                              f"object-storage URI: copy it there (or set --drafter none)")
     path = Path(drafter).expanduser().resolve()
     try:
         from engine.config import load_config

@@ -197,7 +197,7 @@ FLAG_KEYS = {
     "max_pages": ("raster", "max_pages_per_doc"),
     "target_longest_px": ("raster", "target_longest_px"), "glyph_px": ("raster", "glyph_px"),
     "glyph_from_ink": ("raster", "glyph_from_ink"),
-    "page_timeout": ("raster", "page_timeout_s"), "doc_timeout": ("raster", "doc_timeout_s"),
+    "page_timeout": ("raster", "page_timeout_s"), "doc_timeout": ("raster", "page_timeout_s"),
     "batch_size": ("parse", "batch_size"), "num_engines": ("parse", "num_actors"),
     "retry_failed": ("run", "retry_failed"), "reparse": ("run", "reparse"), "max_attempts": ("run", "max_attempts"),
     "ray_address": ("run", "ray_address"), "num_cpus": ("run", "num_cpus"),

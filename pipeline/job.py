@@ -288,8 +288,10 @@ def _stream_and_commit(ds, prep: Prepared, stats: RunStats, echo=print) -> None:
         for uri, got, expected in assembler.incomplete():  # never drop a document silently
             add_document([_incomplete_row(prep, uri, got, expected)])
     finally:
-        flush()  # whole documents finished before a failure are kept; the rest is redone on the next run
-        progress.close()
+        try:
+            flush()  # whole documents finished before a failure are kept; the rest is redone on the next run
+        finally:
+            progress.close()
 
 
 def _incomplete_row(prep: Prepared, uri: str, got: int, expected: int) -> dict:

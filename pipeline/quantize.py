@@ -80,7 +80,7 @@ def calibration_images(files: list[Path], checkpoint: str, max_blocks: int, max_
     from pipeline.blocks import page_blocks
     from pipeline.checkpoint import checkpoint_info
     from pipeline.page_reading import image_processor
-    from pipeline.rasterize import FILETYPES, RasterOptions, rasterize
+    from pipeline.rasterize import FILETYPES, DocumentError, RasterOptions, RenderedPage, rasterize
 
     info = checkpoint_info(checkpoint)
     proc = image_processor(checkpoint)
@@ -95,8 +95,13 @@ def calibration_images(files: list[Path], checkpoint: str, max_blocks: int, max_
     for f in files:
         if f.suffix.lower() not in FILETYPES:
             continue
-        for _, _, page in rasterize(f.read_bytes(), str(f), opts):
-            blocks += page_blocks(page.image, max_lines, token_px)[1]
+        try:
+            pages = [page for _, _, page in rasterize(f.read_bytes(), str(f), opts)]
+        except DocumentError:  # a file that does not open calibrates nothing; the others still do
+            continue
+        for page in pages:
+            if isinstance(page, RenderedPage) and not page.blank:
+                blocks += page_blocks(page.image, max_lines, token_px)[1]
     if not blocks:
         raise RecipeError(f"no text blocks found in the calibration files {[str(f) for f in files][:5]}")
     keep = np.linspace(0, len(blocks) - 1, min(max_blocks, len(blocks))).round().astype(int)
@@ -105,11 +110,13 @@ def calibration_images(files: list[Path], checkpoint: str, max_blocks: int, max_
 
 def calibration_files(calib: Path | None, default: Path) -> list[Path]:
     """Every page file under `calib` (a folder or one file), else under `default` (the repository's samples/)."""
+    from pipeline.rasterize import FILETYPES
+
     root = calib or default
     if root.is_file():
         return [root]
-    files = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in
-                   (".pdf", ".png", ".jpg", ".jpeg", ".tif", ".tiff") and "broken" not in p.parts)
+    files = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in FILETYPES
+                   and "broken" not in p.parts)
     if not files:
         raise RecipeError(f"--calib {root}: no PDF or page images found")
     return files

@@ -71,6 +71,7 @@ def resolve(uri: str, storage: StorageConfig) -> Location:
 # Where pyarrow's clients look for credentials, named in the error a denied request gets.
 CREDENTIAL_SOURCES = {"s3": "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE or the rest of the AWS chain",
                       "gs": "GOOGLE_APPLICATION_CREDENTIALS or gcloud's application-default credentials"}
+CREDENTIAL_SOURCES["gcs"] = CREDENTIAL_SOURCES["gs"]  # resolve() takes gcs:// too
 DENIED_MARKERS = ("ACCESS_DENIED", "AccessDenied", "PERMISSION_DENIED", "UNAUTHENTICATED", "InvalidAccessKeyId",
                   "SignatureDoesNotMatch")
 

@@ -191,3 +191,11 @@ def test_the_old_per_document_limit_is_read_as_the_per_page_limit():
     assert load_config(None, base | both).raster.page_timeout_s == 20  # the new key wins
     assert load_config(None, base | _overrides(doc_timeout=45.0)).raster.page_timeout_s == 45
     assert load_config(None, base | _overrides(page_timeout=30.0)).raster.page_timeout_s == 30
+
+
+def test_a_drafter_given_as_a_storage_uri_fails_before_ray(tmp_path, tiny_checkpoint):
+    """The engines load the drafter from a local folder on every node: an object-storage URI is refused up front."""
+    proc, ray_imported = run_cli("--input", str(ROOT / "samples"), "--output", str(tmp_path / "out"),
+                                 "--checkpoint", str(tiny_checkpoint), "--drafter", "s3://bucket/drafter")
+    assert proc.returncode != 0 and not ray_imported
+    assert "local folder present on every node" in proc.stderr and "--drafter none" in proc.stderr, proc.stderr
