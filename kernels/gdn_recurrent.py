@@ -89,6 +89,16 @@ def gdn_recurrent_ref(q, k, v, g, beta, state, state_idx, scale=None, intermedia
 
 
 @triton.jit
+def delta_rule_step(S, k, v, g, beta):
+    """One token of the gated delta rule on a [BK, BV] fp32 state tile (k normalised, g the log decay): the decay,
+    the correction u = beta (v - S^T k) and the rank-1 update S + k u^T. Returns (S, u); shared by every kernel that
+    steps the state (decode, fused decode, speculative verify)."""
+    S = S * tl.exp(g)
+    u = beta * (v - tl.sum(S * k[:, None], axis=0))
+    return S + k[:, None] * u[None, :], u
+
+
+@triton.jit
 def _gdn_recurrent_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, state_ptr, idx_ptr, inter_ptr, alog_ptr, dtb_ptr,
     T, scale,
@@ -134,10 +144,7 @@ def _gdn_recurrent_kernel(
         q = q * (tl.rsqrt(tl.sum(q * q, axis=0) + 1e-6) * scale)
         k = k * tl.rsqrt(tl.sum(k * k, axis=0) + 1e-6)
 
-        S = S * tl.exp(g)
-        kv = tl.sum(S * k[:, None], axis=0)
-        delta = beta * (v - kv)
-        S = S + k[:, None] * delta[None, :]
+        S, _ = delta_rule_step(S, k, v, g, beta)
         o = tl.sum(S * q[:, None], axis=0)
         o = tl.where(live, o, 0.0)
         tl.store(o_ptr + b64 * so_b + t * so_t + hv * so_h + offs_v, cast_rtne(o, o_ptr.dtype.element_ty), mask=mask_v)

@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from kernels._common import cast_rtne, cdiv, check, next_pow2, output, require_last_dim_contiguous, use_triton
-from kernels.gdn_recurrent import _check_raw_gates, _validate, gates_from_raw, l2norm_ref
+from kernels.gdn_recurrent import _check_raw_gates, _validate, delta_rule_step, gates_from_raw, l2norm_ref
 
 
 def _validate_side(B, T, Hk, dk, Hv, dv, k_kept, u_kept, g_kept):
@@ -36,13 +36,20 @@ def _validate_side(B, T, Hk, dk, Hv, dv, k_kept, u_kept, g_kept):
               f"{tuple(t.shape)}")
 
 
-def gdn_verify_ref(q, k, v, g, beta, state, state_idx, k_kept, u_kept, g_kept, scale=None, raw_gates=None, out=None):
+def _verify_shapes(q, k, v, g, beta, state, state_idx, k_kept, u_kept, g_kept, raw_gates):
+    """(B, T, Hk, dk, Hv, dv) of a verify call whose inputs, kept-aside buffers and raw gates are checked."""
     _validate(q, k, v, g, beta, state, state_idx, None)
     B, T, Hk, dk = q.shape
     Hv, dv = v.shape[2], v.shape[3]
     _validate_side(B, T, Hk, dk, Hv, dv, k_kept, u_kept, g_kept)
     if raw_gates is not None:
         _check_raw_gates(raw_gates, Hv)
+    return B, T, Hk, dk, Hv, dv
+
+
+def gdn_verify_ref(q, k, v, g, beta, state, state_idx, k_kept, u_kept, g_kept, scale=None, raw_gates=None, out=None):
+    B, T, Hk, dk, Hv, dv = _verify_shapes(q, k, v, g, beta, state, state_idx, k_kept, u_kept, g_kept, raw_gates)
+    if raw_gates is not None:
         g, beta = gates_from_raw(g, beta, *raw_gates)
     group = Hv // Hk
     scale = dk ** -0.5 if scale is None else scale
@@ -128,10 +135,7 @@ def _gdn_verify_kernel(
         q = q * (tl.rsqrt(tl.sum(q * q, axis=0) + 1e-6) * scale)
         k = k * tl.rsqrt(tl.sum(k * k, axis=0) + 1e-6)
 
-        S = S * tl.exp(g)
-        kv = tl.sum(S * k[:, None], axis=0)
-        u = beta * (v - kv)
-        S = S + k[:, None] * u[None, :]
+        S, u = delta_rule_step(S, k, v, g, beta)
         o = tl.sum(S * q[:, None], axis=0)
         o = tl.where(live, o, 0.0)
         tl.store(o_ptr + b64 * so_b + t * so_t + hv * so_h + offs_v, cast_rtne(o, o_ptr.dtype.element_ty), mask=mask_v)
@@ -176,12 +180,7 @@ def _block_v(dv: int, block_v) -> int:
 
 def gdn_verify_triton(q, k, v, g, beta, state, state_idx, k_kept, u_kept, g_kept, scale=None, raw_gates=None,
                       out=None, block_v=None, num_warps=None):
-    _validate(q, k, v, g, beta, state, state_idx, None)
-    B, T, Hk, dk = q.shape
-    Hv, dv = v.shape[2], v.shape[3]
-    _validate_side(B, T, Hk, dk, Hv, dv, k_kept, u_kept, g_kept)
-    if raw_gates is not None:
-        _check_raw_gates(raw_gates, Hv)
+    B, T, Hk, dk, Hv, dv = _verify_shapes(q, k, v, g, beta, state, state_idx, k_kept, u_kept, g_kept, raw_gates)
     for name, t in (("q", q), ("k", k), ("v", v), ("k_kept", k_kept), ("u_kept", u_kept), ("g_kept", g_kept)):
         require_last_dim_contiguous(name, t)
     check(state.stride(-1) == 1, "state: last dimension (dv) must be contiguous")
