@@ -1,7 +1,7 @@
 """tau of a drafter on block images: greedy reads with speculation at each block size (and, with --check-plain,
 plain reads of the same images, whose answers must be identical).
 
-    python bench/drafter_tau.py --checkpoint models/ocria-tiny --drafter DRAFTER --pages PNG_DIR --out OUT.json
+    python bench/drafter_tau.py --checkpoint models/ocria-tiny --drafter DRAFTER --pages PNG_DIR [--pages ...] --out OUT.json
 """
 from __future__ import annotations
 
@@ -17,37 +17,47 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.interface import DEFAULT_PROMPT, SamplingParams  # noqa: E402
 from engine.llm_engine import Engine  # noqa: E402
-from jobs.train_drafter import tau_row  # noqa: E402
+from jobs.train_drafter import divergences, tau_row  # noqa: E402
 
 
 @click.command()
 @click.option("--checkpoint", required=True)
 @click.option("--drafter", required=True)
-@click.option("--pages", required=True, help="folder of PNG images (those whose name starts with --prefix)")
+@click.option("--pages", "page_sets", required=True, multiple=True,
+              help="folder of PNG images (those whose name starts with --prefix); repeat for several sets")
 @click.option("--prefix", default="", help="only images whose file name starts with this")
 @click.option("--block", "blocks", type=int, multiple=True, default=(16, 8), show_default=True)
 @click.option("--max-tokens", type=int, default=160, show_default=True)
 @click.option("--device", default="cpu", show_default=True)
+@click.option("--dtype", default="float32", show_default=True)
 @click.option("--check-plain", is_flag=True)
 @click.option("--out", required=True, type=click.Path())
-def main(checkpoint, drafter, pages, prefix, blocks, max_tokens, device, check_plain, out):
+def main(checkpoint, drafter, page_sets, prefix, blocks, max_tokens, device, dtype, check_plain, out):
     from PIL import Image
 
-    files = sorted(f for f in Path(pages).glob("*.png") if f.name.startswith(prefix))
-    reqs = [dict(request_id=f.stem, prompt=DEFAULT_PROMPT, image=np.asarray(Image.open(f).convert("RGB")),
-                 sampling=SamplingParams(max_tokens=max_tokens)) for f in files]
-    opts = dict(device=device, dtype="float32", max_num_seqs=max(1, len(reqs)))
-    plain = Engine.from_checkpoint(checkpoint, **opts).generate(reqs) if check_plain else None
-    result = {"command": "python bench/drafter_tau.py " + " ".join(sys.argv[1:]), "pages": [f.name for f in files],
-              "rows": []}
+    sets = {}
+    for folder in page_sets:
+        files = sorted(f for f in Path(folder).glob("*.png") if f.name.startswith(prefix))
+        sets[Path(folder).name] = [dict(request_id=f.stem, prompt=DEFAULT_PROMPT,
+                                        image=np.asarray(Image.open(f).convert("RGB")),
+                                        sampling=SamplingParams(max_tokens=max_tokens)) for f in files]
+    opts = dict(device=device, dtype=dtype, max_num_seqs=min(128, max(1, *map(len, sets.values()))))
+    plain_engine = Engine.from_checkpoint(checkpoint, **opts) if check_plain else None
+    plain = {name: plain_engine.generate(reqs) if check_plain else None for name, reqs in sets.items()}
+    result = {"command": "python bench/drafter_tau.py " + " ".join(sys.argv[1:]),
+              "pages": {name: [r["request_id"] for r in reqs] for name, reqs in sets.items()}, "rows": []}
     for block in blocks:
-        t = time.perf_counter()
-        spec = Engine.from_checkpoint(checkpoint, drafter=drafter, spec_block_size=block, **opts).generate(reqs)
-        row = dict(tau_row(plain, spec, block), seconds=round(time.perf_counter() - t, 1),
-                   answer_tokens=sum(o.output_tokens for o in spec))
-        result["rows"].append(row)
-        click.echo(json.dumps(row))
-        Path(out).write_text(json.dumps(result, indent=1) + "\n")
+        engine = Engine.from_checkpoint(checkpoint, drafter=drafter, spec_block_size=block, **opts)
+        for name, reqs in sets.items():
+            t = time.perf_counter()
+            spec = engine.generate(reqs)
+            row = dict(tau_row(plain[name], spec, block), page_set=name, seconds=round(time.perf_counter() - t, 1),
+                       answer_tokens=sum(o.output_tokens for o in spec))
+            if check_plain:  # answers that differ: where, and how close plain decoding's top two logits were there
+                row["divergences"] = divergences(plain_engine, reqs, plain[name], spec)
+            result["rows"].append(row)
+            click.echo(json.dumps(row))
+            Path(out).write_text(json.dumps(result, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ Three parts, each written to the results file as soon as it is done (`rows`, `ke
    wrong at a position drawn from an acceptance profile (per block position, the chance a draft is accepted given
    the ones before it were: --profile JSON list, e.g. ocria-tiny's acceptance_by_position from part 1). Method
    "replayed proposals, profile ...". tok/s per sequence and total at batch 1, 8, 32, 64, 128 against plain decode.
-3. the GDN verify + commit kernels (kernels/gdn_verify.py) at 32 sequences x block 16 of the 4B shape: us per layer
+3. (run first) the GDN verify + commit kernels (kernels/gdn_verify.py) at 32 sequences x block 16 of the 4B shape: us per layer
    against the torch reference, fla's fused recurrent kernel over the same block (when fla imports), and the
    roofline of the state traffic (verify reads the state, commit reads and writes it) at the measured copy bandwidth.
 
@@ -39,6 +39,7 @@ from engine.llm_engine import Engine, EngineOptions  # noqa: E402
 from engine.speculative import SpecDecoder  # noqa: E402
 from engine.testing import write_random_drafter  # noqa: E402
 from jobs.benchmark import copy_bandwidth, sync  # noqa: E402
+from jobs.train_drafter import divergences  # noqa: E402
 
 DEFAULT_PROFILE = [0.9] * 15  # per-position conditional acceptance when no measured profile is given
 
@@ -90,20 +91,6 @@ def conditional_profile(by_pos: list[float]) -> list[float]:
     for p in by_pos:
         out.append(min(1.0, p / prev) if prev > 0 else 0.0)
         prev = p
-    return out
-
-
-def divergences(plain_engine, reqs, plain, spec) -> list[dict]:
-    """Answers that differ: the first differing token and plain decoding's top-2 logit margin there."""
-    out = []
-    for r, a, b in zip(reqs, plain, spec):
-        if a.output_token_ids == b.output_token_ids:
-            continue
-        i = next((j for j, (x, y) in enumerate(zip(a.output_token_ids, b.output_token_ids)) if x != y),
-                 min(len(a.output_token_ids), len(b.output_token_ids)))
-        again = plain_engine.generate([dict(r, request_id="margin", keep_logits=True)])[0]
-        top2 = again.logits[min(i, again.logits.shape[0] - 1)].float().topk(2).values
-        out.append({"request": r["request_id"], "first_diff": i, "top2_margin": float(top2[0] - top2[1])})
     return out
 
 
@@ -284,6 +271,8 @@ def main(argv=None) -> None:
         print(json.dumps(item), flush=True)
         out.write_text(json.dumps(results, indent=1) + "\n")
 
+    if "kernel" in args.parts:  # first: seconds, where the end-to-end parts take minutes
+        kernel_rows(args, device, record)
     if "tiny" in args.parts:
         if args.drafter and args.pages:
             tiny_rows(args, device, dtype, record)
@@ -297,8 +286,6 @@ def main(argv=None) -> None:
         profile = conditional_profile(max(tiny16, key=lambda r: r["block_size"])["acceptance_by_position"]) or profile
     if "4b" in args.parts:
         shape_4b_rows(args, device, dtype, record, profile)
-    if "kernel" in args.parts:
-        kernel_rows(args, device, record)
 
 
 if __name__ == "__main__":

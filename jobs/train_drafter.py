@@ -40,13 +40,19 @@ class TrainDrafterConfig(BaseModel):
     pages: str
     out: str
     device: str = "cpu"
+    dtype: str = Field("float32", description="the target's dtype while it answers (its taps are kept in it)")
+    collect_batch: int = Field(16, ge=1, description="pages the target answers at once")
+    kv_cache_memory_gb: float | None = Field(None, gt=0, description="the target's KV cache (CUDA; the taps of "
+                                             "every page stay on the device beside it)")
     prompt: str = DEFAULT_PROMPT
     max_tokens: int = Field(256, ge=2, description="answer tokens the target generates per page")
     num_layers: int = Field(2, ge=1)
+    intermediate_size: int | None = Field(None, ge=1, description="the draft layers' MLP width (null: the target's)")
     num_taps: int = Field(3, ge=1, description="target layers tapped (evenly spaced, DFlash's rule)")
     block_size: int = Field(8, ge=2)
     mask_token_id: int | None = Field(None, description="null = the target's pad token, else its last id")
     anchors: int = Field(32, ge=1, description="blocks per page per step")
+    pages_per_step: int = Field(1, ge=1, description="pages packed into one forward and optimizer step")
     gamma: float = Field(4.0, gt=0, description="loss decay over block positions (4 for B 8, 7 for B 16)")
     lr: float = Field(1e-3, gt=0)
     steps: int = Field(200, ge=1)
@@ -64,25 +70,45 @@ class Example:
 
 
 class TapRecorder:
-    """Stands in the model runner's drafter slot while the target generates one page at a time: keeps the tapped
-    hidden states of every token the target computes, by the token's index (engine/model_runner calls
-    new_taps / write_context on every forward)."""
+    """Stands in the model runner's drafter slot while the target computes: keeps the tapped hidden states of every
+    token it computes (engine/model_runner calls new_taps / write_context on every forward, prefill and eager
+    decode alike), in their dtype and where they were computed, by sequence and token index. A row's sequence is the
+    owner of its KV slot's block among the engine's running sequences (blocks are never shared between them); a
+    token computed again (after a preemption) replaces its first taps. `capacity`: request id -> the most tokens it
+    can have (prompt + max_tokens)."""
 
-    def __init__(self, layer_ids):
+    def __init__(self, layer_ids, engine: Engine, capacity: dict[str, int]):
         self.layer_ids = list(layer_ids)
-        self.rows: dict[int, dict[int, torch.Tensor]] = {}
+        self.engine = engine
+        self.capacity = capacity
+        self.rows: dict[str, torch.Tensor] = {}  # request id -> [capacity, taps, H]
+        self.seen: dict[str, torch.Tensor] = {}  # request id -> [capacity] bool
 
     def new_taps(self) -> dict:
         return dict.fromkeys(self.layer_ids)
 
     def write_context(self, taps, slot_mapping, index) -> None:
-        live = (slot_mapping >= 0).cpu()
-        for row, i in enumerate(index.cpu().tolist()):
-            if live[row]:
-                self.rows[i] = {lid: taps[lid][row].float().cpu() for lid in self.layer_ids}
+        owner = {b: seq.request_id for seq in self.engine.scheduler.running for b in seq.block_table}
+        rows: dict[str, list[int]] = {}
+        block_size = self.engine.block_manager.block_size
+        for r, slot in enumerate(slot_mapping.tolist()):
+            if slot >= 0:
+                rows.setdefault(owner[slot // block_size], []).append(r)
+        stacked = torch.stack([taps[lid] for lid in self.layer_ids], dim=1).detach()  # [N, taps, H]
+        for rid, rs in rows.items():
+            if rid not in self.rows:
+                self.rows[rid] = stacked.new_zeros((self.capacity[rid], *stacked.shape[1:]))
+                self.seen[rid] = torch.zeros(self.capacity[rid], dtype=torch.bool, device=stacked.device)
+            sel = torch.tensor(rs, device=slot_mapping.device)
+            self.rows[rid][index[sel]] = stacked[sel]
+            self.seen[rid][index[sel]] = True
 
-    def stacked(self, n: int) -> dict[int, torch.Tensor]:
-        return {lid: torch.stack([self.rows[i][lid] for i in range(n)]) for lid in self.layer_ids}
+    def stacked(self, request_id: str, n: int) -> dict[int, torch.Tensor]:
+        """Taps of the request's tokens 0 .. n - 1, in order: {layer id: [n, H]}."""
+        rows, seen = self.rows.pop(request_id), self.seen.pop(request_id)
+        if not bool(seen[:n].all()):
+            raise RuntimeError(f"{request_id}: the target computed taps for {int(seen[:n].sum())} of tokens 0 .. {n - 1}")
+        return {lid: rows[:n, j] for j, lid in enumerate(self.layer_ids)}
 
 
 def load_pages(path: str | Path) -> list[np.ndarray]:
@@ -105,37 +131,81 @@ def load_pages(path: str | Path) -> list[np.ndarray]:
 
 
 def collect(engine: Engine, images: list[np.ndarray], layer_ids, prompt: str, max_tokens: int) -> list[Example]:
-    """The target's greedy answers to each page and the tapped hidden states of prompt + answer."""
-    out = []
-    for n, image in enumerate(images):
-        rec = TapRecorder(layer_ids)
-        engine.runner.drafter = rec
-        o = engine.generate([dict(request_id=f"page-{n}", prompt=prompt, image=image,
-                                  sampling=SamplingParams(max_tokens=max_tokens))])[0]
+    """The target's greedy answers to each page in one batched generate, and the tapped hidden states of every token
+    it computes meanwhile (prompt in prefill, answer in decode). The engine must run eagerly (enforce_eager): a CUDA
+    graph replays its decode without calling the recorder. Each page is preprocessed once, to the uint8 patches the
+    engine expands on its device, as the job does."""
+    if engine.device.type == "cuda" and not engine.options.enforce_eager:
+        raise ValueError("collect needs an engine built with enforce_eager=True (CUDA graphs skip the recorder)")
+    inputs = [engine.processor.page_inputs(image, prompt, compact=True) for image in images]
+    rec = TapRecorder(layer_ids, engine, {f"page-{n}": len(ids) + max_tokens for n, (ids, _, _) in enumerate(inputs)})
+    engine.runner.drafter = rec
+    try:
+        answers = engine.generate([dict(request_id=f"page-{n}", prompt_token_ids=ids, pixel_values=pixels,
+                                        image_grids=grids, sampling=SamplingParams(max_tokens=max_tokens))
+                                   for n, (ids, pixels, grids) in enumerate(inputs)])
+    finally:
         engine.runner.drafter = None
+    out = []
+    for n, o in enumerate(answers):
         if o.finish_reason == "error":
             raise RuntimeError(f"page {n}: {o.error}")
         ids = o.prompt_token_ids + o.output_token_ids
-        if len(o.output_token_ids) >= 2:
-            out.append(Example(ids, len(o.prompt_token_ids), rec.stacked(len(ids) - 1)))
+        if len(o.output_token_ids) >= 2:  # the last answer token is never fed to the target
+            out.append(Example(ids, len(o.prompt_token_ids), rec.stacked(o.request_id, len(ids) - 1)))
     return out
 
 
-def block_loss(drafter: DFlashDrafter, ex: Example, embed: torch.Tensor, head: torch.Tensor, anchors: int,
+def page_stream(n: int, rng: random.Random):
+    """Page indices forever, each pass over the n pages in a fresh order."""
+    while True:
+        order = list(range(n))
+        rng.shuffle(order)
+        yield from order
+
+
+def lr_factor(step: int, steps: int, elapsed: float, max_seconds: float | None) -> float:
+    """Linear warm-up over the first 4 % of the run, then a cosine to zero; the run's progress is its steps or, when
+    it is also bounded by time, its time, whichever is further along (so a run stopped by time still cools down)."""
+    progress = step / steps
+    if max_seconds:
+        progress = max(progress, elapsed / max_seconds)
+    progress = min(progress, 1.0)
+    warm = min(1.0, (step + 1) / max(1, steps // 25))
+    if max_seconds:
+        warm = max(warm, min(1.0, progress * 25))
+    return warm * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def block_loss(drafter: DFlashDrafter, examples: list[Example], embed: torch.Tensor, head: torch.Tensor, anchors: int,
                gamma: float, rng: random.Random, device) -> torch.Tensor:
-    """Decayed per-position cross-entropy over random anchor blocks of one page's answer."""
-    B, L = drafter.cfg.block_size, len(ex.ids)
-    # an anchor is a verified token whose next token is an answer token: prompt_len - 1 .. L - 2
-    choices = list(range(ex.prompt_len - 1, L - 1))
-    picks = torch.tensor(sorted(rng.sample(choices, min(anchors, len(choices)))), device=device)
-    ids = torch.tensor(ex.ids, device=device)
-    block = torch.full((len(picks), B), drafter.cfg.mask_token_id, dtype=torch.long, device=device)
-    block[:, 0] = ids[picks]
-    target_pos = picks[:, None] + torch.arange(1, B, device=device)[None, :]  # [N, B-1]
-    valid = target_pos < L
-    targets = ids[target_pos.clamp(max=L - 1)]
-    taps = {k: v.to(device) for k, v in ex.taps.items()}
-    hidden = drafter.train_hidden(taps, F.embedding(block, embed), picks)
+    """Decayed per-position cross-entropy over random anchor blocks of the examples' answers, the examples packed
+    into one forward (each block sees only its own page)."""
+    B = drafter.cfg.block_size
+    picks, ids, taps, seqs, pos, block_seq = [], [], [], [], [], []
+    for n, ex in enumerate(examples):
+        L = len(ex.ids)
+        # an anchor is a verified token whose next token is an answer token: prompt_len - 1 .. L - 2
+        choices = list(range(ex.prompt_len - 1, L - 1))
+        chosen = sorted(rng.sample(choices, min(anchors, len(choices))))
+        picks.append(torch.tensor(chosen, device=device))
+        block_seq.append(torch.full((len(chosen),), n, device=device))
+        ids.append(torch.tensor(ex.ids, device=device))
+        taps.append(ex.taps)
+        seqs.append(torch.full((L - 1,), n, device=device))
+        pos.append(torch.arange(L - 1, device=device))
+    block_rows, targets, valid = [], [], []
+    for p, t in zip(picks, ids):
+        block = torch.full((len(p), B), drafter.cfg.mask_token_id, dtype=torch.long, device=device)
+        block[:, 0] = t[p]
+        target_pos = p[:, None] + torch.arange(1, B, device=device)[None, :]  # [N, B-1]
+        valid.append(target_pos < len(t))
+        targets.append(t[target_pos.clamp(max=len(t) - 1)])
+        block_rows.append(block)
+    block, targets, valid = torch.cat(block_rows), torch.cat(targets), torch.cat(valid)
+    ctx = {lid: torch.cat([t[lid] for t in taps]).to(device) for lid in taps[0]}
+    hidden = drafter.train_hidden(ctx, F.embedding(block, embed), torch.cat(picks), ctx_seq=torch.cat(seqs),
+                                  ctx_pos=torch.cat(pos), block_seq=torch.cat(block_seq))
     logits = hidden[:, 1:].float() @ head.float().T
     ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none").view_as(targets)
     w = torch.exp(-torch.arange(B - 1, device=device, dtype=torch.float32) / gamma)[None, :] * valid
@@ -143,15 +213,29 @@ def block_loss(drafter: DFlashDrafter, ex: Example, embed: torch.Tensor, head: t
 
 
 def measure_tau(checkpoint: str, drafter_dir: Path, images, prompt: str, max_tokens: int, blocks: list[int],
-                device: str) -> list[dict]:
+                device: str, dtype: str) -> list[dict]:
     """Greedy reads of `images` with the drafter at each verify block size: tau and acceptance by block position,
     plus whether the answers equal plain decoding's (they must)."""
     reqs = [dict(request_id=f"h{i}", prompt=prompt, image=im, sampling=SamplingParams(max_tokens=max_tokens))
             for i, im in enumerate(images)]
-    plain = Engine.from_checkpoint(checkpoint, device=device, max_num_seqs=4, dtype="float32").generate(reqs)
-    return [tau_row(plain, Engine.from_checkpoint(checkpoint, device=device, max_num_seqs=4, dtype="float32",
-                                                   drafter=str(drafter_dir), spec_block_size=block).generate(reqs),
-                     block) for block in blocks]
+    opts = dict(device=device, dtype=dtype, max_num_seqs=min(64, len(images)))
+    plain = Engine.from_checkpoint(checkpoint, **opts).generate(reqs)
+    return [tau_row(plain, Engine.from_checkpoint(checkpoint, drafter=str(drafter_dir), spec_block_size=block,
+                                                   **opts).generate(reqs), block) for block in blocks]
+
+
+def divergences(plain_engine, reqs, plain, spec) -> list[dict]:
+    """Answers that differ: the first differing token and plain decoding's top-2 logit margin there."""
+    out = []
+    for r, a, b in zip(reqs, plain, spec):
+        if a.output_token_ids == b.output_token_ids:
+            continue
+        i = next((j for j, (x, y) in enumerate(zip(a.output_token_ids, b.output_token_ids)) if x != y),
+                 min(len(a.output_token_ids), len(b.output_token_ids)))
+        again = plain_engine.generate([dict(r, request_id="margin", keep_logits=True)])[0]
+        top2 = again.logits[min(i, again.logits.shape[0] - 1)].float().topk(2).values
+        out.append({"request": r["request_id"], "first_diff": i, "top2_margin": float(top2[0] - top2[1])})
+    return out
 
 
 def tau_row(a, b, block: int) -> dict:
@@ -165,7 +249,9 @@ def tau_row(a, b, block: int) -> dict:
             "verify_steps": steps, "drafted": sum(o.spec_drafted for o in b), "accepted": acc,
             "acceptance_by_position": [round(x, 4) for x in by_pos],
             "identical_to_plain": None if a is None else all(x.output_token_ids == y.output_token_ids
-                                                             for x, y in zip(a, b))}
+                                                             for x, y in zip(a, b)),
+            "identical_pages": None if a is None else sum(x.output_token_ids == y.output_token_ids
+                                                          for x, y in zip(a, b))}
 
 
 def train(cfg: TrainDrafterConfig, echo=print) -> dict:
@@ -175,15 +261,15 @@ def train(cfg: TrainDrafterConfig, echo=print) -> dict:
     heldout, train_images = images[:cfg.heldout], images[cfg.heldout:]
     if not train_images:
         raise click.UsageError(f"--pages {cfg.pages}: {len(images)} pages, all held out (--heldout {cfg.heldout})")
-    target = Engine.from_checkpoint(cfg.checkpoint, device=cfg.device, dtype="float32", max_num_seqs=1,
-                                    enforce_eager=True)
+    target = Engine.from_checkpoint(cfg.checkpoint, device=cfg.device, dtype=cfg.dtype, max_num_seqs=cfg.collect_batch,
+                                    kv_cache_memory_gb=cfg.kv_cache_memory_gb, enforce_eager=True)
     t = target.cfg.text
     layer_ids = build_target_layer_ids(t.num_hidden_layers, cfg.num_taps)
     mask = cfg.mask_token_id
     if mask is None:
         mask = target.processor.tokenizer.token_to_id("<|vision_pad|>") if target.processor is not None else None
         mask = t.vocab_size - 1 if mask is None else mask
-    dcfg = DFlashConfig(hidden_size=t.hidden_size, intermediate_size=t.intermediate_size,
+    dcfg = DFlashConfig(hidden_size=t.hidden_size, intermediate_size=cfg.intermediate_size or t.intermediate_size,
                         num_hidden_layers=cfg.num_layers, num_attention_heads=t.num_attention_heads,
                         num_key_value_heads=t.num_key_value_heads, head_dim=t.head_dim, rms_norm_eps=t.rms_norm_eps,
                         rope_theta=10000.0, vocab_size=t.vocab_size, target_layer_ids=tuple(layer_ids),
@@ -205,21 +291,23 @@ def train(cfg: TrainDrafterConfig, echo=print) -> dict:
     for p in params:
         p.requires_grad_(True)
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / max(1, cfg.steps // 25)) * 0.5 * (1 + math.cos(math.pi * s / cfg.steps)))
-    losses, t_train = [], time.perf_counter()
+    losses, t_train, t_echo = [], time.perf_counter(), 0.0
+    pages = page_stream(len(examples), rng)
     for step in range(cfg.steps):
-        ex = examples[step % len(examples)]
-        loss = block_loss(drafter, ex, embed, head, cfg.anchors, cfg.gamma, rng, cfg.device)
+        elapsed = time.perf_counter() - t_train
+        for group in opt.param_groups:
+            group["lr"] = cfg.lr * lr_factor(step, cfg.steps, elapsed, cfg.max_seconds)
         opt.zero_grad()
+        loss = block_loss(drafter, [examples[next(pages)] for _ in range(cfg.pages_per_step)], embed, head,
+                          cfg.anchors, cfg.gamma, rng, cfg.device)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
-        sched.step()
         losses.append(float(loss.detach()))
-        if step % 25 == 0 or step == cfg.steps - 1:
-            echo(f"step {step}: loss {losses[-1]:.4f}")
-        if cfg.max_seconds and time.perf_counter() - t_train > cfg.max_seconds:
+        if elapsed - t_echo >= 10 or step == 0 or step == cfg.steps - 1:
+            t_echo = elapsed
+            echo(f"step {step}: loss {losses[-1]:.4f} ({elapsed:.0f} s)")
+        if cfg.max_seconds and elapsed > cfg.max_seconds:
             echo(f"stopping at step {step}: --max-seconds {cfg.max_seconds} reached")
             break
     out = Path(cfg.out)
@@ -230,7 +318,7 @@ def train(cfg: TrainDrafterConfig, echo=print) -> dict:
     (out / "train_log.json").write_text(json.dumps(log, indent=1) + "\n")
     if heldout:
         log["heldout_tau"] = measure_tau(cfg.checkpoint, out, heldout, cfg.prompt, cfg.max_tokens,
-                                         cfg.measure_blocks, cfg.device)
+                                         cfg.measure_blocks, cfg.device, cfg.dtype)
         for r in log["heldout_tau"]:
             echo(f"held-out pages, block {r['block_size']}: tau {r['tau']:.2f} ({r['accepted']}/{r['drafted']} "
                  f"drafts accepted; answers identical to plain decoding: {r['identical_to_plain']})")
@@ -244,11 +332,16 @@ def train(cfg: TrainDrafterConfig, echo=print) -> dict:
 @click.option("--pages", help="folder of page images or .parquet of raster rows")
 @click.option("--out", help="drafter folder to write")
 @click.option("--device")
+@click.option("--dtype")
+@click.option("--collect-batch", type=int)
+@click.option("--kv-cache-memory-gb", type=float)
 @click.option("--max-tokens", type=int)
 @click.option("--num-layers", type=int)
+@click.option("--intermediate-size", type=int)
 @click.option("--num-taps", type=int)
 @click.option("--block-size", type=int)
 @click.option("--anchors", type=int)
+@click.option("--pages-per-step", type=int)
 @click.option("--gamma", type=float)
 @click.option("--lr", type=float)
 @click.option("--steps", type=int)

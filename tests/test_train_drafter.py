@@ -3,6 +3,8 @@ page images given as PNG files; the loss falls and the drafter it writes loads i
 import json
 
 import numpy as np
+import pytest
+import torch
 from PIL import Image
 
 from engine.models.dflash import load_dflash_config
@@ -18,15 +20,15 @@ def test_train_drafter_smoke(tiny_checkpoint, tmp_path):
         Image.fromarray(rng.integers(0, 256, (64 + 16 * i, 80, 3), dtype=np.uint8)).save(pages / f"p{i}.png")
     cfg = TrainDrafterConfig(checkpoint=str(tiny_checkpoint), pages=str(pages), out=str(tmp_path / "drafter"),
                              max_tokens=24, num_layers=1, num_taps=2, block_size=4, anchors=12, gamma=4, lr=3e-3,
-                             steps=60, heldout=1, measure_blocks=[4], seed=0)
+                             steps=30, pages_per_step=2, heldout=1, measure_blocks=[4], seed=0)
     log = train(cfg, echo=lambda *_: None)
     losses = log["losses"]
-    assert len(losses) == 60 and np.mean(losses[-10:]) < 0.8 * np.mean(losses[:10]), (losses[:10], losses[-10:])
+    assert len(losses) == 30 and np.mean(losses[-10:]) < 0.8 * np.mean(losses[:10]), (losses[:10], losses[-10:])
     dcfg = load_dflash_config(tmp_path / "drafter", load_config(tiny_checkpoint).text)
     assert dcfg.block_size == 4 and len(dcfg.target_layer_ids) == 2
     (tau,) = log["heldout_tau"]
     assert tau["identical_to_plain"] and tau["verify_steps"] > 0 and tau["tau"] >= 1.0
-    assert json.loads((tmp_path / "drafter" / "train_log.json").read_text())["steps"] == 60
+    assert json.loads((tmp_path / "drafter" / "train_log.json").read_text())["steps"] == 30
     # bench/drafter_tau.py measures the same on a folder of images
     from conftest import load_bench
 
@@ -35,4 +37,70 @@ def test_train_drafter_smoke(tiny_checkpoint, tmp_path):
                                     "--pages", str(pages), "--prefix", "p0", "--block", "4", "--max-tokens", "24",
                                     "--check-plain", "--out", str(out)], standalone_mode=False)
     (row,) = json.loads(out.read_text())["rows"]
-    assert row["identical_to_plain"] and row["pages"] == 1 and row["block_size"] == 4
+    assert row["identical_to_plain"] and row["pages"] == 1 and row["block_size"] == 4 and row["divergences"] == []
+
+
+def test_collected_taps_are_what_the_target_computes_for_the_whole_sequence(tiny_checkpoint, tmp_path):
+    """collect() answers the pages in one batch and keeps the taps the target computes meanwhile (prompt in prefill,
+    answer token by token in decode); they must equal the taps of one prefill of each page's whole sequence
+    (CPU fp32)."""
+    from engine.interface import SamplingParams
+    from engine.llm_engine import Engine
+    from jobs.train_drafter import TapRecorder, collect
+
+    rng = np.random.default_rng(1)
+    images = [rng.integers(0, 256, (48 + 16 * i, 64, 3), dtype=np.uint8) for i in range(3)]
+    layers = [0, 1]
+    # small prefill steps: the pages' prefills are cut into chunks, several pages' chunks share a step
+    engine = Engine.from_checkpoint(str(tiny_checkpoint), dtype="float32", max_num_seqs=3, max_num_batched_tokens=40,
+                                    enforce_eager=True)
+    examples = collect(engine, images, layers, "Read.", max_tokens=12)
+    assert len(examples) == 3
+    one = Engine.from_checkpoint(str(tiny_checkpoint), dtype="float32", max_num_seqs=1, enforce_eager=True)
+    for image, ex in zip(images, examples):
+        assert len(ex.ids) > ex.prompt_len + 2
+        _, pixels, grids = one.processor.page_inputs(image, "Read.", compact=True)
+        rec = TapRecorder(layers, one, {"whole": len(ex.ids)})
+        one.runner.drafter = rec
+        one.generate([dict(request_id="whole", prompt_token_ids=ex.ids[:-1], pixel_values=pixels, image_grids=grids,
+                           sampling=SamplingParams(max_tokens=1))])
+        one.runner.drafter = None
+        whole = rec.stacked("whole", len(ex.ids) - 1)
+        for lid in layers:
+            assert ex.taps[lid].shape == whole[lid].shape == (len(ex.ids) - 1, ex.taps[lid].shape[1])
+            torch.testing.assert_close(ex.taps[lid], whole[lid], rtol=1e-4, atol=1e-4)
+
+
+def test_lr_factor_warms_up_then_cools_to_zero_by_steps_or_time():
+    from jobs.train_drafter import lr_factor
+
+    assert lr_factor(0, 100, 0.0, None) < 0.3 < lr_factor(3, 100, 0.0, None) == pytest.approx(1.0, abs=0.01)
+    assert lr_factor(50, 100, 0.0, None) == pytest.approx(0.5)
+    assert lr_factor(99, 100, 0.0, None) < 0.01
+    # bounded by time: halfway through the time is halfway down, whatever the step count says
+    assert lr_factor(10, 10_000, 30.0, 60.0) == pytest.approx(0.5)
+    assert lr_factor(10, 10_000, 60.0, 60.0) == pytest.approx(0.0)
+
+
+def test_packed_training_forward_equals_each_page_alone():
+    """block_loss packs pages into one forward: each block must see only its own page's context (positions from 0
+    in every page), so the packed hidden states equal the pages' own, computed one at a time."""
+    from engine.models.dflash import DFlashConfig, DFlashDrafter
+
+    torch.manual_seed(0)
+    cfg = DFlashConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-6, rope_theta=10000.0, vocab_size=50,
+                       target_layer_ids=(0, 2), mask_token_id=49, block_size=4)
+    drafter = DFlashDrafter(cfg)
+    with torch.no_grad():
+        for _, p in drafter.hf_named():
+            p.normal_(0.0, 0.3)
+    lengths, anchors = [7, 11], [torch.tensor([2, 5]), torch.tensor([0, 4, 9])]
+    taps = [{lid: torch.randn(n, 32) for lid in (0, 2)} for n in lengths]
+    blocks = [torch.randn(len(a), 4, 32) for a in anchors]
+    alone = [drafter.train_hidden(t, b, a) for t, b, a in zip(taps, blocks, anchors)]
+    packed = drafter.train_hidden({lid: torch.cat([t[lid] for t in taps]) for lid in (0, 2)}, torch.cat(blocks),
+                                  torch.cat(anchors), ctx_seq=torch.tensor([0] * 7 + [1] * 11),
+                                  ctx_pos=torch.cat([torch.arange(7), torch.arange(11)]),
+                                  block_seq=torch.tensor([0, 0, 1, 1, 1]))
+    torch.testing.assert_close(packed, torch.cat(alone), rtol=1e-5, atol=1e-5)

@@ -302,19 +302,26 @@ class DFlashDrafter(nn.Module):
         return rms_norm(h, self.norm, self.cfg.rms_norm_eps)
 
     # ------------------------------------------------------------------ training (dense, differentiable)
-    def train_hidden(self, ctx_taps: dict, block_embeds: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
-        """One sequence: taps {layer: [L, H]} of its L tokens; block_embeds [N, B, H] of N blocks
-        [token at anchor, MASK...]; anchors [N]. Block n sees context positions < anchors[n] and its own block
-        (DFlash's training mask) -> final hidden [N, B, H]."""
+    def train_hidden(self, ctx_taps: dict, block_embeds: torch.Tensor, anchors: torch.Tensor,
+                     ctx_seq: torch.Tensor | None = None, ctx_pos: torch.Tensor | None = None,
+                     block_seq: torch.Tensor | None = None) -> torch.Tensor:
+        """Sequences packed together: taps {layer: [L, H]} of their L tokens (token l is position ctx_pos[l] of
+        sequence ctx_seq[l]; default one sequence, positions 0 .. L-1); block_embeds [N, B, H] of N blocks
+        [token at anchor, MASK...] of sequence block_seq[n] (default 0); anchors [N] (positions). Block n sees its
+        sequence's context before its anchor and its own block (DFlash's training mask) -> final hidden [N, B, H]."""
         N, B, H = block_embeds.shape
         L = next(iter(ctx_taps.values())).shape[0]
         dev = block_embeds.device
+        ctx_pos = torch.arange(L, device=dev) if ctx_pos is None else ctx_pos
+        ctx_seq = torch.zeros(L, dtype=torch.long, device=dev) if ctx_seq is None else ctx_seq
+        block_seq = torch.zeros(N, dtype=torch.long, device=dev) if block_seq is None else block_seq
         ctx = self.fuse(ctx_taps)
-        ctx_cos, ctx_sin = self.rotary(torch.arange(L, device=dev))
+        ctx_cos, ctx_sin = self.rotary(ctx_pos)
         pos = (anchors[:, None] + torch.arange(B, device=dev)[None, :]).reshape(-1)
         cos, sin = self.rotary(pos)
         blk = torch.arange(N, device=dev).repeat_interleave(B)
-        allow = torch.cat([torch.arange(L, device=dev)[None, :] < anchors.repeat_interleave(B)[:, None],
+        row_seq, row_anchor = block_seq.repeat_interleave(B), anchors.repeat_interleave(B)
+        allow = torch.cat([(ctx_seq[None, :] == row_seq[:, None]) & (ctx_pos[None, :] < row_anchor[:, None]),
                            blk[:, None] == blk[None, :]], dim=1)  # [N B, L + N B]
         h = block_embeds.reshape(N * B, H).to(self.fc.weight.dtype)
         group = self.cfg.num_attention_heads // self.cfg.num_key_value_heads

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Train ocria-tiny's drafter on one GPU and measure its tau, in one command (the device tool's machine; CPU for a
+# dry run with DEVICE=cpu DTYPE=float32 and small PAGES / TRAIN_S):
+#   bash bench/drafter_h200.sh OUT        # carry .drafter (synth pool + fonts, held-out and corpus blocks) and .whl/gen
+# 1. training block images: PAGES synthetic pages of the train pool, drawn the job's way (research/ocria_tiny/
+#    drafter_pages.py; on the GPU machine with the PyMuPDF wheel carried in .whl/gen);
+# 2. jobs/train_drafter.py on them (the target answers them, the drafter learns its answers) for TRAIN_S seconds;
+# 3. bench/drafter_tau.py: tau at block 16 and 8 on the held-out synthetic blocks and the corpus blocks made here
+#    (research/ocria_tiny/drafter_pages.py --split heldout; bench/drafter_block_pages.py), answers checked against
+#    plain decoding.
+# 4. with SPEC_BENCH="<its flags>" (e.g. "--block-sizes 16"), bench/spec_decode_bench.py with the new drafter
+#    (fla's wheels carried in .whl/fla for its kernel comparison).
+# OUT gets drafter/ (config.json, model.safetensors, train_log.json), tau.json, log.txt [, h200_spec_decode.json].
+set -euo pipefail
+OUT=${1:?usage: drafter_h200.sh OUT}
+DEVICE=${DEVICE:-cuda} DTYPE=${DTYPE:-bfloat16} PAGES=${PAGES:-700} TRAIN_S=${TRAIN_S:-120} WORKERS=${WORKERS:-15}
+LAYERS=${LAYERS:-4} FFN=${FFN:-1024} TAPS=${TAPS:-4} PER_STEP=${PER_STEP:-8} LR=${LR:-1e-3} ANCHORS=${ANCHORS:-64} MAX_TOKENS=${MAX_TOKENS:-256}
+PY=${PY:-python3} TAU_DIR=${TAU_DIR:-.drafter}
+mkdir -p "$OUT"
+exec > >(tee "$OUT/log.txt") 2>&1
+if compgen -G ".whl/gen/*.whl" >/dev/null && [ "$DEVICE" = cuda ]; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/gen/*.whl
+  export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+$PY -c "import torch, pymupdf; print('torch', torch.__version__, 'pymupdf', pymupdf.VersionBind,
+      torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu')"
+t0=$(date +%s)
+rm -rf /tmp/drafter_train && $PY -m research.ocria_tiny.drafter_pages --synth .drafter/synth --split train \
+  --pages "$PAGES" --workers "$WORKERS" --out /tmp/drafter_train
+t1=$(date +%s)
+timeout "${TRAIN_TIMEOUT:-900}" $PY jobs/train_drafter.py --checkpoint models/ocria-tiny --pages /tmp/drafter_train \
+  --out "$OUT/drafter" --device "$DEVICE" --dtype "$DTYPE" --collect-batch 128 --kv-cache-memory-gb 8 \
+  --max-tokens "$MAX_TOKENS" --num-layers "$LAYERS" --intermediate-size "$FFN" --num-taps "$TAPS" --block-size 16 \
+  --gamma 7 --anchors "$ANCHORS" --pages-per-step "$PER_STEP" --lr "$LR" --steps 1000000 --max-seconds "$TRAIN_S" \
+  || echo "training stopped (rc $?)"
+t2=$(date +%s)
+timeout "${TAU_TIMEOUT:-600}" $PY bench/drafter_tau.py --checkpoint models/ocria-tiny --drafter "$OUT/drafter" \
+  --pages "$TAU_DIR/heldout" --pages "$TAU_DIR/corpus" --device "$DEVICE" --dtype "$DTYPE" --max-tokens "$MAX_TOKENS" \
+  --block 16 --block 8 --check-plain --out "$OUT/tau.json" || echo "tau stopped (rc $?)"
+t3=$(date +%s)
+$PY - "$OUT" <<'EOF'
+import json, sys
+out = sys.argv[1]
+log = json.load(open(f"{out}/drafter/train_log.json"))
+print(f"train: {log['train_pages']} block images, {log['answer_tokens']} answer tokens, {log['steps']} steps in "
+      f"{log['train_seconds']} s, loss {sum(log['losses'][:20]) / 20:.3f} -> {sum(log['losses'][-20:]) / 20:.3f}")
+print(f"{'pages':8} {'block':>5} {'tau':>6} {'drafted':>8} {'accepted':>8} identical")
+for r in json.load(open(f"{out}/tau.json"))["rows"]:
+    print(f"{r['page_set']:8} {r['block_size']:5d} {r['tau']:6.2f} {r['drafted']:8d} {r['accepted']:8d} "
+          f"{r['identical_to_plain']}")
+EOF
+echo "seconds: pages $((t1 - t0)), train (collect + steps) $((t2 - t1)), tau $((t3 - t2))"
+if [ -n "${SPEC_BENCH:-}" ]; then  # bench/spec_decode_bench.py with this drafter: kernel, ocria-tiny, 4B shape
+  if compgen -G ".whl/fla/*.whl" >/dev/null && [ "$DEVICE" = cuda ]; then
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/fla/*.whl
+  fi
+  left=$((${DEADLINE:-100000} - ($(date +%s) - t0)))  # DEADLINE: seconds from the start the whole run must end by
+  timeout "$left" $PY bench/spec_decode_bench.py --device "$DEVICE" --drafter "$OUT/drafter" --pages "$TAU_DIR/heldout" \
+    --max-tokens "$MAX_TOKENS" $SPEC_BENCH --out "$OUT/h200_spec_decode.json" || echo "spec bench stopped (rc $?)"
+  echo "seconds: spec bench $(($(date +%s) - t3))"
+fi
