@@ -209,11 +209,15 @@ def kernel_rows(args, device, record) -> None:
     raw = (A_log, dt_bias)
     impls = {"triton verify + commit": lambda: (ops.gdn_verify(q, k, v, a, bb, state, idx, *kept, raw_gates=raw),
                                                 ops.gdn_commit(state, idx, *kept, n)),
+             "triton chunk-form verify + commit": lambda: (
+                 ops.gdn_verify(q, k, v, a, bb, state, idx, *kept, raw_gates=raw, chunk=True),
+                 ops.gdn_commit(state, idx, *kept, n)),
              "torch reference verify + commit": lambda: (gdn_verify_ref(q, k, v, a, bb, state, idx, *kept,
                                                                         raw_gates=raw),
                                                          gdn_commit_ref(state, idx, *kept, n))}
-    if device.type != "cuda":
-        impls.pop("triton verify + commit")  # on CPU the dispatch runs the reference
+    if device.type != "cuda":  # on CPU the dispatch runs the reference
+        impls.pop("triton verify + commit")
+        impls.pop("triton chunk-form verify + commit")
     try:
         from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule as fla_rec
 

@@ -115,8 +115,8 @@ def compile_recorded(name, recorder):
 def decode_cases(batch_sizes=(1, 64)):
     """(name, module, thunk calling the launcher) at the 4B model's decode shapes."""
     from kernels import (
-        conv1d_update, copy_rows, fp8_quant, fused_attn_decode, gated_rmsnorm, gdn_recurrent, paged_attention,
-        quant_linear, rmsnorm, silu_mul, small_m_linear)
+        conv1d_update, copy_rows, fp8_quant, fused_attn_decode, gated_rmsnorm, gdn_recurrent, gdn_verify,
+        paged_attention, quant_linear, rmsnorm, silu_mul, small_m_linear)
 
     bf16, f32, i32 = torch.bfloat16, torch.float32, torch.int32
     Hk, Hv, dk, dv, C, K, Hq, Hkv, D, hidden, inter = 16, 32, 128, 128, 8192, 4, 16, 4, 256, 2560, 9216
@@ -213,7 +213,35 @@ def decode_cases(batch_sizes=(1, 64)):
                     torch.empty(B, hidden, dtype=bf16), torch.empty(2 * inter, hidden, dtype=bf16), **pdl)),
             ]
     cases += quant_cases(batch_sizes, fp8_quant, quant_linear)
+    cases += verify_cases(gdn_verify)
     return cases
+
+
+def verify_cases(gdn_verify):
+    """Speculative decoding's GDN verify (token by token and chunk form) and commit (kernels/gdn_verify.py) at the
+    4B shape: 32 sequences x a block of 16, raw gates as the engine passes them."""
+    bf16, f32, i32 = torch.bfloat16, torch.float32, torch.int32
+    B, T, Hk, Hv, dk, dv = 32, 16, 16, 32, 128, 128
+    idx = torch.zeros(B, dtype=i32)
+    raw = (torch.empty(Hv, dtype=f32), torch.empty(Hv, dtype=f32))
+
+    def kept():
+        return (torch.empty(B, T, Hk, dk, dtype=f32), torch.empty(B, T, Hv, dv, dtype=f32),
+                torch.empty(B, T, Hv, dtype=f32))
+
+    def verify_args():
+        qk = (torch.empty(B, T, Hk, dk, dtype=bf16), torch.empty(B, T, Hk, dk, dtype=bf16))
+        gates = (torch.empty(B, T, Hv, dtype=bf16), torch.empty(B, T, Hv, dtype=bf16))
+        return (*qk, torch.empty(B, T, Hv, dv, dtype=bf16), *gates, torch.empty(1, Hv, dk, dv, dtype=f32), idx,
+                *kept())
+
+    return [(f"gdn_verify B={B} T={T} raw gates", gdn_verify,
+             lambda: gdn_verify.gdn_verify_triton(*verify_args(), raw_gates=raw)),
+            (f"gdn_verify_chunk B={B} T={T} raw gates", gdn_verify,
+             lambda: gdn_verify.gdn_verify_chunk_triton(*verify_args(), raw_gates=raw)),
+            (f"gdn_commit B={B} T={T}", gdn_verify,
+             lambda: gdn_verify.gdn_commit_triton(torch.empty(1, Hv, dk, dv, dtype=f32), idx, *kept(),
+                                                  torch.zeros(B, dtype=i32)))]
 
 
 def quant_cases(batch_sizes, fp8_quant, quant_linear):

@@ -174,6 +174,104 @@ def _gdn_commit_kernel(
         tl.store(s_ptrs, S, mask=mask_s)
 
 
+@triton.jit
+def _gdn_verify_chunk_kernel(
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, state_ptr, idx_ptr, kk_ptr, uk_ptr, gk_ptr, alog_ptr, dtb_ptr,
+    T, scale,
+    sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h,
+    sg_b, sg_t, sg_h, sbeta_b, sbeta_t, sbeta_h, so_b, so_t, so_h,
+    ss_n, ss_h, ss_k, skk_b, skk_t, skk_h, suk_b, suk_t, suk_h, sgk_b, sgk_t,
+    GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    BT: tl.constexpr, CK: tl.constexpr, RAW_GATES: tl.constexpr,
+):
+    # One program = (sequence, value head, dv tile) as in _gdn_verify_kernel, but the block's T tokens are solved
+    # together (the delta rule's chunk form) with matrix products instead of T dependent steps:
+    #   G = cumsum(g), D[t, i] = exp(G_t - G_i) for i <= t,
+    #   (I + A) U = beta * (V - exp(G) * K S0),  A[t, i] = beta_t D[t, i] (k_t . k_i) for i < t,
+    #   O = exp(G) * Q S0 + (D * Q K^T) U.
+    # A is strictly lower triangular: (I + A)^-1 by forward substitution (stable where keys are nearly parallel and
+    # the series I - A + A^2 - ... would cancel huge terms).
+    b = tl.program_id(0)
+    hv = tl.program_id(1)
+    vt = tl.program_id(2)
+    hk = hv // GROUP
+    slot = tl.load(idx_ptr + b).to(tl.int64)
+    live = slot >= 0
+    slot = tl.maximum(slot, 0)
+    offs_t = tl.arange(0, BT)
+    offs_v = vt * BV + tl.arange(0, BV)
+    mask_t = offs_t < T
+    mask_v = offs_v < DV
+    b64 = b.to(tl.int64)
+    tv = mask_t[:, None] & mask_v[None, :]
+    q_rows = q_ptr + b64 * sq_b + offs_t[:, None] * sq_t + hk * sq_h
+    k_rows = k_ptr + b64 * sk_b + offs_t[:, None] * sk_t + hk * sk_h
+    s_rows = state_ptr + slot * ss_n + hv * ss_h + offs_v[None, :]
+    # dk in chunks of CK (the state is never held whole): the rows' norms first, then the products, scaled after
+    sum_qq = tl.zeros([BT], dtype=tl.float32)
+    sum_kk = tl.zeros([BT], dtype=tl.float32)
+    for c in tl.static_range(0, BK, CK):
+        offs_c = c + tl.arange(0, CK)
+        tc = mask_t[:, None] & (offs_c < DK)[None, :]
+        Qc = tl.load(q_rows + offs_c[None, :], mask=tc, other=0.0).to(tl.float32)
+        Kc = tl.load(k_rows + offs_c[None, :], mask=tc, other=0.0).to(tl.float32)
+        sum_qq += tl.sum(Qc * Qc, axis=1)
+        sum_kk += tl.sum(Kc * Kc, axis=1)
+    rq = tl.rsqrt(sum_qq + 1e-6) * scale
+    rk = tl.rsqrt(sum_kk + 1e-6)
+    first_of_key = (hv % GROUP == 0) & (vt == 0) & live  # one program writes each key head's kept k
+    KS = tl.zeros([BT, BV], dtype=tl.float32)
+    QS = tl.zeros([BT, BV], dtype=tl.float32)
+    KK = tl.zeros([BT, BT], dtype=tl.float32)
+    QK = tl.zeros([BT, BT], dtype=tl.float32)
+    for c in tl.static_range(0, BK, CK):
+        offs_c = c + tl.arange(0, CK)
+        mask_c = offs_c < DK
+        tc = mask_t[:, None] & mask_c[None, :]
+        Qc = tl.load(q_rows + offs_c[None, :], mask=tc, other=0.0).to(tl.float32)
+        Kc = tl.load(k_rows + offs_c[None, :], mask=tc, other=0.0).to(tl.float32)
+        Sc = tl.load(s_rows + offs_c[:, None] * ss_k, mask=mask_c[:, None] & mask_v[None, :] & live, other=0.0)
+        Kct = tl.trans(Kc)
+        KS += tl.dot(Kc, Sc, input_precision="ieee")
+        QS += tl.dot(Qc, Sc, input_precision="ieee")
+        KK += tl.dot(Kc, Kct, input_precision="ieee")
+        QK += tl.dot(Qc, Kct, input_precision="ieee")
+        tl.store(kk_ptr + b64 * skk_b + offs_t[:, None] * skk_t + hk * skk_h + offs_c[None, :], Kc * rk[:, None],
+                 mask=tc & first_of_key)
+    KS = KS * rk[:, None]
+    QS = QS * rq[:, None]
+    KK = KK * (rk[:, None] * rk[None, :])
+    QK = QK * (rq[:, None] * rk[None, :])
+    V = tl.load(v_ptr + b64 * sv_b + offs_t[:, None] * sv_t + hv * sv_h + offs_v[None, :], mask=tv, other=0.0)
+    g = tl.load(g_ptr + b64 * sg_b + offs_t * sg_t + hv * sg_h, mask=mask_t, other=0.0).to(tl.float32)
+    beta = tl.load(beta_ptr + b64 * sbeta_b + offs_t * sbeta_t + hv * sbeta_h, mask=mask_t, other=0.0)
+    if RAW_GATES:
+        a = g + tl.load(dtb_ptr + hv).to(tl.float32)
+        g = -tl.exp(tl.load(alog_ptr + hv).to(tl.float32)) * tl.where(
+            a > 20.0, a, tl.log(1.0 + tl.exp(tl.minimum(a, 20.0))))
+        beta = cast_rtne(tl.sigmoid(beta.to(tl.float32)), beta_ptr.dtype.element_ty)
+    g = tl.where(mask_t, g, 0.0)  # tokens past T change nothing
+    beta = tl.where(mask_t, beta.to(tl.float32), 0.0)
+    G = tl.cumsum(g, axis=0)
+    causal = offs_t[:, None] >= offs_t[None, :]
+    D = tl.where(causal, tl.exp(tl.where(causal, G[:, None] - G[None, :], 0.0)), 0.0)
+    A = tl.where(offs_t[:, None] > offs_t[None, :], beta[:, None] * D * KK, 0.0)
+    R = beta[:, None] * (V.to(tl.float32) - tl.exp(G)[:, None] * KS)
+    # (I + A)^-1 by forward substitution, one row at a time on the [BT, BT] tile: row t = e_t - sum_i<t A[t, i] row i
+    eye = (offs_t[:, None] == offs_t[None, :]).to(tl.float32)
+    inv = eye
+    for t in tl.static_range(1, BT):
+        a_t = tl.sum(tl.where(offs_t[:, None] == t, A, 0.0), axis=0)
+        inv = tl.where(offs_t[:, None] == t, eye - tl.sum(a_t[:, None] * inv, axis=0)[None, :], inv)
+    U = tl.dot(inv, R, input_precision="ieee")
+    O = tl.exp(G)[:, None] * QS + tl.dot(D * QK, U, input_precision="ieee")
+    O = tl.where(live, O, 0.0)
+    tl.store(o_ptr + b64 * so_b + offs_t[:, None] * so_t + hv * so_h + offs_v[None, :],
+             cast_rtne(O, o_ptr.dtype.element_ty), mask=tv)
+    tl.store(uk_ptr + b64 * suk_b + offs_t[:, None] * suk_t + hv * suk_h + offs_v[None, :], U, mask=tv & live)
+    tl.store(gk_ptr + b64 * sgk_b + offs_t * sgk_t + hv, g, mask=mask_t & live & (vt == 0))
+
+
 def _block_v(dv: int, block_v) -> int:
     return block_v or min(next_pow2(dv), 16)
 
@@ -199,6 +297,30 @@ def gdn_verify_triton(q, k, v, g, beta, state, state_idx, k_kept, u_kept, g_kept
     return o
 
 
+def gdn_verify_chunk_triton(q, k, v, g, beta, state, state_idx, k_kept, u_kept, g_kept, scale=None, raw_gates=None,
+                            out=None, block_v=None, num_warps=None):
+    """gdn_verify_triton's contract, the block solved in chunk form (_gdn_verify_chunk_kernel): the same values to
+    fp32 rounding, not bit for bit."""
+    B, T, Hk, dk, Hv, dv = _verify_shapes(q, k, v, g, beta, state, state_idx, k_kept, u_kept, g_kept, raw_gates)
+    for name, t in (("q", q), ("k", k), ("v", v), ("k_kept", k_kept), ("u_kept", u_kept), ("g_kept", g_kept)):
+        require_last_dim_contiguous(name, t)
+    check(state.stride(-1) == 1, "state: last dimension (dv) must be contiguous")
+    scale = dk ** -0.5 if scale is None else float(scale)
+    o = output(out, v.shape, v.dtype, v.device)
+    require_last_dim_contiguous("out", o)
+    BT = max(16, next_pow2(T))  # tl.dot's smallest side
+    BV = block_v or 16  # 16 x 4 warps: 80 registers at the 4B shape; 32 spills (kernels/compile_check.py)
+    _gdn_verify_chunk_kernel[(B, Hv, cdiv(dv, BV))](
+        q, k, v, g, beta, o, state, state_idx, k_kept, u_kept, g_kept,
+        *(raw_gates if raw_gates is not None else (g, g)), T, scale,
+        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *g.stride(), *beta.stride(), *o.stride()[:3],
+        *state.stride()[:3], *k_kept.stride()[:3], *u_kept.stride()[:3], *g_kept.stride()[:2],
+        GROUP=Hv // Hk, DK=dk, DV=dv, BK=max(16, next_pow2(dk)), BV=BV, BT=BT, CK=min(32, max(16, next_pow2(dk))),
+        RAW_GATES=raw_gates is not None, num_warps=num_warps or 4,
+    )
+    return o
+
+
 def gdn_commit_triton(state, state_idx, k_kept, u_kept, g_kept, num_accepted, block_v=None, num_warps=None):
     B = state_idx.shape[0]
     Hv, dk, dv = state.shape[1:]
@@ -214,13 +336,14 @@ def gdn_commit_triton(state, state_idx, k_kept, u_kept, g_kept, num_accepted, bl
 
 
 def gdn_verify(q, k, v, g, beta, state, state_idx, k_kept, u_kept, g_kept, scale=None, raw_gates=None, out=None,
-               **launch):
+               chunk=False, **launch):
     """q, k [B, T, Hk, dk], v [B, T, Hv, dv], g, beta [B, T, Hv] -> o [B, T, Hv, dv] (v.dtype). `state` rows are
     read, never written; k_kept [>=B, >=T, Hk, dk], u_kept [>=B, >=T, Hv, dv], g_kept [>=B, >=T, Hv] (fp32) receive
-    the block's normalised keys, corrections and log decays for gdn_commit. `launch`: block_v, num_warps (Triton)."""
+    the block's normalised keys, corrections and log decays for gdn_commit. `chunk`: the block solved in chunk form
+    (Triton only; equal to fp32 rounding). `launch`: block_v, num_warps (Triton)."""
     if use_triton(q):
-        return gdn_verify_triton(q, k, v, g, beta, state, state_idx, k_kept, u_kept, g_kept, scale, raw_gates, out,
-                                 **launch)
+        fn = gdn_verify_chunk_triton if chunk else gdn_verify_triton
+        return fn(q, k, v, g, beta, state, state_idx, k_kept, u_kept, g_kept, scale, raw_gates, out, **launch)
     return gdn_verify_ref(q, k, v, g, beta, state, state_idx, k_kept, u_kept, g_kept, scale, raw_gates, out)
 
 

@@ -26,7 +26,8 @@ def test_all_kernels_compile_for_sm90_without_spills():
     assert kernels == {"_gdn_recurrent_kernel", "_conv1d_update_kernel", "_paged_decode_partition_kernel",
                        "_paged_decode_reduce_kernel", "_store_kvcache_kernel", "_gated_rmsnorm_kernel",
                        "_rmsnorm_kernel", "_silu_mul_kernel", "_small_m_linear_kernel", "_fused_attn_inputs_kernel",
-                       "_copy_rows_kernel", "_quant_rows_kernel", "_quant_gemv_kernel", "_split_k_reduce_kernel"}
+                       "_copy_rows_kernel", "_quant_rows_kernel", "_quant_gemv_kernel", "_split_k_reduce_kernel",
+                       "_gdn_verify_kernel", "_gdn_verify_chunk_kernel", "_gdn_commit_kernel"}
     for r in rows:
         assert r["regs"] is not None, f"ptxas gave no register report for {r}"
         assert r["spill_stores"] == 0, f"register spills at the default launch config: {r}"
@@ -34,4 +35,5 @@ def test_all_kernels_compile_for_sm90_without_spills():
         assert r["griddepcontrol"] == r["case"].endswith(" pdl"), r
     pdl_kernels = {r["kernel"] for r in rows if r["griddepcontrol"]}
     assert pdl_kernels == kernels - {"_store_kvcache_kernel", "_silu_mul_kernel", "_copy_rows_kernel",
-                                     "_quant_rows_kernel", "_quant_gemv_kernel", "_split_k_reduce_kernel"}, pdl_kernels
+                                     "_quant_rows_kernel", "_quant_gemv_kernel", "_split_k_reduce_kernel",
+                                     "_gdn_verify_kernel", "_gdn_verify_chunk_kernel", "_gdn_commit_kernel"}, pdl_kernels

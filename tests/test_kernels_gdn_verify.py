@@ -7,8 +7,8 @@ from kernels.testing import assert_close, poisoned, require_interpreted  # sets 
 from kernels.conv1d_update import causal_conv1d_update_ref
 from kernels.gdn_recurrent import gdn_recurrent_ref
 from kernels.gdn_verify import (
-    _gdn_commit_kernel, _gdn_verify_kernel, causal_conv1d_verify, conv_state_commit, gdn_commit_ref,
-    gdn_commit_triton, gdn_verify_ref, gdn_verify_triton)
+    _gdn_commit_kernel, _gdn_verify_chunk_kernel, _gdn_verify_kernel, causal_conv1d_verify, conv_state_commit,
+    gdn_commit_ref, gdn_commit_triton, gdn_verify_chunk_triton, gdn_verify_ref, gdn_verify_triton)
 
 NUM_SLOTS = 6
 STATE_IDX = [4, -1, 0, 2]  # the second row is padding
@@ -58,6 +58,57 @@ def test_verify_and_commit_triton_match_ref(dtype, T, dv):
     assert torch.equal(s_tri[0], x["state"][0]), "a row that accepted nothing keeps its state"
     untouched = [s for s in range(NUM_SLOTS) if s not in STATE_IDX]
     assert torch.equal(s_tri[untouched], x["state"][untouched])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T,dk,dv,aligned", [(5, 24, 40, False), (1, 24, 24, False), (16, 20, 17, False),
+                                            (11, 64, 72, False), (16, 24, 40, True)])
+def test_chunk_form_verify_matches_ref(dtype, T, dk, dv, aligned):
+    """The chunk-form verify (the block solved with matrix products) against the token-by-token reference: outputs,
+    kept k / u / g, and the state a commit of each row's accepted prefix leaves. `aligned`: nearly parallel keys,
+    beta near 1 and almost no decay, where every power of the triangular system matters (with random keys the
+    high powers are ~1e-8 and a missing one would pass unseen)."""
+    require_interpreted(_gdn_verify_chunk_kernel)
+    Hk, Hv = 2, 6
+    x = inputs(T=T, dk=dk, dv=dv, dtype=dtype, seed=100 + T + dv)
+    if aligned:
+        x["k"] = (x["k"][:, :1] + 0.05 * x["k"]).to(dtype)
+        x["beta"] = torch.full_like(x["beta"], 6.0)  # raw: sigmoid -> 0.998
+        x["g"] = torch.full_like(x["g"], -12.0)  # raw: softplus -> ~6e-6, decay ~1
+    idx = torch.tensor(STATE_IDX, dtype=torch.int32)
+    B = len(STATE_IDX)
+    raw = (x["A_log"], x["dt_bias"])
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
+    s_ref, s_chunk = x["state"].clone(), x["state"].clone()
+    kr, ur, gr = kept(B, T, Hk, dk, Hv, dv)
+    kc, uc, gc = kept(B, T, Hk, dk, Hv, dv)
+    o_ref = gdn_verify_ref(*args, s_ref, idx, kr, ur, gr, raw_gates=raw)
+    o_chunk = gdn_verify_chunk_triton(*args, s_chunk, idx, kc, uc, gc, raw_gates=raw,
+                                      out=poisoned(x["v"].shape, dtype))
+    assert torch.equal(s_chunk, x["state"]), "verify must not write the state"
+    assert_close(o_chunk, o_ref, dtype)
+    assert torch.equal(o_chunk[1], torch.zeros_like(o_chunk[1]))
+    live = [0, 2, 3]
+    for a, b in ((kc, kr), (uc, ur), (gc, gr)):
+        assert_close(a[live, :T], b[live, :T], torch.float32)
+        assert a[1].isnan().all(), "a padding row's kept values must not be written"
+    n = torch.tensor([T, 3, 0, min(2, T)], dtype=torch.int32)
+    gdn_commit_ref(s_ref, idx, kr, ur, gr, n)
+    gdn_commit_triton(s_chunk, idx, kc, uc, gc, n)
+    assert_close(s_chunk, s_ref, torch.float32)
+
+
+def test_verify_dispatches_to_the_chunk_form_when_asked(monkeypatch):
+    from kernels.gdn_verify import gdn_verify
+    from kernels.testing import assert_dispatches_to_triton
+
+    x = inputs()
+    k = kept(4, 5, 2, 24, 6, 40)
+    idx = torch.tensor(STATE_IDX, dtype=torch.int32)
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"], x["state"], idx, *k)
+    assert_dispatches_to_triton(monkeypatch, "kernels.gdn_verify.gdn_verify_chunk_triton",
+                                lambda *a: gdn_verify(*a, chunk=True), *args)
+    assert_dispatches_to_triton(monkeypatch, "kernels.gdn_verify.gdn_verify_triton", gdn_verify, *args)
 
 
 @pytest.mark.parametrize("n", [0, 1, 3, 5])
