@@ -13,7 +13,8 @@ Three parts, each written to the results file as soon as it is done (`rows`, `ke
    wrong at a position drawn from an acceptance profile (per block position, the chance a draft is accepted given
    the ones before it were: --profile JSON list, e.g. ocria-tiny's acceptance_by_position from part 1). Method
    "replayed proposals, profile ...". tok/s per sequence and total at batch 1, 8, 32, 64, 128 against plain decode.
-3. (run first) the GDN verify + commit kernels (kernels/gdn_verify.py) at 32 sequences x block 16 of the 4B shape: us per layer
+3. (run first) the GDN verify + commit kernels (kernels/gdn_verify.py: token by token and chunk form) at 32
+   sequences x block 16 of the 4B shape: us per layer
    against the torch reference, fla's fused recurrent kernel over the same block (when fla imports), and the
    roofline of the state traffic (verify reads the state, commit reads and writes it) at the measured copy bandwidth.
 
