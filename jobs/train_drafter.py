@@ -20,6 +20,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import click
 import numpy as np
@@ -59,6 +60,8 @@ class TrainDrafterConfig(BaseModel):
     max_seconds: float | None = Field(None, gt=0, description="stop training after this much wall time")
     heldout: int = Field(0, ge=0, description="pages kept out of training; tau is measured on them")
     measure_blocks: list[int] = Field(default_factory=lambda: [8], description="block sizes tau is measured at")
+    save_dtype: Literal["bfloat16", "float32"] = Field("bfloat16", description="the written weights' dtype (the "
+                                                       "engine casts them to the target's)")
     seed: int = 0
 
 
@@ -311,7 +314,7 @@ def train(cfg: TrainDrafterConfig, echo=print) -> dict:
             echo(f"stopping at step {step}: --max-seconds {cfg.max_seconds} reached")
             break
     out = Path(cfg.out)
-    drafter.save_pretrained(out, num_target_layers=t.num_hidden_layers)
+    drafter.save_pretrained(out, num_target_layers=t.num_hidden_layers, dtype=getattr(torch, cfg.save_dtype))
     log = {"config": cfg.model_dump(), "drafter": dcfg.to_json(), "train_pages": len(train_images),
            "answers": len(examples), "answer_tokens": sum(len(e.ids) - e.prompt_len for e in examples),
            "steps": len(losses), "train_seconds": round(time.perf_counter() - t_train, 1), "losses": losses}
@@ -348,6 +351,7 @@ def train(cfg: TrainDrafterConfig, echo=print) -> dict:
 @click.option("--max-seconds", type=float)
 @click.option("--heldout", type=int)
 @click.option("--measure-block", "measure_blocks", type=int, multiple=True)
+@click.option("--save-dtype", type=click.Choice(["bfloat16", "float32"]))
 @click.option("--seed", type=int)
 def main(config_path, **flags):
     import yaml

@@ -26,6 +26,10 @@ def test_train_drafter_smoke(tiny_checkpoint, tmp_path):
     assert len(losses) == 30 and np.mean(losses[-10:]) < 0.8 * np.mean(losses[:10]), (losses[:10], losses[-10:])
     dcfg = load_dflash_config(tmp_path / "drafter", load_config(tiny_checkpoint).text)
     assert dcfg.block_size == 4 and len(dcfg.target_layer_ids) == 2
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / "drafter" / "model.safetensors"), "pt") as fh:  # bf16 by default: half the bytes
+        assert {fh.get_tensor(n).dtype for n in fh.keys()} == {torch.bfloat16}
     (tau,) = log["heldout_tau"]
     assert tau["identical_to_plain"] and tau["verify_steps"] > 0 and tau["tau"] >= 1.0
     assert json.loads((tmp_path / "drafter" / "train_log.json").read_text())["steps"] == 30

@@ -238,14 +238,16 @@ class DFlashDrafter(nn.Module):
             for n in ("gate_proj", "up_proj", "down_proj"):
                 yield p + f"mlp.{n}.weight", getattr(layer, n).weight
 
-    def save_pretrained(self, folder: str | Path, num_target_layers: int | None = None) -> Path:
+    def save_pretrained(self, folder: str | Path, num_target_layers: int | None = None,
+                        dtype: torch.dtype | None = None) -> Path:
+        """config.json + model.safetensors, the weights in `dtype` (default: as they are)."""
         from safetensors.torch import save_file
 
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "config.json").write_text(json.dumps(self.cfg.to_json(num_target_layers), indent=2) + "\n")
-        save_file({n: p.detach().contiguous().cpu() for n, p in self.hf_named()}, str(folder / "model.safetensors"),
-                  metadata={"format": "pt"})
+        save_file({n: p.detach().to(dtype or p.dtype).contiguous().cpu() for n, p in self.hf_named()},
+                  str(folder / "model.safetensors"), metadata={"format": "pt"})
         return folder
 
     # ------------------------------------------------------------------ caches (engine)
