@@ -8,6 +8,7 @@
 # 3. bench/drafter_tau.py: tau at block 16 and 8 on the held-out synthetic blocks and the corpus blocks made here
 #    (research/ocria_tiny/drafter_pages.py --split heldout; bench/drafter_block_pages.py), answers checked against
 #    plain decoding.
+# TRAIN_FLAGS: more jobs/train_drafter.py flags (e.g. --dflash2).
 # 4. with SPEC_BENCH="<its flags>" (e.g. "--block-sizes 16"), bench/spec_decode_bench.py with the new drafter
 #    (fla's wheels carried in .whl/fla for its kernel comparison).
 # OUT gets drafter/ (config.json, model.safetensors, train_log.json), tau.json, log.txt [, h200_spec_decode.json].
@@ -33,7 +34,7 @@ timeout "${TRAIN_TIMEOUT:-900}" $PY jobs/train_drafter.py --checkpoint models/oc
   --out "$OUT/drafter" --device "$DEVICE" --dtype "$DTYPE" --collect-batch 128 --kv-cache-memory-gb 8 \
   --max-tokens "$MAX_TOKENS" --num-layers "$LAYERS" --intermediate-size "$FFN" --num-taps "$TAPS" --block-size 16 \
   --gamma 7 --anchors "$ANCHORS" --pages-per-step "$PER_STEP" --lr "$LR" --steps 1000000 --max-seconds "$TRAIN_S" \
-  || echo "training stopped (rc $?)"
+  ${TRAIN_FLAGS:-} || echo "training stopped (rc $?)"
 t2=$(date +%s)
 timeout "${TAU_TIMEOUT:-600}" $PY bench/drafter_tau.py --checkpoint models/ocria-tiny --drafter "$OUT/drafter" \
   --pages "$TAU_DIR/heldout" --pages "$TAU_DIR/corpus" --device "$DEVICE" --dtype "$DTYPE" --max-tokens "$MAX_TOKENS" \

@@ -193,11 +193,12 @@ def write_random_checkpoint(out: str | Path, text: dict, vision: dict, *, min_pi
 
 def write_random_drafter(out: str | Path, target, *, num_layers: int = 2, num_taps: int = 2,
                          block_size: int = 4, mask_token_id: int | None = None, seed: int = 0,
-                         dtype: torch.dtype = torch.float32) -> Path:
+                         dtype: torch.dtype = torch.float32, dflash2: bool = False) -> Path:
     """A random-weight DFlash drafter for a target (checkpoint folder or engine.config.TextConfig), in the public
     DFlash layout (config.json with dflash_config, model.safetensors): the target's hidden size and vocabulary,
     `num_taps` evenly spaced target layers, Qwen3 layers of the target's attention shape. mask_token_id defaults to
-    the target's last token id."""
+    the target's last token id. dflash2: with DFlash2's convolutions (two taps, groups of 8 channels) and candidate
+    selector (rank 8, top 4), their weights random too (the convolutions near the identity)."""
     from engine.config import TextConfig, load_config
     from engine.models.dflash import DFlashConfig, DFlashDrafter, build_target_layer_ids
 
@@ -207,12 +208,16 @@ def write_random_drafter(out: str | Path, target, *, num_layers: int = 2, num_ta
         num_attention_heads=t.num_attention_heads, num_key_value_heads=t.num_key_value_heads, head_dim=t.head_dim,
         rms_norm_eps=t.rms_norm_eps, rope_theta=10000.0, vocab_size=t.vocab_size,
         target_layer_ids=tuple(build_target_layer_ids(t.num_hidden_layers, num_taps)),
-        mask_token_id=t.vocab_size - 1 if mask_token_id is None else mask_token_id, block_size=block_size)
+        mask_token_id=t.vocab_size - 1 if mask_token_id is None else mask_token_id, block_size=block_size,
+        **(dict(conv_kernel_size=2, conv_group_size=8, selector_rank=8, selector_top_k=4) if dflash2 else {}))
     model = DFlashDrafter(cfg, torch.float32)
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.hf_named():
-            mean, std = (1.0, 0.1) if p.dim() == 1 else (0.0, 1.0 / math.sqrt(p.shape[1]))
+            mean, std = (1.0, 0.1) if p.dim() == 1 else (0.0, 1.0 / math.sqrt(p.shape[-1]))
+            if name.endswith("base_kernel"):
+                mean = torch.zeros(p.shape)
+                mean[:, 0] = 1.0
             p.copy_(mean + std * torch.randn(p.shape, generator=gen))
     return model.to(dtype).save_pretrained(out, num_target_layers=t.num_hidden_layers)
 

@@ -52,6 +52,12 @@ class TrainDrafterConfig(BaseModel):
     num_taps: int = Field(3, ge=1, description="target layers tapped (evenly spaced, DFlash's rule)")
     block_size: int = Field(8, ge=2)
     mask_token_id: int | None = Field(None, description="null = the target's pad token, else its last id")
+    dflash2: bool = Field(False, description="DFlash2: the dynamic convolutions and the candidate selector")
+    conv_kernel_size: int = Field(2, ge=2)
+    conv_group_size: int = Field(16, ge=1)
+    selector_rank: int = Field(64, ge=1)
+    selector_top_k: int = Field(16, ge=2)
+    selector_loss_alpha: float = Field(1.0, ge=0, description="weight of the selector's loss beside the base loss")
     anchors: int = Field(32, ge=1, description="blocks per page per step")
     pages_per_step: int = Field(1, ge=1, description="pages packed into one forward and optimizer step")
     gamma: float = Field(4.0, gt=0, description="loss decay over block positions (4 for B 8, 7 for B 16)")
@@ -110,7 +116,8 @@ class TapRecorder:
         """Taps of the request's tokens 0 .. n - 1, in order: {layer id: [n, H]}."""
         rows, seen = self.rows.pop(request_id), self.seen.pop(request_id)
         if not bool(seen[:n].all()):
-            raise RuntimeError(f"{request_id}: the target computed taps for {int(seen[:n].sum())} of tokens 0 .. {n - 1}")
+            raise RuntimeError(f"{request_id}: the target computed taps for {int(seen[:n].sum())} of tokens "
+                               f"0 .. {n - 1}")
         return {lid: rows[:n, j] for j, lid in enumerate(self.layer_ids)}
 
 
@@ -181,9 +188,11 @@ def lr_factor(step: int, steps: int, elapsed: float, max_seconds: float | None) 
 
 
 def block_loss(drafter: DFlashDrafter, examples: list[Example], embed: torch.Tensor, head: torch.Tensor, anchors: int,
-               gamma: float, rng: random.Random, device) -> torch.Tensor:
+               gamma: float, rng: random.Random, device, selector_alpha: float = 1.0) -> torch.Tensor:
     """Decayed per-position cross-entropy over random anchor blocks of the examples' answers, the examples packed
-    into one forward (each block sees only its own page)."""
+    into one forward (each block sees only its own page). With a DFlash2 selector, plus selector_alpha times its
+    cross-entropy over the top-k candidates given the true token before each (the true token replacing the last
+    candidate where it is not among them), with the same weights."""
     B = drafter.cfg.block_size
     picks, ids, taps, seqs, pos, block_seq = [], [], [], [], [], []
     for n, ex in enumerate(examples):
@@ -212,7 +221,29 @@ def block_loss(drafter: DFlashDrafter, examples: list[Example], embed: torch.Ten
     logits = hidden[:, 1:].float() @ head.float().T
     ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none").view_as(targets)
     w = torch.exp(-torch.arange(B - 1, device=device, dtype=torch.float32) / gamma)[None, :] * valid
-    return (ce * w).sum() / w.sum()
+    loss = (ce * w).sum() / w.sum()
+    if drafter.selector is not None:
+        sel = selector_ce(drafter, logits, hidden[:, 1:], block[:, 0], targets)
+        loss = loss + selector_alpha * (sel * w).sum() / w.sum()
+    return loss
+
+
+def selector_ce(drafter: DFlashDrafter, logits: torch.Tensor, hidden: torch.Tensor, anchors: torch.Tensor,
+                targets: torch.Tensor) -> torch.Tensor:
+    """The candidate selector's cross-entropy at each block position [N, P]: over the top-k of the position's
+    unary logits, the true token put in the last place where it is not among them, each position scored given the
+    true token before it (the anchor at the first)."""
+    unary = drafter.unary_logits(logits)
+    k = min(drafter.cfg.selector_top_k, unary.shape[-1])
+    cand_u, cand = unary.topk(k, -1)
+    gold = targets[..., None]
+    covered = (cand == gold).any(-1, keepdim=True)
+    cand = torch.where(covered, cand, torch.cat([cand[..., :-1], gold], -1))
+    cand_u = torch.where(covered, cand_u, torch.cat([cand_u[..., :-1], unary.gather(-1, gold)], -1))
+    label = (cand == gold).int().argmax(-1)
+    before = torch.cat([anchors[:, None], targets[:, :-1]], 1)
+    scores = drafter.selector.score(cand, cand_u, hidden, before)
+    return F.cross_entropy(scores.reshape(-1, k), label.reshape(-1), reduction="none").view_as(targets)
 
 
 def measure_tau(checkpoint: str, drafter_dir: Path, images, prompt: str, max_tokens: int, blocks: list[int],
@@ -276,7 +307,10 @@ def train(cfg: TrainDrafterConfig, echo=print) -> dict:
                         num_hidden_layers=cfg.num_layers, num_attention_heads=t.num_attention_heads,
                         num_key_value_heads=t.num_key_value_heads, head_dim=t.head_dim, rms_norm_eps=t.rms_norm_eps,
                         rope_theta=10000.0, vocab_size=t.vocab_size, target_layer_ids=tuple(layer_ids),
-                        mask_token_id=int(mask), block_size=cfg.block_size)
+                        mask_token_id=int(mask), block_size=cfg.block_size,
+                        **(dict(conv_kernel_size=cfg.conv_kernel_size, conv_group_size=cfg.conv_group_size,
+                                selector_rank=cfg.selector_rank, selector_top_k=cfg.selector_top_k)
+                           if cfg.dflash2 else {}))
     t0 = time.perf_counter()
     examples = collect(target, train_images, layer_ids, cfg.prompt, cfg.max_tokens)
     echo(f"collected {len(examples)} answers ({sum(len(e.ids) - e.prompt_len for e in examples)} tokens) in "
@@ -286,10 +320,7 @@ def train(cfg: TrainDrafterConfig, echo=print) -> dict:
     embed = target.model.language_model.embed_tokens.weight.detach().to(cfg.device)
     head = target.model.head_weight.detach().to(cfg.device)
     drafter = DFlashDrafter(dcfg, torch.float32, cfg.device)
-    with torch.no_grad():  # Qwen3-style init; the norms start at 1
-        for name, p in drafter.hf_named():
-            if p.dim() == 2:
-                p.normal_(0.0, 1.0 / math.sqrt(p.shape[1]))
+    drafter.init_for_training(torch.Generator().manual_seed(cfg.seed))
     params = [p for _, p in drafter.hf_named()]
     for p in params:
         p.requires_grad_(True)
@@ -302,7 +333,7 @@ def train(cfg: TrainDrafterConfig, echo=print) -> dict:
             group["lr"] = cfg.lr * lr_factor(step, cfg.steps, elapsed, cfg.max_seconds)
         opt.zero_grad()
         loss = block_loss(drafter, [examples[next(pages)] for _ in range(cfg.pages_per_step)], embed, head,
-                          cfg.anchors, cfg.gamma, rng, cfg.device)
+                          cfg.anchors, cfg.gamma, rng, cfg.device, cfg.selector_loss_alpha)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
@@ -343,6 +374,9 @@ def train(cfg: TrainDrafterConfig, echo=print) -> dict:
 @click.option("--intermediate-size", type=int)
 @click.option("--num-taps", type=int)
 @click.option("--block-size", type=int)
+@click.option("--dflash2/--no-dflash2", default=None)
+@click.option("--selector-rank", type=int)
+@click.option("--selector-top-k", type=int)
 @click.option("--anchors", type=int)
 @click.option("--pages-per-step", type=int)
 @click.option("--gamma", type=float)

@@ -18,9 +18,11 @@ from engine.testing import write_random_drafter
 BLOCK = 5
 
 
-@pytest.fixture(scope="module")
-def drafter(text_ckpt, tmp_path_factory):
-    return write_random_drafter(tmp_path_factory.mktemp("drafter"), text_ckpt, block_size=BLOCK, seed=3)
+@pytest.fixture(scope="module", params=["dflash", "dflash2"])
+def drafter(text_ckpt, tmp_path_factory, request):
+    """A random DFlash drafter, and a DFlash2 one (its convolutions and candidate selector in every draft)."""
+    return write_random_drafter(tmp_path_factory.mktemp("drafter"), text_ckpt, block_size=BLOCK, seed=3,
+                                dflash2=request.param == "dflash2")
 
 
 def ids(n, seed):

@@ -108,3 +108,48 @@ def test_packed_training_forward_equals_each_page_alone():
                                   ctx_pos=torch.cat([torch.arange(7), torch.arange(11)]),
                                   block_seq=torch.tensor([0, 0, 1, 1, 1]))
     torch.testing.assert_close(packed, torch.cat(alone), rtol=1e-5, atol=1e-5)
+
+
+def test_train_a_dflash2_drafter(tiny_checkpoint, tmp_path):
+    """--dflash2: the convolutions and the selector train with the base loss; the drafter written is a DFlash2 one
+    that loads, drafts through its selector and decodes losslessly."""
+    from safetensors import safe_open
+
+    pages = tmp_path / "pages"
+    pages.mkdir()
+    rng = np.random.default_rng(1)
+    for i in range(3):
+        Image.fromarray(rng.integers(0, 256, (64 + 16 * i, 80, 3), dtype=np.uint8)).save(pages / f"p{i}.png")
+    cfg = TrainDrafterConfig(checkpoint=str(tiny_checkpoint), pages=str(pages), out=str(tmp_path / "d2"),
+                             max_tokens=24, num_layers=1, num_taps=2, block_size=4, anchors=12, gamma=4, lr=3e-3,
+                             steps=30, pages_per_step=2, heldout=1, measure_blocks=[4], seed=0, dflash2=True,
+                             conv_group_size=16, selector_rank=8, selector_top_k=4, save_dtype="float32")
+    log = train(cfg, echo=lambda *_: None)
+    losses = log["losses"]
+    assert np.mean(losses[-10:]) < 0.8 * np.mean(losses[:10]), (losses[:10], losses[-10:])
+    dcfg = load_dflash_config(tmp_path / "d2", load_config(tiny_checkpoint).text)
+    assert dcfg.dflash2 and dcfg.selector_top_k == 4
+    with safe_open(str(tmp_path / "d2" / "model.safetensors"), "pt") as fh:
+        proj = fh.get_tensor("layers.0.mlp_conv.kernel_projection.weight")
+        succ = fh.get_tensor("candidate_selector.successor_codebook")
+    assert proj.abs().sum() > 0, "the convolution's kernel projection starts at 0 and must have learnt"
+    assert succ.std() != pytest.approx(0.02, rel=1e-3)
+    (tau,) = log["heldout_tau"]
+    assert tau["identical_to_plain"] and tau["verify_steps"] > 0
+
+
+def test_selector_loss_puts_the_true_token_last_when_it_is_not_a_candidate():
+    from engine.models.dflash import DFlashConfig, DFlashDrafter
+    from jobs.train_drafter import selector_ce
+
+    cfg = DFlashConfig(hidden_size=16, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
+                       num_key_value_heads=1, head_dim=8, rms_norm_eps=1e-6, rope_theta=10000.0, vocab_size=6,
+                       target_layer_ids=(0,), mask_token_id=5, block_size=3, conv_kernel_size=2, conv_group_size=8,
+                       selector_rank=2, selector_top_k=2)
+    d = DFlashDrafter(cfg)  # the selector's codebooks start at 0: its scores are the unary logits
+    logits = torch.tensor([[[0.0, 3.0, 2.0, 1.0, -1.0, -2.0], [5.0, 4.0, 0.0, 0.0, 0.0, 0.0]]])  # [1 block, 2, V]
+    targets = torch.tensor([[3, 0]])  # position 0: 3 is not in the top 2 (1, 2); position 1: 0 is the top one
+    ce = selector_ce(d, logits, torch.zeros(1, 2, 16), torch.tensor([4]), targets)
+    want0 = torch.nn.functional.cross_entropy(torch.tensor([[3.0, 1.0]]), torch.tensor([1]))  # [cand 1, gold 3]
+    want1 = torch.nn.functional.cross_entropy(torch.tensor([[5.0, 4.0]]), torch.tensor([0]))
+    torch.testing.assert_close(ce, torch.stack([want0, want1])[None])

@@ -12,8 +12,13 @@ HF layout (the public DFlash drafters'): config.json with the Qwen3 fields and `
 mask_token_id, block_size}; safetensors with fc.weight [H, n H], hidden_norm.weight, norm.weight and
 layers.i.{input_layernorm, post_attention_layernorm, self_attn.{q,k,v,o}_proj, self_attn.{q,k}_norm,
 mlp.{gate,up,down}_proj}.weight (a leading "model." is accepted). Rotary positions are the token's index in its
-sequence (for image prompts too): the drafters trained by jobs/train_drafter.py use the same. Not supported (refused at
-load): sliding-window layers and DFlash2's dynamic convolution / candidate selector tensors.
+sequence (for image prompts too): the drafters trained by jobs/train_drafter.py use the same. Sliding-window layers are
+refused at load.
+
+DFlash2 (dflash_config conv_kernel_size, conv_group_size, selector_rank, selector_top_k): a grouped dynamic
+convolution wraps each layer's attention and MLP (layers.i.{attention,mlp}_conv.{base_kernel,
+kernel_projection.weight}), and a candidate selector (candidate_selector.{hidden_projection.weight,
+predecessor_codebook, successor_codebook}) picks each draft among the top-k given the draft before it.
 """
 from __future__ import annotations
 
@@ -48,9 +53,20 @@ class DFlashConfig:
     target_layer_ids: tuple[int, ...]
     mask_token_id: int
     block_size: int
+    # DFlash2 (all or none): the two-tap grouped dynamic convolution around each sublayer, the top-k selector
+    conv_kernel_size: int = 0
+    conv_group_size: int = 16
+    selector_rank: int = 0
+    selector_top_k: int = 16
+    output_multiplier: float | None = None  # the selector's unary logits: x * m, then cap * tanh(x / cap)
+    final_logit_softcapping: float | None = None
+
+    @property
+    def dflash2(self) -> bool:
+        return self.conv_kernel_size > 0
 
     def to_json(self, num_target_layers: int | None = None) -> dict:
-        """config.json contents in the public DFlash layout."""
+        """config.json contents in the public DFlash (DFlash2) layout."""
         d = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_act": "silu",
              "hidden_size": self.hidden_size, "intermediate_size": self.intermediate_size,
              "num_hidden_layers": self.num_hidden_layers, "num_attention_heads": self.num_attention_heads,
@@ -59,6 +75,13 @@ class DFlashConfig:
              "attention_bias": False, "tie_word_embeddings": False, "block_size": self.block_size,
              "dflash_config": {"target_layer_ids": list(self.target_layer_ids), "mask_token_id": self.mask_token_id,
                                "block_size": self.block_size}}
+        if self.dflash2:
+            d["architectures"] = ["DFlash2DraftModel"]
+            d["dflash_config"].update(conv_kernel_size=self.conv_kernel_size, conv_group_size=self.conv_group_size,
+                                      selector_rank=self.selector_rank, selector_top_k=self.selector_top_k)
+            for key in ("output_multiplier", "final_logit_softcapping"):
+                if getattr(self, key) is not None:
+                    d["dflash_config"][key] = getattr(self, key)
         if num_target_layers is not None:
             d["num_target_layers"] = num_target_layers
         return d
@@ -98,7 +121,10 @@ def load_dflash_config(folder: str | Path, target: TextConfig) -> DFlashConfig:
         rms_norm_eps=raw.get("rms_norm_eps", 1e-6), rope_theta=float(theta), vocab_size=need(raw, "vocab_size", ""),
         target_layer_ids=tuple(int(i) for i in need(dcfg, "target_layer_ids", "dflash_config.")),
         mask_token_id=int(need(dcfg, "mask_token_id", "dflash_config.")),
-        block_size=int(dcfg.get("block_size", raw.get("block_size", 0))))
+        block_size=int(dcfg.get("block_size", raw.get("block_size", 0))),
+        conv_kernel_size=int(dcfg.get("conv_kernel_size") or 0), conv_group_size=int(dcfg.get("conv_group_size") or 16),
+        selector_rank=int(dcfg.get("selector_rank") or 0), selector_top_k=int(dcfg.get("selector_top_k") or 16),
+        output_multiplier=dcfg.get("output_multiplier"), final_logit_softcapping=dcfg.get("final_logit_softcapping"))
     layer_types = raw.get("layer_types") or []
     if any(t != "full_attention" for t in layer_types):
         raise DrafterConfigError(f"{path}: layer_types {layer_types}: only full-attention draft layers are supported")
@@ -121,6 +147,14 @@ def load_dflash_config(folder: str | Path, target: TextConfig) -> DFlashConfig:
                                  f"vocabulary (0 .. {target.vocab_size - 1})")
     if cfg.block_size < 2:
         raise DrafterConfigError(f"{path}: dflash_config.block_size={cfg.block_size} must be >= 2")
+    if bool(cfg.conv_kernel_size) != bool(cfg.selector_rank):
+        missing = "selector_rank" if cfg.conv_kernel_size else "conv_kernel_size"
+        raise DrafterConfigError(f"{path}: dflash_config.{missing} missing: a DFlash2 drafter has both the dynamic "
+                                 f"convolution (conv_kernel_size) and the candidate selector (selector_rank)")
+    if cfg.dflash2 and (cfg.conv_kernel_size > cfg.block_size or cfg.hidden_size % cfg.conv_group_size):
+        raise DrafterConfigError(f"{path}: dflash_config.conv_kernel_size={cfg.conv_kernel_size} must not exceed "
+                                 f"block_size={cfg.block_size}, and conv_group_size={cfg.conv_group_size} must divide "
+                                 f"hidden_size={cfg.hidden_size}")
     return cfg
 
 
@@ -136,6 +170,15 @@ def expected_drafter_tensors(cfg: DFlashConfig) -> dict[str, tuple[int, ...]]:
                     p + "self_attn.q_norm.weight": (hd,), p + "self_attn.k_norm.weight": (hd,),
                     p + "mlp.gate_proj.weight": (I, H), p + "mlp.up_proj.weight": (I, H),
                     p + "mlp.down_proj.weight": (H, I)})
+        if cfg.dflash2:
+            K, groups = cfg.conv_kernel_size, H // cfg.conv_group_size
+            for conv in ("attention_conv", "mlp_conv"):
+                out.update({p + f"{conv}.base_kernel": (2, K, H),
+                            p + f"{conv}.kernel_projection.weight": (2 * K * groups, H)})
+    if cfg.dflash2:
+        r, V = cfg.selector_rank, cfg.vocab_size
+        out.update({"candidate_selector.hidden_projection.weight": (r, H),
+                    "candidate_selector.predecessor_codebook": (V, r), "candidate_selector.successor_codebook": (V, r)})
     return out
 
 
@@ -143,6 +186,59 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Qwen3's RMSNorm (plain weight, not 1 + w), computed in fp32."""
     xf = x.float()
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
+
+
+class GroupedConv(nn.Module):
+    """DFlash2's two-tap grouped dynamic causal convolution over the rows of each block (taps never reach before a
+    block's first row): out[i, c] = sum_t (base[side, t, c] + delta[i, side, t, c // group]) x[i - t, c]. delta is
+    predicted from the sublayer's input at row i (kernel_projection), one set for the input side (prepare) and one
+    for the output side (finish). Starts as the identity: base tap 0 = 1, the projection 0."""
+
+    def __init__(self, hidden: int, taps: int, group: int, **factory):
+        super().__init__()
+        self.taps, self.group = taps, group
+        base = torch.zeros(2, taps, hidden, **factory)
+        base[:, 0] = 1.0
+        self.base_kernel = nn.Parameter(base)
+        self.kernel_projection = nn.Linear(hidden, 2 * taps * (hidden // group), bias=False, **factory)
+        nn.init.zeros_(self.kernel_projection.weight)
+
+    def convolve(self, x: torch.Tensor, w: torch.Tensor, block: int) -> torch.Tensor:
+        """x [R, H] (rows in blocks of `block`), w [R, taps, H] -> [R, H]."""
+        H = x.shape[-1]
+        xb, wb = x.view(-1, block, H), w.view(-1, block, self.taps, H)
+        out = wb[:, :, 0] * xb
+        for t in range(1, self.taps):
+            out = out + wb[:, :, t] * F.pad(xb[:, :-t], (0, 0, t, 0))
+        return out.view(-1, H)
+
+    def prepare(self, x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The sublayer's input convolved, and the kernels its output gets (finish)."""
+        R, H = x.shape
+        delta = self.kernel_projection(x).view(R, 2, self.taps, H // self.group).repeat_interleave(self.group, -1)
+        w = self.base_kernel[None] + delta
+        return self.convolve(x, w[:, 0], block), w[:, 1]
+
+    def finish(self, y: torch.Tensor, w: torch.Tensor, block: int) -> torch.Tensor:
+        return self.convolve(y, w, block)
+
+
+class CandidateSelector(nn.Module):
+    """DFlash2's candidate selector: at each block position the top-k draft tokens b are scored
+    U(b) + <A[a] * P h, B[b]> given the token a chosen before them (the verified token at the first position), so a
+    draft follows from the one before it. A, B: predecessor / successor codebooks [V, rank]; P: hidden -> rank."""
+
+    def __init__(self, hidden: int, vocab: int, rank: int, **factory):
+        super().__init__()
+        self.hidden_projection = nn.Linear(hidden, rank, bias=False, **factory)
+        self.predecessor_codebook = nn.Parameter(torch.zeros(vocab, rank, **factory))
+        self.successor_codebook = nn.Parameter(torch.zeros(vocab, rank, **factory))
+
+    def score(self, candidates: torch.Tensor, unary: torch.Tensor, hidden: torch.Tensor,
+              predecessors: torch.Tensor) -> torch.Tensor:
+        """candidates [..., k] token ids, unary [..., k], hidden [..., H], predecessors [...] -> [..., k] (fp32)."""
+        state = self.predecessor_codebook[predecessors].float() * self.hidden_projection(hidden).float()
+        return unary.float() + (self.successor_codebook[candidates].float() * state[..., None, :]).sum(-1)
 
 
 class DraftLayer(nn.Module):
@@ -161,6 +257,9 @@ class DraftLayer(nn.Module):
         self.gate_proj = nn.Linear(H, I, bias=False, **factory)
         self.up_proj = nn.Linear(H, I, bias=False, **factory)
         self.down_proj = nn.Linear(I, H, bias=False, **factory)
+        conv = (lambda: GroupedConv(H, cfg.conv_kernel_size, cfg.conv_group_size, **factory)) if cfg.dflash2 else None
+        self.attention_conv = conv() if conv else None
+        self.mlp_conv = conv() if conv else None
 
     def query(self, x, cos, sin):
         q = rms_norm(self.q_proj(x).view(-1, self.nh, self.hd), self.q_norm, self.eps)
@@ -171,9 +270,22 @@ class DraftLayer(nn.Module):
         k = rms_norm(self.k_proj(x).view(-1, self.nkv, self.hd), self.k_norm, self.eps)
         return apply_rotary(k, cos, sin), self.v_proj(x).view(-1, self.nkv, self.hd)
 
-    def mlp(self, h):
+    def attention_input(self, h, block: int):
+        """Block rows h [R, H] -> (the attention's input, the kernels its output gets: None without DFlash2)."""
+        x = rms_norm(h, self.input_layernorm, self.eps)
+        return self.attention_conv.prepare(x, block) if self.attention_conv is not None else (x, None)
+
+    def attention_output(self, h, o, w, block: int):
+        """The residual stream after attention: o [R, nh * hd] the heads' output."""
+        o = self.o_proj(o)
+        return h + (self.attention_conv.finish(o, w, block) if w is not None else o)
+
+    def mlp(self, h, block: int):
         x = rms_norm(h, self.post_attention_layernorm, self.eps)
-        return h + self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.mlp_conv is None:
+            return h + self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        x, w = self.mlp_conv.prepare(x, block)
+        return h + self.mlp_conv.finish(self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x)), w, block)
 
 
 class DFlashDrafter(nn.Module):
@@ -186,6 +298,8 @@ class DFlashDrafter(nn.Module):
         self.hidden_norm = nn.Parameter(torch.ones(H, **factory))
         self.layers = nn.ModuleList(DraftLayer(cfg, **factory) for _ in range(cfg.num_hidden_layers))
         self.norm = nn.Parameter(torch.ones(H, **factory))
+        self.selector = (CandidateSelector(H, cfg.vocab_size, cfg.selector_rank, **factory) if cfg.dflash2
+                         else None)
         self.register_buffer("inv_freq", inv_frequencies(cfg.head_dim, cfg.rope_theta, device), persistent=False)
         self.scale = cfg.head_dim ** -0.5
         self.k_cache = self.v_cache = torch.empty(0)
@@ -210,11 +324,28 @@ class DFlashDrafter(nn.Module):
         wrong = [f"{n} {tuple(got[n].shape)} (want {want[n]})" for n in want if n in got and tuple(got[n].shape) != want[n]]
         if missing or extra or wrong:
             raise DrafterConfigError(
-                f"drafter {folder}: tensors do not match its config: missing {missing[:4]}, unexpected {extra[:4]} "
-                f"(DFlash2 conv/selector weights are not supported), misshaped {wrong[:4]}")
+                f"drafter {folder}: tensors do not match its config: missing {missing[:4]}, unexpected {extra[:4]}, "
+                f"misshaped {wrong[:4]}")
         model = cls(cfg, dtype, device)
         model.load_named(got)
         return model
+
+    @torch.no_grad()
+    def init_for_training(self, generator: torch.Generator | None = None) -> None:
+        """Qwen3-style start: projections N(0, 1/fan_in), norms 1; DFlash2's convolutions the identity (base tap 0 = 1,
+        kernel projections 0) and the selector's codebooks N(0, 0.02)."""
+        for name, p in self.hf_named():
+            if name.endswith("kernel_projection.weight"):
+                p.zero_()
+            elif name.endswith("base_kernel"):
+                p.zero_()
+                p[:, 0] = 1.0
+            elif name.endswith("_codebook"):
+                p.copy_(0.02 * torch.randn(p.shape, generator=generator).to(p))
+            elif p.dim() == 2:
+                p.copy_(torch.randn(p.shape, generator=generator).to(p) / p.shape[1] ** 0.5)
+            else:
+                p.fill_(1.0)
 
     def load_named(self, tensors: dict[str, torch.Tensor]) -> None:
         params = dict(self.hf_named())
@@ -237,6 +368,14 @@ class DFlashDrafter(nn.Module):
             yield p + "self_attn.k_norm.weight", layer.k_norm
             for n in ("gate_proj", "up_proj", "down_proj"):
                 yield p + f"mlp.{n}.weight", getattr(layer, n).weight
+            for n in ("attention_conv", "mlp_conv"):
+                if (conv := getattr(layer, n)) is not None:
+                    yield p + f"{n}.base_kernel", conv.base_kernel
+                    yield p + f"{n}.kernel_projection.weight", conv.kernel_projection.weight
+        if self.selector is not None:
+            yield "candidate_selector.hidden_projection.weight", self.selector.hidden_projection.weight
+            yield "candidate_selector.predecessor_codebook", self.selector.predecessor_codebook
+            yield "candidate_selector.successor_codebook", self.selector.successor_codebook
 
     def save_pretrained(self, folder: str | Path, num_target_layers: int | None = None,
                         dtype: torch.dtype | None = None) -> Path:
@@ -287,21 +426,30 @@ class DFlashDrafter(nn.Module):
 
     @torch.no_grad()
     def draft_hidden(self, embeds: torch.Tensor, index: torch.Tensor, slot_mapping: torch.Tensor,
-                     block_tables: torch.Tensor, context_lens: torch.Tensor) -> torch.Tensor:
-        """Block rows [N, H] (target embeddings of [last, MASK...]) -> final hidden [N, H]. Each row's block K/V are
-        stored at its slot first (past the context: a later context write replaces them), then every row attends
-        to its first context_lens slots: the context plus its whole block."""
+                     block_tables: torch.Tensor, context_lens: torch.Tensor, block: int) -> torch.Tensor:
+        """Block rows [N, H] (target embeddings of [last, MASK...], N / block blocks of `block` rows) -> final hidden
+        [N, H]. Each row's block K/V are stored at its slot first (past the context: a later context write replaces
+        them), then every row attends to its first context_lens slots: the context plus its whole block."""
         cos, sin = self.rotary(index)
         h = embeds.to(self.fc.weight.dtype)
         for i, layer in enumerate(self.layers):
-            x = rms_norm(h, layer.input_layernorm, self.cfg.rms_norm_eps)
+            x, w = layer.attention_input(h, block)
             q = layer.query(x, cos, sin)
             k, v = layer.key_value(x, cos, sin)
             ops.store_kvcache(k.contiguous(), v.contiguous(), self.k_cache[i], self.v_cache[i], slot_mapping)
             o = ops.paged_decode_attention(q.contiguous(), self.k_cache[i], self.v_cache[i], block_tables,
                                            context_lens, self.scale)
-            h = layer.mlp(h + layer.o_proj(o.reshape(h.shape[0], -1)))
+            h = layer.mlp(layer.attention_output(h, o.reshape(h.shape[0], -1), w, block), block)
         return rms_norm(h, self.norm, self.cfg.rms_norm_eps)
+
+    def unary_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """The selector's view of the draft logits (fp32): scaled by output_multiplier, soft-capped."""
+        x = logits.float()
+        if self.cfg.output_multiplier is not None:
+            x = x * self.cfg.output_multiplier
+        if self.cfg.final_logit_softcapping is not None:
+            x = torch.tanh(x / self.cfg.final_logit_softcapping) * self.cfg.final_logit_softcapping
+        return x
 
     # ------------------------------------------------------------------ training (dense, differentiable)
     def train_hidden(self, ctx_taps: dict, block_embeds: torch.Tensor, anchors: torch.Tensor,
@@ -328,7 +476,7 @@ class DFlashDrafter(nn.Module):
         h = block_embeds.reshape(N * B, H).to(self.fc.weight.dtype)
         group = self.cfg.num_attention_heads // self.cfg.num_key_value_heads
         for layer in self.layers:
-            x = rms_norm(h, layer.input_layernorm, self.cfg.rms_norm_eps)
+            x, w = layer.attention_input(h, B)
             q = layer.query(x, cos, sin)
             kc, vc = layer.key_value(ctx, ctx_cos, ctx_sin)
             kb, vb = layer.key_value(x, cos, sin)
@@ -336,5 +484,5 @@ class DFlashDrafter(nn.Module):
             v = torch.cat([vc, vb]).repeat_interleave(group, dim=1)
             o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
                                                v.transpose(0, 1)[None], attn_mask=allow, scale=self.scale)
-            h = layer.mlp(h + layer.o_proj(o[0].transpose(0, 1).reshape(N * B, -1)))
+            h = layer.mlp(layer.attention_output(h, o[0].transpose(0, 1).reshape(N * B, -1), w, B), B)
         return rms_norm(h, self.norm, self.cfg.rms_norm_eps).view(N, B, H)
