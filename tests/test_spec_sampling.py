@@ -70,6 +70,22 @@ def test_rejection_sampling_matches_the_target_distribution():
     assert chi2(joint, torch.outer(p_abs[1], p_abs[2]).flatten()) < chi2_critical(V * V - 1)
 
 
+def test_rejection_sampling_with_a_top_k_proposal_matches_the_target_distribution():
+    """DFlash2's selector drafts from a softmax over a few candidates: q is zero outside 2 of the 6 tokens at every
+    position, and the output must still be the target's distribution."""
+    gen = torch.Generator().manual_seed(2)
+    V, T, L, N = 6, 4, 5, 40_000
+    p_abs = torch.softmax(torch.randn(L + 2 * T, V, generator=gen) * 1.5, -1)
+    scores = torch.randn(L + 2 * T, V, generator=gen)
+    keep = torch.zeros(L + 2 * T, V, dtype=torch.bool).scatter_(1, scores.topk(2, -1).indices, True)
+    q_abs = torch.where(keep, torch.softmax(scores.masked_fill(~keep, -torch.inf), -1), 0.0)
+    out = generate(p_abs, q_abs, N, L, T, gen)
+    crit = chi2_critical(V - 1)
+    for k in range(L):
+        stat = chi2(torch.bincount(out[:, k], minlength=V).float(), p_abs[k])
+        assert stat < crit, (k, stat, crit)
+
+
 def test_the_statistical_check_catches_a_lossy_rule():
     """The same check fails for a sampler that keeps every draft the target finds likely enough (no rejection
     sampling): the test has teeth."""
