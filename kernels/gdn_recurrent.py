@@ -99,6 +99,17 @@ def delta_rule_step(S, k, v, g, beta):
 
 
 @triton.jit
+def state_program(idx_ptr, GROUP: tl.constexpr):
+    """Where a (sequence, value head, dv tile) program works: (b, value head, dv tile, key head, state slot, live);
+    a padding row (negative slot) gets slot 0 with live False, for masked loads. Shared by every kernel that
+    steps or reads the state per value head (decode, speculative verify)."""
+    b = tl.program_id(0)
+    hv = tl.program_id(1)
+    slot = tl.load(idx_ptr + b).to(tl.int64)
+    return b, hv, tl.program_id(2), hv // GROUP, tl.maximum(slot, 0), slot >= 0
+
+
+@triton.jit
 def _gdn_recurrent_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, state_ptr, idx_ptr, inter_ptr, alog_ptr, dtb_ptr,
     T, scale,
@@ -110,13 +121,7 @@ def _gdn_recurrent_kernel(
 ):
     # One program = (sequence, value head, dv tile); the [dk, BV] state tile stays in registers across the T steps.
     pdl_enter(PDL)
-    b = tl.program_id(0)
-    hv = tl.program_id(1)
-    vt = tl.program_id(2)
-    hk = hv // GROUP
-    slot = tl.load(idx_ptr + b).to(tl.int64)
-    live = slot >= 0
-    slot = tl.maximum(slot, 0)
+    b, hv, vt, hk, slot, live = state_program(idx_ptr, GROUP)
 
     offs_k = tl.arange(0, BK)
     offs_v = vt * BV + tl.arange(0, BV)

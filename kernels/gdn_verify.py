@@ -25,7 +25,8 @@ import triton
 import triton.language as tl
 
 from kernels._common import cast_rtne, cdiv, check, next_pow2, output, require_last_dim_contiguous, use_triton
-from kernels.gdn_recurrent import _check_raw_gates, _validate, delta_rule_step, gates_from_raw, l2norm_ref
+from kernels.gdn_recurrent import (
+    _check_raw_gates, _validate, delta_rule_step, gates_from_raw, l2norm_ref, state_program)
 
 
 def _validate_side(B, T, Hk, dk, Hv, dv, k_kept, u_kept, g_kept):
@@ -103,13 +104,7 @@ def _gdn_verify_kernel(
 ):
     # One program = (sequence, value head, dv tile), as kernels/gdn_recurrent: the state tile is loaded once and
     # carried in registers over the block; nothing is stored to the state.
-    b = tl.program_id(0)
-    hv = tl.program_id(1)
-    vt = tl.program_id(2)
-    hk = hv // GROUP
-    slot = tl.load(idx_ptr + b).to(tl.int64)
-    live = slot >= 0
-    slot = tl.maximum(slot, 0)
+    b, hv, vt, hk, slot, live = state_program(idx_ptr, GROUP)
     offs_k = tl.arange(0, BK)
     offs_v = vt * BV + tl.arange(0, BV)
     mask_k = offs_k < DK
@@ -191,13 +186,7 @@ def _gdn_verify_chunk_kernel(
     #   O = exp(G) * Q S0 + (D * Q K^T) U.
     # A is strictly lower triangular: (I + A)^-1 by forward substitution (stable where keys are nearly parallel and
     # the series I - A + A^2 - ... would cancel huge terms).
-    b = tl.program_id(0)
-    hv = tl.program_id(1)
-    vt = tl.program_id(2)
-    hk = hv // GROUP
-    slot = tl.load(idx_ptr + b).to(tl.int64)
-    live = slot >= 0
-    slot = tl.maximum(slot, 0)
+    b, hv, vt, hk, slot, live = state_program(idx_ptr, GROUP)
     offs_t = tl.arange(0, BT)
     offs_v = vt * BV + tl.arange(0, BV)
     mask_t = offs_t < T
@@ -276,8 +265,9 @@ def _block_v(dv: int, block_v) -> int:
     return block_v or min(next_pow2(dv), 16)
 
 
-def gdn_verify_triton(q, k, v, g, beta, state, state_idx, k_kept, u_kept, g_kept, scale=None, raw_gates=None,
-                      out=None, block_v=None, num_warps=None):
+def _launch_verify(kernel, BV, q, k, v, g, beta, state, state_idx, k_kept, u_kept, g_kept, scale, raw_gates, out,
+                   num_warps, **meta):
+    """Check a verify call, then launch `kernel` over (sequence, value head, dv tile of BV) -> o."""
     B, T, Hk, dk, Hv, dv = _verify_shapes(q, k, v, g, beta, state, state_idx, k_kept, u_kept, g_kept, raw_gates)
     for name, t in (("q", q), ("k", k), ("v", v), ("k_kept", k_kept), ("u_kept", u_kept), ("g_kept", g_kept)):
         require_last_dim_contiguous(name, t)
@@ -285,40 +275,33 @@ def gdn_verify_triton(q, k, v, g, beta, state, state_idx, k_kept, u_kept, g_kept
     scale = dk ** -0.5 if scale is None else float(scale)
     o = output(out, v.shape, v.dtype, v.device)
     require_last_dim_contiguous("out", o)
-    BV = _block_v(dv, block_v)
-    _gdn_verify_kernel[(B, Hv, cdiv(dv, BV))](
+    kernel[(B, Hv, cdiv(dv, BV))](
         q, k, v, g, beta, o, state, state_idx, k_kept, u_kept, g_kept,
         *(raw_gates if raw_gates is not None else (g, g)), T, scale,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *g.stride(), *beta.stride(), *o.stride()[:3],
         *state.stride()[:3], *k_kept.stride()[:3], *u_kept.stride()[:3], *g_kept.stride()[:2],
-        GROUP=Hv // Hk, DK=dk, DV=dv, BK=next_pow2(dk), BV=BV, RAW_GATES=raw_gates is not None,
-        num_warps=num_warps or 4,
+        GROUP=Hv // Hk, DK=dk, DV=dv, BV=BV, RAW_GATES=raw_gates is not None, num_warps=num_warps or 4, **meta,
     )
     return o
+
+
+def gdn_verify_triton(q, k, v, g, beta, state, state_idx, k_kept, u_kept, g_kept, scale=None, raw_gates=None,
+                      out=None, block_v=None, num_warps=None):
+    return _launch_verify(_gdn_verify_kernel, _block_v(v.shape[-1], block_v), q, k, v, g, beta, state, state_idx,
+                          k_kept, u_kept, g_kept, scale, raw_gates, out, num_warps, BK=next_pow2(q.shape[-1]))
 
 
 def gdn_verify_chunk_triton(q, k, v, g, beta, state, state_idx, k_kept, u_kept, g_kept, scale=None, raw_gates=None,
                             out=None, block_v=None, num_warps=None):
     """gdn_verify_triton's contract, the block solved in chunk form (_gdn_verify_chunk_kernel): the same values to
-    fp32 rounding, not bit for bit."""
-    B, T, Hk, dk, Hv, dv = _verify_shapes(q, k, v, g, beta, state, state_idx, k_kept, u_kept, g_kept, raw_gates)
-    for name, t in (("q", q), ("k", k), ("v", v), ("k_kept", k_kept), ("u_kept", u_kept), ("g_kept", g_kept)):
-        require_last_dim_contiguous(name, t)
-    check(state.stride(-1) == 1, "state: last dimension (dv) must be contiguous")
-    scale = dk ** -0.5 if scale is None else float(scale)
-    o = output(out, v.shape, v.dtype, v.device)
-    require_last_dim_contiguous("out", o)
-    BT = max(16, next_pow2(T))  # tl.dot's smallest side
-    BV = block_v or 16  # 16 x 4 warps: 80 registers at the 4B shape; 32 spills (kernels/compile_check.py)
-    _gdn_verify_chunk_kernel[(B, Hv, cdiv(dv, BV))](
-        q, k, v, g, beta, o, state, state_idx, k_kept, u_kept, g_kept,
-        *(raw_gates if raw_gates is not None else (g, g)), T, scale,
-        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *g.stride(), *beta.stride(), *o.stride()[:3],
-        *state.stride()[:3], *k_kept.stride()[:3], *u_kept.stride()[:3], *g_kept.stride()[:2],
-        GROUP=Hv // Hk, DK=dk, DV=dv, BK=max(16, next_pow2(dk)), BV=BV, BT=BT, CK=min(32, max(16, next_pow2(dk))),
-        RAW_GATES=raw_gates is not None, num_warps=num_warps or 4,
-    )
-    return o
+    fp32 rounding, not bit for bit. BV 16 x 4 warps: 80 registers at the 4B shape, where 32 spills
+    (kernels/compile_check.py)."""
+    T, dk = q.shape[1], q.shape[-1]
+    BK = max(16, next_pow2(dk))
+    return _launch_verify(_gdn_verify_chunk_kernel, block_v or 16, q, k, v, g, beta, state, state_idx, k_kept,
+                          u_kept, g_kept, scale, raw_gates, out, num_warps, BK=BK,
+                          BT=max(16, next_pow2(T)),  # tl.dot's smallest side
+                          CK=min(32, BK))
 
 
 def gdn_commit_triton(state, state_idx, k_kept, u_kept, g_kept, num_accepted, block_v=None, num_warps=None):

@@ -28,13 +28,25 @@ def kept(B, T, Hk, dk, Hv, dv, extra=1):
             poisoned((B + extra, T + extra, Hv), torch.float32))
 
 
+@pytest.mark.parametrize("form", ["steps", "chunk"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("T,dv", [(5, 40), (1, 24), (7, 17)])
-def test_verify_and_commit_triton_match_ref(dtype, T, dv):
-    require_interpreted(_gdn_verify_kernel)
+@pytest.mark.parametrize("T,dk,dv,aligned", [(5, 24, 40, False), (1, 24, 24, False), (7, 24, 17, False),
+                                            (16, 20, 17, False), (11, 64, 72, False), (16, 24, 40, True)])
+def test_verify_and_commit_triton_match_ref(form, dtype, T, dk, dv, aligned):
+    """Both verify kernels (token by token, and the chunk form that solves the block with matrix products) against
+    the token-by-token reference: outputs, kept k / u / g, and the state a commit of each row's accepted prefix
+    leaves. `aligned`: nearly parallel keys, beta near 1 and almost no decay, where the chunk form's triangular
+    system is ill-conditioned and every row of its solve matters (with random keys a missing row would pass)."""
+    kernel, verify = {"steps": (_gdn_verify_kernel, gdn_verify_triton),
+                      "chunk": (_gdn_verify_chunk_kernel, gdn_verify_chunk_triton)}[form]
+    require_interpreted(kernel)
     require_interpreted(_gdn_commit_kernel)
-    Hk, Hv, dk = 2, 6, 24
-    x = inputs(T=T, dv=dv, dtype=dtype, seed=T + dv)
+    Hk, Hv = 2, 6
+    x = inputs(T=T, dk=dk, dv=dv, dtype=dtype, seed=100 + T + dv)
+    if aligned:
+        x["k"] = (x["k"][:, :1] + 0.05 * x["k"]).to(dtype)
+        x["beta"] = torch.full_like(x["beta"], 6.0)  # raw: sigmoid -> 0.998
+        x["g"] = torch.full_like(x["g"], -12.0)  # raw: softplus -> ~6e-6, decay ~1
     idx = torch.tensor(STATE_IDX, dtype=torch.int32)
     B = len(STATE_IDX)
     raw = (x["A_log"], x["dt_bias"])
@@ -43,7 +55,7 @@ def test_verify_and_commit_triton_match_ref(dtype, T, dv):
     kr, ur, gr = kept(B, T, Hk, dk, Hv, dv)
     kt, ut, gt = kept(B, T, Hk, dk, Hv, dv)
     o_ref = gdn_verify_ref(*args, s_ref, idx, kr, ur, gr, raw_gates=raw)
-    o_tri = gdn_verify_triton(*args, s_tri, idx, kt, ut, gt, raw_gates=raw, out=poisoned(x["v"].shape, dtype))
+    o_tri = verify(*args, s_tri, idx, kt, ut, gt, raw_gates=raw, out=poisoned(x["v"].shape, dtype))
     assert torch.equal(s_ref, x["state"]) and torch.equal(s_tri, x["state"]), "verify must not write the state"
     assert_close(o_tri, o_ref, dtype)
     assert torch.equal(o_tri[1], torch.zeros_like(o_tri[1]))
@@ -58,44 +70,6 @@ def test_verify_and_commit_triton_match_ref(dtype, T, dv):
     assert torch.equal(s_tri[0], x["state"][0]), "a row that accepted nothing keeps its state"
     untouched = [s for s in range(NUM_SLOTS) if s not in STATE_IDX]
     assert torch.equal(s_tri[untouched], x["state"][untouched])
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("T,dk,dv,aligned", [(5, 24, 40, False), (1, 24, 24, False), (16, 20, 17, False),
-                                            (11, 64, 72, False), (16, 24, 40, True)])
-def test_chunk_form_verify_matches_ref(dtype, T, dk, dv, aligned):
-    """The chunk-form verify (the block solved with matrix products) against the token-by-token reference: outputs,
-    kept k / u / g, and the state a commit of each row's accepted prefix leaves. `aligned`: nearly parallel keys,
-    beta near 1 and almost no decay, where every power of the triangular system matters (with random keys the
-    high powers are ~1e-8 and a missing one would pass unseen)."""
-    require_interpreted(_gdn_verify_chunk_kernel)
-    Hk, Hv = 2, 6
-    x = inputs(T=T, dk=dk, dv=dv, dtype=dtype, seed=100 + T + dv)
-    if aligned:
-        x["k"] = (x["k"][:, :1] + 0.05 * x["k"]).to(dtype)
-        x["beta"] = torch.full_like(x["beta"], 6.0)  # raw: sigmoid -> 0.998
-        x["g"] = torch.full_like(x["g"], -12.0)  # raw: softplus -> ~6e-6, decay ~1
-    idx = torch.tensor(STATE_IDX, dtype=torch.int32)
-    B = len(STATE_IDX)
-    raw = (x["A_log"], x["dt_bias"])
-    args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
-    s_ref, s_chunk = x["state"].clone(), x["state"].clone()
-    kr, ur, gr = kept(B, T, Hk, dk, Hv, dv)
-    kc, uc, gc = kept(B, T, Hk, dk, Hv, dv)
-    o_ref = gdn_verify_ref(*args, s_ref, idx, kr, ur, gr, raw_gates=raw)
-    o_chunk = gdn_verify_chunk_triton(*args, s_chunk, idx, kc, uc, gc, raw_gates=raw,
-                                      out=poisoned(x["v"].shape, dtype))
-    assert torch.equal(s_chunk, x["state"]), "verify must not write the state"
-    assert_close(o_chunk, o_ref, dtype)
-    assert torch.equal(o_chunk[1], torch.zeros_like(o_chunk[1]))
-    live = [0, 2, 3]
-    for a, b in ((kc, kr), (uc, ur), (gc, gr)):
-        assert_close(a[live, :T], b[live, :T], torch.float32)
-        assert a[1].isnan().all(), "a padding row's kept values must not be written"
-    n = torch.tensor([T, 3, 0, min(2, T)], dtype=torch.int32)
-    gdn_commit_ref(s_ref, idx, kr, ur, gr, n)
-    gdn_commit_triton(s_chunk, idx, kc, uc, gc, n)
-    assert_close(s_chunk, s_ref, torch.float32)
 
 
 def test_verify_dispatches_to_the_chunk_form_when_asked(monkeypatch):

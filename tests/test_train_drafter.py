@@ -12,12 +12,17 @@ from engine.config import load_config
 from jobs.train_drafter import TrainDrafterConfig, train
 
 
+def write_pages(folder, n: int, seed: int):
+    """n random page images of growing heights as PNG files p0.png .. (the first is the held-out one)."""
+    folder.mkdir()
+    rng = np.random.default_rng(seed)
+    for i in range(n):
+        Image.fromarray(rng.integers(0, 256, (64 + 16 * i, 80, 3), dtype=np.uint8)).save(folder / f"p{i}.png")
+    return folder
+
+
 def test_train_drafter_smoke(tiny_checkpoint, tmp_path):
-    pages = tmp_path / "pages"
-    pages.mkdir()
-    rng = np.random.default_rng(0)
-    for i in range(4):
-        Image.fromarray(rng.integers(0, 256, (64 + 16 * i, 80, 3), dtype=np.uint8)).save(pages / f"p{i}.png")
+    pages = write_pages(tmp_path / "pages", 4, seed=0)
     cfg = TrainDrafterConfig(checkpoint=str(tiny_checkpoint), pages=str(pages), out=str(tmp_path / "drafter"),
                              max_tokens=24, num_layers=1, num_taps=2, block_size=4, anchors=12, gamma=4, lr=3e-3,
                              steps=30, pages_per_step=2, heldout=1, measure_blocks=[4], seed=0)
@@ -115,11 +120,7 @@ def test_train_a_dflash2_drafter(tiny_checkpoint, tmp_path):
     that loads, drafts through its selector and decodes losslessly."""
     from safetensors import safe_open
 
-    pages = tmp_path / "pages"
-    pages.mkdir()
-    rng = np.random.default_rng(1)
-    for i in range(3):
-        Image.fromarray(rng.integers(0, 256, (64 + 16 * i, 80, 3), dtype=np.uint8)).save(pages / f"p{i}.png")
+    pages = write_pages(tmp_path / "pages", 3, seed=1)
     cfg = TrainDrafterConfig(checkpoint=str(tiny_checkpoint), pages=str(pages), out=str(tmp_path / "d2"),
                              max_tokens=24, num_layers=1, num_taps=2, block_size=4, anchors=12, gamma=4, lr=3e-3,
                              steps=30, pages_per_step=2, heldout=1, measure_blocks=[4], seed=0, dflash2=True,
