@@ -4,12 +4,13 @@ greedily, and the drafter learns to predict blocks of the target's own answers f
     python jobs/train_drafter.py --checkpoint models/ocria-tiny --pages PAGES --out DRAFTER [--block-size 8]
 
 PAGES: a folder of PNG/JPEG images, or a Parquet file of rendered pages (the raster rows the pipeline writes:
-image (raw RGB bytes), image_height, image_width). Recipe (DFlash; docs/speculative-decoding.md): per step, a page's
-random anchors among its answer tokens; each anchor's block [anchor token, MASK x (B - 1)] sees the context before the
-anchor and its own block; cross-entropy on positions 1 .. B-1 weighted exp(-(k - 1) / gamma). The target's embedding
-and LM head are frozen and shared; only the drafter's layers, fc and norms train. Writes DRAFTER/ (config.json +
-model.safetensors, the public DFlash layout) and DRAFTER/train_log.json (losses; with --heldout, tau measured on the
-held-out pages by the engine at each --measure-block).
+image (raw RGB bytes), image_height, image_width). Recipe (DFlash; docs/speculative-decoding.md): per step, pages'
+random anchors among their answer tokens; each anchor's block [anchor token, MASK x (B - 1)] sees the context before
+the anchor and its own block; cross-entropy on positions 1 .. B-1 weighted exp(-(k - 1) / gamma). The target's
+embedding and LM head are frozen and shared; only the drafter's layers, fc and norms train (with --dflash2 also
+DFlash2's convolutions and candidate selector, whose cross-entropy over the top-k candidates joins the loss). Writes
+DRAFTER/ (config.json + model.safetensors, the public DFlash layout) and DRAFTER/train_log.json (losses; with
+--heldout, tau measured on the held-out pages by the engine at each --measure-block).
 """
 from __future__ import annotations
 
@@ -377,6 +378,7 @@ def train(cfg: TrainDrafterConfig, echo=print) -> dict:
 @click.option("--dflash2/--no-dflash2", default=None)
 @click.option("--selector-rank", type=int)
 @click.option("--selector-top-k", type=int)
+@click.option("--selector-loss-alpha", type=float)
 @click.option("--anchors", type=int)
 @click.option("--pages-per-step", type=int)
 @click.option("--gamma", type=float)
