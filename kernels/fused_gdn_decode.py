@@ -24,7 +24,7 @@ import triton.language as tl
 from kernels._common import cast_rtne, check, next_pow2, output, require_last_dim_contiguous, use_triton
 from kernels.conv1d_update import _weight_2d, causal_conv1d_update_ref
 from kernels.gated_rmsnorm import gated_rmsnorm_ref
-from kernels.gdn_recurrent import delta_rule_step, gdn_recurrent_ref
+from kernels.gdn_recurrent import delta_rule_step, gates_from_raw_tl, gdn_recurrent_ref
 
 
 def _dims(qkv, z, ssm_state):
@@ -127,11 +127,9 @@ def _fused_gdn_decode_kernel(
         hv = hk * GROUP + j
         v = _conv_silu_update(x_row, cs_base, cw_ptr, scs_c, scw_c, 2 * HK * DK + hv * DV + offs_v, mask_v, live,
                               K, BT)
-        a = tl.load(a_ptr + n * s_a + hv).to(tl.float32) + tl.load(dtb_ptr + hv).to(tl.float32)
-        softplus = tl.where(a > 20.0, a, tl.log(1.0 + tl.exp(tl.minimum(a, 20.0))))  # torch's threshold 20
-        g = -tl.exp(tl.load(alog_ptr + hv).to(tl.float32)) * softplus
-        braw = tl.load(b_ptr + n * s_b + hv)
-        beta = cast_rtne(tl.sigmoid(braw.to(tl.float32)), braw.dtype).to(tl.float32)
+        g, beta = gates_from_raw_tl(tl.load(a_ptr + n * s_a + hv), tl.load(b_ptr + n * s_b + hv),
+                                    -tl.exp(tl.load(alog_ptr + hv).to(tl.float32)),
+                                    tl.load(dtb_ptr + hv).to(tl.float32))
 
         mask_s = mask_k[:, None] & mask_v[None, :] & live
         s_ptrs = ss_ptr + slot * sss_n + hv * sss_h + offs_k[:, None] * sss_k + offs_v[None, :]

@@ -99,6 +99,15 @@ def delta_rule_step(S, k, v, g, beta):
 
 
 @triton.jit
+def gates_from_raw_tl(a, b, neg_decay_rate, dt_bias):
+    """gates_from_raw inside a kernel: g = neg_decay_rate * softplus(a + dt_bias) with torch's threshold (linear
+    above 20), beta = sigmoid(b) rounded to b's dtype, both returned in fp32 (neg_decay_rate = -exp(A_log))."""
+    x = a.to(tl.float32) + dt_bias
+    g = neg_decay_rate * tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
+    return g, cast_rtne(tl.sigmoid(b.to(tl.float32)), b.dtype).to(tl.float32)
+
+
+@triton.jit
 def state_program(idx_ptr, GROUP: tl.constexpr):
     """Where a (sequence, value head, dv tile) program works: (b, value head, dv tile, key head, state slot, live);
     a padding row (negative slot) gets slot 0 with live False, for masked loads. Shared by every kernel that
@@ -141,10 +150,8 @@ def _gdn_recurrent_kernel(
         v = tl.load(v_ptr + b64 * sv_b + t * sv_t + hv * sv_h + offs_v, mask=mask_v, other=0.0).to(tl.float32)
         g = tl.load(g_ptr + b64 * sg_b + t * sg_t + hv * sg_h).to(tl.float32)
         beta = tl.load(beta_ptr + b64 * sbeta_b + t * sbeta_t + hv * sbeta_h)
-        if RAW_GATES:  # softplus with torch's threshold: linear above 20
-            a = g + dt_bias
-            g = neg_decay_rate * tl.where(a > 20.0, a, tl.log(1.0 + tl.exp(tl.minimum(a, 20.0))))
-            beta = cast_rtne(tl.sigmoid(beta.to(tl.float32)), beta_ptr.dtype.element_ty)
+        if RAW_GATES:
+            g, beta = gates_from_raw_tl(g, beta, neg_decay_rate, dt_bias)
         beta = beta.to(tl.float32)
         q = q * (tl.rsqrt(tl.sum(q * q, axis=0) + 1e-6) * scale)
         k = k * tl.rsqrt(tl.sum(k * k, axis=0) + 1e-6)

@@ -26,7 +26,7 @@ import triton.language as tl
 
 from kernels._common import cast_rtne, cdiv, check, next_pow2, output, require_last_dim_contiguous, use_triton
 from kernels.gdn_recurrent import (
-    _check_raw_gates, _validate, delta_rule_step, gates_from_raw, l2norm_ref, state_program)
+    _check_raw_gates, _validate, delta_rule_step, gates_from_raw, gates_from_raw_tl, l2norm_ref, state_program)
 
 
 def _validate_side(B, T, Hk, dk, Hv, dv, k_kept, u_kept, g_kept):
@@ -123,9 +123,7 @@ def _gdn_verify_kernel(
         g = tl.load(g_ptr + b64 * sg_b + t * sg_t + hv * sg_h).to(tl.float32)
         beta = tl.load(beta_ptr + b64 * sbeta_b + t * sbeta_t + hv * sbeta_h)
         if RAW_GATES:
-            a = g + dt_bias
-            g = neg_decay_rate * tl.where(a > 20.0, a, tl.log(1.0 + tl.exp(tl.minimum(a, 20.0))))
-            beta = cast_rtne(tl.sigmoid(beta.to(tl.float32)), beta_ptr.dtype.element_ty)
+            g, beta = gates_from_raw_tl(g, beta, neg_decay_rate, dt_bias)
         beta = beta.to(tl.float32)
         q = q * (tl.rsqrt(tl.sum(q * q, axis=0) + 1e-6) * scale)
         k = k * tl.rsqrt(tl.sum(k * k, axis=0) + 1e-6)
@@ -235,10 +233,8 @@ def _gdn_verify_chunk_kernel(
     g = tl.load(g_ptr + b64 * sg_b + offs_t * sg_t + hv * sg_h, mask=mask_t, other=0.0).to(tl.float32)
     beta = tl.load(beta_ptr + b64 * sbeta_b + offs_t * sbeta_t + hv * sbeta_h, mask=mask_t, other=0.0)
     if RAW_GATES:
-        a = g + tl.load(dtb_ptr + hv).to(tl.float32)
-        g = -tl.exp(tl.load(alog_ptr + hv).to(tl.float32)) * tl.where(
-            a > 20.0, a, tl.log(1.0 + tl.exp(tl.minimum(a, 20.0))))
-        beta = cast_rtne(tl.sigmoid(beta.to(tl.float32)), beta_ptr.dtype.element_ty)
+        g, beta = gates_from_raw_tl(g, beta, -tl.exp(tl.load(alog_ptr + hv).to(tl.float32)),
+                                    tl.load(dtb_ptr + hv).to(tl.float32))
     g = tl.where(mask_t, g, 0.0)  # tokens past T change nothing
     beta = tl.where(mask_t, beta.to(tl.float32), 0.0)
     G = tl.cumsum(g, axis=0)
