@@ -69,6 +69,10 @@ class TrainDrafterConfig(BaseModel):
     measure_blocks: list[int] = Field(default_factory=lambda: [8], description="block sizes tau is measured at")
     save_dtype: Literal["bfloat16", "float32"] = Field("bfloat16", description="the written weights' dtype (the "
                                                        "engine casts them to the target's)")
+    init: str | None = Field(None, description="a drafter folder to continue training from (its config is used; the "
+                             "architecture flags are then ignored)")
+    autocast: bool = Field(True, description="on CUDA, the drafter's forward in bf16 autocast (weights and optimizer "
+                           "state stay fp32)")
     seed: int = 0
 
 
@@ -85,41 +89,48 @@ class TapRecorder:
     decode alike), in their dtype and where they were computed, by sequence and token index. A row's sequence is the
     owner of its KV slot's block among the engine's running sequences (blocks are never shared between them); a
     token computed again (after a preemption) replaces its first taps. `capacity`: request id -> the most tokens it
-    can have (prompt + max_tokens)."""
+    can have (prompt + max_tokens); all requests share one buffer, each at its offset, so a step's rows are stored
+    with one scatter whatever the batch."""
 
     def __init__(self, layer_ids, engine: Engine, capacity: dict[str, int]):
         self.layer_ids = list(layer_ids)
         self.engine = engine
-        self.capacity = capacity
-        self.rows: dict[str, torch.Tensor] = {}  # request id -> [capacity, taps, H]
-        self.seen: dict[str, torch.Tensor] = {}  # request id -> [capacity] bool
+        self.offset, total = {}, 0
+        for rid, n in capacity.items():
+            self.offset[rid], total = total, total + n
+        self.total = total
+        self.rows: torch.Tensor | None = None  # [total, taps, H]
+        self.seen: torch.Tensor | None = None  # [total] bool
 
     def new_taps(self) -> dict:
         return dict.fromkeys(self.layer_ids)
 
     def write_context(self, taps, slot_mapping, index) -> None:
-        owner = {b: seq.request_id for seq in self.engine.scheduler.running for b in seq.block_table}
-        rows: dict[str, list[int]] = {}
-        block_size = self.engine.block_manager.block_size
-        for r, slot in enumerate(slot_mapping.tolist()):
-            if slot >= 0:
-                rows.setdefault(owner[slot // block_size], []).append(r)
         stacked = torch.stack([taps[lid] for lid in self.layer_ids], dim=1).detach()  # [N, taps, H]
-        for rid, rs in rows.items():
-            if rid not in self.rows:
-                self.rows[rid] = stacked.new_zeros((self.capacity[rid], *stacked.shape[1:]))
-                self.seen[rid] = torch.zeros(self.capacity[rid], dtype=torch.bool, device=stacked.device)
-            sel = torch.tensor(rs, device=slot_mapping.device)
-            self.rows[rid][index[sel]] = stacked[sel]
-            self.seen[rid][index[sel]] = True
+        if self.rows is None:
+            self.rows = stacked.new_zeros((self.total, *stacked.shape[1:]))
+            self.seen = torch.zeros(self.total, dtype=torch.bool, device=stacked.device)
+        blocks, bases = [], []
+        for seq in self.engine.scheduler.running:
+            blocks += seq.block_table
+            bases += [self.offset[seq.request_id]] * len(seq.block_table)
+        base = torch.full((self.engine.block_manager.num_blocks,), -1, dtype=torch.long)
+        base[torch.tensor(blocks, dtype=torch.long)] = torch.tensor(bases, dtype=torch.long)
+        base = base.to(slot_mapping.device)
+        block_size = self.engine.block_manager.block_size
+        keep = slot_mapping >= 0
+        dest = base[slot_mapping[keep].long() // block_size] + index[keep]
+        self.rows[dest] = stacked[keep]
+        self.seen[dest] = True
 
     def stacked(self, request_id: str, n: int) -> dict[int, torch.Tensor]:
         """Taps of the request's tokens 0 .. n - 1, in order: {layer id: [n, H]}."""
-        rows, seen = self.rows.pop(request_id), self.seen.pop(request_id)
-        if not bool(seen[:n].all()):
-            raise RuntimeError(f"{request_id}: the target computed taps for {int(seen[:n].sum())} of tokens "
+        off = self.offset[request_id]
+        seen = self.seen[off:off + n]
+        if not bool(seen.all()):
+            raise RuntimeError(f"{request_id}: the target computed taps for {int(seen.sum())} of tokens "
                                f"0 .. {n - 1}")
-        return {lid: rows[:n, j] for j, lid in enumerate(self.layer_ids)}
+        return {lid: self.rows[off:off + n, j] for j, lid in enumerate(self.layer_ids)}
 
 
 def load_pages(path: str | Path) -> list[np.ndarray]:
@@ -312,6 +323,12 @@ def train(cfg: TrainDrafterConfig, echo=print) -> dict:
                         **(dict(conv_kernel_size=cfg.conv_kernel_size, conv_group_size=cfg.conv_group_size,
                                 selector_rank=cfg.selector_rank, selector_top_k=cfg.selector_top_k)
                            if cfg.dflash2 else {}))
+    if cfg.init:
+        drafter = DFlashDrafter.from_pretrained(cfg.init, t, torch.float32, cfg.device)
+        dcfg, layer_ids = drafter.cfg, list(drafter.cfg.target_layer_ids)
+    else:
+        drafter = DFlashDrafter(dcfg, torch.float32, cfg.device)
+        drafter.init_for_training(torch.Generator().manual_seed(cfg.seed))
     t0 = time.perf_counter()
     examples = collect(target, train_images, layer_ids, cfg.prompt, cfg.max_tokens)
     echo(f"collected {len(examples)} answers ({sum(len(e.ids) - e.prompt_len for e in examples)} tokens) in "
@@ -320,12 +337,11 @@ def train(cfg: TrainDrafterConfig, echo=print) -> dict:
         raise RuntimeError("the target answered no page with 2 or more tokens: nothing to train on")
     embed = target.model.language_model.embed_tokens.weight.detach().to(cfg.device)
     head = target.model.head_weight.detach().to(cfg.device)
-    drafter = DFlashDrafter(dcfg, torch.float32, cfg.device)
-    drafter.init_for_training(torch.Generator().manual_seed(cfg.seed))
     params = [p for _, p in drafter.hf_named()]
     for p in params:
         p.requires_grad_(True)
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
+    use_autocast = cfg.autocast and torch.device(cfg.device).type == "cuda"
     losses, t_train, t_echo = [], time.perf_counter(), 0.0
     pages = page_stream(len(examples), rng)
     for step in range(cfg.steps):
@@ -333,8 +349,9 @@ def train(cfg: TrainDrafterConfig, echo=print) -> dict:
         for group in opt.param_groups:
             group["lr"] = cfg.lr * lr_factor(step, cfg.steps, elapsed, cfg.max_seconds)
         opt.zero_grad()
-        loss = block_loss(drafter, [examples[next(pages)] for _ in range(cfg.pages_per_step)], embed, head,
-                          cfg.anchors, cfg.gamma, rng, cfg.device, cfg.selector_loss_alpha)
+        with torch.autocast("cuda", torch.bfloat16, enabled=use_autocast):
+            loss = block_loss(drafter, [examples[next(pages)] for _ in range(cfg.pages_per_step)], embed, head,
+                              cfg.anchors, cfg.gamma, rng, cfg.device, cfg.selector_loss_alpha)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
@@ -388,6 +405,8 @@ def train(cfg: TrainDrafterConfig, echo=print) -> dict:
 @click.option("--heldout", type=int)
 @click.option("--measure-block", "measure_blocks", type=int, multiple=True)
 @click.option("--save-dtype", type=click.Choice(["bfloat16", "float32"]))
+@click.option("--init", help="drafter folder to continue training from")
+@click.option("--autocast/--no-autocast", default=None)
 @click.option("--seed", type=int)
 def main(config_path, **flags):
     import yaml

@@ -47,6 +47,12 @@ def test_train_drafter_smoke(tiny_checkpoint, tmp_path):
                                     "--check-plain", "--out", str(out)], standalone_mode=False)
     (row,) = json.loads(out.read_text())["rows"]
     assert row["identical_to_plain"] and row["pages"] == 1 and row["block_size"] == 4 and row["divergences"] == []
+    # --init continues from that drafter: its architecture (the flags given differ) and its weights
+    more = cfg.model_copy(update=dict(out=str(tmp_path / "more"), init=str(tmp_path / "drafter"), num_layers=2,
+                                      block_size=8, steps=3, lr=1e-3, heldout=0, save_dtype="float32"))
+    log2 = train(more, echo=lambda *_: None)
+    assert log2["drafter"]["num_hidden_layers"] == 1 and log2["drafter"]["block_size"] == 4
+    assert np.mean(log2["losses"]) < 0.8 * np.mean(losses[:10]), (log2["losses"], losses[:10])  # not a fresh start
 
 
 def test_collected_taps_are_what_the_target_computes_for_the_whole_sequence(tiny_checkpoint, tmp_path):
@@ -108,11 +114,14 @@ def test_packed_training_forward_equals_each_page_alone():
     taps = [{lid: torch.randn(n, 32) for lid in (0, 2)} for n in lengths]
     blocks = [torch.randn(len(a), 4, 32) for a in anchors]
     alone = [drafter.train_hidden(t, b, a) for t, b, a in zip(taps, blocks, anchors)]
-    packed = drafter.train_hidden({lid: torch.cat([t[lid] for t in taps]) for lid in (0, 2)}, torch.cat(blocks),
-                                  torch.cat(anchors), ctx_seq=torch.tensor([0] * 7 + [1] * 11),
+    order = [(0, 0), (1, 0), (0, 1), (1, 1), (1, 2)]  # (page, block): the pages' blocks interleaved
+    packed = drafter.train_hidden({lid: torch.cat([t[lid] for t in taps]) for lid in (0, 2)},
+                                  torch.stack([blocks[p][b] for p, b in order]),
+                                  torch.stack([anchors[p][b] for p, b in order]),
+                                  ctx_seq=torch.tensor([0] * 7 + [1] * 11),
                                   ctx_pos=torch.cat([torch.arange(7), torch.arange(11)]),
-                                  block_seq=torch.tensor([0, 0, 1, 1, 1]))
-    torch.testing.assert_close(packed, torch.cat(alone), rtol=1e-5, atol=1e-5)
+                                  block_seq=torch.tensor([p for p, _ in order]))
+    torch.testing.assert_close(packed, torch.stack([alone[p][b] for p, b in order]), rtol=1e-5, atol=1e-5)
 
 
 def test_train_a_dflash2_drafter(tiny_checkpoint, tmp_path):

@@ -456,33 +456,56 @@ class DFlashDrafter(nn.Module):
                      ctx_seq: torch.Tensor | None = None, ctx_pos: torch.Tensor | None = None,
                      block_seq: torch.Tensor | None = None) -> torch.Tensor:
         """Sequences packed together: taps {layer: [L, H]} of their L tokens (token l is position ctx_pos[l] of
-        sequence ctx_seq[l]; default one sequence, positions 0 .. L-1); block_embeds [N, B, H] of N blocks
-        [token at anchor, MASK...] of sequence block_seq[n] (default 0); anchors [N] (positions). Block n sees its
-        sequence's context before its anchor and its own block (DFlash's training mask) -> final hidden [N, B, H]."""
+        sequence ctx_seq[l], positions unique within a sequence; default one sequence, positions 0 .. L-1);
+        block_embeds [N, B, H] of N blocks [token at anchor, MASK...] of sequence block_seq[n] (default 0); anchors
+        [N] (positions). Block n sees its sequence's context before its anchor and its own block (DFlash's training
+        mask) -> final hidden [N, B, H].
+
+        Attention is computed per sequence, not over the packed rows: the P sequences' contexts are laid out as
+        [P, Lmax] by position and their blocks as [P, A, B] (A: the most blocks of one sequence), each block row
+        scoring its sequence's context and its own block in one softmax, so the cost grows with the pages' own
+        lengths rather than with the square of everything packed."""
         N, B, H = block_embeds.shape
         L = next(iter(ctx_taps.values())).shape[0]
         dev = block_embeds.device
         ctx_pos = torch.arange(L, device=dev) if ctx_pos is None else ctx_pos
         ctx_seq = torch.zeros(L, dtype=torch.long, device=dev) if ctx_seq is None else ctx_seq
         block_seq = torch.zeros(N, dtype=torch.long, device=dev) if block_seq is None else block_seq
-        ctx = self.fuse(ctx_taps)
-        ctx_cos, ctx_sin = self.rotary(ctx_pos)
-        pos = (anchors[:, None] + torch.arange(B, device=dev)[None, :]).reshape(-1)
-        cos, sin = self.rotary(pos)
-        blk = torch.arange(N, device=dev).repeat_interleave(B)
-        row_seq, row_anchor = block_seq.repeat_interleave(B), anchors.repeat_interleave(B)
-        allow = torch.cat([(ctx_seq[None, :] == row_seq[:, None]) & (ctx_pos[None, :] < row_anchor[:, None]),
-                           blk[:, None] == blk[None, :]], dim=1)  # [N B, L + N B]
-        h = block_embeds.reshape(N * B, H).to(self.fc.weight.dtype)
-        group = self.cfg.num_attention_heads // self.cfg.num_key_value_heads
+        P = int(max(ctx_seq.max(), block_seq.max())) + 1
+        Lmax = int(ctx_pos.max()) + 1
+        counts = torch.bincount(block_seq, minlength=P)
+        A = int(counts.max())
+        order = torch.argsort(block_seq, stable=True)
+        rank = torch.empty_like(block_seq)
+        rank[order] = torch.arange(N, device=dev) - (torch.cumsum(counts, 0) - counts)[block_seq[order]]
+        filled = torch.zeros(P, Lmax, dtype=torch.bool, device=dev)
+        filled[ctx_seq, ctx_pos] = True
+        anchor_pad = torch.zeros(P, A, dtype=anchors.dtype, device=dev)
+        anchor_pad[block_seq, rank] = anchors
+        ctx_allow = filled[:, None, :] & (torch.arange(Lmax, device=dev)[None, None, :] < anchor_pad[:, :, None])
+
+        dt = self.fc.weight.dtype
+        fused = self.fuse(ctx_taps)
+        ctx = fused.new_zeros(P, Lmax, H)
+        ctx[ctx_seq, ctx_pos] = fused
+        ctx = ctx.view(P * Lmax, H)
+        ctx_cos, ctx_sin = self.rotary(torch.arange(Lmax, device=dev).repeat(P))
+        h = block_embeds.new_zeros(P, A, B, H, dtype=dt)
+        h[block_seq, rank] = block_embeds.to(dt)
+        h = h.view(P * A * B, H)
+        cos, sin = self.rotary((anchor_pad[:, :, None] + torch.arange(B, device=dev)).reshape(-1))
+        nkv, hd = self.cfg.num_key_value_heads, self.cfg.head_dim
+        group = self.cfg.num_attention_heads // nkv
         for layer in self.layers:
             x, w = layer.attention_input(h, B)
-            q = layer.query(x, cos, sin)
-            kc, vc = layer.key_value(ctx, ctx_cos, ctx_sin)
-            kb, vb = layer.key_value(x, cos, sin)
-            k = torch.cat([kc, kb]).repeat_interleave(group, dim=1)
-            v = torch.cat([vc, vb]).repeat_interleave(group, dim=1)
-            o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
-                                               v.transpose(0, 1)[None], attn_mask=allow, scale=self.scale)
-            h = layer.mlp(layer.attention_output(h, o[0].transpose(0, 1).reshape(N * B, -1), w, B), B)
-        return rms_norm(h, self.norm, self.cfg.rms_norm_eps).view(N, B, H)
+            q = layer.query(x, cos, sin).view(P, A, B, nkv, group, hd)
+            kc, vc = (t.view(P, Lmax, nkv, hd) for t in layer.key_value(ctx, ctx_cos, ctx_sin))
+            kb, vb = (t.view(P, A, B, nkv, hd) for t in layer.key_value(x, cos, sin))
+            sc = torch.einsum("pabkgd,plkd->pabkgl", q, kc) * self.scale
+            sb = torch.einsum("pabkgd,packd->pabkgc", q, kb) * self.scale
+            sc = sc.masked_fill(~ctx_allow[:, :, None, None, None, :], float("-inf"))
+            prob = torch.softmax(torch.cat([sc, sb], -1).float(), -1).to(q.dtype)
+            o = (torch.einsum("pabkgl,plkd->pabkgd", prob[..., :Lmax], vc)
+                 + torch.einsum("pabkgc,packd->pabkgd", prob[..., Lmax:], vb))
+            h = layer.mlp(layer.attention_output(h, o.reshape(P * A * B, -1), w, B), B)
+        return rms_norm(h, self.norm, self.cfg.rms_norm_eps).view(P, A, B, H)[block_seq, rank]
