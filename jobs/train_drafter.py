@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -342,6 +343,8 @@ def train(cfg: TrainDrafterConfig, echo=print) -> dict:
         p.requires_grad_(True)
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
     use_autocast = cfg.autocast and torch.device(cfg.device).type == "cuda"
+    stop = []  # a SIGTERM (e.g. from `timeout`) ends training early; what was learned is still written
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
     losses, t_train, t_echo = [], time.perf_counter(), 0.0
     pages = page_stream(len(examples), rng)
     for step in range(cfg.steps):
@@ -362,13 +365,17 @@ def train(cfg: TrainDrafterConfig, echo=print) -> dict:
         if cfg.max_seconds and elapsed > cfg.max_seconds:
             echo(f"stopping at step {step}: --max-seconds {cfg.max_seconds} reached")
             break
+        if stop:
+            echo(f"stopping at step {step}: terminated")
+            break
+    signal.signal(signal.SIGTERM, previous)
     out = Path(cfg.out)
     drafter.save_pretrained(out, num_target_layers=t.num_hidden_layers, dtype=getattr(torch, cfg.save_dtype))
     log = {"config": cfg.model_dump(), "drafter": dcfg.to_json(), "train_pages": len(train_images),
            "answers": len(examples), "answer_tokens": sum(len(e.ids) - e.prompt_len for e in examples),
            "steps": len(losses), "train_seconds": round(time.perf_counter() - t_train, 1), "losses": losses}
     (out / "train_log.json").write_text(json.dumps(log, indent=1) + "\n")
-    if heldout:
+    if heldout and not stop:
         log["heldout_tau"] = measure_tau(cfg.checkpoint, out, heldout, cfg.prompt, cfg.max_tokens,
                                          cfg.measure_blocks, cfg.device, cfg.dtype)
         for r in log["heldout_tau"]:
