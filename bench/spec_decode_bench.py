@@ -37,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 from engine.interface import SamplingParams  # noqa: E402
 from engine.llm_engine import Engine, EngineOptions  # noqa: E402
+from engine.spec_graphs import SpecGraphs  # noqa: E402
 from engine.speculative import SpecDecoder  # noqa: E402
 from engine.testing import write_random_drafter  # noqa: E402
 from jobs.benchmark import copy_bandwidth, sync  # noqa: E402
@@ -47,16 +48,21 @@ DEFAULT_PROFILE = [0.9] * 15  # per-position conditional acceptance when no meas
 
 class ReplayedProposals(SpecDecoder):
     """Runs the real draft pass (its cost is what is measured), then proposes the plain run's greedy continuation,
-    with the first wrong draft at a position drawn from `profile` (conditional acceptance per block position)."""
+    with the first wrong draft at a position drawn from `profile` (conditional acceptance per block position). The
+    proposals are written on the host before each step into a device buffer the step reads, so a captured step
+    (engine/spec_graphs) replays them too."""
 
     reference: dict = {}
     profile: list = DEFAULT_PROFILE
     rng = np.random.default_rng(0)
 
-    def propose(self, seqs, block, sampled, index, slots, block_tables, draft_ctx):
-        drafts, q = super().propose(seqs, block, sampled, index, slots, block_tables, draft_ctx)
-        S, T = block.shape
-        rep = np.zeros((S, T - 1), dtype=np.int64)
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.replayed = torch.zeros(args[3], self.T - 1, dtype=torch.int64, device=self.runner.device)
+
+    def step(self, seqs):
+        T = self.T
+        rep = np.zeros((len(seqs), T - 1), dtype=np.int64)
         for r, seq in enumerate(seqs):
             ref = self.reference[seq.request_id]
             start = len(seq) - 1 - seq.prompt_len
@@ -67,7 +73,12 @@ class ReplayedProposals(SpecDecoder):
                 if self.rng.random() >= self.profile[min(j, len(self.profile) - 1)]:
                     rep[r, j] = (rep[r, j] + 1) % 1000
                     break
-        return torch.from_numpy(rep).to(drafts.device), q
+        self.replayed[:len(seqs)].copy_(torch.from_numpy(rep))
+        return super().step(seqs)
+
+    def propose(self, seqs, block, sampled, index, slots, block_tables, draft_ctx):
+        _, q = super().propose(seqs, block, sampled, index, slots, block_tables, draft_ctx)
+        return self.replayed[:block.shape[0]], q
 
 
 def per_seq_tok_s(outs) -> float:
@@ -119,16 +130,18 @@ def tiny_rows(args, device, dtype, record) -> None:
             reqs = [dict(request_id=f"b{batch}-{i}", image=images[i % len(images)], prompt=args.prompt,
                          sampling=SamplingParams(max_tokens=args.max_tokens)) for i in range(batch)]
             plain, t_plain = timed(plain_engine, reqs)
-            spec, t_spec = timed(spec_engine, reqs)
-            tau, by_pos = acceptance(spec)
-            tps, tps_plain = per_seq_tok_s(spec), per_seq_tok_s(plain)
-            record("rows", {"model": "ocria-tiny", "batch": batch, "block_size": block, "tau": round(tau, 3),
-                            "tok_s_per_seq": round(tps, 1), "tok_s_per_seq_plain": round(tps_plain, 1),
-                            "speedup": round(tps / tps_plain, 3), "pages_s": round(batch / t_spec, 3),
-                            "pages_s_plain": round(batch / t_plain, 3), "acceptance_by_position": by_pos,
-                            "identical": [a.output_token_ids == b.output_token_ids for a, b in zip(plain, spec)].count(
-                                True), "divergences": divergences(plain_engine, reqs, plain, spec),
-                            "method": f"ocria-tiny, drafter {Path(args.drafter).name}, greedy, {str(dtype)[6:]}"})
+            for path in spec_paths(spec_engine.spec, batch, args.eager_batches):
+                spec, t_spec = timed(spec_engine, reqs)
+                tau, by_pos = acceptance(spec)
+                tps, tps_plain = per_seq_tok_s(spec), per_seq_tok_s(plain)
+                record("rows", {"model": "ocria-tiny", "batch": batch, "block_size": block, "tau": round(tau, 3),
+                                "tok_s_per_seq": round(tps, 1), "tok_s_per_seq_plain": round(tps_plain, 1),
+                                "speedup": round(tps / tps_plain, 3), "pages_s": round(batch / t_spec, 3),
+                                "pages_s_plain": round(batch / t_plain, 3), "acceptance_by_position": by_pos,
+                                "identical": [a.output_token_ids == b.output_token_ids
+                                              for a, b in zip(plain, spec)].count(True),
+                                "divergences": divergences(plain_engine, reqs, plain, spec), "spec_step": path,
+                                "method": f"ocria-tiny, drafter {Path(args.drafter).name}, greedy, {str(dtype)[6:]}"})
         del spec_engine
 
 
@@ -152,29 +165,48 @@ def shape_4b_rows(args, device, dtype, record, profile) -> None:
     for block in args.block_sizes:
         write_random_drafter(drafter_dir, cfg.text, num_layers=1 if args.smoke else 5,
                              num_taps=2 if args.smoke else 5, block_size=block, dtype=dtype)
+        # built without graphs: the replaying decoder below is the one whose steps are captured
         spec_engine = Engine(cfg, weights, device=device, dtype=dtype,
-                             options=EngineOptions(**opts, drafter=str(drafter_dir)))
+                             options=EngineOptions(**dict(opts, enforce_eager=True), drafter=str(drafter_dir)))
         replay = ReplayedProposals(spec_engine.runner, spec_engine.spec.drafter, block, max_b)
         replay.profile = profile
+        replay.graphs = SpecGraphs(replay, max_b, spec_engine.runner.cache.max_blocks_per_seq,
+                                   spec_engine.runner.scratch_slot, capture=True)  # captured on CUDA only
         spec_engine.spec = replay
         for batch in args.batches_4b:
             reqs = [dict(r, request_id=f"4b-{block}-{batch}-{i}", ignore_eos=True)
                     for i, r in enumerate(b.make_requests("page", batch, bargs, cfg, rng))]
             plain, t_plain = timed(plain_engine, reqs)
             replay.reference = {o.request_id: o.output_token_ids for o in plain}
-            spec, t_spec = timed(spec_engine, reqs)
-            tau, by_pos = acceptance(spec)
-            tps, tps_plain = per_seq_tok_s(spec), per_seq_tok_s(plain)
             tokens = sum(o.output_tokens for o in plain)
-            record("rows", {"model": "4b-shape" if not args.smoke else "tiny-shape", "batch": batch,
-                            "block_size": block, "tau": round(tau, 3), "tok_s_per_seq": round(tps, 1),
-                            "tok_s_per_seq_plain": round(tps_plain, 1), "speedup": round(tps / tps_plain, 3),
-                            "tok_s_total": round(tokens / t_spec, 1), "tok_s_total_plain": round(tokens / t_plain, 1),
-                            "acceptance_by_position": by_pos,
-                            "method": "replayed proposals: the plain run's greedy continuation, first wrong draft "
-                                      f"drawn from the acceptance profile {[round(p, 3) for p in profile]}; random "
-                                      f"weights, {str(dtype)[6:]}, real draft and verify passes"})
+            for path in spec_paths(replay, batch, args.eager_batches):
+                spec, t_spec = timed(spec_engine, reqs)
+                tau, by_pos = acceptance(spec)
+                tps, tps_plain = per_seq_tok_s(spec), per_seq_tok_s(plain)
+                record("rows", {"model": "4b-shape" if not args.smoke else "tiny-shape", "batch": batch,
+                                "block_size": block, "tau": round(tau, 3), "tok_s_per_seq": round(tps, 1),
+                                "tok_s_per_seq_plain": round(tps_plain, 1), "speedup": round(tps / tps_plain, 3),
+                                "tok_s_total": round(tokens / t_spec, 1),
+                                "tok_s_total_plain": round(tokens / t_plain, 1), "acceptance_by_position": by_pos,
+                                "spec_step": path,
+                                "method": "replayed proposals: the plain run's greedy continuation, first wrong draft "
+                                          f"drawn from the acceptance profile {[round(p, 3) for p in profile]}; "
+                                          f"random weights, {str(dtype)[6:]}, real draft and verify passes"})
         del spec_engine
+
+
+def spec_paths(decoder, batch: int, eager_batches):
+    """Yields the step path to time: 'graphs' (static buffers, CUDA graphs on CUDA) or 'eager' (no static path),
+    the second only for batches in eager_batches; the decoder is left as it was."""
+    graphs = decoder.graphs
+    if graphs is not None:
+        yield "graphs"
+    if graphs is None or batch in eager_batches:
+        decoder.graphs = None
+        try:
+            yield "eager"
+        finally:
+            decoder.graphs = graphs
 
 
 def kernel_rows(args, device, record) -> None:
@@ -258,6 +290,8 @@ def main(argv=None) -> None:
     p.add_argument("--page-image-tokens", type=int, default=1300)
     p.add_argument("--page-gen", type=int, default=256)
     p.add_argument("--parts", nargs="+", default=["tiny", "4b", "kernel"])
+    p.add_argument("--eager-batches", type=int, nargs="*", default=[],
+                   help="batches also timed with the eager speculative step (no static buffers / CUDA graphs)")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "h200_spec_decode.json"))
     args = p.parse_args(argv)
     if args.smoke:
@@ -287,8 +321,9 @@ def main(argv=None) -> None:
     if args.profile:
         profile = json.loads(Path(args.profile).read_text() if Path(args.profile).is_file() else args.profile)
     elif results["rows"]:
-        tiny16 = [r for r in results["rows"] if r["model"] == "ocria-tiny"]
-        profile = conditional_profile(max(tiny16, key=lambda r: r["block_size"])["acceptance_by_position"]) or profile
+        tiny = [r for r in results["rows"] if r["model"] == "ocria-tiny"]  # the most pages at the longest block
+        profile = conditional_profile(max(tiny, key=lambda r: (r["block_size"], r["batch"]))["acceptance_by_position"]
+                                      ) or profile
     if "4b" in args.parts:
         shape_4b_rows(args, device, dtype, record, profile)
 

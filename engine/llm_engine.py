@@ -23,6 +23,7 @@ from engine.rope import mrope_positions
 from engine.sampler import Sampler
 from engine.scheduler import NEED_DRAIN, ScheduledStep, Scheduler
 from engine.sequence import SeqStatus, Sequence
+from engine.spec_graphs import SpecGraphs
 from engine.speculative import SpecDecoder, SpecFlight, SpecStats
 from engine.state_pool import StatePool
 from engine.step_metadata import PrefillChunk, to_device
@@ -154,6 +155,9 @@ class Engine:
             if block < 2:
                 raise ValueError(f"spec_block_size={block}: a verify block needs >= 2 tokens (or no drafter)")
             self.spec = SpecDecoder(self.runner, drafter, block, opts.max_num_seqs)
+            if not opts.enforce_eager:  # greedy steps from static buffers, as CUDA graphs where there is CUDA
+                self.spec.graphs = SpecGraphs(self.spec, opts.max_num_seqs, self.runner.cache.max_blocks_per_seq,
+                                              self.runner.scratch_slot, capture=True)
         self.scheduler = Scheduler(self.block_manager, StatePool(opts.max_num_seqs), opts.max_num_seqs, mnbt,
                                    decode_len=self._decode_len)
         self.beams = BeamStepper(self.scheduler, self.runner, self.block_manager.block_size, self.device)

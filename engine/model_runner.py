@@ -84,7 +84,11 @@ class ModelRunner:
         self.gdn_layers = [model.language_model.layers[i].linear_attn for i in t.linear_attention_layers]
         self.block_size = block_size
         self.max_num_batched_tokens = max_num_batched_tokens
-        self._alloc_states(max_num_seqs)
+        # with a drafter, one state slot past max_num_seqs: the padding rows of captured speculative steps write
+        # there (engine/spec_graphs)
+        self.scratch_slot = max_num_seqs if drafter is not None else None
+        slots = max_num_seqs + (drafter is not None)
+        self._alloc_states(slots)
         if num_blocks is None:
             num_blocks = self._blocks_from_budget(max_num_seqs, max_model_len, kv_cache_memory_gb,
                                                   gpu_memory_utilization)
@@ -93,7 +97,7 @@ class ModelRunner:
         self.decode_inputs = DecodeInputs(max_num_seqs, self.cache.max_blocks_per_seq, device)
         # The last sampled token of every state slot: decode steps read their input ids from here on the device,
         # so the host can launch step t + 1 before it has seen step t's tokens.
-        self.next_tokens = torch.zeros(max_num_seqs, dtype=torch.int64, device=device)
+        self.next_tokens = torch.zeros(slots, dtype=torch.int64, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.graph_logits: dict[int, torch.Tensor] = {}
         self.decode_sizes: list[int] = []  # decode batches are padded up to one of these (the captured sizes)

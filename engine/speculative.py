@@ -65,6 +65,42 @@ class SpecStats:
 
 
 @dataclass
+class StepPlan:
+    """A step's host arrays: per block row s * T + j (positions, cache index, KV slot or -1, context length for the
+    verify pass and for the draft pass, block-table row), per sequence (state slot, valid block length)."""
+    positions: np.ndarray
+    index: np.ndarray
+    slots: np.ndarray
+    ctx: np.ndarray
+    draft_ctx: np.ndarray
+    tables: np.ndarray  # [S * T, width] int32
+    state_idx: np.ndarray
+    valid: list[int]
+    seqs: list[Sequence]
+
+
+@dataclass
+class StepTensors:
+    """A step's inputs on the device (the plan's arrays, or views of engine/spec_graphs' static buffers)."""
+    positions: torch.Tensor
+    index: torch.Tensor
+    slots: torch.Tensor
+    ctx: torch.Tensor
+    draft_ctx: torch.Tensor
+    tables: torch.Tensor
+    state_idx: torch.Tensor
+    valid: torch.Tensor
+
+    @classmethod
+    def of(cls, plan: StepPlan, device) -> StepTensors:
+        i64, i32 = torch.int64, torch.int32
+        return cls(to_device(plan.positions, i64, device), to_device(plan.index, i64, device),
+                   to_device(plan.slots, i64, device), to_device(plan.ctx, i32, device),
+                   to_device(plan.draft_ctx, i32, device), to_device(plan.tables, i32, device),
+                   to_device(plan.state_idx, i64, device), to_device(plan.valid, i64, device))
+
+
+@dataclass
 class SpecFlight:
     """A launched speculative step: tokens [S, T] and emitted counts [S] (host copies once collected)."""
     tokens: torch.Tensor
@@ -76,6 +112,7 @@ class SpecFlight:
 class SpecDecoder:
     def __init__(self, runner, drafter: DFlashDrafter, block_size: int, max_num_seqs: int):
         self.runner, self.drafter, self.T = runner, drafter, block_size
+        self.graphs = None  # engine/spec_graphs.SpecGraphs: greedy steps from static buffers (use_graphs)
         self.mask_token_id = drafter.cfg.mask_token_id
         dev, dt = runner.device, runner.dtype
         t = runner.cfg.text
@@ -96,10 +133,10 @@ class SpecDecoder:
             cap = 1
         return max(1, min(self.T, cap, sp.max_tokens - seq.num_output))
 
-    @torch.no_grad()
-    def step(self, seqs: list[Sequence]) -> SpecFlight:
-        T, S, dev = self.T, len(seqs), self.runner.device
-        bs = self.runner.block_size
+    def plan(self, seqs: list[Sequence]) -> StepPlan:
+        """The host side of a step: each sequence's block rows s * T + j (rows past its valid length are padding,
+        stored nowhere)."""
+        T, bs = self.T, self.runner.block_size
         valid = [self.block_len(s) for s in seqs]
         positions, index, slots, ctx, draft_ctx, tables = [], [], [], [], [], []
         for seq, v in zip(seqs, valid):
@@ -115,40 +152,39 @@ class SpecDecoder:
                 draft_ctx.append(start + v if live else 0)
                 tables.append(seq.block_table)
         width = max(len(t) for t in tables)
-        bt = np.zeros((S * T, width), dtype=np.int32)
+        bt = np.zeros((len(seqs) * T, width), dtype=np.int32)
         for r, t in enumerate(tables):
             bt[r, :len(t)] = t
-        state_idx = to_device([s.state_slot for s in seqs], torch.int64, dev)
-        valid_t = to_device(valid, torch.int64, dev)
-        index_t = to_device(index, torch.int64, dev)
-        slots_t = to_device(slots, torch.int64, dev)
-        bt_t = to_device(bt, torch.int32, dev)
+        return StepPlan(np.array(positions, dtype=np.int64), np.array(index, dtype=np.int64),
+                        np.array(slots, dtype=np.int64), np.array(ctx, dtype=np.int32),
+                        np.array(draft_ctx, dtype=np.int32), bt,
+                        np.array([s.state_slot for s in seqs], dtype=np.int64), valid, seqs)
+
+    @torch.no_grad()
+    def step(self, seqs: list[Sequence]) -> SpecFlight:
+        plan = self.plan(seqs)
+        sampled = [i for i, s in enumerate(seqs) if s.sampling.temperature > 0]
+        bans = [(i, tok) for i, s in enumerate(seqs) if (tok := s.loop_ban()) is not None]
+        keep_logits = any(s.logits is not None for s in seqs)
+        if self.graphs is not None and not (sampled or bans or keep_logits):
+            tokens, emitted = self.graphs.run(plan)
+            return SpecFlight(tokens, emitted, plan.valid)
+        T, S, dev = self.T, len(seqs), self.runner.device
+        d = StepTensors.of(plan, dev)
 
         # 1. draft
-        last = self.runner.next_tokens[state_idx]  # [S]
-        block = torch.full((S, T), self.mask_token_id, dtype=torch.int64, device=dev)
-        block[:, 0] = last
-        sampled = [i for i, s in enumerate(seqs) if s.sampling.temperature > 0]
-        drafts, q = self.propose(seqs, block, sampled, index_t, slots_t, bt_t, to_device(draft_ctx, torch.int32, dev))
-        model = self.runner.model
-
+        block = self.new_block(d.state_idx, S)
+        drafts, q = self.propose(seqs, block, sampled, d.index, d.slots, d.tables, d.draft_ctx)
         # 2. verify
         block[:, 1:] = drafts
-        meta = StepMetadata(is_prefill=False, num_tokens=S * T, positions=to_device(positions, torch.int64, dev),
-                            slot_mapping=slots_t, state_idx=state_idx, block_tables=bt_t,
-                            context_lens=to_device(ctx, torch.int32, dev), verify_len=T)
-        taps = self.drafter.new_taps()
-        h = model(model.embed(block.view(-1)), meta, taps)
-        self.drafter.write_context(taps, slots_t, index_t)
-        logits = model.compute_logits(h).view(S, T, -1)
-        bans = [(i, tok) for i, s in enumerate(seqs) if (tok := s.loop_ban()) is not None]
+        logits = self.verify(block, d)
         if bans:
             logits = logits.clone()
             r, tk = zip(*bans)
             logits[to_device(list(r), torch.int64, dev), 0, to_device(list(tk), torch.int64, dev)] = -torch.inf
 
         # 3. accept
-        tokens, emitted = greedy_accept(drafts, logits, valid_t)
+        tokens, emitted = greedy_accept(drafts, logits, d.valid)
         if sampled:
             rows = to_device(sampled, torch.int64, dev)
             ss = [seqs[i] for i in sampled]
@@ -156,17 +192,51 @@ class SpecDecoder:
             gens = [(torch.rand(T - 1, generator=s.generator, device=dev), self._exp_noise(s, q.shape[1:]),
                      self._exp_noise(s, p.shape[1:])) for s in ss]
             u, rn, bn = (torch.stack(x) for x in zip(*gens))
-            t_s, e_s = rejection_accept(drafts[rows], q, p, valid_t[rows], u, rn, bn)
+            t_s, e_s = rejection_accept(drafts[rows], q, p, d.valid[rows], u, rn, bn)
             tokens[rows], emitted[rows] = t_s, e_s
 
         # 4. commit
+        self.commit(d.state_idx, tokens, emitted)
+        return SpecFlight(tokens, emitted, plan.valid, logits.float() if keep_logits else None)
+
+    def greedy_step(self, d: StepTensors, seqs=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """A whole greedy step on device tensors only (what engine/spec_graphs captures): draft, verify, accept,
+        commit -> (tokens [S, T], emitted [S]). seqs (the first of the S rows' sequences, or None) is for
+        drafters that need the host's view; the DFlash drafter does not."""
+        S = d.state_idx.shape[0]
+        block = self.new_block(d.state_idx, S)
+        drafts, _ = self.propose(seqs, block, [], d.index, d.slots, d.tables, d.draft_ctx)
+        block[:, 1:] = drafts
+        tokens, emitted = greedy_accept(drafts, self.verify(block, d), d.valid)
+        self.commit(d.state_idx, tokens, emitted)
+        return tokens, emitted
+
+    def new_block(self, state_idx: torch.Tensor, S: int) -> torch.Tensor:
+        """[S, T] = [each sequence's last token (from the runner's next-token buffer), MASK...]."""
+        block = torch.full((S, self.T), self.mask_token_id, dtype=torch.int64, device=state_idx.device)
+        block[:, 0] = self.runner.next_tokens[state_idx]
+        return block
+
+    def verify(self, block: torch.Tensor, d: StepTensors) -> torch.Tensor:
+        """The target over [last, drafts] of every sequence -> logits [S, T, V]; the block's taps become the
+        drafter's context at the same slots."""
+        S, T = block.shape
+        model = self.runner.model
+        meta = StepMetadata(is_prefill=False, num_tokens=S * T, positions=d.positions, slot_mapping=d.slots,
+                            state_idx=d.state_idx, block_tables=d.tables, context_lens=d.ctx, verify_len=T)
+        taps = self.drafter.new_taps()
+        h = model(model.embed(block.view(-1)), meta, taps)
+        self.drafter.write_context(taps, d.slots, d.index)
+        return model.compute_logits(h).view(S, T, -1)
+
+    def commit(self, state_idx: torch.Tensor, tokens: torch.Tensor, emitted: torch.Tensor) -> None:
+        """Every GDN layer folds the first `emitted` tokens into its states; the last one becomes the next input."""
+        S, T = tokens.shape
         for layer in self.runner.gdn_layers:
             x_kept, k_kept, u_kept, g_kept = layer.kept
             ops.gdn_commit(layer.ssm_state, state_idx, k_kept, u_kept, g_kept, emitted)
             ops.conv_state_commit(x_kept[:S, :T], layer.conv_state, state_idx, emitted)
-        self.runner.next_tokens[state_idx] = tokens[torch.arange(S, device=dev), emitted - 1]
-        keep = logits.float() if any(s.logits is not None for s in seqs) else None
-        return SpecFlight(tokens, emitted, valid, keep)
+        self.runner.next_tokens[state_idx] = tokens[torch.arange(S, device=tokens.device), emitted - 1]
 
     def propose(self, seqs, block, sampled, index, slots, block_tables, draft_ctx):
         """The drafter's T - 1 proposals [S, T - 1] for blocks [S, T] = [last, MASK...], and for the sampled rows

@@ -272,7 +272,10 @@ def measure_tau(checkpoint: str, drafter_dir: Path, images, prompt: str, max_tok
 
 
 def divergences(plain_engine, reqs, plain, spec) -> list[dict]:
-    """Answers that differ: the first differing token and plain decoding's top-2 logit margin there."""
+    """Answers that differ: the first differing token and plain decoding's top-2 logit margin there, from the
+    request read again alone with its logits kept. In bf16 a read alone need not equal the batched one (other
+    reductions); `rerun_matches` says whether it did up to the differing token, i.e. whether the margin is the
+    batched run's."""
     out = []
     for r, a, b in zip(reqs, plain, spec):
         if a.output_token_ids == b.output_token_ids:
@@ -281,7 +284,8 @@ def divergences(plain_engine, reqs, plain, spec) -> list[dict]:
                  min(len(a.output_token_ids), len(b.output_token_ids)))
         again = plain_engine.generate([dict(r, request_id="margin", keep_logits=True)])[0]
         top2 = again.logits[min(i, again.logits.shape[0] - 1)].float().topk(2).values
-        out.append({"request": r["request_id"], "first_diff": i, "top2_margin": float(top2[0] - top2[1])})
+        out.append({"request": r["request_id"], "first_diff": i, "top2_margin": float(top2[0] - top2[1]),
+                    "rerun_matches": again.output_token_ids[:i + 1] == a.output_token_ids[:i + 1]})
     return out
 
 

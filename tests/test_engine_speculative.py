@@ -12,6 +12,7 @@ import torch
 from engine.interface import SamplingParams
 from engine.llm_engine import Engine
 from engine.models.dflash import DrafterConfigError
+from engine.spec_graphs import SpecGraphs
 from engine.speculative import SpecDecoder
 from engine.testing import write_random_drafter
 
@@ -92,18 +93,30 @@ class Oracle(SpecDecoder):
         return drafts.to(block.device), None
 
 
-def oracle_engine(text_ckpt, drafter, plain, **opts):
+def oracle_engine(text_ckpt, drafter, plain, static=True, **opts):
+    """static: greedy steps through engine/spec_graphs' static buffers (padded batches, the scratch state slot), as
+    the engine runs them unless enforce_eager; else the eager step."""
     eng = Engine.from_checkpoint(text_ckpt, dtype="float32", max_num_seqs=4, block_size=8, drafter=str(drafter),
                                  **opts)
     oracle = Oracle(eng.runner, eng.spec.drafter, eng.spec.T, 4)
     oracle.reference = plain
+    if static:
+        oracle.graphs = SpecGraphs(oracle, 4, eng.runner.cache.max_blocks_per_seq, eng.runner.scratch_slot,
+                                   capture=False)
     eng.spec = oracle
     return eng
 
 
-def test_oracle_drafter_long_acceptances_equal_plain(text_ckpt, drafter, plain):
-    eng = oracle_engine(text_ckpt, drafter, plain, num_blocks=64)
+@pytest.mark.parametrize("static", [True, False], ids=["static", "eager"])
+def test_oracle_drafter_long_acceptances_equal_plain(text_ckpt, drafter, plain, static):
+    """Joins leave 1, 2, 3 or 4 sequences running: padded to 1, 2, 4, 4 rows on the static path."""
+    eng = oracle_engine(text_ckpt, drafter, plain, static=static, num_blocks=64)
+    batches = []
+    if static:
+        run = eng.spec.graphs.run
+        eng.spec.graphs.run = lambda plan: batches.append(len(plan.valid)) or run(plan)
     outs = run_with_arrivals(eng, requests(), [0, 2, 2, 5])
+    assert (3 in batches) == static  # a batch padded to a larger size ran on the static path
     taus = []
     for rid, want in plain.items():
         o = outs[rid]

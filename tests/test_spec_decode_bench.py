@@ -18,10 +18,12 @@ def test_spec_decode_bench_smoke(tiny_checkpoint, tmp_path):
     out = tmp_path / "spec.json"
     load_bench("spec_decode_bench").main(["--device", "cpu", "--smoke", "--checkpoint", str(tiny_checkpoint),
                                           "--drafter", str(drafter), "--pages", str(pages), "--out", str(out),
-                                          "--profile", "[0.9, 0.9, 0.9]"])
+                                          "--profile", "[0.9, 0.9, 0.9]", "--eager-batches", "1"])
     res = json.loads(out.read_text())
     models = [r["model"] for r in res["rows"]]
-    assert models == ["ocria-tiny"] * 2 + ["tiny-shape"] * 2
+    assert models == ["ocria-tiny"] * 2 + ["tiny-shape"] * 3
+    # the toy 4B shape's steps through the static buffers (as captured on CUDA), batch 1 also eagerly
+    assert [(r["batch"], r["spec_step"]) for r in res["rows"][2:]] == [(1, "graphs"), (1, "eager"), (2, "graphs")]
     for r in res["rows"]:
         assert {"model", "batch", "block_size", "tau", "tok_s_per_seq", "tok_s_per_seq_plain", "speedup",
                 "method"} <= set(r) and r["tau"] >= 1.0 and r["tok_s_per_seq"] > 0
