@@ -135,30 +135,25 @@ class SpecDecoder:
 
     def plan(self, seqs: list[Sequence]) -> StepPlan:
         """The host side of a step: each sequence's block rows s * T + j (rows past its valid length are padding,
-        stored nowhere)."""
-        T, bs = self.T, self.runner.block_size
+        stored nowhere), computed as arrays: at large batch this runs every step for thousands of rows."""
+        T, bs, S = self.T, self.runner.block_size, len(seqs)
         valid = [self.block_len(s) for s in seqs]
-        positions, index, slots, ctx, draft_ctx, tables = [], [], [], [], [], []
-        for seq, v in zip(seqs, valid):
-            start = len(seq) - 1  # the newest token: sampled, not yet in the caches
-            table = np.asarray(seq.block_table, dtype=np.int64)
-            for j in range(T):
-                i = start + j
-                live = j < v
-                positions.append(i + seq.rope_delta)
-                index.append(i)
-                slots.append(int(table[i // bs]) * bs + i % bs if live else -1)
-                ctx.append(i + 1 if live else 0)
-                draft_ctx.append(start + v if live else 0)
-                tables.append(seq.block_table)
-        width = max(len(t) for t in tables)
-        bt = np.zeros((len(seqs) * T, width), dtype=np.int32)
-        for r, t in enumerate(tables):
-            bt[r, :len(t)] = t
-        return StepPlan(np.array(positions, dtype=np.int64), np.array(index, dtype=np.int64),
-                        np.array(slots, dtype=np.int64), np.array(ctx, dtype=np.int32),
-                        np.array(draft_ctx, dtype=np.int32), bt,
-                        np.array([s.state_slot for s in seqs], dtype=np.int64), valid, seqs)
+        v = np.array(valid, dtype=np.int64)
+        start = np.array([len(s) - 1 for s in seqs], dtype=np.int64)  # the newest token: not yet in the caches
+        i = start[:, None] + np.arange(T)[None, :]  # [S, T] cache index of each block row
+        live = np.arange(T)[None, :] < v[:, None]
+        width = max(len(s.block_table) for s in seqs)
+        table = np.zeros((S, width), dtype=np.int32)
+        for r, seq in enumerate(seqs):
+            table[r, :len(seq.block_table)] = seq.block_table
+        block_of = table[np.arange(S)[:, None], np.minimum(i // bs, width - 1)].astype(np.int64)
+        rope = np.array([s.rope_delta for s in seqs], dtype=np.int64)
+        return StepPlan(positions=(i + rope[:, None]).ravel(), index=i.ravel(),
+                        slots=np.where(live, block_of * bs + i % bs, -1).ravel(),
+                        ctx=np.where(live, i + 1, 0).astype(np.int32).ravel(),
+                        draft_ctx=np.where(live, (start + v)[:, None], 0).astype(np.int32).ravel(),
+                        tables=np.repeat(table, T, axis=0),
+                        state_idx=np.array([s.state_slot for s in seqs], dtype=np.int64), valid=valid, seqs=seqs)
 
     @torch.no_grad()
     def step(self, seqs: list[Sequence]) -> SpecFlight:
