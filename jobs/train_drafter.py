@@ -67,6 +67,9 @@ class TrainDrafterConfig(BaseModel):
     steps: int = Field(200, ge=1)
     max_seconds: float | None = Field(None, gt=0, description="stop training after this much wall time")
     heldout: int = Field(0, ge=0, description="pages kept out of training; tau is measured on them")
+    val_pages: int = Field(0, ge=0, description="answers kept out of training whose loss is measured every val_every "
+                           "steps (the same anchors each time); the drafter written is the one with the lowest")
+    val_every: int = Field(200, ge=1)
     measure_blocks: list[int] = Field(default_factory=lambda: [8], description="block sizes tau is measured at")
     save_dtype: Literal["bfloat16", "float32"] = Field("bfloat16", description="the written weights' dtype (the "
                                                        "engine casts them to the target's)")
@@ -340,6 +343,9 @@ def train(cfg: TrainDrafterConfig, echo=print) -> dict:
          f"{time.perf_counter() - t0:.0f} s")
     if not examples:
         raise RuntimeError("the target answered no page with 2 or more tokens: nothing to train on")
+    if cfg.val_pages >= len(examples):
+        raise click.UsageError(f"--val-pages {cfg.val_pages}: only {len(examples)} answers, none left to train on")
+    val, examples = examples[:cfg.val_pages], examples[cfg.val_pages:]
     embed = target.model.language_model.embed_tokens.weight.detach().to(cfg.device)
     head = target.model.head_weight.detach().to(cfg.device)
     params = [p for _, p in drafter.hf_named()]
@@ -350,8 +356,24 @@ def train(cfg: TrainDrafterConfig, echo=print) -> dict:
     stop = []  # a SIGTERM (e.g. from `timeout`) ends training early; what was learned is still written
     previous = signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
     losses, t_train, t_echo = [], time.perf_counter(), 0.0
+    val_losses, best = [], None  # (step, loss); (loss, step, weights) of the best so far
+
+    def validate(step: int) -> None:
+        nonlocal best
+        vrng, total = random.Random(cfg.seed + 1), 0.0
+        with torch.no_grad(), torch.autocast("cuda", torch.bfloat16, enabled=use_autocast):
+            for i in range(0, len(val), cfg.pages_per_step):
+                part = val[i:i + cfg.pages_per_step]
+                total += len(part) * float(block_loss(drafter, part, embed, head, cfg.anchors, cfg.gamma, vrng,
+                                                      cfg.device, cfg.selector_loss_alpha))
+        val_losses.append((step, total / len(val)))
+        if best is None or val_losses[-1][1] < best[0]:
+            best = (val_losses[-1][1], step, [p.detach().clone() for p in params])
+
     pages = page_stream(len(examples), rng)
     for step in range(cfg.steps):
+        if val and step % cfg.val_every == 0:
+            validate(step)
         elapsed = time.perf_counter() - t_train
         for group in opt.param_groups:
             group["lr"] = cfg.lr * lr_factor(step, cfg.steps, elapsed, cfg.max_seconds)
@@ -373,11 +395,20 @@ def train(cfg: TrainDrafterConfig, echo=print) -> dict:
             echo(f"stopping at step {step}: terminated")
             break
     signal.signal(signal.SIGTERM, previous)
+    if val:
+        validate(len(losses))
+        with torch.no_grad():
+            for p, w in zip(params, best[2]):
+                p.copy_(w)
+        echo(f"validation loss {best[0]:.4f} at step {best[1]} (the drafter written); last "
+             f"{val_losses[-1][1]:.4f} at step {val_losses[-1][0]}")
     out = Path(cfg.out)
     drafter.save_pretrained(out, num_target_layers=t.num_hidden_layers, dtype=getattr(torch, cfg.save_dtype))
     log = {"config": cfg.model_dump(), "drafter": dcfg.to_json(), "train_pages": len(train_images),
            "answers": len(examples), "answer_tokens": sum(len(e.ids) - e.prompt_len for e in examples),
            "steps": len(losses), "train_seconds": round(time.perf_counter() - t_train, 1), "losses": losses}
+    if val:
+        log.update(val_answers=len(val), val_losses=val_losses, best_step=best[1])
     (out / "train_log.json").write_text(json.dumps(log, indent=1) + "\n")
     if heldout and not stop:
         log["heldout_tau"] = measure_tau(cfg.checkpoint, out, heldout, cfg.prompt, cfg.max_tokens,
@@ -414,6 +445,8 @@ def train(cfg: TrainDrafterConfig, echo=print) -> dict:
 @click.option("--steps", type=int)
 @click.option("--max-seconds", type=float)
 @click.option("--heldout", type=int)
+@click.option("--val-pages", type=int)
+@click.option("--val-every", type=int)
 @click.option("--measure-block", "measure_blocks", type=int, multiple=True)
 @click.option("--save-dtype", type=click.Choice(["bfloat16", "float32"]))
 @click.option("--init", help="drafter folder to continue training from")

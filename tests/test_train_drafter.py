@@ -55,6 +55,37 @@ def test_train_drafter_smoke(tiny_checkpoint, tmp_path):
     assert np.mean(log2["losses"]) < 0.8 * np.mean(losses[:10]), (log2["losses"], losses[:10])  # not a fresh start
 
 
+def test_validation_keeps_the_best_drafter(tiny_checkpoint, tmp_path):
+    """--val-pages: answers kept out of training, their loss measured every --val-every steps and at the end; the
+    drafter written is the one with the lowest (a large lr makes later steps worse)."""
+    from jobs.train_drafter import block_loss
+    from engine.models.dflash import DFlashDrafter
+    import random
+
+    pages = write_pages(tmp_path / "pages", 4, seed=2)
+    cfg = TrainDrafterConfig(checkpoint=str(tiny_checkpoint), pages=str(pages), out=str(tmp_path / "drafter"),
+                             max_tokens=24, num_layers=1, num_taps=2, block_size=4, anchors=12, gamma=4, lr=0.3,
+                             steps=9, pages_per_step=2, val_pages=1, val_every=3, save_dtype="float32", seed=0)
+    log = train(cfg, echo=lambda *_: None)
+    steps = [s for s, _ in log["val_losses"]]
+    assert steps == [0, 3, 6, 9] and log["val_answers"] == 1 and log["answers"] == 3
+    best_step, best_loss = min(log["val_losses"], key=lambda x: x[1])
+    assert log["best_step"] == best_step and best_step < 9, log["val_losses"]  # the last is not the best here
+    # the written drafter has the best validation loss, recomputed from its file on the same anchors
+    from engine.llm_engine import Engine
+    from jobs.train_drafter import collect
+
+    eng = Engine.from_checkpoint(str(tiny_checkpoint), dtype="float32", max_num_seqs=4, enforce_eager=True)
+    d = DFlashDrafter.from_pretrained(tmp_path / "drafter", eng.cfg.text, torch.float32, "cpu")
+    from jobs.train_drafter import load_pages
+
+    val = collect(eng, load_pages(pages)[:1], list(d.cfg.target_layer_ids), cfg.prompt, cfg.max_tokens)
+    with torch.no_grad():
+        again = float(block_loss(d, val, eng.model.language_model.embed_tokens.weight, eng.model.head_weight,
+                                 cfg.anchors, cfg.gamma, random.Random(cfg.seed + 1), "cpu"))
+    assert abs(again - best_loss) < 1e-3 * max(1.0, best_loss), (again, best_loss)
+
+
 def test_collected_taps_are_what_the_target_computes_for_the_whole_sequence(tiny_checkpoint, tmp_path):
     """collect() answers the pages in one batch and keeps the taps the target computes meanwhile (prompt in prefill,
     answer token by token in decode); they must equal the taps of one prefill of each page's whole sequence
