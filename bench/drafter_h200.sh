@@ -9,7 +9,8 @@
 #    (research/ocria_tiny/drafter_pages.py --split heldout; bench/drafter_block_pages.py), answers checked against
 #    plain decoding.
 # TRAIN_FLAGS: more jobs/train_drafter.py flags (e.g. --dflash2, or --init DRAFTER to continue one; then FIRST=N
-# draws pages N .. N + PAGES - 1, new ones).
+# draws pages N .. N + PAGES - 1, new ones). VAL=N keeps N answers out for a validation loss every VAL_EVERY steps
+# and writes the best drafter.
 # 4. with SPEC_BENCH="<its flags>" (e.g. "--block-sizes 16"), bench/spec_decode_bench.py with the new drafter
 #    (fla's wheels carried in .whl/fla for its kernel comparison).
 # OUT gets drafter/ (config.json, model.safetensors, train_log.json), tau.json, log.txt [, h200_spec_decode.json].
@@ -17,7 +18,7 @@ set -euo pipefail
 OUT=${1:?usage: drafter_h200.sh OUT}
 DEVICE=${DEVICE:-cuda} DTYPE=${DTYPE:-bfloat16} PAGES=${PAGES:-700} TRAIN_S=${TRAIN_S:-120} WORKERS=${WORKERS:-15}
 LAYERS=${LAYERS:-4} FFN=${FFN:-1024} TAPS=${TAPS:-4} PER_STEP=${PER_STEP:-8} LR=${LR:-1e-3} ANCHORS=${ANCHORS:-64} MAX_TOKENS=${MAX_TOKENS:-256}
-COLLECT=${COLLECT:-256} FIRST=${FIRST:-0} PY=${PY:-python3} TAU_DIR=${TAU_DIR:-.drafter}
+COLLECT=${COLLECT:-256} FIRST=${FIRST:-0} VAL=${VAL:-0} VAL_EVERY=${VAL_EVERY:-200} PY=${PY:-python3} TAU_DIR=${TAU_DIR:-.drafter}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/log.txt") 2>&1
 if compgen -G ".whl/gen/*.whl" >/dev/null && [ "$DEVICE" = cuda ]; then
@@ -35,7 +36,7 @@ timeout "${TRAIN_TIMEOUT:-900}" $PY jobs/train_drafter.py --checkpoint models/oc
   --out "$OUT/drafter" --device "$DEVICE" --dtype "$DTYPE" --collect-batch "$COLLECT" --kv-cache-memory-gb 8 \
   --max-tokens "$MAX_TOKENS" --num-layers "$LAYERS" --intermediate-size "$FFN" --num-taps "$TAPS" --block-size 16 \
   --gamma 7 --anchors "$ANCHORS" --pages-per-step "$PER_STEP" --lr "$LR" --steps 1000000 --max-seconds "$TRAIN_S" \
-  ${TRAIN_FLAGS:-} || echo "training stopped (rc $?)"
+  --val-pages "$VAL" --val-every "$VAL_EVERY" ${TRAIN_FLAGS:-} || echo "training stopped (rc $?)"
 t2=$(date +%s)
 timeout "${TAU_TIMEOUT:-600}" $PY bench/drafter_tau.py --checkpoint models/ocria-tiny --drafter "$OUT/drafter" \
   --pages "$TAU_DIR/heldout" --pages "$TAU_DIR/corpus" --device "$DEVICE" --dtype "$DTYPE" --max-tokens "$MAX_TOKENS" \

@@ -295,9 +295,9 @@ def main(argv=None) -> None:
     p.add_argument("--batches-4b", type=int, nargs="+", default=[1, 8, 32, 64, 128])
     p.add_argument("--block-sizes", type=int, nargs="+", default=[16, 8])
     p.add_argument("--profile", action="append", default=[],
-                   help="[NAME=]JSON list (or a file of one): conditional acceptance per block position for part 2; may be "
-                        "given more than once. Part 2 runs part 1's measured profile first when part 1 ran, the given "
-                        "ones after it, 0.9 everywhere when there is neither")
+                   help="[NAME=]JSON list (or a file of one): conditional acceptance per block position for part "
+                        "2; may be given more than once. Part 2 runs part 1's measured profile first when part 1 ran, "
+                        "the given ones after it, 0.9 everywhere when there is neither")
     p.add_argument("--page-image-tokens", type=int, default=1300)
     p.add_argument("--page-gen", type=int, default=256)
     p.add_argument("--parts", nargs="+", default=["tiny", "4b", "kernel"])

@@ -30,12 +30,12 @@ class SpecGraphs:
         dev = decoder.runner.device
         R = max_num_seqs * self.T
         i64, i32 = torch.int64, torch.int32
-        self.buf = StepTensors(positions=torch.zeros(R, dtype=i64, device=dev), index=torch.zeros(R, dtype=i64, device=dev),
-                               slots=torch.full((R,), -1, dtype=i64, device=dev),
-                               ctx=torch.ones(R, dtype=i32, device=dev), draft_ctx=torch.ones(R, dtype=i32, device=dev),
-                               tables=torch.zeros(R, max_blocks, dtype=i32, device=dev),
-                               state_idx=torch.full((max_num_seqs,), scratch_slot, dtype=i64, device=dev),
-                               valid=torch.ones(max_num_seqs, dtype=i64, device=dev))
+        self.buf = StepTensors(
+            positions=torch.zeros(R, dtype=i64, device=dev), index=torch.zeros(R, dtype=i64, device=dev),
+            slots=torch.full((R,), -1, dtype=i64, device=dev), ctx=torch.ones(R, dtype=i32, device=dev),
+            draft_ctx=torch.ones(R, dtype=i32, device=dev), tables=torch.zeros(R, max_blocks, dtype=i32, device=dev),
+            state_idx=torch.full((max_num_seqs,), scratch_slot, dtype=i64, device=dev),
+            valid=torch.ones(max_num_seqs, dtype=i64, device=dev))
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         if capture and dev.type == "cuda":

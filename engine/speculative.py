@@ -112,7 +112,7 @@ class SpecFlight:
 class SpecDecoder:
     def __init__(self, runner, drafter: DFlashDrafter, block_size: int, max_num_seqs: int):
         self.runner, self.drafter, self.T = runner, drafter, block_size
-        self.graphs = None  # engine/spec_graphs.SpecGraphs: greedy steps from static buffers (use_graphs)
+        self.graphs = None  # engine/spec_graphs.SpecGraphs (the engine sets it unless enforce_eager)
         self.mask_token_id = drafter.cfg.mask_token_id
         dev, dt = runner.device, runner.dtype
         t = runner.cfg.text
