@@ -218,10 +218,11 @@ def decode_cases(batch_sizes=(1, 64)):
 
 
 def verify_cases(gdn_verify):
-    """Speculative decoding's GDN verify (token by token and chunk form) and commit (kernels/gdn_verify.py) at the
-    4B shape: 32 sequences x a block of 16, raw gates as the engine passes them."""
+    """Speculative decoding's GDN verify (token by token and chunk form), commit and conv verify / commit
+    (kernels/gdn_verify.py) at the 4B shape: 32 sequences x a block of 16, raw gates as the engine passes them."""
     bf16, f32, i32 = torch.bfloat16, torch.float32, torch.int32
     B, T, Hk, Hv, dk, dv = 32, 16, 16, 32, 128, 128
+    C, K = 2 * Hk * dk + Hv * dv, 4  # the conv's channels: q, k and v
     idx = torch.zeros(B, dtype=i32)
     raw = (torch.empty(Hv, dtype=f32), torch.empty(Hv, dtype=f32))
 
@@ -241,7 +242,15 @@ def verify_cases(gdn_verify):
              lambda: gdn_verify.gdn_verify_chunk_triton(*verify_args(), raw_gates=raw)),
             (f"gdn_commit B={B} T={T}", gdn_verify,
              lambda: gdn_verify.gdn_commit_triton(torch.empty(1, Hv, dk, dv, dtype=f32), idx, *kept(),
-                                                  torch.zeros(B, dtype=i32)))]
+                                                  torch.zeros(B, dtype=i32))),
+            (f"conv verify B={B} T={T} C={C}", gdn_verify,
+             lambda: gdn_verify.causal_conv1d_verify_triton(torch.empty(B, T, C, dtype=bf16),
+                                                            torch.empty(1, C, K - 1, dtype=bf16),
+                                                            torch.empty(C, K, dtype=bf16), idx)),
+            (f"conv commit B={B} T={T} C={C}", gdn_verify,
+             lambda: gdn_verify.conv_state_commit_triton(torch.empty(B, T, C, dtype=bf16),
+                                                         torch.empty(1, C, K - 1, dtype=bf16), idx,
+                                                         torch.zeros(B, dtype=torch.int64)))]
 
 
 def quant_cases(batch_sizes, fp8_quant, quant_linear):

@@ -13,8 +13,8 @@ So a verify step costs one state read in verify plus one read and one write in c
 where writing every token's state (vLLM's spec path) costs T writes; and the committed state is the same, op for
 op, as T' = n_b plain decode steps would have left. n_b = 0 leaves the state as it was.
 
-The conv1d half (torch, every device): verify convolves the block with the conv state without shifting it; commit
-shifts in the first n_b inputs. Both read the block's pre-conv inputs x [B, T, C] kept by the caller.
+The conv1d half: verify convolves the block with the conv state without shifting it; commit shifts in the first n_b
+inputs. Both read the block's pre-conv inputs x [B, T, C] kept by the caller, one launch each.
 
 A negative state_idx marks a padding row: nothing of it is read or written and its outputs are zero. raw_gates as
 in kernels/gdn_recurrent (g, beta passed as the raw a, b projections).
@@ -341,13 +341,20 @@ def _conv_window(x, conv_state, state_idx):
     return torch.cat([conv_state[rows].float(), x.float().transpose(1, 2)], dim=-1)
 
 
-def causal_conv1d_verify(x, conv_state, weight, state_idx, activation="silu"):
-    """x [B, T, C] -> y [B, T, C] (x.dtype): the causal conv of the block after each row's conv state, computed as
-    kernels/conv1d_update computes one token (fp32 sum over the K taps), without touching conv_state."""
+def _validate_conv(x, conv_state, weight, state_idx):
     check(x.dim() == 3 and weight.dim() == 2 and weight.shape[0] == x.shape[2],
           f"x must be [B, T, C] and weight [C, K], got {tuple(x.shape)}, {tuple(weight.shape)}")
     K = weight.shape[1]
     check(conv_state.shape[1:] == (x.shape[2], K - 1), f"conv_state must be [slots, C, K-1], got {tuple(conv_state.shape)}")
+    check(state_idx.shape == (x.shape[0],) and not state_idx.is_floating_point(),
+          f"state_idx must be an integer tensor of shape [B={x.shape[0]}], got {tuple(state_idx.shape)}")
+
+
+def causal_conv1d_verify_ref(x, conv_state, weight, state_idx, activation="silu"):
+    """x [B, T, C] -> y [B, T, C] (x.dtype): the causal conv of the block after each row's conv state, computed as
+    kernels/conv1d_update computes one token (fp32 sum over the K taps), without touching conv_state."""
+    _validate_conv(x, conv_state, weight, state_idx)
+    K = weight.shape[1]
     windows = _conv_window(x, conv_state, state_idx).unfold(-1, K, 1)  # [B, C, T, K]
     y = (windows * weight.float()[None, :, None, :]).sum(-1).transpose(1, 2)
     if activation == "silu":
@@ -355,7 +362,7 @@ def causal_conv1d_verify(x, conv_state, weight, state_idx, activation="silu"):
     return y.to(x.dtype).contiguous()
 
 
-def conv_state_commit(x, conv_state, state_idx, num_accepted):
+def conv_state_commit_ref(x, conv_state, state_idx, num_accepted):
     """conv_state rows state_idx <- the last K-1 inputs after the first num_accepted[b] tokens of x [B, T, C].
     Every row must be live (state_idx >= 0): the write is an index_copy, not masked."""
     K1 = conv_state.shape[2]
@@ -363,3 +370,110 @@ def conv_state_commit(x, conv_state, state_idx, num_accepted):
     cols = num_accepted.long()[:, None] + torch.arange(K1, device=x.device)[None, :]  # [B, K-1]
     new = window.gather(2, cols[:, None, :].expand(-1, window.shape[1], -1))
     conv_state.index_copy_(0, state_idx.long(), new.to(conv_state.dtype))
+
+
+@triton.jit
+def _window_tile(x_ptr, s_rows, offs_c, mask_c, pos, sx_t, ss_c, K: tl.constexpr):
+    """Window columns `pos` [BK] of [conv state (K - 1 columns) | x (T rows)] for channels offs_c -> [BC, BK] fp32
+    (zero where pos < 0 or masked). x_ptr points at this row's x[0, 0]."""
+    from_state = pos < K - 1
+    sv = tl.load(s_rows + offs_c[:, None] * ss_c + pos[None, :],
+                 mask=mask_c[:, None] & (from_state & (pos >= 0))[None, :], other=0.0)
+    xv = tl.load(x_ptr + (pos - (K - 1))[None, :] * sx_t + offs_c[:, None],
+                 mask=mask_c[:, None] & (~from_state)[None, :], other=0.0)
+    return sv.to(tl.float32) + xv.to(tl.float32)
+
+
+@triton.jit
+def _conv_verify_kernel(
+    x_ptr, state_ptr, w_ptr, idx_ptr, y_ptr,
+    T, C, sx_b, sx_t, ss_n, ss_c, sw_c, sy_b, sy_t,
+    K: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr, SILU: tl.constexpr,
+):
+    b = tl.program_id(0)
+    offs_c = tl.program_id(1) * BC + tl.arange(0, BC)
+    offs_k = tl.arange(0, BK)
+    mask_c = offs_c < C
+    slot = tl.maximum(tl.load(idx_ptr + b).to(tl.int64), 0)  # padding rows read slot 0, as the reference does
+    s_rows = state_ptr + slot * ss_n
+    x_row = x_ptr + b.to(tl.int64) * sx_b
+    w = tl.load(w_ptr + offs_c[:, None] * sw_c + offs_k[None, :], mask=mask_c[:, None] & (offs_k[None, :] < K),
+                other=0.0).to(tl.float32)
+    for t in range(T):  # output t sees window columns t .. t + K - 1, summed as conv1d_update sums one token
+        pos = tl.where(offs_k < K, t + offs_k, -1)
+        y = tl.sum(_window_tile(x_row, s_rows, offs_c, mask_c, pos, sx_t, ss_c, K) * w, axis=1)
+        if SILU:
+            y = y * tl.sigmoid(y)
+        tl.store(y_ptr + b.to(tl.int64) * sy_b + t * sy_t + offs_c, cast_rtne(y, y_ptr.dtype.element_ty), mask=mask_c)
+
+
+@triton.jit
+def _conv_commit_kernel(
+    x_ptr, state_ptr, idx_ptr, n_ptr,
+    C, sx_b, sx_t, ss_n, ss_c,
+    K: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr,
+):
+    b = tl.program_id(0)
+    offs_c = tl.program_id(1) * BC + tl.arange(0, BC)
+    offs_j = tl.arange(0, BK)
+    mask_c = offs_c < C
+    slot = tl.load(idx_ptr + b).to(tl.int64)
+    live = slot >= 0
+    s_rows = state_ptr + tl.maximum(slot, 0) * ss_n
+    n = tl.load(n_ptr + b).to(tl.int32)
+    # new column j = window column n + j; the whole tile is read before any of it is written
+    pos = tl.where(offs_j < K - 1, n + offs_j, -1)
+    new = _window_tile(x_ptr + b.to(tl.int64) * sx_b, s_rows, offs_c, mask_c & live, pos, sx_t, ss_c, K)
+    tl.store(s_rows + offs_c[:, None] * ss_c + offs_j[None, :], new.to(state_ptr.dtype.element_ty),
+             mask=(mask_c & live)[:, None] & (offs_j < K - 1)[None, :])
+
+
+def _conv_block_c(C: int, block_c) -> int:
+    return block_c or min(next_pow2(C), 256)
+
+
+def causal_conv1d_verify_triton(x, conv_state, weight, state_idx, activation="silu", block_c=None, num_warps=None):
+    _validate_conv(x, conv_state, weight, state_idx)
+    check(activation in (None, "silu"), f"activation must be None or 'silu', got {activation!r}")
+    for name, t in (("x", x), ("conv_state", conv_state), ("weight", weight)):
+        require_last_dim_contiguous(name, t)
+    B, T, C = x.shape
+    K = weight.shape[1]
+    y = torch.empty_like(x, memory_format=torch.contiguous_format)
+    BC = _conv_block_c(C, block_c)
+    _conv_verify_kernel[(B, cdiv(C, BC))](
+        x, conv_state, weight, state_idx, y, T, C, x.stride(0), x.stride(1), conv_state.stride(0),
+        conv_state.stride(1), weight.stride(0), y.stride(0), y.stride(1),
+        K=K, BK=next_pow2(K), BC=BC, SILU=activation == "silu", num_warps=num_warps or 4,
+    )
+    return y
+
+
+def conv_state_commit_triton(x, conv_state, state_idx, num_accepted, block_c=None, num_warps=None):
+    """conv_state_commit_ref's contract, except that padding rows (state_idx < 0) are skipped."""
+    B, T, C = x.shape
+    K = conv_state.shape[2] + 1
+    check(conv_state.shape[1] == C, f"conv_state must be [slots, C={C}, K-1], got {tuple(conv_state.shape)}")
+    check(num_accepted.shape == (B,) and state_idx.shape == (B,), "num_accepted and state_idx must be [B]")
+    for name, t in (("x", x), ("conv_state", conv_state)):
+        require_last_dim_contiguous(name, t)
+    BC = _conv_block_c(C, block_c)
+    _conv_commit_kernel[(B, cdiv(C, BC))](
+        x, conv_state, state_idx, num_accepted, C, x.stride(0), x.stride(1), conv_state.stride(0),
+        conv_state.stride(1), K=K, BK=next_pow2(K - 1), BC=BC, num_warps=num_warps or 4,
+    )
+
+
+def causal_conv1d_verify(x, conv_state, weight, state_idx, activation="silu", **launch):
+    """x [B, T, C] -> y [B, T, C] (x.dtype): the block's causal conv after each row's conv state, which is not
+    touched. `launch`: block_c, num_warps (Triton)."""
+    if use_triton(x):
+        return causal_conv1d_verify_triton(x, conv_state, weight, state_idx, activation, **launch)
+    return causal_conv1d_verify_ref(x, conv_state, weight, state_idx, activation)
+
+
+def conv_state_commit(x, conv_state, state_idx, num_accepted, **launch):
+    """conv_state rows state_idx <- the last K-1 inputs after the first num_accepted[b] tokens of x [B, T, C]."""
+    if use_triton(x):
+        return conv_state_commit_triton(x, conv_state, state_idx, num_accepted, **launch)
+    return conv_state_commit_ref(x, conv_state, state_idx, num_accepted)

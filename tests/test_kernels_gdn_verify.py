@@ -4,11 +4,13 @@ import pytest
 import torch
 
 from kernels.testing import assert_close, poisoned, require_interpreted  # sets TRITON_INTERPRET first
-from kernels.conv1d_update import causal_conv1d_update_ref
+from kernels.conv1d_update import causal_conv1d_update_ref, causal_conv1d_update_triton
 from kernels.gdn_recurrent import gdn_recurrent_ref
 from kernels.gdn_verify import (
-    _gdn_commit_kernel, _gdn_verify_chunk_kernel, _gdn_verify_kernel, causal_conv1d_verify, conv_state_commit,
-    gdn_commit_ref, gdn_commit_triton, gdn_verify_chunk_triton, gdn_verify_ref, gdn_verify_triton)
+    _conv_commit_kernel, _conv_verify_kernel, _gdn_commit_kernel, _gdn_verify_chunk_kernel, _gdn_verify_kernel,
+    causal_conv1d_verify, causal_conv1d_verify_ref, causal_conv1d_verify_triton, conv_state_commit,
+    conv_state_commit_ref, conv_state_commit_triton, gdn_commit_ref, gdn_commit_triton, gdn_verify_chunk_triton,
+    gdn_verify_ref, gdn_verify_triton)
 
 NUM_SLOTS = 6
 STATE_IDX = [4, -1, 0, 2]  # the second row is padding
@@ -129,3 +131,35 @@ def test_conv_verify_and_commit_equal_token_by_token_updates(n):
         causal_conv1d_update_ref(xs[:, t], plain, w, idx)
     conv_state_commit(xs, s, idx, torch.full((B,), n))
     assert torch.equal(s, plain)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T,C,K", [(5, 37, 4), (16, 130, 4), (3, 20, 3)])
+def test_conv_verify_and_commit_kernels_match_the_reference(T, C, K, dtype):
+    """The Triton conv verify / commit against the torch reference, on fresh inputs of odd sizes, in the engine's
+    layout (x a [:B, :T] view of a larger kept buffer); padding rows (state slot -1) are read as slot 0 by verify,
+    as the reference reads them, and left alone by commit. Verify's outputs equal the decode kernel's for the same
+    tokens bit for bit: the same sum over the taps."""
+    require_interpreted(_conv_verify_kernel)
+    require_interpreted(_conv_commit_kernel)
+    B, gen = len(STATE_IDX), torch.Generator().manual_seed(T * C + K)
+    kept_x = torch.randn(B + 2, T + 3, C, generator=gen).to(dtype)
+    x = kept_x[:B, :T]
+    w = torch.randn(C, K, generator=gen).to(dtype)
+    state0 = torch.randn(NUM_SLOTS, C, K - 1, generator=gen).to(dtype)
+    idx = torch.tensor(STATE_IDX)
+    s = state0.clone()
+    y = causal_conv1d_verify_triton(x, s, w, idx)
+    assert torch.equal(s, state0)
+    assert_close(y, causal_conv1d_verify_ref(x, state0, w, idx), dtype)
+    plain = state0.clone()
+    live = idx >= 0
+    for t in range(T):  # the decode kernel, one token at a time, from the same states
+        y_t = causal_conv1d_update_triton(x[:, t].contiguous(), plain, w, idx)
+        assert torch.equal(y[live, t], y_t[live]), t
+    for n in ([0] * B, [T] * B, [1, 2, T, T - 1]):
+        num = torch.tensor(n)
+        s, want = state0.clone(), state0.clone()
+        conv_state_commit_triton(x, s, idx, num)
+        conv_state_commit_ref(x[live], want, idx[live], num[live])
+        assert torch.equal(s, want), n
