@@ -10,7 +10,9 @@ the anchor and its own block; cross-entropy on positions 1 .. B-1 weighted exp(-
 embedding and LM head are frozen and shared; only the drafter's layers, fc and norms train (with --dflash2 also
 DFlash2's convolutions and candidate selector, whose cross-entropy over the top-k candidates joins the loss). Writes
 DRAFTER/ (config.json + model.safetensors, the public DFlash layout) and DRAFTER/train_log.json (losses; with
---heldout, tau measured on the held-out pages by the engine at each --measure-block).
+--heldout, tau measured on the held-out pages by the engine at each --measure-block). With --val-pages, answers kept
+out of training give a validation loss and the drafter written is the one where it was lowest: with few pages the
+drafter memorises its answers long before the steps run out.
 """
 from __future__ import annotations
 
@@ -315,6 +317,8 @@ def train(cfg: TrainDrafterConfig, echo=print) -> dict:
     heldout, train_images = images[:cfg.heldout], images[cfg.heldout:]
     if not train_images:
         raise click.UsageError(f"--pages {cfg.pages}: {len(images)} pages, all held out (--heldout {cfg.heldout})")
+    if cfg.val_pages >= len(train_images):
+        raise click.UsageError(f"--val-pages {cfg.val_pages}: {len(train_images)} training pages, none would be left")
     target = Engine.from_checkpoint(cfg.checkpoint, device=cfg.device, dtype=cfg.dtype, max_num_seqs=cfg.collect_batch,
                                     kv_cache_memory_gb=cfg.kv_cache_memory_gb, enforce_eager=True)
     t = target.cfg.text
