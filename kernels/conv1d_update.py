@@ -70,19 +70,24 @@ def causal_conv1d_prefill_ref(x, weight, initial_state=None, activation="silu"):
 
 
 @triton.jit
+def conv_program(idx_ptr, C, BC: tl.constexpr):
+    """A conv program's place: its sequence row b, its BC channels and their mask, the row's state slot (0 for a
+    padding row) and whether the row is live (state_idx >= 0). Grid (rows, channel blocks)."""
+    b = tl.program_id(0)
+    offs_c = tl.program_id(1) * BC + tl.arange(0, BC)
+    slot = tl.load(idx_ptr + b).to(tl.int64)
+    return b, offs_c, offs_c < C, tl.maximum(slot, 0), slot >= 0
+
+
+@triton.jit
 def _conv1d_update_kernel(
     x_ptr, state_ptr, w_ptr, idx_ptr, y_ptr,
     C, sx_b, ss_n, ss_c, sw_c, sy_b,
     K: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr, SILU: tl.constexpr, PDL: tl.constexpr,
 ):
     pdl_enter(PDL)
-    b = tl.program_id(0)
-    offs_c = tl.program_id(1) * BC + tl.arange(0, BC)
+    b, offs_c, mask_c, slot, live = conv_program(idx_ptr, C, BC)
     offs_k = tl.arange(0, BK)
-    mask_c = offs_c < C
-    slot = tl.load(idx_ptr + b).to(tl.int64)
-    live = slot >= 0
-    slot = tl.maximum(slot, 0)
 
     x = tl.load(x_ptr + b * sx_b + offs_c, mask=mask_c, other=0.0)
     s_base = state_ptr + slot * ss_n + offs_c[:, None] * ss_c

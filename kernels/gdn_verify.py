@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from kernels._common import cast_rtne, cdiv, check, next_pow2, output, require_last_dim_contiguous, use_triton
+from kernels.conv1d_update import conv_program
 from kernels.gdn_recurrent import (
     _check_raw_gates, _validate, delta_rule_step, gates_from_raw, gates_from_raw_tl, l2norm_ref, state_program)
 
@@ -390,11 +391,8 @@ def _conv_verify_kernel(
     T, C, sx_b, sx_t, ss_n, ss_c, sw_c, sy_b, sy_t,
     K: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr, SILU: tl.constexpr,
 ):
-    b = tl.program_id(0)
-    offs_c = tl.program_id(1) * BC + tl.arange(0, BC)
+    b, offs_c, mask_c, slot, _ = conv_program(idx_ptr, C, BC)  # padding rows read slot 0, as the reference does
     offs_k = tl.arange(0, BK)
-    mask_c = offs_c < C
-    slot = tl.maximum(tl.load(idx_ptr + b).to(tl.int64), 0)  # padding rows read slot 0, as the reference does
     s_rows = state_ptr + slot * ss_n
     x_row = x_ptr + b.to(tl.int64) * sx_b
     w = tl.load(w_ptr + offs_c[:, None] * sw_c + offs_k[None, :], mask=mask_c[:, None] & (offs_k[None, :] < K),
@@ -413,13 +411,9 @@ def _conv_commit_kernel(
     C, sx_b, sx_t, ss_n, ss_c,
     K: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr,
 ):
-    b = tl.program_id(0)
-    offs_c = tl.program_id(1) * BC + tl.arange(0, BC)
+    b, offs_c, mask_c, slot, live = conv_program(idx_ptr, C, BC)
     offs_j = tl.arange(0, BK)
-    mask_c = offs_c < C
-    slot = tl.load(idx_ptr + b).to(tl.int64)
-    live = slot >= 0
-    s_rows = state_ptr + tl.maximum(slot, 0) * ss_n
+    s_rows = state_ptr + slot * ss_n
     n = tl.load(n_ptr + b).to(tl.int32)
     # new column j = window column n + j; the whole tile is read before any of it is written
     pos = tl.where(offs_j < K - 1, n + offs_j, -1)
