@@ -58,9 +58,11 @@ def test_train_drafter_smoke(tiny_checkpoint, tmp_path):
 def test_validation_keeps_the_best_drafter(tiny_checkpoint, tmp_path):
     """--val-pages: answers kept out of training, their loss measured every --val-every steps and at the end; the
     drafter written is the one with the lowest (a large lr makes later steps worse)."""
-    from jobs.train_drafter import block_loss
-    from engine.models.dflash import DFlashDrafter
     import random
+
+    from engine.llm_engine import Engine
+    from engine.models.dflash import DFlashDrafter
+    from jobs.train_drafter import block_loss, collect, load_pages
 
     pages = write_pages(tmp_path / "pages", 4, seed=2)
     cfg = TrainDrafterConfig(checkpoint=str(tiny_checkpoint), pages=str(pages), out=str(tmp_path / "drafter"),
@@ -72,13 +74,8 @@ def test_validation_keeps_the_best_drafter(tiny_checkpoint, tmp_path):
     best_step, best_loss = min(log["val_losses"], key=lambda x: x[1])
     assert log["best_step"] == best_step and best_step < 9, log["val_losses"]  # the last is not the best here
     # the written drafter has the best validation loss, recomputed from its file on the same anchors
-    from engine.llm_engine import Engine
-    from jobs.train_drafter import collect
-
     eng = Engine.from_checkpoint(str(tiny_checkpoint), dtype="float32", max_num_seqs=4, enforce_eager=True)
     d = DFlashDrafter.from_pretrained(tmp_path / "drafter", eng.cfg.text, torch.float32, "cpu")
-    from jobs.train_drafter import load_pages
-
     val = collect(eng, load_pages(pages)[:1], list(d.cfg.target_layer_ids), cfg.prompt, cfg.max_tokens)
     with torch.no_grad():
         again = float(block_loss(d, val, eng.model.language_model.embed_tokens.weight, eng.model.head_weight,
