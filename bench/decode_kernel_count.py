@@ -147,9 +147,12 @@ def inductor_kernels_per_glue_call(cfg) -> dict:
     return out
 
 
-def build_engine(batch: int, options: dict, layers: int):
+def build_engine(batch: int, options: dict, layers: int, drafter_dir: str | None = None, block: int = 16):
+    """The tiny config with the 4B's layer stack; with drafter_dir, a random drafter of the shipped drafter's shape
+    (4 layers, 4 taps, the given block) written there and loaded."""
     from engine.config import parse_config
     from engine.llm_engine import Engine, EngineOptions
+    from engine.testing import write_random_drafter
     from jobs.benchmark import build_hf_model, hf_config
 
     hf_cfg = hf_config(tiny=True)
@@ -158,6 +161,9 @@ def build_engine(batch: int, options: dict, layers: int):
     cfg = parse_config(hf_cfg.to_dict())
     hf = build_hf_model(hf_cfg, "cpu", torch.float32)
     max_len = 2080  # the 4B benchmark's max_model_len: sizes the block tables, hence the attention partitions
+    if drafter_dir is not None:
+        write_random_drafter(drafter_dir, cfg.text, num_layers=4, num_taps=4, block_size=block)
+        options = dict(options, drafter=drafter_dir)
     opts = EngineOptions(max_num_seqs=max(batch, 1), max_model_len=max_len, block_size=32,
                          num_blocks=batch * (max_len // 32) + 1, **options)
     return Engine(cfg, hf.state_dict().items(), device="cpu", dtype=torch.float32, options=opts), cfg
@@ -188,6 +194,56 @@ def count_decode_step(batch: int, options: dict, layers: int, glue_kernels: dict
     return counter.counts, kinds
 
 
+def count_spec_step(batch: int, options: dict, layers: int, glue_kernels: dict, block: int) -> tuple[Counter, list[str]]:
+    """One greedy speculative step (engine/speculative.SpecDecoder.greedy_step on engine/spec_graphs' static
+    buffers: what its CUDA graph replays) of `batch` sequences at a context of 600 tokens, every block full."""
+    import tempfile
+
+    from engine.speculative import StepTensors
+
+    with tempfile.TemporaryDirectory() as tmp, forced_triton():
+        eng, cfg = build_engine(batch, options, layers, drafter_dir=tmp, block=block)
+    runner, lm, spec = eng.runner, eng.model.language_model, eng.spec
+    per_seq = runner.cache.max_blocks_per_seq
+    T, ctx = spec.T, 600
+    i = [ctx - 1 + j for b in range(batch) for j in range(T)]  # cache index of each block row
+    slots = [b * per_seq * 32 + x for b in range(batch) for x in i[b * T:(b + 1) * T]]
+    tables = [list(range(b * per_seq, (b + 1) * per_seq)) for b in range(batch) for _ in range(T)]
+    rows = StepTensors(*(torch.tensor(v, dtype=dt) for v, dt in (
+        (i, torch.int64), (i, torch.int64), (slots, torch.int64), ([x + 1 for x in i], torch.int32),
+        ([ctx - 1 + T] * (batch * T), torch.int32), (tables, torch.int32), (list(range(batch)), torch.int64),
+        ([T] * batch, torch.int64))))
+    counter = StepCounter()
+    kinds = [layer.kind for layer in lm.layers]
+    hooks = []
+    for n, layer in enumerate(lm.layers):
+        layer.mixer.glue = CountedGlue(layer.mixer.glue, counter, glue_kernels)
+        hooks.append(layer.register_forward_pre_hook(lambda m, a, n=n: setattr(counter, "scope", f"layer {n}")))
+    hooks.append(lm.norm.register_forward_pre_hook(lambda m, a: setattr(counter, "scope", "final norm + head")))
+    def scoped(obj, name, scope, after):  # the calls of obj.name counted under `scope`, later ones under `after`
+        fn = getattr(obj, name)
+
+        def call(*a, **k):
+            counter.scope = scope
+            out = fn(*a, **k)
+            counter.scope = after
+            return out
+        setattr(obj, name, call)
+
+    spec.drafter.fuse_projections()  # done once, by the warm-up step before capture
+    spec.drafter.glue = CountedGlue(spec.drafter.glue, counter, {})  # compiled on CUDA: one region per call
+    scoped(spec, "propose", "draft", "draft")
+    scoped(spec, "verify", "embed+rope", "accept + next token")
+    scoped(spec, "commit", "commit", "accept + next token")
+    scoped(spec.drafter, "write_context", "drafter context", "final norm + head")
+    with torch.no_grad(), count_triton_launches(counter), counter:
+        counter.scope = "draft"
+        spec.greedy_step(rows)
+    for h in hooks:
+        h.remove()
+    return counter.counts, kinds
+
+
 def summarise(counts: Counter, kinds: list[str]) -> dict:
     """Per layer kind: ops of one layer (all layers of a kind launch the same ops) and totals."""
     kind_of = {f"layer {i}": k for i, k in enumerate(kinds)}
@@ -198,21 +254,22 @@ def summarise(counts: Counter, kinds: list[str]) -> dict:
     out = {}
     for kind, ops in per_kind.items():
         layers = n_of.get(kind, 1)
-        assert all(v % layers == 0 for v in ops.values()), f"{kind}: layers of one kind launch different ops"
-        out[kind] = dict(layers=layers, per_layer={op: v // layers for op, v in sorted(ops.items())},
+        # per layer: a mean where layers of one kind differ (a speculative step's tapped layers copy their output)
+        out[kind] = dict(layers=layers, per_layer={op: v // layers if v % layers == 0 else round(v / layers, 2)
+                                                   for op, v in sorted(ops.items())},
                          per_layer_total=sum(ops.values()) // layers, total=sum(ops.values()))
     out["step_total"] = sum(v["total"] for k, v in out.items())
     return out
 
 
 def print_table(title: str, s: dict) -> None:
-    print(f"\n== {title}: {s['step_total']} kernels per decode step")
+    print(f"\n== {title}: {s['step_total']} kernels per step")
     for kind, v in s.items():
         if kind == "step_total":
             continue
         print(f"  {kind} (x{v['layers']}): {v['per_layer_total']} per layer, {v['total']} in all")
         for op, n in v["per_layer"].items():
-            print(f"      {n:3d}  {op}")
+            print(f"      {n:>5}  {op}")
 
 
 def main(argv=None):
@@ -223,6 +280,8 @@ def main(argv=None):
     ap.add_argument("--inductor", action="store_true", help="measure launches per glue call with inductor (CPU)")
     ap.add_argument("--variants", default="default,fused",
                     help="names from jobs.benchmark.variant_short_names, the first the baseline")
+    ap.add_argument("--spec", type=int, default=0, metavar="BLOCK",
+                    help="count one greedy speculative step (draft + verify + accept + commit) at this block instead")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     from engine.config import parse_config
@@ -242,8 +301,13 @@ def main(argv=None):
     else:
         glue_kernels = {n: args.glue_kernels for n in ("attention_inputs", "gated_output", "gdn_gates")}
     result = dict(batch=args.batch, layers=args.layers, glue_kernels_per_call=glue_kernels)
+    if args.spec:
+        result["spec_block"] = args.spec
     for name in variants:
-        counts, kinds = count_decode_step(args.batch, VARIANTS[names[name]], args.layers, glue_kernels)
+        if args.spec:
+            counts, kinds = count_spec_step(args.batch, VARIANTS[names[name]], args.layers, glue_kernels, args.spec)
+        else:
+            counts, kinds = count_decode_step(args.batch, VARIANTS[names[name]], args.layers, glue_kernels)
         result[name] = summarise(counts, kinds)
         print_table(f"{name} {VARIANTS[names[name]]}, batch {args.batch}", result[name])
     base = result[variants[0]]["step_total"]

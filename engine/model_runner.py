@@ -79,6 +79,8 @@ class ModelRunner:
         model.language_model.set_pdl(pdl)
         if compile_glue and device.type == "cuda":
             model.language_model.set_glue(self._compiled_glue())
+            if drafter is not None:
+                drafter.glue = self._compiled_draft_glue()
         t = cfg.text
         self.attn_layers = [model.language_model.layers[i].self_attn for i in t.full_attention_layers]
         self.gdn_layers = [model.language_model.layers[i].linear_attn for i in t.linear_attention_layers]
@@ -138,6 +140,39 @@ class ModelRunner:
                                            atol=2e-2, rtol=2e-2)
         except Exception as e:  # noqa: BLE001  (compiler unavailable or wrong: fall back, loudly)
             warnings.warn(f"torch.compile of the glue ops failed, running them eagerly: {e!r}")
+            return eager
+        return glue
+
+    @torch.no_grad()
+    def _compiled_draft_glue(self, backend: str = "inductor"):
+        """The drafter's glue torch.compile'd, checked against the eager functions on small inputs; eager if it
+        fails (engine/models/dflash_glue.py)."""
+        from engine.models.dflash_glue import DraftGlue
+
+        c, dev = self.drafter.cfg, self.device
+        dt = self.drafter.fc.weight.dtype
+        eager, glue = DraftGlue(False), DraftGlue(True, backend)
+        gen = torch.Generator(device=dev).manual_seed(0)
+
+        def rand(*shape, dtype=dt):
+            return torch.randn(*shape, generator=gen, device=dev, dtype=torch.float32).to(dtype)
+
+        H, nh, nkv, hd, eps = c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.rms_norm_eps
+        try:
+            for n in (1, 5):  # size 1 is specialised by the compiler; 5 compiles the dynamic-size kernels
+                index = torch.arange(n, device=dev) + 7
+                cos, sin = rand(n, hd), rand(n, hd)
+                calls = (("norm", (rand(n, H), rand(H), eps)), ("add_norm", (rand(n, H), rand(n, H), rand(H), eps)),
+                         ("qkv_heads", (rand(n, (nh + 2 * nkv) * hd), rand(hd), rand(hd), cos, sin, eps, nh, nkv, hd)),
+                         ("kv_heads", (rand(n, 2 * nkv * hd), rand(hd), cos, sin, eps, nkv, hd)),
+                         ("rotary", (index, self.drafter.inv_freq, rand(1))))
+                for name, a in calls:
+                    got, want = getattr(glue, name)(*a), getattr(eager, name)(*a)
+                    for x, y in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple)
+                                    else (want,)):
+                        torch.testing.assert_close(x.float(), y.float(), atol=2e-2, rtol=2e-2)
+        except Exception as e:  # noqa: BLE001  (compiler unavailable or wrong: fall back, loudly)
+            warnings.warn(f"torch.compile of the drafter's glue failed, running it eagerly: {e!r}")
             return eager
         return glue
 

@@ -116,14 +116,16 @@ class SpecDecoder:
         self.mask_token_id = drafter.cfg.mask_token_id
         dev, dt = runner.device, runner.dtype
         t = runner.cfg.text
-        for layer in runner.gdn_layers:  # each GDN layer's block buffers, reused every step
-            layer.kept = (torch.empty(max_num_seqs, block_size, t.gdn_conv_dim, dtype=dt, device=dev),
-                          torch.empty(max_num_seqs, block_size, t.linear_num_key_heads, t.linear_key_head_dim,
-                                      dtype=torch.float32, device=dev),
-                          torch.empty(max_num_seqs, block_size, t.linear_num_value_heads, t.linear_value_head_dim,
-                                      dtype=torch.float32, device=dev),
-                          torch.empty(max_num_seqs, block_size, t.linear_num_value_heads, dtype=torch.float32,
-                                      device=dev))
+        # the block buffers of every GDN layer, with a leading layer axis so that one launch commits them all;
+        # each layer's verify writes its own slice (layer.kept)
+        L, M = len(runner.gdn_layers), max_num_seqs
+        f32 = dict(dtype=torch.float32, device=dev)
+        self.kept = (torch.empty(L, M, block_size, t.gdn_conv_dim, dtype=dt, device=dev),
+                     torch.empty(L, M, block_size, t.linear_num_key_heads, t.linear_key_head_dim, **f32),
+                     torch.empty(L, M, block_size, t.linear_num_value_heads, t.linear_value_head_dim, **f32),
+                     torch.empty(L, M, block_size, t.linear_num_value_heads, **f32))
+        for i, layer in enumerate(runner.gdn_layers):
+            layer.kept = tuple(buf[i] for buf in self.kept)
 
     def block_len(self, seq: Sequence) -> int:
         """Tokens of the block this sequence verifies next step (1 = no drafts)."""
@@ -227,10 +229,9 @@ class SpecDecoder:
     def commit(self, state_idx: torch.Tensor, tokens: torch.Tensor, emitted: torch.Tensor) -> None:
         """Every GDN layer folds the first `emitted` tokens into its states; the last one becomes the next input."""
         S, T = tokens.shape
-        for layer in self.runner.gdn_layers:
-            x_kept, k_kept, u_kept, g_kept = layer.kept
-            ops.gdn_commit(layer.ssm_state, state_idx, k_kept, u_kept, g_kept, emitted)
-            ops.conv_state_commit(x_kept[:S, :T], layer.conv_state, state_idx, emitted)
+        x_kept, k_kept, u_kept, g_kept = self.kept
+        ops.gdn_commit(self.runner.ssm_state, state_idx, k_kept, u_kept, g_kept, emitted)
+        ops.conv_state_commit(x_kept[:, :S, :T], self.runner.conv_state, state_idx, emitted)
         self.runner.next_tokens[state_idx] = tokens[torch.arange(S, device=tokens.device), emitted - 1]
 
     def propose(self, seqs, block, sampled, index, slots, block_tables, draft_ctx):

@@ -78,11 +78,30 @@ def gdn_verify_ref(q, k, v, g, beta, state, state_idx, k_kept, u_kept, g_kept, s
     return out
 
 
-def gdn_commit_ref(state, state_idx, k_kept, u_kept, g_kept, num_accepted):
+def _check_commit(state, state_idx, num_accepted, kept):
+    """(layers or None, B) of a commit call: state [slots, Hv, dk, dv] with kept [>=B, >=T, ...], or every layer at
+    once: state [L, slots, Hv, dk, dv] with kept [L, >=B, >=T, ...]."""
     B = state_idx.shape[0]
-    Hv, dk, dv = state.shape[1:]
+    check(state.dim() in (4, 5), f"state must be [slots, Hv, dk, dv] or [layers, slots, Hv, dk, dv], got "
+                                 f"{tuple(state.shape)}")
     check(num_accepted.shape == (B,) and not num_accepted.is_floating_point(),
           f"num_accepted must be an integer tensor of shape [B={B}], got {tuple(num_accepted.shape)}")
+    L = state.shape[0] if state.dim() == 5 else None
+    for name, t, dims in zip(("k_kept", "u_kept", "g_kept"), kept, (4, 4, 3)):
+        want = dims + (L is not None)
+        check(t.dim() == want and (L is None or t.shape[0] == L),
+              f"{name} must have {want} dimensions{f' and {L} layers' if L is not None else ''}, got "
+              f"{tuple(t.shape)}")
+    return L, B
+
+
+def gdn_commit_ref(state, state_idx, k_kept, u_kept, g_kept, num_accepted):
+    L, B = _check_commit(state, state_idx, num_accepted, (k_kept, u_kept, g_kept))
+    if L is not None:
+        for i in range(L):
+            gdn_commit_ref(state[i], state_idx, k_kept[i], u_kept[i], g_kept[i], num_accepted)
+        return
+    Hv = state.shape[1]
     group = Hv // k_kept.shape[2]
     live = state_idx >= 0
     S = state[state_idx.long().clamp(min=0)].clone()
@@ -141,12 +160,14 @@ def _gdn_verify_kernel(
 @triton.jit
 def _gdn_commit_kernel(
     state_ptr, idx_ptr, n_ptr, kk_ptr, uk_ptr, gk_ptr,
-    ss_n, ss_h, ss_k, skk_b, skk_t, skk_h, suk_b, suk_t, suk_h, sgk_b, sgk_t,
+    NV, ss_l, ss_n, ss_h, ss_k, skk_l, skk_b, skk_t, skk_h, suk_l, suk_b, suk_t, suk_h, sgk_l, sgk_b, sgk_t,
     GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
+    # Grid (sequence, value head, layer x dv tile): every GDN layer's commit in one launch.
     b = tl.program_id(0)
     hv = tl.program_id(1)
-    vt = tl.program_id(2)
+    layer = (tl.program_id(2) // NV).to(tl.int64)
+    vt = tl.program_id(2) % NV
     hk = hv // GROUP
     slot = tl.load(idx_ptr + b).to(tl.int64)
     n = tl.load(n_ptr + b).to(tl.int32)
@@ -156,13 +177,16 @@ def _gdn_commit_kernel(
         mask_k = offs_k < DK
         mask_v = offs_v < DV
         mask_s = mask_k[:, None] & mask_v[None, :]
-        s_ptrs = state_ptr + slot * ss_n + hv * ss_h + offs_k[:, None] * ss_k + offs_v[None, :]
+        s_ptrs = state_ptr + layer * ss_l + slot * ss_n + hv * ss_h + offs_k[:, None] * ss_k + offs_v[None, :]
         S = tl.load(s_ptrs, mask=mask_s, other=0.0)
         b64 = b.to(tl.int64)
+        kk_row = kk_ptr + layer * skk_l + b64 * skk_b + hk * skk_h
+        uk_row = uk_ptr + layer * suk_l + b64 * suk_b + hv * suk_h
+        gk_row = gk_ptr + layer * sgk_l + b64 * sgk_b + hv
         for t in range(n):
-            k = tl.load(kk_ptr + b64 * skk_b + t * skk_t + hk * skk_h + offs_k, mask=mask_k, other=0.0)
-            u = tl.load(uk_ptr + b64 * suk_b + t * suk_t + hv * suk_h + offs_v, mask=mask_v, other=0.0)
-            g = tl.load(gk_ptr + b64 * sgk_b + t * sgk_t + hv)
+            k = tl.load(kk_row + t * skk_t + offs_k, mask=mask_k, other=0.0)
+            u = tl.load(uk_row + t * suk_t + offs_v, mask=mask_v, other=0.0)
+            g = tl.load(gk_row + t * sgk_t)
             S = S * tl.exp(g)
             S = S + k[:, None] * u[None, :]
         tl.store(s_ptrs, S, mask=mask_s)
@@ -302,16 +326,17 @@ def gdn_verify_chunk_triton(q, k, v, g, beta, state, state_idx, k_kept, u_kept, 
 
 
 def gdn_commit_triton(state, state_idx, k_kept, u_kept, g_kept, num_accepted, block_v=None, num_warps=None):
-    B = state_idx.shape[0]
-    Hv, dk, dv = state.shape[1:]
-    check(num_accepted.shape == (B,) and not num_accepted.is_floating_point(),
-          f"num_accepted must be an integer tensor of shape [B={B}], got {tuple(num_accepted.shape)}")
+    L, B = _check_commit(state, state_idx, num_accepted, (k_kept, u_kept, g_kept))
+    if L is None:  # one layer: a layer axis of length 1
+        state, k_kept, u_kept, g_kept = state[None], k_kept[None], u_kept[None], g_kept[None]
+    Hv, dk, dv = state.shape[2:]
     check(state.stride(-1) == 1, "state: last dimension (dv) must be contiguous")
     BV = _block_v(dv, block_v)
-    _gdn_commit_kernel[(B, Hv, cdiv(dv, BV))](
+    NV = cdiv(dv, BV)
+    _gdn_commit_kernel[(B, Hv, NV * state.shape[0])](
         state, state_idx, num_accepted, k_kept, u_kept, g_kept,
-        *state.stride()[:3], *k_kept.stride()[:3], *u_kept.stride()[:3], *g_kept.stride()[:2],
-        GROUP=Hv // k_kept.shape[2], DK=dk, DV=dv, BK=next_pow2(dk), BV=BV, num_warps=num_warps or 4,
+        NV, *state.stride()[:4], *k_kept.stride()[:4], *u_kept.stride()[:4], *g_kept.stride()[:3],
+        GROUP=Hv // k_kept.shape[3], DK=dk, DV=dv, BK=next_pow2(dk), BV=BV, num_warps=num_warps or 4,
     )
 
 
@@ -328,7 +353,8 @@ def gdn_verify(q, k, v, g, beta, state, state_idx, k_kept, u_kept, g_kept, scale
 
 
 def gdn_commit(state, state_idx, k_kept, u_kept, g_kept, num_accepted, **launch):
-    """Fold the first num_accepted[b] (<= T) kept tokens of row b into state[state_idx[b]] in place."""
+    """Fold the first num_accepted[b] (<= T) kept tokens of row b into state[state_idx[b]] in place. With a leading
+    layer axis on state [L, slots, Hv, dk, dv] and on the kept buffers, every layer at once (one launch)."""
     if use_triton(state):
         return gdn_commit_triton(state, state_idx, k_kept, u_kept, g_kept, num_accepted, **launch)
     return gdn_commit_ref(state, state_idx, k_kept, u_kept, g_kept, num_accepted)
@@ -365,7 +391,14 @@ def causal_conv1d_verify_ref(x, conv_state, weight, state_idx, activation="silu"
 
 def conv_state_commit_ref(x, conv_state, state_idx, num_accepted):
     """conv_state rows state_idx <- the last K-1 inputs after the first num_accepted[b] tokens of x [B, T, C].
-    Every row must be live (state_idx >= 0): the write is an index_copy, not masked."""
+    Every row must be live (state_idx >= 0): the write is an index_copy, not masked. With a leading layer axis on
+    x [L, B, T, C] and conv_state [L, slots, C, K-1], every layer."""
+    if conv_state.dim() == 4:
+        check(x.dim() == 4 and x.shape[0] == conv_state.shape[0],
+              f"x must be [layers={conv_state.shape[0]}, B, T, C] with a layered conv_state, got {tuple(x.shape)}")
+        for i in range(x.shape[0]):
+            conv_state_commit_ref(x[i], conv_state[i], state_idx, num_accepted)
+        return
     K1 = conv_state.shape[2]
     window = _conv_window(x, conv_state, state_idx)  # [B, C, K-1+T]
     cols = num_accepted.long()[:, None] + torch.arange(K1, device=x.device)[None, :]  # [B, K-1]
@@ -408,16 +441,18 @@ def _conv_verify_kernel(
 @triton.jit
 def _conv_commit_kernel(
     x_ptr, state_ptr, idx_ptr, n_ptr,
-    C, sx_b, sx_t, ss_n, ss_c,
+    C, sx_l, sx_b, sx_t, ss_l, ss_n, ss_c,
     K: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr,
 ):
+    # Grid (sequence, channel block, layer): every GDN layer's conv commit in one launch.
     b, offs_c, mask_c, slot, live = conv_program(idx_ptr, C, BC)
+    layer = tl.program_id(2).to(tl.int64)
     offs_j = tl.arange(0, BK)
-    s_rows = state_ptr + slot * ss_n
+    s_rows = state_ptr + layer * ss_l + slot * ss_n
     n = tl.load(n_ptr + b).to(tl.int32)
     # new column j = window column n + j; the whole tile is read before any of it is written
     pos = tl.where(offs_j < K - 1, n + offs_j, -1)
-    new = _window_tile(x_ptr + b.to(tl.int64) * sx_b, s_rows, offs_c, mask_c & live, pos, sx_t, ss_c, K)
+    new = _window_tile(x_ptr + layer * sx_l + b.to(tl.int64) * sx_b, s_rows, offs_c, mask_c & live, pos, sx_t, ss_c, K)
     tl.store(s_rows + offs_c[:, None] * ss_c + offs_j[None, :], new.to(state_ptr.dtype.element_ty),
              mask=(mask_c & live)[:, None] & (offs_j < K - 1)[None, :])
 
@@ -445,16 +480,20 @@ def causal_conv1d_verify_triton(x, conv_state, weight, state_idx, activation="si
 
 def conv_state_commit_triton(x, conv_state, state_idx, num_accepted, block_c=None, num_warps=None):
     """conv_state_commit_ref's contract, except that padding rows (state_idx < 0) are skipped."""
-    B, T, C = x.shape
-    K = conv_state.shape[2] + 1
-    check(conv_state.shape[1] == C, f"conv_state must be [slots, C={C}, K-1], got {tuple(conv_state.shape)}")
+    if conv_state.dim() == 3:  # one layer: a layer axis of length 1
+        x, conv_state = x[None], conv_state[None]
+    check(x.dim() == 4 and x.shape[0] == conv_state.shape[0],
+          f"x must be [layers={conv_state.shape[0]}, B, T, C] with a layered conv_state, got {tuple(x.shape)}")
+    L, B, T, C = x.shape
+    K = conv_state.shape[3] + 1
+    check(conv_state.shape[2] == C, f"conv_state must be [slots, C={C}, K-1], got {tuple(conv_state.shape)}")
     check(num_accepted.shape == (B,) and state_idx.shape == (B,), "num_accepted and state_idx must be [B]")
     for name, t in (("x", x), ("conv_state", conv_state)):
         require_last_dim_contiguous(name, t)
     BC = _conv_block_c(C, block_c)
-    _conv_commit_kernel[(B, cdiv(C, BC))](
-        x, conv_state, state_idx, num_accepted, C, x.stride(0), x.stride(1), conv_state.stride(0),
-        conv_state.stride(1), K=K, BK=next_pow2(K - 1), BC=BC, num_warps=num_warps or 4,
+    _conv_commit_kernel[(B, cdiv(C, BC), L)](
+        x, conv_state, state_idx, num_accepted, C, *x.stride()[:3], *conv_state.stride()[:3],
+        K=K, BK=next_pow2(K - 1), BC=BC, num_warps=num_warps or 4,
     )
 
 
@@ -467,7 +506,8 @@ def causal_conv1d_verify(x, conv_state, weight, state_idx, activation="silu", **
 
 
 def conv_state_commit(x, conv_state, state_idx, num_accepted, **launch):
-    """conv_state rows state_idx <- the last K-1 inputs after the first num_accepted[b] tokens of x [B, T, C]."""
+    """conv_state rows state_idx <- the last K-1 inputs after the first num_accepted[b] tokens of x [B, T, C]; with
+    a leading layer axis on x [L, B, T, C] and conv_state [L, slots, C, K-1], every layer at once (one launch)."""
     if use_triton(x):
         return conv_state_commit_triton(x, conv_state, state_idx, num_accepted, **launch)
     return conv_state_commit_ref(x, conv_state, state_idx, num_accepted)

@@ -146,3 +146,68 @@ def test_each_engine_option_reaches_its_decode_path_field():
         flipped = EngineOptions(**{option.get(f.name, f.name): not getattr(base, f.name)}).decode_path()
         assert [getattr(flipped, g.name) != getattr(base, g.name) for g in fields(DecodePath)] == \
             [g.name == f.name for g in fields(DecodePath)], f.name
+
+
+def test_drafter_glue_traces_as_one_graph_and_the_runner_check_accepts_it(tmp_path):
+    """The drafter's glue (engine/models/dflash_glue.py) compiles with fullgraph=True and matches eager at several
+    sizes; the runner's start-up check of it runs clean, and speculative decoding through the compiled glue gives
+    the same tokens."""
+    import warnings
+
+    from engine.interface import SamplingParams
+    from engine.llm_engine import Engine
+    from engine.models.dflash_glue import DraftGlue
+    from engine.testing import build_checkpoint, write_random_drafter
+
+    compiled, eager = DraftGlue(True, backend="eager"), DraftGlue(False)
+    gen = torch.Generator().manual_seed(0)
+    for n in (1, 5, 17):
+        def r(*s):
+            return torch.randn(*s, generator=gen)
+        cos, sin = r(n, 8), r(n, 8)
+        calls = (("norm", (r(n, 24), r(24), 1e-6)), ("add_norm", (r(n, 24), r(n, 24), r(24), 1e-6)),
+                 ("qkv_heads", (r(n, 8 * 8), r(8), r(8), cos, sin, 1e-6, 4, 2, 8)),
+                 ("kv_heads", (r(n, 4 * 8), r(8), cos, sin, 1e-6, 2, 8)),
+                 ("rotary", (torch.arange(n) + 3, r(4), r(1))))
+        for name, a in calls:
+            for x, y in zip(getattr(compiled, name)(*a), getattr(eager, name)(*a)):
+                torch.testing.assert_close(x, y)
+    ckpt = build_checkpoint(tmp_path / "c", vision=False)
+    drafter = write_random_drafter(tmp_path / "d", ckpt, block_size=4)
+    eng = Engine.from_checkpoint(ckpt, num_blocks=32, drafter=str(drafter))
+    req = [dict(prompt_token_ids=list(range(3, 30)), sampling=SamplingParams(max_tokens=9))]
+    ref = eng.generate(req)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        glue = eng.runner._compiled_draft_glue(backend="eager")
+    assert glue.compiled
+    eng.spec.drafter.glue = glue
+    out = eng.generate(req)[0]
+    assert out.output_token_ids == ref[0].output_token_ids
+    assert out.spec_steps > 0 and ref[0].spec_steps > 0
+
+
+def test_drafter_projections_are_views_of_one_fused_weight():
+    """q/k/v and gate/up become views of one weight each (one GEMM at inference) sharing memory with the
+    parameters, so training or loading into the parameters changes the fused weight too; replacing the parameters
+    (.to()) fuses again."""
+    from engine.models.dflash import DFlashConfig, DFlashDrafter
+
+    cfg = DFlashConfig(hidden_size=16, intermediate_size=24, num_hidden_layers=1, num_attention_heads=2,
+                       num_key_value_heads=1, head_dim=8, rms_norm_eps=1e-6, rope_theta=10000.0, vocab_size=20,
+                       target_layer_ids=(0,), mask_token_id=19, block_size=4)
+    d = DFlashDrafter(cfg)
+    d.init_for_training(torch.Generator().manual_seed(0))
+    layer = d.layers[0]
+    want = torch.cat([layer.q_proj.weight, layer.k_proj.weight, layer.v_proj.weight]).clone()
+    d.fuse_projections()
+    assert torch.equal(layer.qkv_weight, want)
+    with torch.no_grad():
+        layer.k_proj.weight.add_(1.0)
+        layer.up_proj.weight.mul_(2.0)
+    assert torch.equal(layer.qkv_weight[16:24], layer.k_proj.weight)
+    assert torch.equal(layer.gate_up_weight[24:], layer.up_proj.weight)
+    d.to(torch.float64)
+    d.fuse_projections()
+    assert layer.qkv_weight.dtype == torch.float64
+    assert layer.qkv_weight.data_ptr() == layer.q_proj.weight.data_ptr()

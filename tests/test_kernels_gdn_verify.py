@@ -163,3 +163,36 @@ def test_conv_verify_and_commit_kernels_match_the_reference(T, C, K, dtype):
         conv_state_commit_triton(x, s, idx, num)
         conv_state_commit_ref(x[live], want, idx[live], num[live])
         assert torch.equal(s, want), n
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_commit_of_every_layer_in_one_launch_equals_each_layer_alone(dtype):
+    """The engine commits all GDN layers at once (state and kept buffers with a leading layer axis): each layer
+    must end as a commit of that layer alone leaves it, the conv states as well, padding rows untouched, and a
+    layer's buffers never read for another (every layer gets its own inputs)."""
+    require_interpreted(_gdn_commit_kernel)
+    require_interpreted(_conv_commit_kernel)
+    L, T, Hk, Hv, dk, dv, C, K = 3, 5, 2, 6, 24, 17, 37, 4
+    B, gen = len(STATE_IDX), torch.Generator().manual_seed(7)
+    state0 = torch.randn(L, NUM_SLOTS, Hv, dk, dv, generator=gen)
+    kk = torch.randn(L, B + 1, T + 1, Hk, dk, generator=gen)
+    uk = torch.randn(L, B + 1, T + 1, Hv, dv, generator=gen)
+    gk = -torch.rand(L, B + 1, T + 1, Hv, generator=gen)
+    x = torch.randn(L, B + 2, T, C, generator=gen).to(dtype)[:, :B]
+    conv0 = torch.randn(L, NUM_SLOTS, C, K - 1, generator=gen).to(dtype)
+    idx = torch.tensor(STATE_IDX)
+    n = torch.tensor([T, 3, 0, 2])
+    s, conv = state0.clone(), conv0.clone()
+    gdn_commit_triton(s, idx, kk, uk, gk, n)
+    conv_state_commit_triton(x, conv, idx, n)
+    live = idx >= 0
+    for i in range(L):
+        want = state0[i].clone()
+        gdn_commit_ref(want, idx, kk[i], uk[i], gk[i], n)
+        assert_close(s[i], want, torch.float32)
+        want_conv = conv0[i].clone()
+        conv_state_commit_ref(x[i][live], want_conv, idx[live], n[live])
+        assert torch.equal(conv[i], want_conv), i
+    ref = state0.clone()
+    gdn_commit_ref(ref, idx, kk, uk, gk, n)  # the reference's layered form
+    assert_close(s, ref, torch.float32)

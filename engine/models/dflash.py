@@ -32,6 +32,7 @@ from torch import nn
 
 from engine import ops
 from engine.config import TextConfig
+from engine.models.dflash_glue import DraftGlue
 from engine.rope import apply_rotary, inv_frequencies
 
 
@@ -303,6 +304,7 @@ class DFlashDrafter(nn.Module):
         self.register_buffer("inv_freq", inv_frequencies(cfg.head_dim, cfg.rope_theta, device), persistent=False)
         self.scale = cfg.head_dim ** -0.5
         self.k_cache = self.v_cache = torch.empty(0)
+        self.glue = DraftGlue()  # inference's element-wise steps (compiled on CUDA by engine/model_runner)
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -416,31 +418,68 @@ class DFlashDrafter(nn.Module):
         return rms_norm(self.fc(feats), self.hidden_norm, self.cfg.rms_norm_eps)
 
     @torch.no_grad()
+    def fuse_projections(self) -> None:
+        """Each layer's q, k, v projections become row views of one [q | k | v] weight, gate and up of one
+        [gate | up] weight: one GEMM each at inference. Views, so the parameters (training, saving) and the fused
+        weights stay one and the same memory; fused again if something replaced the parameters (e.g. .to())."""
+        for layer in self.layers:
+            for name, parts in (("qkv_weight", (layer.q_proj, layer.k_proj, layer.v_proj)),
+                                ("gate_up_weight", (layer.gate_proj, layer.up_proj))):
+                fused = layer.__dict__.get(name)
+                if fused is not None and parts[0].weight.data_ptr() == fused.data_ptr():
+                    continue
+                fused = torch.cat([m.weight.data for m in parts])
+                row = 0
+                for m in parts:
+                    n = m.weight.shape[0]
+                    m.weight.data = fused[row:row + n]
+                    row += n
+                setattr(layer, name, fused)
+
+    @torch.no_grad()
     def write_context(self, taps: dict, slot_mapping: torch.Tensor, index: torch.Tensor) -> None:
         """Store the context K/V of N target tokens (their taps) at their KV slots (slot < 0: skipped)."""
-        ctx = self.fuse(taps)
-        cos, sin = self.rotary(index)
+        self.fuse_projections()
+        g, c = self.glue, self.cfg
+        feats = torch.cat([taps[i] for i in c.target_layer_ids], dim=-1).to(self.fc.weight.dtype)
+        ctx = g.norm(F.linear(feats, self.fc.weight), self.hidden_norm, c.rms_norm_eps)
+        cos, sin = g.rotary(index, self.inv_freq, ctx)
         for i, layer in enumerate(self.layers):
-            k, v = layer.key_value(ctx, cos, sin)
-            ops.store_kvcache(k.contiguous(), v.contiguous(), self.k_cache[i], self.v_cache[i], slot_mapping)
+            kv = F.linear(ctx, layer.qkv_weight[layer.nh * layer.hd:])
+            k, v = g.kv_heads(kv, layer.k_norm, cos, sin, c.rms_norm_eps, layer.nkv, layer.hd)
+            ops.store_kvcache(k, v, self.k_cache[i], self.v_cache[i], slot_mapping)
 
     @torch.no_grad()
     def draft_hidden(self, embeds: torch.Tensor, index: torch.Tensor, slot_mapping: torch.Tensor,
                      block_tables: torch.Tensor, context_lens: torch.Tensor, block: int) -> torch.Tensor:
         """Block rows [N, H] (target embeddings of [last, MASK...], N / block blocks of `block` rows) -> final hidden
         [N, H]. Each row's block K/V are stored at its slot first (past the context: a later context write replaces
-        them), then every row attends to its first context_lens slots: the context plus its whole block."""
-        cos, sin = self.rotary(index)
+        them), then every row attends to its first context_lens slots: the context plus its whole block. The same
+        math as the training pass's modules, the projections fused and the element-wise steps in self.glue."""
+        self.fuse_projections()
+        g, eps = self.glue, self.cfg.rms_norm_eps
         h = embeds.to(self.fc.weight.dtype)
+        cos, sin = g.rotary(index, self.inv_freq, h)
+        delta = None
         for i, layer in enumerate(self.layers):
-            x, w = layer.attention_input(h, block)
-            q = layer.query(x, cos, sin)
-            k, v = layer.key_value(x, cos, sin)
-            ops.store_kvcache(k.contiguous(), v.contiguous(), self.k_cache[i], self.v_cache[i], slot_mapping)
-            o = ops.paged_decode_attention(q.contiguous(), self.k_cache[i], self.v_cache[i], block_tables,
-                                           context_lens, self.scale)
-            h = layer.mlp(layer.attention_output(h, o.reshape(h.shape[0], -1), w, block), block)
-        return rms_norm(h, self.norm, self.cfg.rms_norm_eps)
+            if delta is None:
+                x = g.norm(h, layer.input_layernorm, eps)
+            else:
+                h, x = g.add_norm(h, delta, layer.input_layernorm, eps)
+            x, w = layer.attention_conv.prepare(x, block) if layer.attention_conv is not None else (x, None)
+            q, k, v = g.qkv_heads(F.linear(x, layer.qkv_weight), layer.q_norm, layer.k_norm, cos, sin, eps,
+                                  layer.nh, layer.nkv, layer.hd)
+            ops.store_kvcache(k, v, self.k_cache[i], self.v_cache[i], slot_mapping)
+            o = ops.paged_decode_attention(q, self.k_cache[i], self.v_cache[i], block_tables, context_lens, self.scale)
+            delta = layer.o_proj(o.reshape(h.shape[0], -1))
+            if w is not None:
+                delta = layer.attention_conv.finish(delta, w, block)
+            h, x = g.add_norm(h, delta, layer.post_attention_layernorm, eps)
+            x, w = layer.mlp_conv.prepare(x, block) if layer.mlp_conv is not None else (x, None)
+            delta = layer.down_proj(ops.silu_mul(F.linear(x, layer.gate_up_weight)))
+            if w is not None:
+                delta = layer.mlp_conv.finish(delta, w, block)
+        return g.add_norm(h, delta, self.norm, eps)[1]
 
     def unary_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """The selector's view of the draft logits (fp32): scaled by output_multiplier, soft-capped."""
