@@ -6,8 +6,9 @@ One step over S sequences, block length T (the drafter's block size or EngineOpt
 1. draft: the drafter runs [last token, MASK x (T - 1)] for every sequence (engine/models/dflash.py) and proposes
    T - 1 tokens (argmax, or drawn from its distribution for sampled requests).
 2. verify: the target runs [last token, drafts] as S x T decode rows: attention layers store the block's KV and read
-   their context through the paged cache, each row up to its own position (the KV of rejected tokens stays past the
-   sequence's length and is overwritten later: rollback by length); GDN layers verify against the state without
+   their context through the paged cache, each row up to its own position, a sequence's rows together (one read of
+   its K/V serves a tile of its rows x heads: kernels/paged_attention rows_per_seq); the KV of rejected tokens stays
+   past the sequence's length and is overwritten later: rollback by length. GDN layers verify against the state without
    writing it and keep the block's updates aside (kernels/gdn_verify). The tapped hidden states of the block become
    the drafter's context at the same slots.
 3. accept (engine/spec_sampling): greedy prefix match or rejection sampling -> a accepted drafts + one target token.

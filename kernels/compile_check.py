@@ -213,8 +213,21 @@ def decode_cases(batch_sizes=(1, 64)):
                     torch.empty(B, hidden, dtype=bf16), torch.empty(2 * inter, hidden, dtype=bf16), **pdl)),
             ]
     cases += quant_cases(batch_sizes, fp8_quant, quant_linear)
-    cases += verify_cases(gdn_verify)
+    cases += verify_cases(gdn_verify) + block_attention_cases(paged_attention)
     return cases
+
+
+def block_attention_cases(paged_attention, tiles=(32, 64), warps=(4, 8)):
+    """Speculative verify's attention at the 4B shape: 32 sequences x 16 rows attending through the paged cache,
+    each sequence's (row, head) pairs in tiles of `tiles` per program (rows_per_seq)."""
+    bf16, i32 = torch.bfloat16, torch.int32
+    S, T, Hq, Hkv, D = 32, 16, 16, 4, 256
+    return [(f"block attention {S}x{T} tile {m} w{w}", paged_attention,
+             lambda m=m, w=w: paged_attention.paged_decode_attention_triton(
+                 torch.empty(S * T, Hq, D, dtype=bf16), torch.empty(2, 16, Hkv, D, dtype=bf16),
+                 torch.empty(2, 16, Hkv, D, dtype=bf16), torch.zeros(S * T, 256, dtype=i32),
+                 torch.empty(S * T, dtype=i32), D ** -0.5, rows_per_seq=T, max_tile_rows=m, num_warps=w))
+            for m in tiles for w in warps]
 
 
 def verify_cases(gdn_verify):

@@ -66,37 +66,51 @@ def paged_decode_attention_ref(q, k_cache, v_cache, block_tables, context_lens, 
 @triton.jit
 def _paged_decode_partition_kernel(
     q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr,
-    qk_scale,
+    qk_scale, M_TILES,
     sq_b, sq_h, sk_blk, sk_off, sk_h, sv_blk, sv_off, sv_h, sbt_b,
     so_b, so_h, so_p, sml_b, sml_h,
-    D: tl.constexpr, BLOCK_D: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, GROUP: tl.constexpr, ROWS: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, PARTITION: tl.constexpr,
     SINGLE: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, PDL: tl.constexpr,
 ):
+    # One program = (sequence x tile of its query rows, kv head, partition). A sequence owns ROWS consecutive query
+    # rows (1 when decoding, the block when verifying) that share its block table; the program's tile holds
+    # BLOCK_M of the sequence's ROWS x GROUP (row, query head) pairs, so each K/V tile it loads serves all of them.
     pdl_enter(PDL)
-    b = tl.program_id(0)
+    b = tl.program_id(0) // M_TILES
     hk = tl.program_id(1)
     p = tl.program_id(2)
-    ctx = tl.load(lens_ptr + b)
+    if ROWS == 1:  # decoding: one row, its group's heads (kept apart: per-row masks cost registers)
+        offs_m = tl.arange(0, BLOCK_M)
+        mask_m = offs_m < GROUP
+        rows = b + tl.zeros([BLOCK_M], tl.int32)
+        heads = hk * GROUP + offs_m
+        ctx = tl.load(lens_ptr + b)
+        end = tl.minimum(p * PARTITION + PARTITION, ctx)
+    else:
+        offs_m = (tl.program_id(0) % M_TILES) * BLOCK_M + tl.arange(0, BLOCK_M)
+        mask_m = offs_m < ROWS * GROUP
+        rows = b * ROWS + offs_m // GROUP  # each pair's query row
+        heads = hk * GROUP + offs_m % GROUP
+        ctx_m = tl.load(lens_ptr + rows, mask=mask_m, other=0)  # per row: keys past it are masked
+        end = tl.minimum(p * PARTITION + PARTITION, tl.max(ctx_m, axis=0))
     start = p * PARTITION
-    end = tl.minimum(start + PARTITION, ctx)
 
-    offs_g = tl.arange(0, BLOCK_G)
-    heads = hk * GROUP + offs_g
-    mask_g = offs_g < GROUP
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < D
-    q = tl.load(q_ptr + b * sq_b + heads[:, None] * sq_h + offs_d[None, :], mask=mask_g[:, None] & mask_d[None, :], other=0.0)
+    q = tl.load(q_ptr + rows[:, None] * sq_b + heads[:, None] * sq_h + offs_d[None, :],
+                mask=mask_m[:, None] & mask_d[None, :], other=0.0)
     if UPCAST_DOT:  # the CPU interpreter multiplies bf16 tiles as raw integers: feed it fp32
         q = q.to(tl.float32)
+    table = bt_ptr + (b * ROWS).to(tl.int64) * sbt_b  # the sequence's block table (its first row's)
 
-    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_G], tl.float32)
-    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     for n0 in range(start, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         mask_n = offs_n < end
-        blk = tl.load(bt_ptr + b * sbt_b + offs_n // BLOCK_SIZE, mask=mask_n, other=0).to(tl.int64)
+        blk = tl.load(table + offs_n // BLOCK_SIZE, mask=mask_n, other=0).to(tl.int64)
         off = offs_n % BLOCK_SIZE
         mask_kv = mask_n[:, None] & mask_d[None, :]
         # Issue both loads before any math: the loop is not software-pipelined, so this doubles the bytes in flight.
@@ -104,11 +118,17 @@ def _paged_decode_partition_kernel(
         v = tl.load(v_ptr + blk[:, None] * sv_blk + off[:, None] * sv_off + hk * sv_h + offs_d[None, :], mask=mask_kv, other=0.0)
         if UPCAST_DOT:
             k = k.to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_G, BLOCK_N], log2 units
-        s = tl.where(mask_n[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        prob = tl.exp2(s - m_new[:, None])
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N], log2 units
+        if ROWS == 1:
+            s = tl.where(mask_n[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            m_safe = m_new
+        else:
+            s = tl.where(offs_n[None, :] < ctx_m[:, None], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)  # a row with no key yet: nothing to rescale
+        alpha = tl.exp2(m_i - m_safe)
+        prob = tl.exp2(s - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(prob, axis=1)
         prob = cast_rtne(prob, v.dtype)  # P @ V runs in the cache dtype, as on tensor cores
         if UPCAST_DOT:
@@ -119,13 +139,14 @@ def _paged_decode_partition_kernel(
 
     # Empty partition (or padding row): l_i == 0 -> output 0, and pass 2 gives it zero weight.
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    mask_out = mask_g[:, None] & mask_d[None, :]
+    mask_out = mask_m[:, None] & mask_d[None, :]
     if SINGLE:
-        tl.store(out_ptr + b * so_b + heads[:, None] * so_h + offs_d[None, :], cast_rtne(out, out_ptr.dtype.element_ty), mask=mask_out)
+        tl.store(out_ptr + rows[:, None] * so_b + heads[:, None] * so_h + offs_d[None, :],
+                 cast_rtne(out, out_ptr.dtype.element_ty), mask=mask_out)
     else:
-        tl.store(out_ptr + b * so_b + heads[:, None] * so_h + p * so_p + offs_d[None, :], out, mask=mask_out)
-        tl.store(m_ptr + b * sml_b + heads * sml_h + p, m_i, mask=mask_g)
-        tl.store(l_ptr + b * sml_b + heads * sml_h + p, l_i, mask=mask_g)
+        tl.store(out_ptr + rows[:, None] * so_b + heads[:, None] * so_h + p * so_p + offs_d[None, :], out, mask=mask_out)
+        tl.store(m_ptr + rows * sml_b + heads * sml_h + p, m_i, mask=mask_m)
+        tl.store(l_ptr + rows * sml_b + heads * sml_h + p, l_i, mask=mask_m)
 
 
 @triton.jit
@@ -175,24 +196,38 @@ def pick_partition_size(batch: int, kv_heads: int, max_len: int, block_n: int, s
     return max(part, 2 * block_n)
 
 
+def block_m(rows_per_seq: int, group: int, max_rows: int = 64) -> int:
+    """(query row, head) pairs per program: all of a sequence's up to max_rows (K/V read once per sequence), at
+    least 16 (tl.dot's smallest side)."""
+    return max(16, min(next_pow2(rows_per_seq * group), max_rows))
+
+
 def paged_decode_attention_triton(q, k_cache, v_cache, block_tables, context_lens, scale, out=None,
                                   max_context_len=None, partition_size=None, block_n=None, num_warps=None,
-                                  num_stages=None, pdl=False):
+                                  num_stages=None, pdl=False, rows_per_seq=1, max_tile_rows=None):
     """max_context_len: host-known bound on context_lens (default: the block table's capacity); it only sizes the
-    launch grid. partition_size must be a multiple of block_n. pdl: programmatic dependent launch, both passes."""
+    launch grid. partition_size must be a multiple of block_n. pdl: programmatic dependent launch, both passes.
+    rows_per_seq: q's rows come in runs of this many per sequence (a speculative block), each run using its first
+    row's block table; one program serves up to max_tile_rows (row, query head) pairs of a run (default 64 for
+    head_dim <= 128, else 32: at head_dim 256 a 32-pair tile takes 128 registers at 8 warps, a 64-pair one 193, see
+    kernels/compile_check.py), so a run's K/V are read cdiv(rows x group, tile) times, not rows times.
+    num_warps default: 4, or 8 for tiles of >= 8192 (pair, dim) elements."""
     _validate(q, k_cache, v_cache, block_tables, context_lens)
     pdl_args = pdl_launch(pdl)
     require_last_dim_contiguous("q", q)
     require_last_dim_contiguous("k_cache", k_cache)
     require_last_dim_contiguous("v_cache", v_cache)
     B, Hq, D = q.shape
+    check(rows_per_seq >= 1 and B % rows_per_seq == 0, f"q's {B} rows must be runs of rows_per_seq={rows_per_seq}")
+    S = B // rows_per_seq
     block_size, Hkv = k_cache.shape[1], k_cache.shape[2]
     group = Hq // Hkv
     BLOCK_D = max(16, next_pow2(D))
-    BLOCK_G = max(16, next_pow2(group))  # tl.dot needs M >= 16
+    BLOCK_M = block_m(rows_per_seq, group, max_tile_rows or (64 if BLOCK_D <= 128 else 32))
+    m_tiles = cdiv(rows_per_seq * group, BLOCK_M)
     max_len = max_context_len or block_tables.shape[1] * block_size
     BLOCK_N = block_n or (32 if BLOCK_D >= 256 else 64)  # D=256: 32 keeps 4 warps at ~245 registers, no spills
-    part = partition_size or pick_partition_size(B, Hkv, max_len, BLOCK_N, sm_count(q.device))
+    part = partition_size or pick_partition_size(S * m_tiles, Hkv, max_len, BLOCK_N, sm_count(q.device))
     check(part % BLOCK_N == 0 and BLOCK_N >= 16, f"partition_size ({part}) must be a multiple of block_n ({BLOCK_N}) >= 16")
     num_parts = max(1, cdiv(max_len, part))
     single = num_parts == 1
@@ -209,14 +244,14 @@ def paged_decode_attention_triton(q, k_cache, v_cache, block_tables, context_len
         l = torch.empty_like(m)
         so = part_out.stride()[:3]
         sml = m.stride()[:2]
-    _paged_decode_partition_kernel[(B, Hkv, num_parts)](
+    _paged_decode_partition_kernel[(S * m_tiles, Hkv, num_parts)](
         q, k_cache, v_cache, block_tables, context_lens, part_out, m, l,
-        scale * LOG2E,
+        scale * LOG2E, m_tiles,
         q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], block_tables.stride(0),
         *so, *sml,
-        D=D, BLOCK_D=BLOCK_D, GROUP=group, BLOCK_G=BLOCK_G, BLOCK_SIZE=block_size, BLOCK_N=BLOCK_N,
-        PARTITION=part, SINGLE=single, DOT_PRECISION=precision, UPCAST_DOT=not q.is_cuda, **pdl_args,
-        num_warps=num_warps or 4, num_stages=num_stages or 2,
+        D=D, BLOCK_D=BLOCK_D, GROUP=group, ROWS=rows_per_seq, BLOCK_M=BLOCK_M, BLOCK_SIZE=block_size,
+        BLOCK_N=BLOCK_N, PARTITION=part, SINGLE=single, DOT_PRECISION=precision, UPCAST_DOT=not q.is_cuda,
+        **pdl_args, num_warps=num_warps or (8 if BLOCK_M * BLOCK_D >= 8192 else 4), num_stages=num_stages or 2,
     )
     if not single:
         _paged_decode_reduce_kernel[(B, Hq)](
@@ -229,8 +264,9 @@ def paged_decode_attention_triton(q, k_cache, v_cache, block_tables, context_len
 
 
 def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, out=None, **launch):
-    """o [B, Hq, D] (q.dtype, written to `out` if given).
-    `launch` (Triton only): max_context_len, partition_size, block_n, num_warps, num_stages, pdl."""
+    """o [B, Hq, D] (q.dtype, written to `out` if given). Each row attends to its own first context_lens[b] keys.
+    `launch` (Triton only): max_context_len, partition_size, block_n, num_warps, num_stages, pdl, rows_per_seq
+    (runs of rows sharing one sequence's block table read its K/V together), max_tile_rows."""
     if use_triton(q):
         return paged_decode_attention_triton(q, k_cache, v_cache, block_tables, context_lens, scale, out, **launch)
     return paged_decode_attention_ref(q, k_cache, v_cache, block_tables, context_lens, scale, out)

@@ -142,3 +142,43 @@ def test_bad_inputs_raise_clear_errors():
         paged_decode_attention_triton(q, k_cache, v_cache, block_tables, lens, 0.25, partition_size=24, block_n=16)
     with pytest.raises(ValueError, match="slot_mapping"):
         store_kvcache_triton(k_cache[0], v_cache[0], k_cache, v_cache, torch.zeros(3, dtype=torch.int64))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T,Hq,Hkv,D,tile,partition", [(5, 6, 2, 40, None, None), (5, 8, 2, 40, 16, 16),
+                                                        (3, 4, 1, 24, 16, None), (9, 4, 2, 16, 16, 16)])
+def test_block_rows_read_their_sequence_together(T, Hq, Hkv, D, tile, partition, dtype):
+    """A speculative block: runs of T rows per sequence, row t seeing its sequence's first ctx + t keys (the rows of
+    a verify pass), run 2 cut short after 2 live rows (padding rows: length 0) and a whole padding run. The rows of
+    a run share one block table (the kernel reads the run's first row's), and a tile of (row, head) pairs smaller
+    than a run splits it over programs; every row must equal plain per-row attention (the reference)."""
+    require_interpreted(_paged_decode_partition_kernel)
+    gen = torch.Generator().manual_seed(T * D + Hq)
+    bs, starts = 4, [9, 30, 1, 0]
+    S = len(starts)
+    per_seq = 12
+    num_blocks = S * per_seq + 2
+    tables = torch.randperm(num_blocks, generator=gen)[:S * per_seq].view(S, per_seq).int()
+    lens = []
+    for s, c in enumerate(starts):
+        live = 0 if c == 0 else (2 if s == 1 else T)
+        lens += [c + t if t < live else 0 for t in range(T)]
+    lens = torch.tensor(lens, dtype=torch.int32)
+    rows_tables = tables.repeat_interleave(T, 0).contiguous()
+    rows_tables[lens == 0] = -1  # a padding row's table is never read: the run's first row's is
+    rows_tables[::T] = tables  # ... which is its sequence's
+    k_cache = torch.randn(num_blocks, bs, Hkv, D, generator=gen).to(dtype)
+    v_cache = torch.randn(num_blocks, bs, Hkv, D, generator=gen).to(dtype)
+    q = torch.randn(S * T, Hq, D, generator=gen).to(dtype)
+    ref = paged_decode_attention_ref(q, k_cache, v_cache, tables.repeat_interleave(T, 0), lens, D ** -0.5)
+    out = paged_decode_attention_triton(q, k_cache, v_cache, rows_tables, lens, D ** -0.5, rows_per_seq=T,
+                                        max_tile_rows=tile, partition_size=partition, block_n=16,
+                                        out=poisoned(q.shape, dtype))
+    assert_close(out, ref, dtype)
+    assert torch.equal(out[lens == 0], torch.zeros_like(out[lens == 0])), "padding rows output zeros"
+
+
+def test_block_rows_must_come_in_whole_runs():
+    q, k_cache, v_cache, block_tables, lens = make_cache(4, 16)
+    with pytest.raises(ValueError, match="rows_per_seq=3"):
+        paged_decode_attention_triton(q, k_cache, v_cache, block_tables, lens, 0.25, rows_per_seq=3)

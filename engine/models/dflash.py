@@ -470,7 +470,8 @@ class DFlashDrafter(nn.Module):
             q, k, v = g.qkv_heads(F.linear(x, layer.qkv_weight), layer.q_norm, layer.k_norm, cos, sin, eps,
                                   layer.nh, layer.nkv, layer.hd)
             ops.store_kvcache(k, v, self.k_cache[i], self.v_cache[i], slot_mapping)
-            o = ops.paged_decode_attention(q, self.k_cache[i], self.v_cache[i], block_tables, context_lens, self.scale)
+            o = ops.paged_decode_attention(q, self.k_cache[i], self.v_cache[i], block_tables, context_lens, self.scale,
+                                           rows_per_seq=block)
             delta = layer.o_proj(o.reshape(h.shape[0], -1))
             if w is not None:
                 delta = layer.attention_conv.finish(delta, w, block)

@@ -83,7 +83,7 @@ class GatedAttention(nn.Module):
             o = self._prefill_attention(q, meta)
         else:
             o = ops.paged_decode_attention(q, self.k_cache, self.v_cache, meta.block_tables, meta.context_lens,
-                                           self.scale, pdl=self.pdl)
+                                           self.scale, pdl=self.pdl, rows_per_seq=meta.verify_len or 1)
         return self.proj.linear(self.glue.gated_output(o, gate), self.o_proj.weight)
 
     def _fused_decode(self, x, meta: StepMetadata, cos, sin):
@@ -92,7 +92,7 @@ class GatedAttention(nn.Module):
                                          self.nh, self.nkv, self.hd, self.k_cache, self.v_cache, meta.slot_mapping,
                                          pdl=self.pdl)
         o = ops.paged_decode_attention(q, self.k_cache, self.v_cache, meta.block_tables, meta.context_lens, self.scale,
-                                       pdl=self.pdl)
+                                       pdl=self.pdl, rows_per_seq=meta.verify_len or 1)
         gate = qkv[:, :self.nh * 2 * self.hd].view(-1, self.nh, 2 * self.hd)[..., self.hd:]  # a view, no copy
         return self.proj.linear(self.glue.gated_output(o, gate).reshape(qkv.shape[0], -1), self.o_proj.weight)
 
