@@ -1,0 +1,211 @@
+"""The speculative step's kernels at the 4B shape, each launch configuration timed as the engine runs it (inside a
+CUDA graph: no host launch cost in the number) and checked against the default configuration's output.
+
+    python3 bench/spec_kernels_bench.py --out bench/results/h200_spec_kernels.json      # GPU
+    python bench/spec_kernels_bench.py --smoke --out /tmp/spec_kernels.json              # CPU: toy shapes, interpreter
+
+Kernels (kernels/gdn_verify.py, kernels/paged_attention.py), 32 sequences x a block of 16 unless said:
+- GDN verify, token by token (block_v x num_warps) and chunk form; fla's fused recurrent kernel over the same block
+  when fla imports (it writes the final state instead of keeping the block's updates).
+- GDN commit of all 24 GDN layers in one launch (per layer = the launch / 24), all 16 tokens accepted.
+- conv verify / conv commit (block_c x num_warps).
+- verify attention (16 query heads, 4 kv heads, head dim 256, context 1,500) at 1 and 32 sequences: every row reading
+  its own context (rows_per_seq=1, what a decode kernel does) against a sequence's rows read together (rows_per_seq
+  16, tile x num_warps).
+Each row: us per call, the roofline (bytes that must move / the measured copy bandwidth) and the largest difference
+from the default configuration's output.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+if "--smoke" in sys.argv:  # before triton is imported: the CPU check runs every configuration in the interpreter
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    os.environ.setdefault("OCRIA_FORCE_TRITON", "1")
+
+import torch  # noqa: E402
+
+from jobs.benchmark import copy_bandwidth  # noqa: E402
+from kernels import gdn_verify as gv  # noqa: E402
+from kernels import paged_attention as pa  # noqa: E402
+
+
+def graph_us(fn, device, iters: int = 20, reps: int = 5) -> float:
+    """us per call of fn, replayed from a CUDA graph of `iters` calls (on CPU: one timed call)."""
+    fn()
+    if device.type != "cuda":
+        t = time.perf_counter()
+        fn()
+        return 1e6 * (time.perf_counter() - t)
+    torch.cuda.synchronize(device)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(iters):
+            fn()
+    g.replay()
+    torch.cuda.synchronize(device)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        g.replay()
+    end.record()
+    torch.cuda.synchronize(device)
+    return 1e3 * start.elapsed_time(end) / (reps * iters)
+
+
+def max_diff(a, b) -> float:
+    return float((a.float() - b.float()).abs().max())
+
+
+def gdn_rows(shape, device, bw, record, smoke: bool) -> None:
+    S, T, Hk, Hv, dk, dv, L = shape
+    gen = torch.Generator(device=device).manual_seed(0)
+    dt = torch.bfloat16 if device.type == "cuda" else torch.float32
+
+    def rnd(*s, dtype=dt):
+        return torch.randn(*s, generator=gen, device=device).to(dtype)
+
+    q, k, v = rnd(S, T, Hk, dk), rnd(S, T, Hk, dk), rnd(S, T, Hv, dv)
+    a, b = rnd(S, T, Hv), rnd(S, T, Hv)
+    raw = (torch.rand(Hv, device=device), torch.zeros(Hv, device=device))
+    state = rnd(S + 1, Hv, dk, dv, dtype=torch.float32) * 0.1
+    idx = torch.arange(S, device=device)
+    kept = (torch.empty(S, T, Hk, dk, device=device), torch.empty(S, T, Hv, dv, device=device),
+            torch.empty(S, T, Hv, device=device))
+    state_bytes = S * Hv * dk * dv * 4
+    io_bytes = (q.numel() + k.numel() + 2 * v.numel()) * q.element_size() + sum(t.numel() * 4 for t in kept)
+    verify_roof = 1e6 * (state_bytes + io_bytes) / bw
+    want = gv.gdn_verify_triton(q, k, v, a, b, state, idx, *kept, raw_gates=raw)
+    configs = [("steps", bv, w) for bv in (8, 16, 32) for w in (1, 2, 4)] + \
+              [("chunk", bv, w) for bv in (16, 32) for w in (4, 8)]
+    if smoke:
+        configs = [c for c in configs if c[1] <= 16 and c[2] <= 4][:4] + [("chunk", 16, 4)]
+    for form, bv, w in configs:
+        fn = gv.gdn_verify_chunk_triton if form == "chunk" else gv.gdn_verify_triton
+
+        def call(fn=fn, bv=bv, w=w):
+            return fn(q, k, v, a, b, state, idx, *kept, raw_gates=raw, block_v=bv, num_warps=w)
+        got = call()
+        record({"kernel": f"gdn verify ({form})", "block_v": bv, "num_warps": w, "sequences": S, "block": T,
+                "us": round(graph_us(call, device), 2), "roofline_us": round(verify_roof, 2),
+                "max_diff_vs_default": max_diff(got, want)})
+    try:
+        from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule as fla_rec
+
+        g, beta = gv.gates_from_raw(a, b, *raw)
+        qf, kf = q.repeat_interleave(Hv // Hk, 2), k.repeat_interleave(Hv // Hk, 2)
+
+        def fla_call():
+            return fla_rec(qf, kf, v, g, beta.to(v.dtype), initial_state=state[:S], output_final_state=True,
+                           use_qk_l2norm_in_kernel=True)
+        record({"kernel": "fla fused_recurrent (writes the final state)", "sequences": S, "block": T,
+                "us": round(graph_us(fla_call, device), 2), "roofline_us": round(verify_roof, 2),
+                "max_diff_vs_default": max_diff(fla_call()[0], want)})
+    except Exception as e:  # noqa: BLE001  (fla is optional)
+        record({"note": f"fla not importable ({type(e).__name__}): no fla row"})
+
+    # commit: every layer in one launch
+    states = rnd(L, S + 1, Hv, dk, dv, dtype=torch.float32) * 0.1
+    lk = (torch.nn.functional.normalize(rnd(L, S, T, Hk, dk, dtype=torch.float32), dim=-1),
+          rnd(L, S, T, Hv, dv, dtype=torch.float32) * 0.1, -torch.rand(L, S, T, Hv, device=device))
+    n = torch.full((S,), T, device=device, dtype=torch.int64)
+    ref, work = states.clone(), states.clone()  # timing commits into `work` again and again
+    gv.gdn_commit_triton(ref, idx, *lk, n)
+    for bv, w in ([(8, 1), (16, 4)] if smoke else [(bv, w) for bv in (8, 16, 32) for w in (1, 2, 4)]):
+        s = states.clone()
+        gv.gdn_commit_triton(s, idx, *lk, n, block_v=bv, num_warps=w)
+        diff = max_diff(s, ref)
+        us = graph_us(lambda bv=bv, w=w: gv.gdn_commit_triton(work, idx, *lk, n, block_v=bv, num_warps=w), device)
+        record({"kernel": f"gdn commit, {L} layers in one launch (per layer)", "block_v": bv, "num_warps": w,
+                "sequences": S, "block": T, "us": round(us / L, 2),
+                "roofline_us": round(1e6 * (2 * state_bytes + sum(t[0].numel() * 4 for t in lk)) / bw, 2),
+                "max_diff_vs_default": diff})
+
+    # conv verify / commit (one layer; commit over all layers in one launch)
+    C, K = 2 * Hk * dk + Hv * dv, 4
+    x = rnd(S, T, C)
+    w_conv = rnd(C, K)
+    conv = rnd(S + 1, C, K - 1)
+    want_y = gv.causal_conv1d_verify_triton(x, conv, w_conv, idx)
+    xs, convs = rnd(L, S, T, C), rnd(L, S + 1, C, K - 1)
+    conv_bytes = S * C * (K - 1) * conv.element_size()
+    for bc, w in ([(64, 1), (256, 4)] if smoke else [(bc, w) for bc in (64, 128, 256) for w in (1, 4)]):
+        got = gv.causal_conv1d_verify_triton(x, conv, w_conv, idx, block_c=bc, num_warps=w)
+        us = graph_us(lambda bc=bc, w=w: gv.causal_conv1d_verify_triton(x, conv, w_conv, idx, block_c=bc,
+                                                                          num_warps=w), device)
+        record({"kernel": "conv verify", "block_c": bc, "num_warps": w, "sequences": S, "block": T,
+                "us": round(us, 2), "roofline_us": round(1e6 * (2 * x.numel() * x.element_size() + conv_bytes) / bw, 2),
+                "max_diff_vs_default": max_diff(got, want_y)})
+        us = graph_us(lambda bc=bc, w=w: gv.conv_state_commit_triton(xs, convs, idx, n, block_c=bc, num_warps=w),
+                      device)
+        record({"kernel": f"conv commit, {L} layers in one launch (per layer)", "block_c": bc, "num_warps": w,
+                "sequences": S, "block": T, "us": round(us / L, 2),
+                "roofline_us": round(1e6 * (2 * conv_bytes + S * (K - 1) * C * x.element_size()) / bw, 2)})
+
+
+def attention_rows(shape, device, bw, record, smoke: bool) -> None:
+    T, Hq, Hkv, D, ctx, page = shape
+    dt = torch.bfloat16 if device.type == "cuda" else torch.float32
+    gen = torch.Generator(device=device).manual_seed(1)
+    for S in ((1, 2) if smoke else (1, 32)):
+        per_seq = -(-(ctx + T) // page)
+        k_cache = torch.randn(S * per_seq, page, Hkv, D, generator=gen, device=device).to(dt)
+        v_cache = torch.randn(S * per_seq, page, Hkv, D, generator=gen, device=device).to(dt)
+        tables = torch.arange(S * per_seq, device=device, dtype=torch.int32).view(S, per_seq)
+        tables = tables.repeat_interleave(T, 0).contiguous()
+        lens = (ctx + torch.arange(T, device=device, dtype=torch.int32) + 1).repeat(S)
+        q = torch.randn(S * T, Hq, D, generator=gen, device=device).to(dt)
+        kv_bytes = 2 * S * (ctx + T) * Hkv * D * k_cache.element_size()
+        want = pa.paged_decode_attention_triton(q, k_cache, v_cache, tables, lens, D ** -0.5)
+        configs = [(1, None, None)] + [(T, m, w) for m in (32, 64) for w in (4, 8)]
+        if smoke:
+            configs = configs[:2]
+        for rows, m, w in configs:
+            def call(rows=rows, m=m, w=w):
+                return pa.paged_decode_attention_triton(q, k_cache, v_cache, tables, lens, D ** -0.5,
+                                                        rows_per_seq=rows, max_tile_rows=m, num_warps=w)
+            got = call()
+            record({"kernel": "verify attention" + (" (each row alone)" if rows == 1 else " (a sequence's rows "
+                                                     "together)"), "rows_per_seq": rows, "tile": m,
+                    "num_warps": w, "sequences": S, "block": T, "context": ctx,
+                    "us": round(graph_us(call, device), 2), "roofline_us": round(1e6 * kv_bytes / bw, 2),
+                    "max_diff_vs_default": max_diff(got, want)})
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--smoke", action="store_true", help="CPU: toy shapes, each configuration once in the interpreter")
+    p.add_argument("--out", default=str(ROOT / "bench" / "results" / "h200_spec_kernels.json"))
+    args = p.parse_args(argv)
+    device = torch.device("cpu" if args.smoke else args.device)
+    results = {"command": "python3 bench/spec_kernels_bench.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+               "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (interpreter)",
+               "rows": []}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def record(row):
+        results["rows"].append(row)
+        print(json.dumps(row), flush=True)
+        out.write_text(json.dumps(results, indent=1) + "\n")
+
+    bw = copy_bandwidth(device, (1 << 30) if device.type == "cuda" else (16 << 20))
+    results["copy_bandwidth_gb_s"] = round(bw / 1e9, 1)
+    gdn = (3, 4, 2, 4, 16, 16, 2) if args.smoke else (32, 16, 16, 32, 128, 128, 24)  # S, T, Hk, Hv, dk, dv, layers
+    attn = (4, 4, 2, 32, 40, 16) if args.smoke else (16, 16, 4, 256, 1500, 16)  # T, Hq, Hkv, D, context, page
+    with torch.no_grad():
+        gdn_rows(gdn, device, bw, record, args.smoke)
+        attention_rows(attn, device, bw, record, args.smoke)
+    return results
+
+
+if __name__ == "__main__":
+    main()
