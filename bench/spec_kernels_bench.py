@@ -5,8 +5,9 @@ CUDA graph: no host launch cost in the number) and checked against the default c
     python bench/spec_kernels_bench.py --smoke --out /tmp/spec_kernels.json              # CPU: toy shapes, interpreter
 
 Kernels (kernels/gdn_verify.py, kernels/paged_attention.py), 32 sequences x a block of 16 unless said:
-- GDN verify, token by token (block_v x num_warps) and chunk form; fla's fused recurrent kernel over the same block
-  when fla imports (it writes the final state instead of keeping the block's updates).
+- GDN verify at 1 and 32 sequences, token by token (block_v x num_warps, looped or unrolled) and chunk form; fla's
+  fused recurrent kernel over the same block when fla imports (it writes the final state instead of keeping the
+  block's updates).
 - GDN commit of all 24 GDN layers in one launch (per layer = the launch / 24), all 16 tokens accepted.
 - conv verify / conv commit (block_c x num_warps).
 - verify attention (16 query heads, 4 kv heads, head dim 256, context 1,500) at 1 and 32 sequences: every row reading
@@ -82,20 +83,23 @@ def gdn_rows(shape, device, bw, record, smoke: bool) -> None:
     state_bytes = S * Hv * dk * dv * 4
     io_bytes = (q.numel() + k.numel() + 2 * v.numel()) * q.element_size() + sum(t.numel() * 4 for t in kept)
     verify_roof = 1e6 * (state_bytes + io_bytes) / bw
-    want = gv.gdn_verify_triton(q, k, v, a, b, state, idx, *kept, raw_gates=raw)
-    configs = [("steps", bv, w) for bv in (8, 16, 32) for w in (1, 2, 4)] + \
-              [("chunk", bv, w) for bv in (16, 32) for w in (4, 8)]
+    configs = [("steps", bv, w, u) for u in (False, True) for bv in (8, 16, 32) for w in (1, 2, 4)] + \
+              [("chunk", bv, w, False) for bv in (16, 32) for w in (4, 8)]
     if smoke:
-        configs = [c for c in configs if c[1] <= 16 and c[2] <= 4][:4] + [("chunk", 16, 4)]
-    for form, bv, w in configs:
-        fn = gv.gdn_verify_chunk_triton if form == "chunk" else gv.gdn_verify_triton
+        configs = [("steps", 8, 1, False), ("steps", 16, 4, True), ("chunk", 16, 4, False)]
+    for n in sorted({1, S}):  # one sequence: the block's latency; S: throughput
+        want = gv.gdn_verify_triton(q[:n], k[:n], v[:n], a[:n], b[:n], state, idx[:n], *kept, raw_gates=raw)
+        for form, bv, w, unroll in configs:
+            fn = gv.gdn_verify_chunk_triton if form == "chunk" else gv.gdn_verify_triton
+            extra = {"unroll": True} if unroll else {}
 
-        def call(fn=fn, bv=bv, w=w):
-            return fn(q, k, v, a, b, state, idx, *kept, raw_gates=raw, block_v=bv, num_warps=w)
-        got = call()
-        record({"kernel": f"gdn verify ({form})", "block_v": bv, "num_warps": w, "sequences": S, "block": T,
-                "us": round(graph_us(call, device), 2), "roofline_us": round(verify_roof, 2),
-                "max_diff_vs_default": max_diff(got, want)})
+            def call(fn=fn, bv=bv, w=w, extra=extra, n=n):
+                return fn(q[:n], k[:n], v[:n], a[:n], b[:n], state, idx[:n], *kept, raw_gates=raw, block_v=bv,
+                          num_warps=w, **extra)
+            got = call()
+            record({"kernel": f"gdn verify ({form}{', unrolled' if unroll else ''})", "block_v": bv, "num_warps": w,
+                    "sequences": n, "block": T, "us": round(graph_us(call, device), 2),
+                    "roofline_us": round(verify_roof * n / S, 2), "max_diff_vs_default": max_diff(got, want)})
     try:
         from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule as fla_rec
 
@@ -107,7 +111,7 @@ def gdn_rows(shape, device, bw, record, smoke: bool) -> None:
                            use_qk_l2norm_in_kernel=True)
         record({"kernel": "fla fused_recurrent (writes the final state)", "sequences": S, "block": T,
                 "us": round(graph_us(fla_call, device), 2), "roofline_us": round(verify_roof, 2),
-                "max_diff_vs_default": max_diff(fla_call()[0], want)})
+                "max_diff_vs_default": max_diff(fla_call()[0], want)})  # want: the S-sequence default
     except Exception as e:  # noqa: BLE001  (fla is optional)
         record({"note": f"fla not importable ({type(e).__name__}): no fla row"})
 

@@ -113,6 +113,33 @@ def gdn_commit_ref(state, state_idx, k_kept, u_kept, g_kept, num_accepted):
 
 
 @triton.jit
+def _verify_token(S, t, q_row, k_row, v_row, g_row, beta_row, o_row, uk_row, kk_row, gk_row,
+                  sq_t, sk_t, sv_t, sg_t, sbeta_t, so_t, suk_t, skk_t, sgk_t,
+                  offs_k, offs_v, mask_k, mask_v, live, first_of_key, write_g, scale, neg_decay_rate, dt_bias,
+                  RAW_GATES: tl.constexpr):
+    """Token t of the block on the state tile S: outputs and kept k / u / g stored, the stepped tile returned."""
+    q = tl.load(q_row + t * sq_t + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+    k = tl.load(k_row + t * sk_t + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+    v = tl.load(v_row + t * sv_t + offs_v, mask=mask_v, other=0.0).to(tl.float32)
+    g = tl.load(g_row + t * sg_t).to(tl.float32)
+    beta = tl.load(beta_row + t * sbeta_t)
+    if RAW_GATES:
+        g, beta = gates_from_raw_tl(g, beta, neg_decay_rate, dt_bias)
+    beta = beta.to(tl.float32)
+    q = q * (tl.rsqrt(tl.sum(q * q, axis=0) + 1e-6) * scale)
+    k = k * tl.rsqrt(tl.sum(k * k, axis=0) + 1e-6)
+
+    S, u = delta_rule_step(S, k, v, g, beta)
+    o = tl.sum(S * q[:, None], axis=0)
+    o = tl.where(live, o, 0.0)
+    tl.store(o_row + t * so_t + offs_v, cast_rtne(o, o_row.dtype.element_ty), mask=mask_v)
+    tl.store(uk_row + t * suk_t + offs_v, u, mask=mask_v & live)
+    tl.store(kk_row + t * skk_t + offs_k, k, mask=mask_k & first_of_key)
+    tl.store(gk_row + t * sgk_t, g, mask=write_g)
+    return S
+
+
+@triton.jit
 def _gdn_verify_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, state_ptr, idx_ptr, kk_ptr, uk_ptr, gk_ptr, alog_ptr, dtb_ptr,
     T, scale,
@@ -120,10 +147,11 @@ def _gdn_verify_kernel(
     sg_b, sg_t, sg_h, sbeta_b, sbeta_t, sbeta_h, so_b, so_t, so_h,
     ss_n, ss_h, ss_k, skk_b, skk_t, skk_h, suk_b, suk_t, suk_h, sgk_b, sgk_t,
     GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    RAW_GATES: tl.constexpr,
+    RAW_GATES: tl.constexpr, UNROLL: tl.constexpr,
 ):
     # One program = (sequence, value head, dv tile), as kernels/gdn_recurrent: the state tile is loaded once and
-    # carried in registers over the block; nothing is stored to the state.
+    # carried in registers over the block; nothing is stored to the state. UNROLL (= T, or 0 for a loop): the block
+    # unrolled, so that the compiler may issue later tokens' loads and norms while the state chain runs.
     b, hv, vt, hk, slot, live = state_program(idx_ptr, GROUP)
     offs_k = tl.arange(0, BK)
     offs_v = vt * BV + tl.arange(0, BV)
@@ -133,28 +161,25 @@ def _gdn_verify_kernel(
     S = tl.load(state_ptr + slot * ss_n + hv * ss_h + offs_k[:, None] * ss_k + offs_v[None, :], mask=mask_s, other=0.0)
     b64 = b.to(tl.int64)
     first_of_key = (hv % GROUP == 0) & (vt == 0) & live  # one program writes each key head's kept k
+    neg_decay_rate = 0.0
+    dt_bias = 0.0
     if RAW_GATES:
         neg_decay_rate = -tl.exp(tl.load(alog_ptr + hv).to(tl.float32))
         dt_bias = tl.load(dtb_ptr + hv).to(tl.float32)
-    for t in range(T):
-        q = tl.load(q_ptr + b64 * sq_b + t * sq_t + hk * sq_h + offs_k, mask=mask_k, other=0.0).to(tl.float32)
-        k = tl.load(k_ptr + b64 * sk_b + t * sk_t + hk * sk_h + offs_k, mask=mask_k, other=0.0).to(tl.float32)
-        v = tl.load(v_ptr + b64 * sv_b + t * sv_t + hv * sv_h + offs_v, mask=mask_v, other=0.0).to(tl.float32)
-        g = tl.load(g_ptr + b64 * sg_b + t * sg_t + hv * sg_h).to(tl.float32)
-        beta = tl.load(beta_ptr + b64 * sbeta_b + t * sbeta_t + hv * sbeta_h)
-        if RAW_GATES:
-            g, beta = gates_from_raw_tl(g, beta, neg_decay_rate, dt_bias)
-        beta = beta.to(tl.float32)
-        q = q * (tl.rsqrt(tl.sum(q * q, axis=0) + 1e-6) * scale)
-        k = k * tl.rsqrt(tl.sum(k * k, axis=0) + 1e-6)
-
-        S, u = delta_rule_step(S, k, v, g, beta)
-        o = tl.sum(S * q[:, None], axis=0)
-        o = tl.where(live, o, 0.0)
-        tl.store(o_ptr + b64 * so_b + t * so_t + hv * so_h + offs_v, cast_rtne(o, o_ptr.dtype.element_ty), mask=mask_v)
-        tl.store(uk_ptr + b64 * suk_b + t * suk_t + hv * suk_h + offs_v, u, mask=mask_v & live)
-        tl.store(kk_ptr + b64 * skk_b + t * skk_t + hk * skk_h + offs_k, k, mask=mask_k & first_of_key)
-        tl.store(gk_ptr + b64 * sgk_b + t * sgk_t + hv, g, mask=live & (vt == 0))
+    q_row, k_row = q_ptr + b64 * sq_b + hk * sq_h, k_ptr + b64 * sk_b + hk * sk_h
+    v_row, o_row = v_ptr + b64 * sv_b + hv * sv_h, o_ptr + b64 * so_b + hv * so_h
+    g_row, beta_row = g_ptr + b64 * sg_b + hv * sg_h, beta_ptr + b64 * sbeta_b + hv * sbeta_h
+    uk_row, kk_row, gk_row = uk_ptr + b64 * suk_b + hv * suk_h, kk_ptr + b64 * skk_b + hk * skk_h, gk_ptr + b64 * sgk_b + hv
+    if UNROLL > 0:
+        for t in tl.static_range(UNROLL):
+            S = _verify_token(S, t, q_row, k_row, v_row, g_row, beta_row, o_row, uk_row, kk_row, gk_row,
+                              sq_t, sk_t, sv_t, sg_t, sbeta_t, so_t, suk_t, skk_t, sgk_t, offs_k, offs_v, mask_k,
+                              mask_v, live, first_of_key, live & (vt == 0), scale, neg_decay_rate, dt_bias, RAW_GATES)
+    else:
+        for t in range(T):
+            S = _verify_token(S, t, q_row, k_row, v_row, g_row, beta_row, o_row, uk_row, kk_row, gk_row,
+                              sq_t, sk_t, sv_t, sg_t, sbeta_t, so_t, suk_t, skk_t, sgk_t, offs_k, offs_v, mask_k,
+                              mask_v, live, first_of_key, live & (vt == 0), scale, neg_decay_rate, dt_bias, RAW_GATES)
 
 
 @triton.jit
@@ -307,9 +332,11 @@ def _launch_verify(kernel, BV, q, k, v, g, beta, state, state_idx, k_kept, u_kep
 
 
 def gdn_verify_triton(q, k, v, g, beta, state, state_idx, k_kept, u_kept, g_kept, scale=None, raw_gates=None,
-                      out=None, block_v=None, num_warps=None):
+                      out=None, block_v=None, num_warps=None, unroll=False):
+    """unroll: the block's T tokens unrolled in the kernel (compiled per T) instead of a loop."""
     return _launch_verify(_gdn_verify_kernel, _block_v(v.shape[-1], block_v), q, k, v, g, beta, state, state_idx,
-                          k_kept, u_kept, g_kept, scale, raw_gates, out, num_warps, BK=next_pow2(q.shape[-1]))
+                          k_kept, u_kept, g_kept, scale, raw_gates, out, num_warps, BK=next_pow2(q.shape[-1]),
+                          UNROLL=q.shape[1] if unroll else 0)
 
 
 def gdn_verify_chunk_triton(q, k, v, g, beta, state, state_idx, k_kept, u_kept, g_kept, scale=None, raw_gates=None,
@@ -345,7 +372,7 @@ def gdn_verify(q, k, v, g, beta, state, state_idx, k_kept, u_kept, g_kept, scale
     """q, k [B, T, Hk, dk], v [B, T, Hv, dv], g, beta [B, T, Hv] -> o [B, T, Hv, dv] (v.dtype). `state` rows are
     read, never written; k_kept [>=B, >=T, Hk, dk], u_kept [>=B, >=T, Hv, dv], g_kept [>=B, >=T, Hv] (fp32) receive
     the block's normalised keys, corrections and log decays for gdn_commit. `chunk`: the block solved in chunk form
-    (Triton only; equal to fp32 rounding). `launch`: block_v, num_warps (Triton)."""
+    (Triton only; equal to fp32 rounding). `launch`: block_v, num_warps, unroll (token by token only) (Triton)."""
     if use_triton(q):
         fn = gdn_verify_chunk_triton if chunk else gdn_verify_triton
         return fn(q, k, v, g, beta, state, state_idx, k_kept, u_kept, g_kept, scale, raw_gates, out, **launch)

@@ -30,16 +30,17 @@ def kept(B, T, Hk, dk, Hv, dv, extra=1):
             poisoned((B + extra, T + extra, Hv), torch.float32))
 
 
-@pytest.mark.parametrize("form", ["steps", "chunk"])
+@pytest.mark.parametrize("form", ["steps", "steps unrolled", "chunk"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("T,dk,dv,aligned", [(5, 24, 40, False), (1, 24, 24, False), (7, 24, 17, False),
                                             (16, 20, 17, False), (11, 64, 72, False), (16, 24, 40, True)])
 def test_verify_and_commit_triton_match_ref(form, dtype, T, dk, dv, aligned):
-    """Both verify kernels (token by token, and the chunk form that solves the block with matrix products) against
-    the token-by-token reference: outputs, kept k / u / g, and the state a commit of each row's accepted prefix
-    leaves. `aligned`: nearly parallel keys, beta near 1 and almost no decay, where the chunk form's triangular
+    """Both verify kernels (token by token, looped or unrolled, and the chunk form that solves the block with matrix
+    products) against the token-by-token reference: outputs, kept k / u / g, and the state a commit of each row's
+    accepted prefix leaves. `aligned`: nearly parallel keys, beta near 1 and almost no decay, where the chunk form's triangular
     system is ill-conditioned and every row of its solve matters (with random keys a missing row would pass)."""
     kernel, verify = {"steps": (_gdn_verify_kernel, gdn_verify_triton),
+                      "steps unrolled": (_gdn_verify_kernel, lambda *a, **k: gdn_verify_triton(*a, unroll=True, **k)),
                       "chunk": (_gdn_verify_chunk_kernel, gdn_verify_chunk_triton)}[form]
     require_interpreted(kernel)
     require_interpreted(_gdn_commit_kernel)
