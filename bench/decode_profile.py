@@ -15,6 +15,7 @@ kernels, but without the graph's launch packing, so "graph - kernel sum" is what
 
     python bench/decode_profile.py --out $OUT/prof                      # 4B shape, bf16, CUDA (H200)
     python bench/decode_profile.py --tiny --device cpu --out /tmp/prof  # CPU smoke: leaf CPU ops stand in for kernels
+    python bench/decode_profile.py --spec 16 --variants default --batch-sizes 1,32 --out $OUT/prof_spec  # speculative
 
 Writes <out>/decode_profile.json (meta + one record per variant and batch size).
 """
@@ -91,13 +92,22 @@ def eager_and_ranged(engine):
     patched = [(layer, "forward", layer.kind) for layer in lm.layers] + [
         (lm.norm, "forward", "norm+head"), (runner, "_decode_forward", "embed+rope"),
         (model, "compute_logits", "norm+head")]
+    spec = engine.spec
+    if spec is not None:  # a speculative step: its draft pass, the drafter's context write, the commit
+        patched += [(spec, "step", "spec step (inputs, accept)"), (spec, "propose", "draft"),
+                    (spec.drafter, "write_context", "drafter context"), (spec, "commit", "commit")]
     for obj, attr, name in patched:
         setattr(obj, attr, ranged(getattr(obj, attr), name))  # an instance attribute shadows the method
     graphs, runner.graphs = runner.graphs, {}
+    spec_graphs = spec.graphs if spec is not None else None
+    if spec is not None:
+        spec.graphs = None  # the eager step: the same kernels as the captured greedy step, launched one by one
     try:
         yield
     finally:
         runner.graphs = graphs
+        if spec is not None:
+            spec.graphs = spec_graphs
         for obj, attr, _ in patched:
             delattr(obj, attr)
 
@@ -340,6 +350,9 @@ def main(argv=None):
     ap.add_argument("--graph-steps", type=int, default=None, help="graph-replayed steps timed (default 50, tiny 10)")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--top", type=int, default=15)
+    ap.add_argument("--spec", type=int, default=0, metavar="BLOCK",
+                    help="profile speculative steps instead: a random drafter of the shipped drafter's shape (4 layers, "
+                         "4 taps) at this block; a step then emits 1-BLOCK tokens (the roofline stays a plain step's)")
     args = ap.parse_args(argv)
     args.prompt = args.prompt or (32 if args.tiny else 512)
     args.max_model_len = args.max_model_len or (256 if args.tiny else 2080)
@@ -363,6 +376,11 @@ def main(argv=None):
     # decode needs no vision tower: a text-only engine builds faster and leaves the memory to the rest
     weights = {n: t for n, t in hf.state_dict().items() if not n.startswith("model.visual.")}
     opts = bench.engine_options(max(batches), args.max_model_len, device, text_only=True)
+    if args.spec:
+        from engine.testing import write_random_drafter
+
+        opts["drafter"] = str(write_random_drafter(out / "drafter", cfg.text, num_layers=4, num_taps=4,
+                                                   block_size=args.spec, dtype=dtype))
     meta = dict(device=str(device), gpu=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
                 dtype=str(dtype), tiny=args.tiny, torch=torch.__version__, triton=triton.__version__,
                 fla_available=fla_available(), copy_bandwidth_GBps=bw / 1e9, engine_options=opts, args=vars(args))

@@ -100,3 +100,24 @@ def test_device_kernels_are_attributed_to_ops_and_layer_ranges():
     assert cats["gemm"]["gap_ms"] == pytest.approx(0.022 - 1e3 * nbytes / 1e9)
     assert cats["triton (ours)"]["MB"] * 1e6 == 2000.0  # KV + GDN state bytes go to our kernels
     assert res["unlinked_ms"] == pytest.approx(0.004)
+
+
+@pytest.mark.timeout(300)
+def test_tiny_cpu_profile_of_speculative_steps(tmp_path):
+    """--spec: the steps profiled are speculative (a random drafter), their ops attributed to the draft pass, the
+    drafter's context write, the commit and the verify pass's layers."""
+    prof = load()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        prof.main(["--tiny", "--device", "cpu", "--out", str(tmp_path), "--batch-sizes", "2", "--steps", "2",
+                   "--graph-steps", "3", "--warmup", "1", "--variants", "default", "--spec", "4"])
+    finally:
+        torch.set_num_threads(threads)
+    (r,) = json.loads((tmp_path / "decode_profile.json").read_text())["runs"]
+    scopes = r["scopes"]
+    assert {"draft", "drafter context", "commit", "linear_attention", "full_attention"} <= set(scopes)
+    assert all(scopes[s]["us_per_step"] > 0 for s in ("draft", "drafter context", "commit"))
+    # the verify pass multiplies 4 rows per sequence: the LM head's GEMM has batch x block rows
+    head = next(g for g in r["gemms"] if g["weight"] == "lm_head" and g["scope"] == "norm+head")
+    assert head["M"] == 2 * 4
