@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Speculative decoding on one GPU, in one command (the device tool's machine; carry .whl/bench for pydantic and fla):
+#   PARTS="kernels profile" bash bench/spec_h200.sh OUT      # ~4 min
+#   PARTS="4b tiny" bash bench/spec_h200.sh OUT              # ~6 min (tiny: carry .drafter/heldout too)
+# kernels: bench/spec_kernels_bench.py (every launch configuration of the step's kernels, graph-timed);
+# profile: bench/decode_profile.py --spec 16 at batch 1 and 32 (where a speculative step's device time goes, against
+#          a plain step of the same engine build);
+# 4b:      bench/spec_decode_bench.py part 2, the 4B shape at ocria-tiny's measured acceptance and at 0.9;
+# tiny:    part 1, ocria-tiny with models/ocria-tiny-drafter on the held-out blocks, speculation on vs off.
+# OUT gets one JSON per part and log.txt; a summary table is printed at the end.
+set -euo pipefail
+OUT=${1:?usage: spec_h200.sh OUT}
+PARTS=${PARTS:-kernels profile} PY=${PY:-python3}
+mkdir -p "$OUT"
+exec > >(tee "$OUT/log.txt") 2>&1
+if compgen -G ".whl/bench/*.whl" >/dev/null; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/bench/*.whl
+  export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+# ocria-tiny's conditional acceptance by block position, measured on the H200 (bench/results/h200_spec_decode.json)
+MEASURED='ocria-tiny measured=[0.407,0.47,0.509,0.59,0.596,0.588,0.478,0.573,0.855,0.511,0.5,0.583,0.571,0.0,0.0]'
+for part in $PARTS; do
+  t=$(date +%s)
+  case $part in
+    kernels) timeout 300 $PY bench/spec_kernels_bench.py --out "$OUT/h200_spec_kernels.json" ;;
+    profile) timeout 300 $PY bench/decode_profile.py --spec 16 --variants default --batch-sizes 1,32 --steps 10 \
+               --graph-steps 20 --out "$OUT/profile_spec" ;;
+    4b) timeout 420 $PY bench/spec_decode_bench.py --parts 4b --block-sizes 16 --batches-4b 1 8 64 \
+          --profile "$MEASURED" --profile "uniform 0.9=[$(printf '0.9,%.0s' {1..14})0.9]" \
+          --out "$OUT/h200_spec_decode_4b.json" ;;
+    tiny) timeout 420 $PY bench/spec_decode_bench.py --parts tiny --drafter models/ocria-tiny-drafter \
+            --pages .drafter/heldout --max-tokens 256 --block-sizes 16 --batches 1 8 32 128 \
+            --out "$OUT/h200_spec_decode_tiny.json" ;;
+    *) echo "unknown part $part" && exit 2 ;;
+  esac || echo "$part stopped (rc $?)"
+  echo "seconds: $part $(($(date +%s) - t))"
+done
+$PY - "$OUT" <<'EOF'
+import json, sys
+from pathlib import Path
+out = Path(sys.argv[1])
+if (f := out / "h200_spec_kernels.json").exists():
+    rows = [r for r in json.loads(f.read_text())["rows"] if "us" in r]
+    best = {}
+    for r in rows:
+        key = (r["kernel"].split(" (")[0].split(",")[0], r["sequences"])
+        if key not in best or r["us"] < best[key]["us"]:
+            best[key] = r
+    print(f"{'kernel (best configuration)':80} {'seqs':>4} {'us':>8} {'roof':>7}")
+    for (k, n), r in sorted(best.items()):
+        cfg = ", ".join(f"{c}={r[c]}" for c in ("block_v", "block_c", "num_warps", "rows_per_seq", "tile") if r.get(c))
+        print(f"{r['kernel'] + ' ' + cfg:80.80} {n:4d} {r['us']:8.1f} {r['roofline_us']:7.1f}")
+if (f := out / "profile_spec" / "decode_profile.json").exists():
+    for r in json.loads(f.read_text())["runs"]:
+        print(f"spec step b{r['batch']}: graph {r['graph_step_ms']:.2f} ms, kernels {r['kernels_per_step']:.0f}, "
+              f"eager kernel sum {r['kernel_sum_ms']:.2f} ms")
+        for s, v in list(r["scopes"].items())[:8]:
+            print(f"   {s:28} {v['us_per_step'] / 1e3:7.3f} ms  {v['per_step']:6.1f} kernels")
+for name in ("h200_spec_decode_4b.json", "h200_spec_decode_tiny.json"):
+    if (f := out / name).exists():
+        for r in json.loads(f.read_text())["rows"]:
+            print(f"{r['model']:10} b{r['batch']:<4} {r.get('profile', ''):22} {r.get('spec_step', ''):7} tau "
+                  f"{r['tau']:5.2f} {r['tok_s_per_seq']:8.1f} vs {r['tok_s_per_seq_plain']:8.1f} tok/s/seq "
+                  f"-> {r['speedup']:.2f}x")
+EOF
