@@ -6,12 +6,14 @@ greedily, and the drafter learns to predict blocks of the target's own answers f
 PAGES: a folder of PNG/JPEG images, or a Parquet file of rendered pages (the raster rows the pipeline writes:
 image (raw RGB bytes), image_height, image_width). Recipe (DFlash; docs/speculative-decoding.md): per step, pages'
 random anchors among their answer tokens; each anchor's block [anchor token, MASK x (B - 1)] sees the context before
-the anchor and its own block; cross-entropy on positions 1 .. B-1 weighted exp(-(k - 1) / gamma). The target's
+the anchor and its own block; cross-entropy on positions 1 .. B-1 weighted exp(-(k - 1) / gamma), on the target's
+greedy tokens or, with --distill, partly on its own distribution there (soft labels). The target's
 embedding and LM head are frozen and shared; only the drafter's layers, fc and norms train (with --dflash2 also
 DFlash2's convolutions and candidate selector, whose cross-entropy over the top-k candidates joins the loss). Writes
 DRAFTER/ (config.json + model.safetensors, the public DFlash layout) and DRAFTER/train_log.json (losses; with
 --heldout, tau measured on the held-out pages by the engine at each --measure-block). With --val-pages, answers kept
-out of training give a validation loss and the drafter written is the one where it was lowest: with few pages the
+out of training give a validation loss (greedy labels) and an estimate of tau (the drafts a verify would accept at
+random anchors of those answers); the drafter written is the one where the loss was lowest: with few pages the
 drafter memorises its answers long before the steps run out.
 """
 from __future__ import annotations
@@ -62,6 +64,10 @@ class TrainDrafterConfig(BaseModel):
     selector_rank: int = Field(64, ge=1)
     selector_top_k: int = Field(16, ge=2)
     selector_loss_alpha: float = Field(1.0, ge=0, description="weight of the selector's loss beside the base loss")
+    distill: float = Field(0.0, ge=0, le=1, description="weight of the soft labels: cross-entropy against the "
+                           "target's own distribution at each answer token (its top distill_top_k, renormalised), the "
+                           "rest on the target's greedy token")
+    distill_top_k: int = Field(16, ge=1, description="target probabilities kept per answer token for distill")
     anchors: int = Field(32, ge=1, description="blocks per page per step")
     pages_per_step: int = Field(1, ge=1, description="pages packed into one forward and optimizer step")
     gamma: float = Field(4.0, gt=0, description="loss decay over block positions (4 for B 8, 7 for B 16)")
@@ -87,6 +93,7 @@ class Example:
     ids: list[int]  # prompt + answer
     prompt_len: int
     taps: dict[int, torch.Tensor]  # target layer -> [len(ids) - 1, H] (the last token is never fed)
+    soft: tuple[torch.Tensor, torch.Tensor] | None = None  # per answer token: the target's top-k probs, ids [n, k]
 
 
 class TapRecorder:
@@ -158,11 +165,13 @@ def load_pages(path: str | Path) -> list[np.ndarray]:
     raise click.UsageError(f"--pages {path}: give a folder of images or a .parquet of raster rows")
 
 
-def collect(engine: Engine, images: list[np.ndarray], layer_ids, prompt: str, max_tokens: int) -> list[Example]:
+def collect(engine: Engine, images: list[np.ndarray], layer_ids, prompt: str, max_tokens: int,
+            soft_top_k: int = 0) -> list[Example]:
     """The target's greedy answers to each page in one batched generate, and the tapped hidden states of every token
     it computes meanwhile (prompt in prefill, answer in decode). The engine must run eagerly (enforce_eager): a CUDA
     graph replays its decode without calling the recorder. Each page is preprocessed once, to the uint8 patches the
-    engine expands on its device, as the job does."""
+    engine expands on its device, as the job does. soft_top_k: also keep the target's distribution at each answer
+    token, its top soft_top_k probabilities renormalised (Example.soft)."""
     if engine.device.type == "cuda" and not engine.options.enforce_eager:
         raise ValueError("collect needs an engine built with enforce_eager=True (CUDA graphs skip the recorder)")
     inputs = [engine.processor.page_inputs(image, prompt, compact=True) for image in images]
@@ -170,7 +179,8 @@ def collect(engine: Engine, images: list[np.ndarray], layer_ids, prompt: str, ma
     engine.runner.drafter = rec
     try:
         answers = engine.generate([dict(request_id=f"page-{n}", prompt_token_ids=ids, pixel_values=pixels,
-                                        image_grids=grids, sampling=SamplingParams(max_tokens=max_tokens))
+                                        image_grids=grids, sampling=SamplingParams(max_tokens=max_tokens),
+                                        keep_logits=soft_top_k > 0)
                                    for n, (ids, pixels, grids) in enumerate(inputs)])
     finally:
         engine.runner.drafter = None
@@ -179,8 +189,13 @@ def collect(engine: Engine, images: list[np.ndarray], layer_ids, prompt: str, ma
         if o.finish_reason == "error":
             raise RuntimeError(f"page {n}: {o.error}")
         ids = o.prompt_token_ids + o.output_token_ids
-        if len(o.output_token_ids) >= 2:  # the last answer token is never fed to the target
-            out.append(Example(ids, len(o.prompt_token_ids), rec.stacked(o.request_id, len(ids) - 1)))
+        if len(o.output_token_ids) < 2:  # the last answer token is never fed to the target
+            continue
+        soft = None
+        if soft_top_k:
+            probs, top = o.logits.float().softmax(-1).topk(min(soft_top_k, o.logits.shape[-1]), -1)
+            soft = (probs / probs.sum(-1, keepdim=True), top)
+        out.append(Example(ids, len(o.prompt_token_ids), rec.stacked(o.request_id, len(ids) - 1), soft))
     return out
 
 
@@ -205,12 +220,23 @@ def lr_factor(step: int, steps: int, elapsed: float, max_seconds: float | None) 
     return warm * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def block_loss(drafter: DFlashDrafter, examples: list[Example], embed: torch.Tensor, head: torch.Tensor, anchors: int,
-               gamma: float, rng: random.Random, device, selector_alpha: float = 1.0) -> torch.Tensor:
-    """Decayed per-position cross-entropy over random anchor blocks of the examples' answers, the examples packed
-    into one forward (each block sees only its own page). With a DFlash2 selector, plus selector_alpha times its
-    cross-entropy over the top-k candidates given the true token before each (the true token replacing the last
-    candidate where it is not among them), with the same weights."""
+@dataclass
+class BlockPass:
+    """One packed forward over random anchor blocks: the drafter's logits at block positions 1 .. B-1 [N, B-1, V]
+    and hidden states, the blocks, their target tokens and which positions exist (inside the answer), and the
+    target's soft labels there (probs, ids [N, B-1, k]) when the examples carry them."""
+    logits: torch.Tensor
+    hidden: torch.Tensor
+    block: torch.Tensor
+    targets: torch.Tensor
+    valid: torch.Tensor
+    soft: tuple[torch.Tensor, torch.Tensor] | None
+
+
+def block_pass(drafter: DFlashDrafter, examples: list[Example], embed: torch.Tensor, head: torch.Tensor, anchors: int,
+               rng: random.Random, device) -> BlockPass:
+    """Random anchor blocks of the examples' answers, the examples packed into one forward (each block sees only
+    its own page)."""
     B = drafter.cfg.block_size
     picks, ids, taps, seqs, pos, block_seq = [], [], [], [], [], []
     for n, ex in enumerate(examples):
@@ -224,26 +250,57 @@ def block_loss(drafter: DFlashDrafter, examples: list[Example], embed: torch.Ten
         taps.append(ex.taps)
         seqs.append(torch.full((L - 1,), n, device=device))
         pos.append(torch.arange(L - 1, device=device))
-    block_rows, targets, valid = [], [], []
-    for p, t in zip(picks, ids):
+    block_rows, targets, valid, soft_p, soft_i = [], [], [], [], []
+    for ex, p, t in zip(examples, picks, ids):
         block = torch.full((len(p), B), drafter.cfg.mask_token_id, dtype=torch.long, device=device)
         block[:, 0] = t[p]
         target_pos = p[:, None] + torch.arange(1, B, device=device)[None, :]  # [N, B-1]
         valid.append(target_pos < len(t))
         targets.append(t[target_pos.clamp(max=len(t) - 1)])
         block_rows.append(block)
+        if ex.soft is not None:  # answer token j is ids[prompt_len + j]
+            row = (target_pos.clamp(max=len(t) - 1) - ex.prompt_len).cpu()
+            soft_p.append(ex.soft[0][row].to(device))
+            soft_i.append(ex.soft[1][row].to(device))
     block, targets, valid = torch.cat(block_rows), torch.cat(targets), torch.cat(valid)
     ctx = {lid: torch.cat([t[lid] for t in taps]).to(device) for lid in taps[0]}
     hidden = drafter.train_hidden(ctx, F.embedding(block, embed), torch.cat(picks), ctx_seq=torch.cat(seqs),
                                   ctx_pos=torch.cat(pos), block_seq=torch.cat(block_seq))
     logits = hidden[:, 1:].float() @ head.float().T
-    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none").view_as(targets)
-    w = torch.exp(-torch.arange(B - 1, device=device, dtype=torch.float32) / gamma)[None, :] * valid
+    soft = (torch.cat(soft_p), torch.cat(soft_i)) if len(soft_p) == len(examples) else None
+    return BlockPass(logits, hidden[:, 1:], block, targets, valid, soft)
+
+
+def block_loss(drafter: DFlashDrafter, examples: list[Example], embed: torch.Tensor, head: torch.Tensor, anchors: int,
+               gamma: float, rng: random.Random, device, selector_alpha: float = 1.0, distill: float = 0.0,
+               out: BlockPass | None = None) -> torch.Tensor:
+    """Decayed per-position cross-entropy over random anchor blocks (block_pass, or `out` if given): on the target's
+    greedy token, or with distill > 0 that share on the target's own distribution (the examples' soft labels).
+    With a DFlash2 selector, plus selector_alpha times its cross-entropy over the top-k candidates given the true
+    token before each (the true token replacing the last candidate where it is not among them), same weights."""
+    bp = out or block_pass(drafter, examples, embed, head, anchors, rng, device)
+    B, V = drafter.cfg.block_size, bp.logits.shape[-1]
+    ce = F.cross_entropy(bp.logits.reshape(-1, V), bp.targets.reshape(-1), reduction="none").view_as(bp.targets)
+    if distill > 0:
+        if bp.soft is None:
+            raise ValueError("distill > 0 needs examples collected with soft labels (collect(soft_top_k=...))")
+        probs, top = bp.soft
+        soft_ce = -(probs * bp.logits.log_softmax(-1).gather(-1, top)).sum(-1)
+        ce = (1 - distill) * ce + distill * soft_ce
+    w = torch.exp(-torch.arange(B - 1, device=ce.device, dtype=torch.float32) / gamma)[None, :] * bp.valid
     loss = (ce * w).sum() / w.sum()
     if drafter.selector is not None:
-        sel = selector_ce(drafter, logits, hidden[:, 1:], block[:, 0], targets)
+        sel = selector_ce(drafter, bp.logits, bp.hidden, bp.block[:, 0], bp.targets)
         loss = loss + selector_alpha * (sel * w).sum() / w.sum()
     return loss
+
+
+def accepted_drafts(bp: BlockPass) -> torch.Tensor:
+    """Per block, the drafts a greedy verify would accept: the leading positions whose argmax is the target's own
+    token. The drafter sees here what it sees when drafting (the context before the anchor, the whole block in one
+    pass), so 1 + the mean over random anchors estimates tau on these answers (the selector's picks aside)."""
+    match = (bp.logits.argmax(-1) == bp.targets) & bp.valid
+    return match.int().cumprod(-1).sum(-1).float()
 
 
 def selector_ce(drafter: DFlashDrafter, logits: torch.Tensor, hidden: torch.Tensor, anchors: torch.Tensor,
@@ -342,7 +399,8 @@ def train(cfg: TrainDrafterConfig, echo=print) -> dict:
         drafter = DFlashDrafter(dcfg, torch.float32, cfg.device)
         drafter.init_for_training(torch.Generator().manual_seed(cfg.seed))
     t0 = time.perf_counter()
-    examples = collect(target, train_images, layer_ids, cfg.prompt, cfg.max_tokens)
+    examples = collect(target, train_images, layer_ids, cfg.prompt, cfg.max_tokens,
+                       soft_top_k=cfg.distill_top_k if cfg.distill > 0 else 0)
     echo(f"collected {len(examples)} answers ({sum(len(e.ids) - e.prompt_len for e in examples)} tokens) in "
          f"{time.perf_counter() - t0:.0f} s")
     if not examples:
@@ -360,17 +418,22 @@ def train(cfg: TrainDrafterConfig, echo=print) -> dict:
     stop = []  # a SIGTERM (e.g. from `timeout`) ends training early; what was learned is still written
     previous = signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
     losses, t_train, t_echo = [], time.perf_counter(), 0.0
-    val_losses, best = [], None  # (step, loss); (loss, step, weights) of the best so far
+    val_losses, val_tau, best = [], [], None  # (step, loss), (step, tau estimate); (loss, step, weights) of the best
 
     def validate(step: int) -> None:
+        """The greedy-label loss (whatever the training loss) and the tau estimate on the kept-out answers, at the
+        same anchors every time."""
         nonlocal best
-        vrng, total = random.Random(cfg.seed + 1), 0.0
+        vrng, total, accepted = random.Random(cfg.seed + 1), 0.0, []
         with torch.no_grad(), torch.autocast("cuda", torch.bfloat16, enabled=use_autocast):
             for i in range(0, len(val), cfg.pages_per_step):
                 part = val[i:i + cfg.pages_per_step]
+                bp = block_pass(drafter, part, embed, head, cfg.anchors, vrng, cfg.device)
                 total += len(part) * float(block_loss(drafter, part, embed, head, cfg.anchors, cfg.gamma, vrng,
-                                                      cfg.device, cfg.selector_loss_alpha))
+                                                      cfg.device, cfg.selector_loss_alpha, out=bp))
+                accepted.append(accepted_drafts(bp))
         val_losses.append((step, total / len(val)))
+        val_tau.append((step, round(1 + float(torch.cat(accepted).mean()), 4)))
         if best is None or val_losses[-1][1] < best[0]:
             best = (val_losses[-1][1], step, [p.detach().clone() for p in params])
 
@@ -384,7 +447,7 @@ def train(cfg: TrainDrafterConfig, echo=print) -> dict:
         opt.zero_grad()
         with torch.autocast("cuda", torch.bfloat16, enabled=use_autocast):
             loss = block_loss(drafter, [examples[next(pages)] for _ in range(cfg.pages_per_step)], embed, head,
-                              cfg.anchors, cfg.gamma, rng, cfg.device, cfg.selector_loss_alpha)
+                              cfg.anchors, cfg.gamma, rng, cfg.device, cfg.selector_loss_alpha, cfg.distill)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
@@ -404,15 +467,16 @@ def train(cfg: TrainDrafterConfig, echo=print) -> dict:
         with torch.no_grad():
             for p, w in zip(params, best[2]):
                 p.copy_(w)
-        echo(f"validation loss {best[0]:.4f} at step {best[1]} (the drafter written); last "
-             f"{val_losses[-1][1]:.4f} at step {val_losses[-1][0]}")
+        tau_at = dict(val_tau)
+        echo(f"validation loss {best[0]:.4f} (tau estimate {tau_at[best[1]]:.3f}) at step {best[1]} (the drafter "
+             f"written); last {val_losses[-1][1]:.4f} (tau estimate {val_tau[-1][1]:.3f}) at step {val_losses[-1][0]}")
     out = Path(cfg.out)
     drafter.save_pretrained(out, num_target_layers=t.num_hidden_layers, dtype=getattr(torch, cfg.save_dtype))
     log = {"config": cfg.model_dump(), "drafter": dcfg.to_json(), "train_pages": len(train_images),
            "answers": len(examples), "answer_tokens": sum(len(e.ids) - e.prompt_len for e in examples),
            "steps": len(losses), "train_seconds": round(time.perf_counter() - t_train, 1), "losses": losses}
     if val:
-        log.update(val_answers=len(val), val_losses=val_losses, best_step=best[1])
+        log.update(val_answers=len(val), val_losses=val_losses, val_tau_estimate=val_tau, best_step=best[1])
     (out / "train_log.json").write_text(json.dumps(log, indent=1) + "\n")
     if heldout and not stop:
         log["heldout_tau"] = measure_tau(cfg.checkpoint, out, heldout, cfg.prompt, cfg.max_tokens,
@@ -442,6 +506,8 @@ def train(cfg: TrainDrafterConfig, echo=print) -> dict:
 @click.option("--selector-rank", type=int)
 @click.option("--selector-top-k", type=int)
 @click.option("--selector-loss-alpha", type=float)
+@click.option("--distill", type=float)
+@click.option("--distill-top-k", type=int)
 @click.option("--anchors", type=int)
 @click.option("--pages-per-step", type=int)
 @click.option("--gamma", type=float)

@@ -191,3 +191,59 @@ def test_selector_loss_puts_the_true_token_last_when_it_is_not_a_candidate():
     want0 = torch.nn.functional.cross_entropy(torch.tensor([[3.0, 1.0]]), torch.tensor([1]))  # [cand 1, gold 3]
     want1 = torch.nn.functional.cross_entropy(torch.tensor([[5.0, 4.0]]), torch.tensor([0]))
     torch.testing.assert_close(ce, torch.stack([want0, want1])[None])
+
+
+def test_soft_labels_distillation_and_the_tau_estimate(tiny_checkpoint, tmp_path):
+    """collect(soft_top_k) keeps the target's distribution at each answer token, whose top id is the greedy token
+    it emitted; block_loss with distill=1 is the cross-entropy against those probabilities, with 0 the greedy one;
+    accepted_drafts counts the leading positions a verify would accept; a training run with --distill logs a tau
+    estimate at each validation."""
+    import random
+
+    from engine.llm_engine import Engine
+    from engine.models.dflash import DFlashConfig, DFlashDrafter
+    from jobs.train_drafter import BlockPass, accepted_drafts, block_loss, block_pass, collect
+
+    engine = Engine.from_checkpoint(str(tiny_checkpoint), dtype="float32", max_num_seqs=2, enforce_eager=True)
+    rng = np.random.default_rng(5)
+    images = [rng.integers(0, 256, (48 + 16 * i, 64, 3), dtype=np.uint8) for i in range(2)]
+    examples = collect(engine, images, [0, 1], "Read.", max_tokens=10, soft_top_k=5)
+    for ex in examples:
+        probs, top = ex.soft
+        n = len(ex.ids) - ex.prompt_len
+        assert probs.shape == top.shape == (n, 5)
+        torch.testing.assert_close(probs.sum(-1), torch.ones(n))
+        assert top[:, 0].tolist() == ex.ids[ex.prompt_len:]  # greedy: the most likely token is the one emitted
+    t = engine.cfg.text
+    d = DFlashDrafter(DFlashConfig(hidden_size=t.hidden_size, intermediate_size=32, num_hidden_layers=1,
+                                   num_attention_heads=t.num_attention_heads, num_key_value_heads=t.num_key_value_heads,
+                                   head_dim=t.head_dim, rms_norm_eps=1e-6, rope_theta=10000.0, vocab_size=t.vocab_size,
+                                   target_layer_ids=(0, 1), mask_token_id=t.vocab_size - 1, block_size=4))
+    d.init_for_training(torch.Generator().manual_seed(0))
+    embed, head = engine.model.language_model.embed_tokens.weight, engine.model.head_weight
+    with torch.no_grad():
+        bp = block_pass(d, examples, embed, head, 6, random.Random(0), "cpu")
+        probs, top = bp.soft
+        want = -(probs * bp.logits.log_softmax(-1).gather(-1, top)).sum(-1)
+        w = torch.exp(-torch.arange(3, dtype=torch.float32) / 4.0)[None, :] * bp.valid
+        soft = block_loss(d, examples, embed, head, 6, 4.0, None, "cpu", distill=1.0, out=bp)
+        torch.testing.assert_close(soft, (want * w).sum() / w.sum())
+        hard = block_loss(d, examples, embed, head, 6, 4.0, None, "cpu", out=bp)
+        assert not torch.allclose(soft, hard)
+    # accepted drafts: leading argmax matches, stopped by a miss or by the answer's end
+    V = 7
+    logits = torch.full((3, 4, V), -1.0)
+    targets = torch.tensor([[1, 2, 3, 4], [1, 2, 3, 4], [5, 5, 5, 5]])
+    for r, right in enumerate([[1, 1, 0, 1], [1, 1, 1, 1], [0, 1, 1, 1]]):
+        for j, ok in enumerate(right):
+            logits[r, j, targets[r, j] if ok else 0] = 1.0
+    valid = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0], [1, 1, 1, 1]], dtype=torch.bool)
+    bp = BlockPass(logits, None, None, targets, valid, None)
+    assert accepted_drafts(bp).tolist() == [2.0, 3.0, 0.0]
+    pages = write_pages(tmp_path / "pages", 4, seed=3)
+    cfg = TrainDrafterConfig(checkpoint=str(tiny_checkpoint), pages=str(pages), out=str(tmp_path / "drafter"),
+                             max_tokens=16, num_layers=1, num_taps=2, block_size=4, anchors=8, gamma=4, lr=3e-3,
+                             steps=4, pages_per_step=2, val_pages=1, val_every=2, distill=0.5, distill_top_k=8)
+    log = train(cfg, echo=lambda *_: None)
+    assert [s for s, _ in log["val_tau_estimate"]] == [0, 2, 4]
+    assert all(1.0 <= tau <= 4.0 for _, tau in log["val_tau_estimate"])
