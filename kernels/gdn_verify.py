@@ -404,10 +404,13 @@ def _validate_conv(x, conv_state, weight, state_idx):
           f"state_idx must be an integer tensor of shape [B={x.shape[0]}], got {tuple(state_idx.shape)}")
 
 
-def causal_conv1d_verify_ref(x, conv_state, weight, state_idx, activation="silu"):
+def causal_conv1d_verify_ref(x, conv_state, weight, state_idx, activation="silu", keep=None):
     """x [B, T, C] -> y [B, T, C] (x.dtype): the causal conv of the block after each row's conv state, computed as
-    kernels/conv1d_update computes one token (fp32 sum over the K taps), without touching conv_state."""
+    kernels/conv1d_update computes one token (fp32 sum over the K taps), without touching conv_state. keep: a
+    [B, T, C] tensor that receives x (the block's inputs, which the commit reads)."""
     _validate_conv(x, conv_state, weight, state_idx)
+    if keep is not None:
+        keep.copy_(x)
     K = weight.shape[1]
     windows = _conv_window(x, conv_state, state_idx).unfold(-1, K, 1)  # [B, C, T, K]
     y = (windows * weight.float()[None, :, None, :]).sum(-1).transpose(1, 2)
@@ -447,9 +450,9 @@ def _window_tile(x_ptr, s_rows, offs_c, mask_c, pos, sx_t, ss_c, K: tl.constexpr
 
 @triton.jit
 def _conv_verify_kernel(
-    x_ptr, state_ptr, w_ptr, idx_ptr, y_ptr,
-    T, C, sx_b, sx_t, ss_n, ss_c, sw_c, sy_b, sy_t,
-    K: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr, SILU: tl.constexpr,
+    x_ptr, state_ptr, w_ptr, idx_ptr, y_ptr, keep_ptr,
+    T, C, sx_b, sx_t, ss_n, ss_c, sw_c, sy_b, sy_t, sk_b, sk_t,
+    K: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr, SILU: tl.constexpr, KEEP: tl.constexpr,
 ):
     b, offs_c, mask_c, slot, _ = conv_program(idx_ptr, C, BC)  # padding rows read slot 0, as the reference does
     offs_k = tl.arange(0, BK)
@@ -463,6 +466,9 @@ def _conv_verify_kernel(
         if SILU:
             y = y * tl.sigmoid(y)
         tl.store(y_ptr + b.to(tl.int64) * sy_b + t * sy_t + offs_c, cast_rtne(y, y_ptr.dtype.element_ty), mask=mask_c)
+        if KEEP:  # the block's inputs, for the commit
+            xt = tl.load(x_row + t * sx_t + offs_c, mask=mask_c)
+            tl.store(keep_ptr + b.to(tl.int64) * sk_b + t * sk_t + offs_c, xt, mask=mask_c)
 
 
 @triton.jit
@@ -488,19 +494,24 @@ def _conv_block_c(C: int, block_c) -> int:
     return block_c or min(next_pow2(C), 256)
 
 
-def causal_conv1d_verify_triton(x, conv_state, weight, state_idx, activation="silu", block_c=None, num_warps=None):
+def causal_conv1d_verify_triton(x, conv_state, weight, state_idx, activation="silu", keep=None, block_c=None,
+                                num_warps=None):
     _validate_conv(x, conv_state, weight, state_idx)
     check(activation in (None, "silu"), f"activation must be None or 'silu', got {activation!r}")
-    for name, t in (("x", x), ("conv_state", conv_state), ("weight", weight)):
+    check(keep is None or (keep.shape == x.shape and keep.dtype == x.dtype),
+          f"keep must be {x.dtype} {tuple(x.shape)}, got {None if keep is None else (keep.dtype, tuple(keep.shape))}")
+    for name, t in (("x", x), ("conv_state", conv_state), ("weight", weight)) + ((("keep", keep),) if keep is not None
+                                                                                 else ()):
         require_last_dim_contiguous(name, t)
     B, T, C = x.shape
     K = weight.shape[1]
     y = torch.empty_like(x, memory_format=torch.contiguous_format)
     BC = _conv_block_c(C, block_c)
+    kp = keep if keep is not None else y
     _conv_verify_kernel[(B, cdiv(C, BC))](
-        x, conv_state, weight, state_idx, y, T, C, x.stride(0), x.stride(1), conv_state.stride(0),
-        conv_state.stride(1), weight.stride(0), y.stride(0), y.stride(1),
-        K=K, BK=next_pow2(K), BC=BC, SILU=activation == "silu", num_warps=num_warps or 4,
+        x, conv_state, weight, state_idx, y, kp, T, C, x.stride(0), x.stride(1), conv_state.stride(0),
+        conv_state.stride(1), weight.stride(0), y.stride(0), y.stride(1), kp.stride(0), kp.stride(1),
+        K=K, BK=next_pow2(K), BC=BC, SILU=activation == "silu", KEEP=keep is not None, num_warps=num_warps or 4,
     )
     return y
 
@@ -524,12 +535,12 @@ def conv_state_commit_triton(x, conv_state, state_idx, num_accepted, block_c=Non
     )
 
 
-def causal_conv1d_verify(x, conv_state, weight, state_idx, activation="silu", **launch):
+def causal_conv1d_verify(x, conv_state, weight, state_idx, activation="silu", keep=None, **launch):
     """x [B, T, C] -> y [B, T, C] (x.dtype): the block's causal conv after each row's conv state, which is not
-    touched. `launch`: block_c, num_warps (Triton)."""
+    touched; keep [B, T, C] (optional) receives x in the same launch. `launch`: block_c, num_warps (Triton)."""
     if use_triton(x):
-        return causal_conv1d_verify_triton(x, conv_state, weight, state_idx, activation, **launch)
-    return causal_conv1d_verify_ref(x, conv_state, weight, state_idx, activation)
+        return causal_conv1d_verify_triton(x, conv_state, weight, state_idx, activation, keep, **launch)
+    return causal_conv1d_verify_ref(x, conv_state, weight, state_idx, activation, keep)
 
 
 def conv_state_commit(x, conv_state, state_idx, num_accepted, **launch):

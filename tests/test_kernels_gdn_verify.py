@@ -150,9 +150,11 @@ def test_conv_verify_and_commit_kernels_match_the_reference(T, C, K, dtype):
     state0 = torch.randn(NUM_SLOTS, C, K - 1, generator=gen).to(dtype)
     idx = torch.tensor(STATE_IDX)
     s = state0.clone()
-    y = causal_conv1d_verify_triton(x, s, w, idx)
-    assert torch.equal(s, state0)
+    keep = poisoned((B, T, C), dtype)  # the engine keeps the block's inputs for the commit in the same launch
+    y = causal_conv1d_verify_triton(x, s, w, idx, keep=keep)
+    assert torch.equal(s, state0) and torch.equal(keep, x)
     assert_close(y, causal_conv1d_verify_ref(x, state0, w, idx), dtype)
+    assert torch.equal(causal_conv1d_verify_triton(x, s, w, idx), y)  # without keep: the same outputs
     plain = state0.clone()
     live = idx >= 0
     for t in range(T):  # the decode kernel, one token at a time, from the same states

@@ -185,8 +185,7 @@ class GatedDeltaNet(nn.Module):
         S = qkv.shape[0] // T
         x_kept, k_kept, u_kept, g_kept = self.kept
         x = qkv.view(S, T, self.conv_dim)
-        x_kept[:S, :T] = x
-        y = ops.causal_conv1d_verify(x, self.conv_state, self.conv1d.weight, meta.state_idx)
+        y = ops.causal_conv1d_verify(x, self.conv_state, self.conv1d.weight, meta.state_idx, keep=x_kept[:S, :T])
         q, k, v = y.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
         ba = ba.view(S, T, 2 * self.hv)
         o = ops.gdn_verify(q.reshape(S, T, self.hk, self.dk), k.reshape(S, T, self.hk, self.dk),
