@@ -8,12 +8,12 @@ One step over S sequences, block length T (the drafter's block size or EngineOpt
 2. verify: the target runs [last token, drafts] as S x T decode rows: attention layers store the block's KV and read
    their context through the paged cache, each row up to its own position, a sequence's rows together (one read of
    its K/V serves a tile of its rows x heads: kernels/paged_attention rows_per_seq); the KV of rejected tokens stays
-   past the sequence's length and is overwritten later: rollback by length. GDN layers verify against the state without
-   writing it and keep the block's updates aside (kernels/gdn_verify). The tapped hidden states of the block become
-   the drafter's context at the same slots.
+   past the sequence's length and is overwritten later: rollback by length. GDN layers verify against the state
+   without writing it and keep the block's updates aside (kernels/gdn_verify). The tapped hidden states of the block
+   become the drafter's context at the same slots.
 3. accept (engine/spec_sampling): greedy prefix match or rejection sampling -> a accepted drafts + one target token.
 4. commit: every GDN layer folds the first a + 1 tokens' updates into its recurrent state and shifts them into its
-   conv state; the last emitted token goes to the runner's next-token buffer.
+   conv state (one launch each for all layers); the last emitted token goes to the runner's next-token buffer.
 A sequence's block is cut to valid = min(T, tokens left before max_tokens, 1 + its num_speculative_tokens): rows
 past it are padding (stored nowhere); valid = 1 is a plain decode step inside the same launch. Sequences whose next
 token is banned by the loop guard (loop_ban_next) get valid = 1 and the ban on their one row.

@@ -169,7 +169,8 @@ def _gdn_verify_kernel(
     q_row, k_row = q_ptr + b64 * sq_b + hk * sq_h, k_ptr + b64 * sk_b + hk * sk_h
     v_row, o_row = v_ptr + b64 * sv_b + hv * sv_h, o_ptr + b64 * so_b + hv * so_h
     g_row, beta_row = g_ptr + b64 * sg_b + hv * sg_h, beta_ptr + b64 * sbeta_b + hv * sbeta_h
-    uk_row, kk_row, gk_row = uk_ptr + b64 * suk_b + hv * suk_h, kk_ptr + b64 * skk_b + hk * skk_h, gk_ptr + b64 * sgk_b + hv
+    uk_row, kk_row = uk_ptr + b64 * suk_b + hv * suk_h, kk_ptr + b64 * skk_b + hk * skk_h
+    gk_row = gk_ptr + b64 * sgk_b + hv
     if UNROLL > 0:
         for t in tl.static_range(UNROLL):
             S = _verify_token(S, t, q_row, k_row, v_row, g_row, beta_row, o_row, uk_row, kk_row, gk_row,

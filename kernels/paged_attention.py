@@ -144,7 +144,8 @@ def _paged_decode_partition_kernel(
         tl.store(out_ptr + rows[:, None] * so_b + heads[:, None] * so_h + offs_d[None, :],
                  cast_rtne(out, out_ptr.dtype.element_ty), mask=mask_out)
     else:
-        tl.store(out_ptr + rows[:, None] * so_b + heads[:, None] * so_h + p * so_p + offs_d[None, :], out, mask=mask_out)
+        tl.store(out_ptr + rows[:, None] * so_b + heads[:, None] * so_h + p * so_p + offs_d[None, :], out,
+                 mask=mask_out)
         tl.store(m_ptr + rows * sml_b + heads * sml_h + p, m_i, mask=mask_m)
         tl.store(l_ptr + rows * sml_b + heads * sml_h + p, l_i, mask=mask_m)
 

@@ -1,8 +1,8 @@
 """The drafter's element-wise steps at inference (engine/models/dflash.DFlashDrafter.draft_hidden / write_context):
 Qwen3 RMSNorm (plain weight) with the residual add before it, per-head q/k norm + rotary, the rotary tables. Plain
-torch functions; on CUDA the speculative decoder swaps in torch.compile'd versions, so each is one or two fused
-kernels instead of the 5-15 launches its torch ops make (a drafter layer made ~50 launches per step, four layers
-most of a small model's speculative step). The same math as the training pass's modules (dflash.DraftLayer).
+torch functions; on CUDA engine/model_runner swaps in torch.compile'd versions, so each is one or two fused kernels
+instead of the 5-15 launches its torch ops make, in every draft pass and context write. The same math as the
+training pass's modules (dflash.DraftLayer).
 """
 from __future__ import annotations
 

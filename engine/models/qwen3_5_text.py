@@ -140,7 +140,7 @@ class GatedDeltaNet(nn.Module):
         self.conv_state = self.ssm_state = torch.empty(0)
         self.glue = Glue()
         self.proj = DecodeProjections()
-        self.kept = None  # speculative verify: (x, k, u, g) buffers of the block (engine/speculative.VerifyBuffers)
+        self.kept = None  # speculative verify: (x, k, u, g) buffers of the block (engine/speculative.SpecDecoder.kept)
 
     fused_decode = False  # decode: one fused kernel from conv to gated norm (TextModel.set_fused_decode)
     pdl = False  # decode kernels launched with programmatic dependent launch (TextModel.set_pdl)
