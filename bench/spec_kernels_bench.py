@@ -38,27 +38,44 @@ from kernels import gdn_verify as gv  # noqa: E402
 from kernels import paged_attention as pa  # noqa: E402
 
 
-def graph_us(fn, device, iters: int = 20, reps: int = 5) -> float:
-    """us per call of fn, replayed from a CUDA graph of `iters` calls (on CPU: one timed call)."""
+def graph_us(fn, device, iters: int = 20, reps: int = 5) -> tuple[float, str]:
+    """(us per call of fn, how it was timed): replayed from a CUDA graph of `iters` calls; a function that cannot be
+    captured (e.g. it syncs with the host) launched eagerly; on CPU one timed call."""
     fn()
     if device.type != "cuda":
         t = time.perf_counter()
         fn()
-        return 1e6 * (time.perf_counter() - t)
-    torch.cuda.synchronize(device)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(iters):
-            fn()
-    g.replay()
+        return 1e6 * (time.perf_counter() - t), "cpu, one call"
     torch.cuda.synchronize(device)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    try:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(iters):
+                fn()
+        replay = g.replay
+    except Exception:  # noqa: BLE001  (not capturable: time it eagerly)
+        torch.cuda.synchronize(device)
+        start.record()
+        for _ in range(reps * iters):
+            fn()
+        end.record()
+        torch.cuda.synchronize(device)
+        return 1e3 * start.elapsed_time(end) / (reps * iters), "eager (not capturable)"
+    replay()
+    torch.cuda.synchronize(device)
     start.record()
     for _ in range(reps):
-        g.replay()
+        replay()
     end.record()
     torch.cuda.synchronize(device)
-    return 1e3 * start.elapsed_time(end) / (reps * iters)
+    return 1e3 * start.elapsed_time(end) / (reps * iters), "cuda graph"
+
+
+def timing(measured: tuple[float, str], calls: int = 1) -> dict:
+    """A row's time fields from graph_us: us per one of `calls` (e.g. layers) done by the timed call, and how."""
+    us, how = measured
+    return {"us": round(us / calls, 2), "timed": how}
 
 
 def max_diff(a, b) -> float:
@@ -98,7 +115,7 @@ def gdn_rows(shape, device, bw, record, smoke: bool) -> None:
                           num_warps=w, **extra)
             got = call()
             record({"kernel": f"gdn verify ({form}{', unrolled' if unroll else ''})", "block_v": bv, "num_warps": w,
-                    "sequences": n, "block": T, "us": round(graph_us(call, device), 2),
+                    "sequences": n, "block": T, **timing(graph_us(call, device)),
                     "roofline_us": round(verify_roof * n / S, 2), "max_diff_vs_default": max_diff(got, want)})
     try:
         from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule as fla_rec
@@ -110,7 +127,7 @@ def gdn_rows(shape, device, bw, record, smoke: bool) -> None:
             return fla_rec(qf, kf, v, g, beta.to(v.dtype), initial_state=state[:S], output_final_state=True,
                            use_qk_l2norm_in_kernel=True)
         record({"kernel": "fla fused_recurrent (writes the final state)", "sequences": S, "block": T,
-                "us": round(graph_us(fla_call, device), 2), "roofline_us": round(verify_roof, 2),
+                **timing(graph_us(fla_call, device)), "roofline_us": round(verify_roof, 2),
                 "max_diff_vs_default": max_diff(fla_call()[0], want)})  # want: the S-sequence default
     except Exception as e:  # noqa: BLE001  (fla is optional)
         record({"note": f"fla not importable ({type(e).__name__}): no fla row"})
@@ -126,9 +143,9 @@ def gdn_rows(shape, device, bw, record, smoke: bool) -> None:
         s = states.clone()
         gv.gdn_commit_triton(s, idx, *lk, n, block_v=bv, num_warps=w)
         diff = max_diff(s, ref)
-        us = graph_us(lambda bv=bv, w=w: gv.gdn_commit_triton(work, idx, *lk, n, block_v=bv, num_warps=w), device)
+        t = graph_us(lambda bv=bv, w=w: gv.gdn_commit_triton(work, idx, *lk, n, block_v=bv, num_warps=w), device)
         record({"kernel": f"gdn commit, {L} layers in one launch (per layer)", "block_v": bv, "num_warps": w,
-                "sequences": S, "block": T, "us": round(us / L, 2),
+                "sequences": S, "block": T, **timing(t, L),
                 "roofline_us": round(1e6 * (2 * state_bytes + sum(t[0].numel() * 4 for t in lk)) / bw, 2),
                 "max_diff_vs_default": diff})
 
@@ -143,15 +160,15 @@ def gdn_rows(shape, device, bw, record, smoke: bool) -> None:
     conv_bytes = S * C * (K - 1) * conv.element_size()
     for bc, w in ([(64, 1), (256, 4)] if smoke else [(bc, w) for bc in (64, 128, 256) for w in (1, 4)]):
         got = gv.causal_conv1d_verify_triton(x, conv, w_conv, idx, keep=keep, block_c=bc, num_warps=w)
-        us = graph_us(lambda bc=bc, w=w: gv.causal_conv1d_verify_triton(x, conv, w_conv, idx, keep=keep, block_c=bc,
+        t = graph_us(lambda bc=bc, w=w: gv.causal_conv1d_verify_triton(x, conv, w_conv, idx, keep=keep, block_c=bc,
                                                                           num_warps=w), device)
         record({"kernel": "conv verify", "block_c": bc, "num_warps": w, "sequences": S, "block": T,
-                "us": round(us, 2), "roofline_us": round(1e6 * (3 * x.numel() * x.element_size() + conv_bytes) / bw, 2),
+                **timing(t), "roofline_us": round(1e6 * (3 * x.numel() * x.element_size() + conv_bytes) / bw, 2),
                 "max_diff_vs_default": max_diff(got, want_y)})
-        us = graph_us(lambda bc=bc, w=w: gv.conv_state_commit_triton(xs, convs, idx, n, block_c=bc, num_warps=w),
-                      device)
+        t = graph_us(lambda bc=bc, w=w: gv.conv_state_commit_triton(xs, convs, idx, n, block_c=bc, num_warps=w),
+                     device)
         record({"kernel": f"conv commit, {L} layers in one launch (per layer)", "block_c": bc, "num_warps": w,
-                "sequences": S, "block": T, "us": round(us / L, 2),
+                "sequences": S, "block": T, **timing(t, L),
                 "roofline_us": round(1e6 * (2 * conv_bytes + S * (K - 1) * C * x.element_size()) / bw, 2)})
 
 
@@ -180,7 +197,7 @@ def attention_rows(shape, device, bw, record, smoke: bool) -> None:
             record({"kernel": "verify attention" + (" (each row alone)" if rows == 1 else " (a sequence's rows "
                                                      "together)"), "rows_per_seq": rows, "tile": m,
                     "num_warps": w, "sequences": S, "block": T, "context": ctx,
-                    "us": round(graph_us(call, device), 2), "roofline_us": round(1e6 * kv_bytes / bw, 2),
+                    **timing(graph_us(call, device)), "roofline_us": round(1e6 * kv_bytes / bw, 2),
                     "max_diff_vs_default": max_diff(got, want)})
 
 
