@@ -1,7 +1,10 @@
 """Pick a parse backend by name. Backends are imported only when asked for, so neither is needed to import this."""
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import importlib.util
+import inspect
 
 from engine.interface import ParseBackend
 
@@ -47,3 +50,23 @@ def load_backend(
         raise ValueError("backend 'transformers' needs the transformers package: pip install transformers==5.17.0")
     cls = getattr(importlib.import_module(module_name), class_name)
     return cls(checkpoint_dir, device=device, dtype=dtype, **options)
+
+
+def check_options(name: str, options: dict) -> None:
+    """ValueError naming an option the native backend does not take (with the nearest one it does), so that a
+    misspelled key fails where the job starts, not in every engine's actor. Other backends are not checked."""
+    if name != "native":
+        return
+    from engine.llm_engine import EngineOptions
+    from engine.native_backend import NativeBackend
+
+    params = inspect.signature(NativeBackend.__init__).parameters
+    known = {p for p, v in params.items() if v.kind == v.KEYWORD_ONLY or v.kind == v.POSITIONAL_OR_KEYWORD}
+    known = (known - {"self", "checkpoint_dir", "device", "dtype"}) | {"max_batch_size"}
+    known |= {f.name for f in dataclasses.fields(EngineOptions)}
+    for key in options:
+        if key not in known:
+            close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
+            raise ValueError(f"model.options.{key} is not an option of the native backend"
+                             + (f" (did you mean {close[0]}?)" if close else "")
+                             + " (engine.llm_engine.EngineOptions lists the engine's)")

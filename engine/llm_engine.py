@@ -112,10 +112,13 @@ class EngineOptions:
     decode_pdl: bool = True  # programmatic dependent launch (sm_90+): each kernel starts as the one before finishes
     swiglu_epilogue: bool = True  # the gate_up GEMV applies SwiGLU to its own output: no SwiGLU kernel, no [M, 2I]
     text_only: bool = False
-    # speculative decoding: a DFlash drafter folder (engine/models/dflash.py; None or "none": off) and the verify
-    # block length (None: the drafter's block_size)
+    # speculative decoding: a DFlash drafter folder (engine/models/dflash.py; None or "none": off), the verify
+    # block length (None: the drafter's block_size), and the largest decode batch that speculates (None: any); a
+    # larger one decodes plainly, one step ahead of the device (a verify pass multiplies the batch's rows by the
+    # block, which stops paying once the GEMMs are compute-bound)
     drafter: str | None = None
     spec_block_size: int | None = None
+    spec_max_batch: int | None = None
 
     def decode_path(self) -> DecodePath:
         return DecodePath(fused_decode=self.fused_decode, fused_attention_decode=self.fused_attention_decode,
@@ -154,9 +157,12 @@ class Engine:
             block = opts.spec_block_size or drafter.cfg.block_size
             if block < 2:
                 raise ValueError(f"spec_block_size={block}: a verify block needs >= 2 tokens (or no drafter)")
-            self.spec = SpecDecoder(self.runner, drafter, block, opts.max_num_seqs)
+            if opts.spec_max_batch is not None and opts.spec_max_batch < 1:
+                raise ValueError(f"spec_max_batch={opts.spec_max_batch}: give >= 1 (or None: every batch speculates)")
+            most = min(opts.max_num_seqs, opts.spec_max_batch or opts.max_num_seqs)  # sequences a spec step holds
+            self.spec = SpecDecoder(self.runner, drafter, block, most)
             if not opts.enforce_eager:  # greedy steps from static buffers, as CUDA graphs where there is CUDA
-                self.spec.graphs = SpecGraphs(self.spec, opts.max_num_seqs, self.runner.cache.max_blocks_per_seq,
+                self.spec.graphs = SpecGraphs(self.spec, most, self.runner.cache.max_blocks_per_seq,
                                               self.runner.scratch_slot, capture=True)
         self.scheduler = Scheduler(self.block_manager, StatePool(opts.max_num_seqs), opts.max_num_seqs, mnbt,
                                    decode_len=self._decode_len)
@@ -240,10 +246,17 @@ class Engine:
         return self.scheduler.has_work() or self._inflight is not None
 
     def _decode_len(self, seq: Sequence) -> int:
-        """Tokens of KV cache seq's next decode step needs: its newest token's, or its speculative block's."""
+        """Tokens of KV cache seq's next decode step needs: its newest token's, or its speculative block's (the
+        block is reserved whether or not the step turns out to speculate)."""
         if self.spec is None or seq.beam is not None:
             return len(seq)
         return len(seq) - 1 + self.spec.block_len(seq)
+
+    def _speculates(self, seqs: list[Sequence]) -> bool:
+        """Whether a decode step over seqs is speculative: a drafter, no beam members, a batch within spec_max_batch."""
+        most = self.options.spec_max_batch
+        return (self.spec is not None and all(s.beam is None for s in seqs)
+                and (most is None or len(seqs) <= most))
 
     # ------------------------------------------------------------------ stepping
     def step(self) -> list[RequestOutput]:
@@ -252,10 +265,13 @@ class Engine:
         The host runs one step ahead of the device: step t + 1 is launched (its input tokens are read from the
         device) before step t's tokens come back, so host work overlaps device work. A sequence's newest token is
         a placeholder until collected; one that stopped at step t may still be computed at t + 1 (result dropped).
+        After a speculative step the host waits: how many tokens it gave is known only once collected. A
+        speculative step may follow a plain one still in flight (the lengths are known, the last token is read
+        on the device).
         """
         finished = []
-        if self.spec is not None:  # a speculative step's lengths are known only once collected: no step ahead
-            finished += self._collect()
+        if self._inflight is not None and self._inflight.spec is not None:
+            finished += self._collect()  # a speculative step's lengths are known only once collected: no step ahead
         had_flight = self._inflight is not None
         sched = self.scheduler.schedule(can_preempt=not had_flight)
         if sched == NEED_DRAIN:
@@ -274,7 +290,7 @@ class Engine:
         ev_start = torch.cuda.Event(enable_timing=True) if timing else None
         if sched.is_prefill:
             seqs, logits = self._prefill(sched.seqs, sched.chunk_lens, ev_start)
-        elif self.spec is not None and all(s.beam is None for s in sched.seqs):
+        elif self._speculates(sched.seqs):
             return self._launch_spec(sched, t0, ev_start, timing)
         else:
             seqs, logits = sched.seqs, self._decode(sched.seqs, ev_start)

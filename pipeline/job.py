@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 
 import pyarrow.fs as pafs
 
+from engine.backends import check_options
 from pipeline.blocks import BlockReading
 from pipeline.checkpoint import CheckpointError, checkpoint_note, localize, validate, validate_drafter
 from pipeline.config import ConfigError, JobConfig, knob
@@ -64,6 +65,10 @@ def prepare(cfg: JobConfig) -> Prepared:
         blocks = block_reading(cfg, checkpoint_dir)
         drafter = validate_drafter(cfg.model.drafter, checkpoint_dir, cfg.model.backend)
     except CheckpointError as e:
+        raise ConfigError(str(e)) from None
+    try:
+        check_options(cfg.model.backend, cfg.model.options)
+    except ValueError as e:
         raise ConfigError(str(e)) from None
     store = OutputStore(writable_output(cfg))
     try:

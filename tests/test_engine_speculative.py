@@ -72,6 +72,34 @@ def test_greedy_with_random_drafter_equals_plain(text_ckpt, drafter, plain):
     assert eng.block_manager.num_free == eng.block_manager.num_blocks
 
 
+def test_batches_above_spec_max_batch_decode_plainly(text_ckpt, drafter, plain):
+    """spec_max_batch=2: while 3-4 sequences decode the steps are plain (one step ahead of the device), once 2 or
+    fewer are left they speculate, also right after a plain step still in flight; the outputs stay plain
+    decoding's."""
+    eng = Engine.from_checkpoint(text_ckpt, dtype="float32", max_num_seqs=4, num_blocks=64, block_size=8,
+                                 drafter=str(drafter), spec_max_batch=2)
+    kinds = []
+    launch_spec, launch = eng._launch_spec, eng._launch
+    eng._launch_spec = lambda sched, *a: kinds.append(("spec", len(sched.seqs), eng._inflight is not None)) or \
+        launch_spec(sched, *a)
+    eng._launch = lambda sched: (kinds.append(("step", len(sched.seqs), sched.is_prefill)) or launch(sched))
+    outs = run_with_arrivals(eng, requests(), [0, 0, 0, 0])
+    for rid, want in plain.items():
+        assert outs[rid].output_token_ids == want, rid
+    # r1 (9 tokens) and r3 (17) end while 3-4 decode; r0 (23) and r2 (31) outlast them
+    assert outs["r1"].spec_steps == 0 and outs["r3"].spec_steps == 0
+    assert outs["r0"].spec_steps > 0 and outs["r2"].spec_steps > 0
+    spec = [k for k in kinds if k[0] == "spec"]
+    decode = [k for k in kinds if k[0] == "step" and not k[2]]
+    assert spec and all(n <= 2 for _, n, _ in spec)
+    assert any(n > 2 for _, n, _ in decode)
+    assert any(after_plain for _, _, after_plain in spec)  # launched while a plain step was in flight
+    assert eng.block_manager.num_free == eng.block_manager.num_blocks
+    with pytest.raises(ValueError, match="spec_max_batch=0"):
+        Engine.from_checkpoint(text_ckpt, dtype="float32", max_num_seqs=4, num_blocks=64, drafter=str(drafter),
+                               spec_max_batch=0)
+
+
 class Oracle(SpecDecoder):
     """Test double of the drafter: proposes the target's own greedy continuation (from a plain run), wrong at one
     block position every third step, so blocks are accepted whole, in part, or not at all."""
