@@ -367,7 +367,9 @@ def tau_row(a, b, block: int) -> dict:
                                                           for x, y in zip(a, b))}
 
 
-def train(cfg: TrainDrafterConfig, echo=print) -> dict:
+def train(cfg: TrainDrafterConfig, echo=print, collected: list[Example] | None = None) -> dict:
+    """collected: the target's answers to cfg.pages already collected (collect()), e.g. to train several drafters
+    on one collection; the target is then not run again (its soft labels must be there if cfg.distill > 0)."""
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
     images = load_pages(cfg.pages)
@@ -399,8 +401,9 @@ def train(cfg: TrainDrafterConfig, echo=print) -> dict:
         drafter = DFlashDrafter(dcfg, torch.float32, cfg.device)
         drafter.init_for_training(torch.Generator().manual_seed(cfg.seed))
     t0 = time.perf_counter()
-    examples = collect(target, train_images, layer_ids, cfg.prompt, cfg.max_tokens,
-                       soft_top_k=cfg.distill_top_k if cfg.distill > 0 else 0)
+    examples = list(collected) if collected is not None else collect(
+        target, train_images, layer_ids, cfg.prompt, cfg.max_tokens,
+        soft_top_k=cfg.distill_top_k if cfg.distill > 0 else 0)
     echo(f"collected {len(examples)} answers ({sum(len(e.ids) - e.prompt_len for e in examples)} tokens) in "
          f"{time.perf_counter() - t0:.0f} s")
     if not examples:

@@ -193,7 +193,7 @@ def test_selector_loss_puts_the_true_token_last_when_it_is_not_a_candidate():
     torch.testing.assert_close(ce, torch.stack([want0, want1])[None])
 
 
-def test_soft_labels_distillation_and_the_tau_estimate(tiny_checkpoint, tmp_path):
+def test_soft_labels_distillation_and_the_tau_estimate(tiny_checkpoint, tmp_path, monkeypatch):
     """collect(soft_top_k) keeps the target's distribution at each answer token, whose top id is the greedy token
     it emitted; block_loss with distill=1 is the cross-entropy against those probabilities, with 0 the greedy one;
     accepted_drafts counts the leading positions a verify would accept; a training run with --distill logs a tau
@@ -247,3 +247,10 @@ def test_soft_labels_distillation_and_the_tau_estimate(tiny_checkpoint, tmp_path
     log = train(cfg, echo=lambda *_: None)
     assert [s for s, _ in log["val_tau_estimate"]] == [0, 2, 4]
     assert all(1.0 <= tau <= 4.0 for _, tau in log["val_tau_estimate"])
+    # answers collected once can train several drafters: the target is not asked again
+    import jobs.train_drafter as td
+
+    monkeypatch.setattr(td, "collect", lambda *a, **k: pytest.fail("collected answers were given"))
+    again = train(cfg.model_copy(update=dict(out=str(tmp_path / "again"), val_pages=0, distill=1.0)),
+                  echo=lambda *_: None, collected=examples)
+    assert again["answers"] == len(examples) and len(again["losses"]) == 4

@@ -47,3 +47,24 @@ def test_paired_cer_pools_edits_over_characters_and_bootstraps_the_pages_togethe
     paired.main(["--a", str(a), "--b", str(other), "--out", str(out), "--draws", "50"])
     res = json.loads(out.read_text())
     assert res["left_out_references_differ"] == ["heldout_0002"] and res["pages"] == 6
+
+
+def test_distill_compare_trains_one_drafter_per_share_on_one_collection(tiny_checkpoint, tmp_path):
+    """The distillation study: one collection, a drafter per --distill value, each logging its validation loss and
+    tau estimate."""
+    import numpy as np
+    from PIL import Image
+
+    pages = tmp_path / "pages"
+    pages.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(4):
+        Image.fromarray(rng.integers(0, 256, (48 + 16 * i, 64, 3), dtype=np.uint8)).save(pages / f"p{i}.png")
+    study = load_study("distill_compare")
+    res = study.main(["--pages", str(pages), "--out", str(tmp_path / "d.json"), "--checkpoint", str(tiny_checkpoint),
+                      "--steps", "2", "--val-pages", "1", "--val-every", "1", "--max-tokens", "12",
+                      "--collect-batch", "4"])
+    assert res["answers"] == 4 and [r["distill"] for r in res["runs"]] == [0.0, 0.5]
+    for r in res["runs"]:
+        assert [s for s, _ in r["val_tau_estimate"]] == [0, 1, 2] and r["tau_estimate_at_best"] >= 1.0
+    assert json.loads((tmp_path / "d.json").read_text())["runs"] == json.loads(json.dumps(res["runs"]))
