@@ -8,8 +8,8 @@
 # 3. bench/drafter_tau.py: tau at block 16 and 8 on the held-out synthetic blocks and the corpus blocks made here
 #    (research/ocria_tiny/drafter_pages.py --split heldout; bench/drafter_block_pages.py), answers checked against
 #    plain decoding.
-# TRAIN_FLAGS: more jobs/train_drafter.py flags (e.g. --dflash2, or --init DRAFTER to continue one; then FIRST=N
-# draws pages N .. N + PAGES - 1, new ones). VAL=N keeps N answers out for a validation loss every VAL_EVERY steps
+# TRAIN_FLAGS: more jobs/train_drafter.py flags (e.g. --dflash2, --distill 0.5, or --init DRAFTER to continue one;
+# then FIRST=N draws pages N .. N + PAGES - 1, new ones). VAL=N keeps N answers out for a validation loss every VAL_EVERY steps
 # and writes the best drafter.
 # 4. with SPEC_BENCH="<its flags>" (e.g. "--block-sizes 16"), bench/spec_decode_bench.py with the new drafter
 #    (fla's wheels carried in .whl/fla for its kernel comparison).
@@ -48,6 +48,10 @@ out = sys.argv[1]
 log = json.load(open(f"{out}/drafter/train_log.json"))
 print(f"train: {log['train_pages']} block images, {log['answer_tokens']} answer tokens, {log['steps']} steps in "
       f"{log['train_seconds']} s, loss {sum(log['losses'][:20]) / 20:.3f} -> {sum(log['losses'][-20:]) / 20:.3f}")
+if "val_tau_estimate" in log:
+    tau = dict(log["val_tau_estimate"])
+    print(f"validation ({log['val_answers']} answers): best loss at step {log['best_step']}, tau estimate there "
+          f"{tau[log['best_step']]:.3f}, highest {max(tau.values()):.3f}")
 print(f"{'pages':8} {'block':>5} {'tau':>6} {'drafted':>8} {'accepted':>8} identical")
 for r in json.load(open(f"{out}/tau.json"))["rows"]:
     print(f"{r['page_set']:8} {r['block_size']:5d} {r['tau']:6.2f} {r['drafted']:8d} {r['accepted']:8d} "
