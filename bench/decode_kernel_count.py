@@ -181,17 +181,23 @@ def count_decode_step(batch: int, options: dict, layers: int, glue_kernels: dict
                               block_tables=[list(range(b * per_seq, (b + 1) * per_seq)) for b in range(batch)],
                               padded=batch)
     counter = StepCounter()
-    kinds = [layer.kind for layer in lm.layers]
+    hooks = scope_layers(lm, counter, glue_kernels)
+    with torch.no_grad(), count_triton_launches(counter), counter:
+        runner._decode_forward(batch)  # exactly what capture_decode_graphs records in the graph
+    for h in hooks:
+        h.remove()
+    return counter.counts, [layer.kind for layer in lm.layers]
+
+
+def scope_layers(lm, counter: StepCounter, glue_kernels: dict) -> list:
+    """Each layer's ops counted under "layer i", the final norm's and head's under theirs, each glue call as its
+    compiled regions; returns the hooks to remove."""
     hooks = []
     for i, layer in enumerate(lm.layers):
         layer.mixer.glue = CountedGlue(layer.mixer.glue, counter, glue_kernels)
         hooks.append(layer.register_forward_pre_hook(lambda m, a, i=i: setattr(counter, "scope", f"layer {i}")))
     hooks.append(lm.norm.register_forward_pre_hook(lambda m, a: setattr(counter, "scope", "final norm + head")))
-    with torch.no_grad(), count_triton_launches(counter), counter:
-        runner._decode_forward(batch)  # exactly what capture_decode_graphs records in the graph
-    for h in hooks:
-        h.remove()
-    return counter.counts, kinds
+    return hooks
 
 
 def count_spec_step(batch: int, options: dict, layers: int, glue_kernels: dict, block: int) -> tuple[Counter, list[str]]:
@@ -214,12 +220,8 @@ def count_spec_step(batch: int, options: dict, layers: int, glue_kernels: dict, 
         ([ctx - 1 + T] * (batch * T), torch.int32), (tables, torch.int32), (list(range(batch)), torch.int64),
         ([T] * batch, torch.int64))))
     counter = StepCounter()
-    kinds = [layer.kind for layer in lm.layers]
-    hooks = []
-    for n, layer in enumerate(lm.layers):
-        layer.mixer.glue = CountedGlue(layer.mixer.glue, counter, glue_kernels)
-        hooks.append(layer.register_forward_pre_hook(lambda m, a, n=n: setattr(counter, "scope", f"layer {n}")))
-    hooks.append(lm.norm.register_forward_pre_hook(lambda m, a: setattr(counter, "scope", "final norm + head")))
+    hooks = scope_layers(lm, counter, glue_kernels)
+
     def scoped(obj, name, scope, after):  # the calls of obj.name counted under `scope`, later ones under `after`
         fn = getattr(obj, name)
 
@@ -241,7 +243,7 @@ def count_spec_step(batch: int, options: dict, layers: int, glue_kernels: dict, 
         spec.greedy_step(rows)
     for h in hooks:
         h.remove()
-    return counter.counts, kinds
+    return counter.counts, [layer.kind for layer in lm.layers]
 
 
 def summarise(counts: Counter, kinds: list[str]) -> dict:

@@ -99,6 +99,27 @@ def delta_rule_step(S, k, v, g, beta):
 
 
 @triton.jit
+def token_update(S, q_at, k_at, v_at, g_at, beta_at, offs_k, offs_v, mask_k, mask_v, live, scale, neg_decay_rate,
+                 dt_bias, RAW_GATES: tl.constexpr):
+    """One token on a [BK, BV] fp32 state tile from pointers to its q, k (key head), v, g, beta (value head) rows:
+    the gates (from the raw projections when RAW_GATES), q and k l2-normalised (q scaled), the delta rule step and
+    the output. Returns (S, u, o (0 on a padding row), normalised k, g); shared by the decode and verify kernels."""
+    q = tl.load(q_at + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+    k = tl.load(k_at + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+    v = tl.load(v_at + offs_v, mask=mask_v, other=0.0).to(tl.float32)
+    g = tl.load(g_at).to(tl.float32)
+    beta = tl.load(beta_at)
+    if RAW_GATES:
+        g, beta = gates_from_raw_tl(g, beta, neg_decay_rate, dt_bias)
+    beta = beta.to(tl.float32)
+    q = q * (tl.rsqrt(tl.sum(q * q, axis=0) + 1e-6) * scale)
+    k = k * tl.rsqrt(tl.sum(k * k, axis=0) + 1e-6)
+    S, u = delta_rule_step(S, k, v, g, beta)
+    o = tl.where(live, tl.sum(S * q[:, None], axis=0), 0.0)
+    return S, u, o, k, g
+
+
+@triton.jit
 def gates_from_raw_tl(a, b, neg_decay_rate, dt_bias):
     """gates_from_raw inside a kernel: g = neg_decay_rate * softplus(a + dt_bias) with torch's threshold (linear
     above 20), beta = sigmoid(b) rounded to b's dtype, both returned in fp32 (neg_decay_rate = -exp(A_log))."""
@@ -141,24 +162,17 @@ def _gdn_recurrent_kernel(
     S = tl.load(s_ptrs, mask=mask_s, other=0.0)
 
     b64 = b.to(tl.int64)
+    neg_decay_rate = 0.0
+    dt_bias = 0.0
     if RAW_GATES:
         neg_decay_rate = -tl.exp(tl.load(alog_ptr + hv).to(tl.float32))
         dt_bias = tl.load(dtb_ptr + hv).to(tl.float32)
     for t in range(T):
-        q = tl.load(q_ptr + b64 * sq_b + t * sq_t + hk * sq_h + offs_k, mask=mask_k, other=0.0).to(tl.float32)
-        k = tl.load(k_ptr + b64 * sk_b + t * sk_t + hk * sk_h + offs_k, mask=mask_k, other=0.0).to(tl.float32)
-        v = tl.load(v_ptr + b64 * sv_b + t * sv_t + hv * sv_h + offs_v, mask=mask_v, other=0.0).to(tl.float32)
-        g = tl.load(g_ptr + b64 * sg_b + t * sg_t + hv * sg_h).to(tl.float32)
-        beta = tl.load(beta_ptr + b64 * sbeta_b + t * sbeta_t + hv * sbeta_h)
-        if RAW_GATES:
-            g, beta = gates_from_raw_tl(g, beta, neg_decay_rate, dt_bias)
-        beta = beta.to(tl.float32)
-        q = q * (tl.rsqrt(tl.sum(q * q, axis=0) + 1e-6) * scale)
-        k = k * tl.rsqrt(tl.sum(k * k, axis=0) + 1e-6)
-
-        S, _ = delta_rule_step(S, k, v, g, beta)
-        o = tl.sum(S * q[:, None], axis=0)
-        o = tl.where(live, o, 0.0)
+        S, _, o, _, _ = token_update(
+            S, q_ptr + b64 * sq_b + t * sq_t + hk * sq_h, k_ptr + b64 * sk_b + t * sk_t + hk * sk_h,
+            v_ptr + b64 * sv_b + t * sv_t + hv * sv_h, g_ptr + b64 * sg_b + t * sg_t + hv * sg_h,
+            beta_ptr + b64 * sbeta_b + t * sbeta_t + hv * sbeta_h, offs_k, offs_v, mask_k, mask_v, live, scale,
+            neg_decay_rate, dt_bias, RAW_GATES)
         tl.store(o_ptr + b64 * so_b + t * so_t + hv * so_h + offs_v, cast_rtne(o, o_ptr.dtype.element_ty), mask=mask_v)
         if STORE_INTERMEDIATE:
             i_ptrs = inter_ptr + b64 * si_b + t * si_t + hv * si_h + offs_k[:, None] * si_k + offs_v[None, :]

@@ -27,7 +27,7 @@ import triton.language as tl
 from kernels._common import cast_rtne, cdiv, check, next_pow2, output, require_last_dim_contiguous, use_triton
 from kernels.conv1d_update import conv_program
 from kernels.gdn_recurrent import (
-    _check_raw_gates, _validate, delta_rule_step, gates_from_raw, gates_from_raw_tl, l2norm_ref, state_program)
+    _check_raw_gates, _validate, gates_from_raw, gates_from_raw_tl, l2norm_ref, state_program, token_update)
 
 
 def _validate_side(B, T, Hk, dk, Hv, dv, k_kept, u_kept, g_kept):
@@ -118,20 +118,9 @@ def _verify_token(S, t, q_row, k_row, v_row, g_row, beta_row, o_row, uk_row, kk_
                   offs_k, offs_v, mask_k, mask_v, live, first_of_key, write_g, scale, neg_decay_rate, dt_bias,
                   RAW_GATES: tl.constexpr):
     """Token t of the block on the state tile S: outputs and kept k / u / g stored, the stepped tile returned."""
-    q = tl.load(q_row + t * sq_t + offs_k, mask=mask_k, other=0.0).to(tl.float32)
-    k = tl.load(k_row + t * sk_t + offs_k, mask=mask_k, other=0.0).to(tl.float32)
-    v = tl.load(v_row + t * sv_t + offs_v, mask=mask_v, other=0.0).to(tl.float32)
-    g = tl.load(g_row + t * sg_t).to(tl.float32)
-    beta = tl.load(beta_row + t * sbeta_t)
-    if RAW_GATES:
-        g, beta = gates_from_raw_tl(g, beta, neg_decay_rate, dt_bias)
-    beta = beta.to(tl.float32)
-    q = q * (tl.rsqrt(tl.sum(q * q, axis=0) + 1e-6) * scale)
-    k = k * tl.rsqrt(tl.sum(k * k, axis=0) + 1e-6)
-
-    S, u = delta_rule_step(S, k, v, g, beta)
-    o = tl.sum(S * q[:, None], axis=0)
-    o = tl.where(live, o, 0.0)
+    S, u, o, k, g = token_update(S, q_row + t * sq_t, k_row + t * sk_t, v_row + t * sv_t, g_row + t * sg_t,
+                                 beta_row + t * sbeta_t, offs_k, offs_v, mask_k, mask_v, live, scale, neg_decay_rate,
+                                 dt_bias, RAW_GATES)
     tl.store(o_row + t * so_t + offs_v, cast_rtne(o, o_row.dtype.element_ty), mask=mask_v)
     tl.store(uk_row + t * suk_t + offs_v, u, mask=mask_v & live)
     tl.store(kk_row + t * skk_t + offs_k, k, mask=mask_k & first_of_key)

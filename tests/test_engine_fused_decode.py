@@ -102,6 +102,28 @@ def test_kernel_count_script():
     assert f["step_total"] == d["step_total"] - 3 * 2
 
 
+def test_kernel_count_script_speculative_step():
+    """--spec: one greedy speculative step on a 4-layer stack (3 GDN + 1 attention), block 4. The verify pass's GDN
+    layer is 8 kernels (4 projections, two RMSNorms, conv verify keeping the block's inputs, GDN verify, gated norm);
+    the commit is one GDN and one conv launch for all layers; the drafter's 4 layers run fused projections and
+    compiled glue."""
+    from bench import decode_kernel_count
+
+    r = decode_kernel_count.main(["--layers", "4", "--variants", "default", "--spec", "4"])["default"]
+    gdn = dict(r["linear_attention"]["per_layer"])
+    gdn.pop("torch add")  # the residual add that forms a tapped layer's output (the drafter's context), 1 of 3 layers
+    assert gdn == {"triton _small_m_linear_kernel": 4, "triton _conv_verify_kernel": 1, "triton _gdn_verify_kernel": 1,
+                   "triton _gated_rmsnorm_kernel": 1, "triton _rmsnorm_kernel": 2}
+    commit = r["commit"]["per_layer"]
+    assert commit["triton _gdn_commit_kernel"] == 1 and commit["triton _conv_commit_kernel"] == 1
+    assert r["commit"]["total"] == 6
+    # the draft pass: per layer one norm, qkv GEMM, q/k norm + rotary, KV store, attention (2), o_proj, norm,
+    # gate_up, SwiGLU, down; then the head (a GEMV of 4 x 3 rows), block set-up and argmax
+    draft = r["draft"]["per_layer"]
+    assert draft["inductor qkv_heads"] == 4 and draft["triton _silu_mul_kernel"] == 4 and draft["gemm (mm)"] == 16
+    assert r["draft"]["total"] == 53 and r["drafter context"]["total"] == 16
+
+
 def test_fused_attention_decode_only(ckpt, monkeypatch):
     """EngineOptions(fused_attention_decode=True), the default: the attention layers decode through their fused
     kernel, the GDN layers keep the per-op path; greedy outputs as the fully unfused path's."""
