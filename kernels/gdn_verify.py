@@ -11,10 +11,12 @@ commit (once the accepted count n_b is known on the device): state[state_idx[b]]
 which is the verify recurrence with the corrections u already solved: element-wise multiply-adds, no reductions.
 So a verify step costs one state read in verify plus one read and one write in commit, however long the block,
 where writing every token's state (vLLM's spec path) costs T writes; and the committed state is the same, op for
-op, as T' = n_b plain decode steps would have left. n_b = 0 leaves the state as it was.
+op, as T' = n_b plain decode steps would have left. n_b = 0 leaves the state as it was. Given the states and kept
+buffers of several layers with a leading layer axis, one commit launch serves them all.
 
-The conv1d half: verify convolves the block with the conv state without shifting it; commit shifts in the first n_b
-inputs. Both read the block's pre-conv inputs x [B, T, C] kept by the caller, one launch each.
+The conv1d half: verify convolves the block with the conv state without shifting it (and, given `keep`, stores the
+block's pre-conv inputs x [B, T, C] there in the same launch); commit shifts in the first n_b of those inputs. One
+launch each (the commit, as above, for every layer at once).
 
 A negative state_idx marks a padding row: nothing of it is read or written and its outputs are zero. raw_gates as
 in kernels/gdn_recurrent (g, beta passed as the raw a, b projections).
