@@ -217,17 +217,19 @@ def decode_cases(batch_sizes=(1, 64)):
     return cases
 
 
-def block_attention_cases(paged_attention, tiles=(32, 64), warps=(4, 8)):
+def block_attention_cases(paged_attention, configs=((None, None), (64, 8))):
     """Speculative verify's attention at the 4B shape: 32 sequences x 16 rows attending through the paged cache,
-    each sequence's (row, head) pairs in tiles of `tiles` per program (rows_per_seq)."""
+    each sequence's (row, head) pairs in tiles per program (rows_per_seq): the default launch (tiles of 32 at 8
+    warps) and tiles of 64 at 8 warps (the one other without spills: at 4 warps a 32-pair tile takes 252 registers
+    and a 64-pair one spills)."""
     bf16, i32 = torch.bfloat16, torch.int32
     S, T, Hq, Hkv, D = 32, 16, 16, 4, 256
-    return [(f"block attention {S}x{T} tile {m} w{w}", paged_attention,
+    return [(f"block attention {S}x{T} tile {m or 'default'} w{w or 'default'}", paged_attention,
              lambda m=m, w=w: paged_attention.paged_decode_attention_triton(
                  torch.empty(S * T, Hq, D, dtype=bf16), torch.empty(2, 16, Hkv, D, dtype=bf16),
                  torch.empty(2, 16, Hkv, D, dtype=bf16), torch.zeros(S * T, 256, dtype=i32),
                  torch.empty(S * T, dtype=i32), D ** -0.5, rows_per_seq=T, max_tile_rows=m, num_warps=w))
-            for m in tiles for w in warps]
+            for m, w in configs]
 
 
 def verify_cases(gdn_verify):
