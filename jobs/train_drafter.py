@@ -13,8 +13,8 @@ DFlash2's convolutions and candidate selector, whose cross-entropy over the top-
 DRAFTER/ (config.json + model.safetensors, the public DFlash layout) and DRAFTER/train_log.json (losses; with
 --heldout, tau measured on the held-out pages by the engine at each --measure-block). With --val-pages, answers kept
 out of training give a validation loss (greedy labels) and an estimate of tau (the drafts a verify would accept at
-random anchors of those answers); the drafter written is the one where the loss was lowest: with few pages the
-drafter memorises its answers long before the steps run out.
+random anchors of those answers); the drafter written is the one where that estimate was highest: with few pages
+the drafter memorises its answers long before the steps run out.
 """
 from __future__ import annotations
 
@@ -75,8 +75,9 @@ class TrainDrafterConfig(BaseModel):
     steps: int = Field(200, ge=1)
     max_seconds: float | None = Field(None, gt=0, description="stop training after this much wall time")
     heldout: int = Field(0, ge=0, description="pages kept out of training; tau is measured on them")
-    val_pages: int = Field(0, ge=0, description="answers kept out of training whose loss is measured every val_every "
-                           "steps (the same anchors each time); the drafter written is the one with the lowest")
+    val_pages: int = Field(0, ge=0, description="answers kept out of training whose loss and tau estimate are "
+                           "measured every val_every steps (the same anchors each time); the drafter written is the "
+                           "one with the highest tau estimate")
     val_every: int = Field(200, ge=1)
     measure_blocks: list[int] = Field(default_factory=lambda: [8], description="block sizes tau is measured at")
     save_dtype: Literal["bfloat16", "float32"] = Field("bfloat16", description="the written weights' dtype (the "
@@ -421,11 +422,12 @@ def train(cfg: TrainDrafterConfig, echo=print, collected: list[Example] | None =
     stop = []  # a SIGTERM (e.g. from `timeout`) ends training early; what was learned is still written
     previous = signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
     losses, t_train, t_echo = [], time.perf_counter(), 0.0
-    val_losses, val_tau, best = [], [], None  # (step, loss), (step, tau estimate); (loss, step, weights) of the best
+    val_losses, val_tau, best = [], [], None  # (step, loss), (step, tau estimate); (key, step, weights) of the best
 
     def validate(step: int) -> None:
         """The greedy-label loss (whatever the training loss) and the tau estimate on the kept-out answers, at the
-        same anchors every time."""
+        same anchors every time. The best drafter is the one with the highest tau estimate (the lowest loss among
+        equals): past a point the loss rises, from confident misses, while the drafts accepted still grow."""
         nonlocal best
         vrng, total, accepted = random.Random(cfg.seed + 1), 0.0, []
         with torch.no_grad(), torch.autocast("cuda", torch.bfloat16, enabled=use_autocast):
@@ -437,8 +439,9 @@ def train(cfg: TrainDrafterConfig, echo=print, collected: list[Example] | None =
                 accepted.append(accepted_drafts(bp))
         val_losses.append((step, total / len(val)))
         val_tau.append((step, round(1 + float(torch.cat(accepted).mean()), 4)))
-        if best is None or val_losses[-1][1] < best[0]:
-            best = (val_losses[-1][1], step, [p.detach().clone() for p in params])
+        key = (val_tau[-1][1], -val_losses[-1][1])
+        if best is None or key > best[0]:
+            best = (key, step, [p.detach().clone() for p in params])
 
     pages = page_stream(len(examples), rng)
     for step in range(cfg.steps):
@@ -470,9 +473,8 @@ def train(cfg: TrainDrafterConfig, echo=print, collected: list[Example] | None =
         with torch.no_grad():
             for p, w in zip(params, best[2]):
                 p.copy_(w)
-        tau_at = dict(val_tau)
-        echo(f"validation loss {best[0]:.4f} (tau estimate {tau_at[best[1]]:.3f}) at step {best[1]} (the drafter "
-             f"written); last {val_losses[-1][1]:.4f} (tau estimate {val_tau[-1][1]:.3f}) at step {val_losses[-1][0]}")
+        echo(f"validation tau estimate {best[0][0]:.3f} (loss {-best[0][1]:.4f}) at step {best[1]} (the drafter "
+             f"written); last {val_tau[-1][1]:.3f} (loss {val_losses[-1][1]:.4f}) at step {val_tau[-1][0]}")
     out = Path(cfg.out)
     drafter.save_pretrained(out, num_target_layers=t.num_hidden_layers, dtype=getattr(torch, cfg.save_dtype))
     log = {"config": cfg.model_dump(), "drafter": dcfg.to_json(), "train_pages": len(train_images),

@@ -56,13 +56,14 @@ def test_train_drafter_smoke(tiny_checkpoint, tmp_path):
 
 
 def test_validation_keeps_the_best_drafter(tiny_checkpoint, tmp_path):
-    """--val-pages: answers kept out of training, their loss measured every --val-every steps and at the end; the
-    drafter written is the one with the lowest (a large lr makes later steps worse)."""
+    """--val-pages: answers kept out of training, their loss and tau estimate measured every --val-every steps and
+    at the end; the drafter written is the one with the highest tau estimate, the lowest loss among equals (a large
+    lr makes later steps worse)."""
     import random
 
     from engine.llm_engine import Engine
     from engine.models.dflash import DFlashDrafter
-    from jobs.train_drafter import block_loss, collect, load_pages
+    from jobs.train_drafter import accepted_drafts, block_loss, block_pass, collect, load_pages
 
     pages = write_pages(tmp_path / "pages", 4, seed=2)
     cfg = TrainDrafterConfig(checkpoint=str(tiny_checkpoint), pages=str(pages), out=str(tmp_path / "drafter"),
@@ -71,16 +72,19 @@ def test_validation_keeps_the_best_drafter(tiny_checkpoint, tmp_path):
     log = train(cfg, echo=lambda *_: None)
     steps = [s for s, _ in log["val_losses"]]
     assert steps == [0, 3, 6, 9] and log["val_answers"] == 1 and log["answers"] == 3
-    best_step, best_loss = min(log["val_losses"], key=lambda x: x[1])
-    assert log["best_step"] == best_step and best_step < 9, log["val_losses"]  # the last is not the best here
-    # the written drafter has the best validation loss, recomputed from its file on the same anchors
+    tau, loss = dict(log["val_tau_estimate"]), dict(log["val_losses"])
+    best_step = max(steps, key=lambda s: (tau[s], -loss[s]))
+    assert log["best_step"] == best_step and best_step < 9, (log["val_losses"], tau)  # the last is not the best here
+    # the written drafter is that step's: its loss and tau estimate, recomputed from its file on the same anchors
     eng = Engine.from_checkpoint(str(tiny_checkpoint), dtype="float32", max_num_seqs=4, enforce_eager=True)
     d = DFlashDrafter.from_pretrained(tmp_path / "drafter", eng.cfg.text, torch.float32, "cpu")
     val = collect(eng, load_pages(pages)[:1], list(d.cfg.target_layer_ids), cfg.prompt, cfg.max_tokens)
+    embed, head = eng.model.language_model.embed_tokens.weight, eng.model.head_weight
     with torch.no_grad():
-        again = float(block_loss(d, val, eng.model.language_model.embed_tokens.weight, eng.model.head_weight,
-                                 cfg.anchors, cfg.gamma, random.Random(cfg.seed + 1), "cpu"))
-    assert abs(again - best_loss) < 1e-3 * max(1.0, best_loss), (again, best_loss)
+        bp = block_pass(d, val, embed, head, cfg.anchors, random.Random(cfg.seed + 1), "cpu")
+        again = float(block_loss(d, val, embed, head, cfg.anchors, cfg.gamma, None, "cpu", out=bp))
+    assert abs(again - loss[best_step]) < 1e-3 * max(1.0, loss[best_step]), (again, loss[best_step])
+    assert abs(1 + float(accepted_drafts(bp).mean()) - tau[best_step]) < 1e-3
 
 
 def test_collected_taps_are_what_the_target_computes_for_the_whole_sequence(tiny_checkpoint, tmp_path):
