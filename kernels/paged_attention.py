@@ -198,8 +198,10 @@ def pick_partition_size(batch: int, kv_heads: int, max_len: int, block_n: int, s
 
 
 def block_m(rows_per_seq: int, group: int, max_rows: int = 64) -> int:
-    """(query row, head) pairs per program: all of a sequence's up to max_rows (K/V read once per sequence), at
-    least 16 (tl.dot's smallest side)."""
+    """(query row, head) pairs per program, at least 16 (tl.dot's smallest side): decoding (one row), the whole
+    group, as the decode kernel always held it; a block, all of a sequence's pairs up to max_rows."""
+    if rows_per_seq == 1:
+        return max(16, next_pow2(group))
     return max(16, min(next_pow2(rows_per_seq * group), max_rows))
 
 

@@ -182,3 +182,23 @@ def test_block_rows_must_come_in_whole_runs():
     q, k_cache, v_cache, block_tables, lens = make_cache(4, 16)
     with pytest.raises(ValueError, match="rows_per_seq=3"):
         paged_decode_attention_triton(q, k_cache, v_cache, block_tables, lens, 0.25, rows_per_seq=3)
+
+
+def test_tile_sizes_keep_a_decode_rows_whole_group():
+    """Decoding holds a row's whole group of query heads in one program whatever its size; a block's pairs are
+    tiled up to the cap."""
+    from kernels.paged_attention import block_m
+
+    assert block_m(1, 4) == 16 and block_m(1, 48, max_rows=32) == 64
+    assert block_m(16, 4, max_rows=32) == 32 and block_m(3, 2) == 16 and block_m(16, 4) == 64
+
+
+def test_decode_with_a_large_group_at_head_dim_256():
+    """40 query heads on one kv head at head dim 256: a decode row's whole group in one program (a block's tiles
+    are capped at 32 pairs there, a decode row's are not)."""
+    require_interpreted(_paged_decode_partition_kernel)
+    q, k_cache, v_cache, block_tables, lens = make_cache(16, 256, Hq=40, Hkv=1, lens=[37, 3], seed=11)
+    ref = paged_decode_attention_ref(q, k_cache, v_cache, block_tables, lens, 256 ** -0.5)
+    out = paged_decode_attention_triton(q, k_cache, v_cache, block_tables, lens, 256 ** -0.5,
+                                        out=poisoned(q.shape, q.dtype))
+    assert_close(out, ref)
