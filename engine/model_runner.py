@@ -114,67 +114,58 @@ class ModelRunner:
                 torch.cuda.synchronize(device)
 
     @torch.no_grad()  # as in the forward passes: grad mode is part of the compiled code's guards
-    def _compiled_glue(self, backend: str = "inductor") -> Glue:
-        """torch.compile'd glue, checked against the eager functions on small inputs; eager if either fails."""
-        t, dev, dt = self.cfg.text, self.device, self.dtype
-        eager, glue = Glue(False), Glue(True, backend)
-        gen = torch.Generator(device=dev).manual_seed(0)
+    def _checked(self, eager, compiled, calls, what: str):
+        """`compiled` if each of its functions matches `eager`'s on calls(n, rand) -> [(name, args)] for n = 1 and 5
+        rows (size 1 is specialised by the compiler; 5 compiles the dynamic-size kernels), else `eager`, loudly."""
+        gen = torch.Generator(device=self.device).manual_seed(0)
 
-        def rand(*shape, dtype=dt):
-            return torch.randn(*shape, generator=gen, device=dev, dtype=torch.float32).to(dtype)
+        def rand(*shape, dtype=self.dtype):
+            return torch.randn(*shape, generator=gen, device=self.device, dtype=torch.float32).to(dtype)
 
         try:
-            for n in (1, 5):  # size 1 is specialised by the compiler; 5 compiles the dynamic-size kernels
-                qkv = rand(n, (2 * t.num_attention_heads + 2 * t.num_key_value_heads) * t.head_dim)
-                args = (qkv, rand(t.head_dim) * 0.1, rand(t.head_dim) * 0.1, rand(n, t.rotary_dim),
-                        rand(n, t.rotary_dim), t.rms_norm_eps, t.num_attention_heads, t.num_key_value_heads,
-                        t.head_dim)
-                gate_args = (rand(n, 2 * t.linear_num_value_heads), rand(t.linear_num_value_heads, dtype=torch.float32),
-                             rand(t.linear_num_value_heads, dtype=torch.float32))
-                for name, a in (("attention_inputs", args), ("gdn_gates", gate_args)):
-                    got, want = getattr(glue, name)(*a), getattr(eager, name)(*a)
-                    for x, y in zip(got, want):
+            for n in (1, 5):
+                for name, args in calls(n, rand):
+                    got, want = getattr(compiled, name)(*args), getattr(eager, name)(*args)
+                    for x, y in zip(got if isinstance(got, tuple) else (got,),
+                                    want if isinstance(want, tuple) else (want,)):
                         torch.testing.assert_close(x.float(), y.float(), atol=2e-2, rtol=2e-2)
-                q, _, _, gate = glue.attention_inputs(*args)
-                torch.testing.assert_close(glue.gated_output(q, gate).float(), eager.gated_output(q, gate).float(),
-                                           atol=2e-2, rtol=2e-2)
         except Exception as e:  # noqa: BLE001  (compiler unavailable or wrong: fall back, loudly)
-            warnings.warn(f"torch.compile of the glue ops failed, running them eagerly: {e!r}")
+            warnings.warn(f"torch.compile of {what} failed, running them eagerly: {e!r}")
             return eager
-        return glue
+        return compiled
 
-    @torch.no_grad()
+    def _compiled_glue(self, backend: str = "inductor") -> Glue:
+        """torch.compile'd glue, checked against the eager functions on small inputs; eager if either fails."""
+        t, eager = self.cfg.text, Glue(False)
+
+        def calls(n, rand):
+            qkv = rand(n, (2 * t.num_attention_heads + 2 * t.num_key_value_heads) * t.head_dim)
+            args = (qkv, rand(t.head_dim) * 0.1, rand(t.head_dim) * 0.1, rand(n, t.rotary_dim), rand(n, t.rotary_dim),
+                    t.rms_norm_eps, t.num_attention_heads, t.num_key_value_heads, t.head_dim)
+            q, _, _, gate = eager.attention_inputs(*args)
+            return [("attention_inputs", args), ("gated_output", (q, gate)),
+                    ("gdn_gates", (rand(n, 2 * t.linear_num_value_heads),
+                                   rand(t.linear_num_value_heads, dtype=torch.float32),
+                                   rand(t.linear_num_value_heads, dtype=torch.float32)))]
+        return self._checked(eager, Glue(True, backend), calls, "the glue ops")
+
     def _compiled_draft_glue(self, backend: str = "inductor"):
         """The drafter's glue torch.compile'd, checked against the eager functions on small inputs; eager if it
         fails (engine/models/dflash_glue.py)."""
         from engine.models.dflash_glue import DraftGlue
 
-        c, dev = self.drafter.cfg, self.device
-        dt = self.drafter.fc.weight.dtype
-        eager, glue = DraftGlue(False), DraftGlue(True, backend)
-        gen = torch.Generator(device=dev).manual_seed(0)
-
-        def rand(*shape, dtype=dt):
-            return torch.randn(*shape, generator=gen, device=dev, dtype=torch.float32).to(dtype)
-
+        c, dt = self.drafter.cfg, self.drafter.fc.weight.dtype
         H, nh, nkv, hd, eps = c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.rms_norm_eps
-        try:
-            for n in (1, 5):  # size 1 is specialised by the compiler; 5 compiles the dynamic-size kernels
-                index = torch.arange(n, device=dev) + 7
-                cos, sin = rand(n, hd), rand(n, hd)
-                calls = (("norm", (rand(n, H), rand(H), eps)), ("add_norm", (rand(n, H), rand(n, H), rand(H), eps)),
-                         ("qkv_heads", (rand(n, (nh + 2 * nkv) * hd), rand(hd), rand(hd), cos, sin, eps, nh, nkv, hd)),
-                         ("kv_heads", (rand(n, 2 * nkv * hd), rand(hd), cos, sin, eps, nkv, hd)),
-                         ("rotary", (index, self.drafter.inv_freq, rand(1))))
-                for name, a in calls:
-                    got, want = getattr(glue, name)(*a), getattr(eager, name)(*a)
-                    for x, y in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple)
-                                    else (want,)):
-                        torch.testing.assert_close(x.float(), y.float(), atol=2e-2, rtol=2e-2)
-        except Exception as e:  # noqa: BLE001  (compiler unavailable or wrong: fall back, loudly)
-            warnings.warn(f"torch.compile of the drafter's glue failed, running it eagerly: {e!r}")
-            return eager
-        return glue
+
+        def calls(n, rand):
+            cos, sin = rand(n, hd, dtype=dt), rand(n, hd, dtype=dt)
+            return [("norm", (rand(n, H, dtype=dt), rand(H, dtype=dt), eps)),
+                    ("add_norm", (rand(n, H, dtype=dt), rand(n, H, dtype=dt), rand(H, dtype=dt), eps)),
+                    ("qkv_heads", (rand(n, (nh + 2 * nkv) * hd, dtype=dt), rand(hd, dtype=dt), rand(hd, dtype=dt),
+                                   cos, sin, eps, nh, nkv, hd)),
+                    ("kv_heads", (rand(n, 2 * nkv * hd, dtype=dt), rand(hd, dtype=dt), cos, sin, eps, nkv, hd)),
+                    ("rotary", (torch.arange(n, device=self.device) + 7, self.drafter.inv_freq, rand(1, dtype=dt)))]
+        return self._checked(DraftGlue(False), DraftGlue(True, backend), calls, "the drafter's glue")
 
     def _projection_weights(self) -> list[torch.Tensor]:
         """Every weight a decode step multiplies by (the split-K workspace is sized from them)."""

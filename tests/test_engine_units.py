@@ -211,3 +211,27 @@ def test_drafter_projections_are_views_of_one_fused_weight():
     d.fuse_projections()
     assert layer.qkv_weight.dtype == torch.float64
     assert layer.qkv_weight.data_ptr() == layer.q_proj.weight.data_ptr()
+
+
+def test_glue_check_falls_back_to_eager_when_a_compiled_function_is_wrong(tmp_path):
+    """The start-up check compares every compiled glue function with the eager one: one that differs (here the
+    drafter's norm off by a factor) sends the runner back to the eager glue, with a warning naming it."""
+    import warnings
+
+    from engine.llm_engine import Engine
+    from engine.models.dflash_glue import DraftGlue
+    from engine.testing import build_checkpoint, write_random_drafter
+
+    ckpt = build_checkpoint(tmp_path / "c", vision=False)
+    eng = Engine.from_checkpoint(ckpt, num_blocks=32,
+                                 drafter=str(write_random_drafter(tmp_path / "d", ckpt, block_size=4)))
+    wrong = DraftGlue(True, backend="eager")
+    right_norm = wrong.norm
+    wrong.norm = lambda x, w, eps: 2 * right_norm(x, w, eps)
+    eager = DraftGlue(False)
+    calls = lambda n, rand: [("norm", (rand(n, 8), rand(8), 1e-6))]  # noqa: E731
+    with pytest.warns(UserWarning, match="the drafter's glue failed"):
+        assert eng.runner._checked(eager, wrong, calls, "the drafter's glue") is eager
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert eng.runner._checked(eager, DraftGlue(True, backend="eager"), calls, "the drafter's glue").compiled

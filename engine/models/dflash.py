@@ -32,7 +32,8 @@ from torch import nn
 
 from engine import ops
 from engine.config import TextConfig
-from engine.models.dflash_glue import DraftGlue
+from engine.models.dflash_glue import DraftGlue, rotary
+from engine.models.dflash_glue import norm as rms_norm  # Qwen3's RMSNorm (plain weight, not 1 + w), in fp32
 from engine.rope import apply_rotary, inv_frequencies
 
 
@@ -181,12 +182,6 @@ def expected_drafter_tensors(cfg: DFlashConfig) -> dict[str, tuple[int, ...]]:
         out.update({"candidate_selector.hidden_projection.weight": (r, H),
                     "candidate_selector.predecessor_codebook": (V, r), "candidate_selector.successor_codebook": (V, r)})
     return out
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Qwen3's RMSNorm (plain weight, not 1 + w), computed in fp32."""
-    xf = x.float()
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
 
 
 class GroupedConv(nn.Module):
@@ -407,15 +402,13 @@ class DFlashDrafter(nn.Module):
         return dict.fromkeys(self.cfg.target_layer_ids)
 
     def rotary(self, index: torch.Tensor):
-        freqs = index.float()[:, None] * self.inv_freq[None, :]
-        emb = torch.cat([freqs, freqs], -1)
-        dt = self.fc.weight.dtype
-        return emb.cos().to(dt), emb.sin().to(dt)
+        return rotary(index, self.inv_freq, self.fc.weight)
 
-    def fuse(self, taps: dict) -> torch.Tensor:
-        """Tapped target hidden states {layer id: [N, H]} -> the fused context [N, H]."""
+    def fuse(self, taps: dict, norm=rms_norm) -> torch.Tensor:
+        """Tapped target hidden states {layer id: [N, H]} -> the fused context [N, H] (norm: the RMSNorm to use,
+        e.g. inference's compiled one)."""
         feats = torch.cat([taps[i] for i in self.cfg.target_layer_ids], dim=-1).to(self.fc.weight.dtype)
-        return rms_norm(self.fc(feats), self.hidden_norm, self.cfg.rms_norm_eps)
+        return norm(F.linear(feats, self.fc.weight), self.hidden_norm, self.cfg.rms_norm_eps)
 
     @torch.no_grad()
     def fuse_projections(self) -> None:
@@ -441,8 +434,7 @@ class DFlashDrafter(nn.Module):
         """Store the context K/V of N target tokens (their taps) at their KV slots (slot < 0: skipped)."""
         self.fuse_projections()
         g, c = self.glue, self.cfg
-        feats = torch.cat([taps[i] for i in c.target_layer_ids], dim=-1).to(self.fc.weight.dtype)
-        ctx = g.norm(F.linear(feats, self.fc.weight), self.hidden_norm, c.rms_norm_eps)
+        ctx = self.fuse(taps, norm=g.norm)
         cos, sin = g.rotary(index, self.inv_freq, ctx)
         for i, layer in enumerate(self.layers):
             kv = F.linear(ctx, layer.qkv_weight[layer.nh * layer.hd:])
