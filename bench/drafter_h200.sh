@@ -11,8 +11,7 @@
 # TRAIN_FLAGS: more jobs/train_drafter.py flags (e.g. --dflash2, --distill 0.5, or --init DRAFTER to continue one;
 # then FIRST=N draws pages N .. N + PAGES - 1, new ones). VAL=N keeps N answers out for a validation loss every VAL_EVERY steps
 # and writes the best drafter.
-# 4. with SPEC_BENCH="<its flags>" (e.g. "--block-sizes 16"), bench/spec_decode_bench.py with the new drafter
-#    (fla's wheels carried in .whl/fla for its kernel comparison).
+# 4. with SPEC_BENCH="<its flags>" (e.g. "--block-sizes 16"), bench/spec_decode_bench.py with the new drafter.
 # OUT gets drafter/ (config.json, model.safetensors, train_log.json), tau.json, log.txt [, h200_spec_decode.json].
 set -euo pipefail
 OUT=${1:?usage: drafter_h200.sh OUT}
@@ -58,10 +57,7 @@ for r in json.load(open(f"{out}/tau.json"))["rows"]:
           f"{r['identical_to_plain']}")
 EOF
 echo "seconds: pages $((t1 - t0)), train (collect + steps) $((t2 - t1)), tau $((t3 - t2))"
-if [ -n "${SPEC_BENCH:-}" ]; then  # bench/spec_decode_bench.py with this drafter: kernel, ocria-tiny, 4B shape
-  if compgen -G ".whl/fla/*.whl" >/dev/null && [ "$DEVICE" = cuda ]; then
-    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/fla/*.whl
-  fi
+if [ -n "${SPEC_BENCH:-}" ]; then  # bench/spec_decode_bench.py with this drafter: ocria-tiny, 4B shape
   left=$((${DEADLINE:-100000} - ($(date +%s) - t0)))  # DEADLINE: seconds from the start the whole run must end by
   timeout "$left" $PY bench/spec_decode_bench.py --device "$DEVICE" --drafter "$OUT/drafter" --pages "$TAU_DIR/heldout" \
     --max-tokens "$MAX_TOKENS" $SPEC_BENCH --out "$OUT/h200_spec_decode.json" || echo "spec bench stopped (rc $?)"

@@ -3,7 +3,7 @@
     python3 bench/spec_decode_bench.py --pages PAGES --drafter DRAFTER --out bench/results/h200_spec_decode.json
     python bench/spec_decode_bench.py --device cpu --smoke --out /tmp/spec_smoke.json     # CPU, toy shapes
 
-Three parts, each written to the results file as soon as it is done (`rows`, `kernels`, `notes`):
+Two parts, each written to the results file as soon as it is done (`rows`, `notes`):
 1. ocria-tiny (bf16) reads the PNG block images in PAGES greedily at batch 1, 8, 32, 128 with speculation off and on
    (DRAFTER at --block-sizes): per-sequence decode tok/s (RequestOutput.decode_tokens_per_s, mean), pages/s, tau,
    acceptance by block position; any answer that differs from plain decoding is listed with the top-2 logit margin
@@ -13,10 +13,8 @@ Three parts, each written to the results file as soon as it is done (`rows`, `ke
    per step from an acceptance profile (per block position, the chance a draft is accepted given the ones before it
    were): part 1's measured profile, then each --profile. Method "acceptance drawn from a profile". tok/s per
    sequence and total at batch 1, 8, 32, 64, 128 against plain decode.
-3. (run first) the GDN verify + commit kernels (kernels/gdn_verify.py: token by token and chunk form) at 32
-   sequences x block 16 of the 4B shape: us per layer
-   against the torch reference, fla's fused recurrent kernel over the same block (when fla imports), and the
-   roofline of the state traffic (verify reads the state, commit reads and writes it) at the measured copy bandwidth.
+The step's kernels alone, each launch configuration against the torch reference, fla and the rooflines:
+bench/spec_kernels_bench.py.
 
 Rows: {model, batch, block_size, tau, tok_s_per_seq, tok_s_per_seq_plain, speedup, method, ...}.
 """
@@ -40,7 +38,7 @@ from engine.llm_engine import Engine, EngineOptions  # noqa: E402
 from engine.spec_graphs import SpecGraphs  # noqa: E402
 from engine.speculative import SpecDecoder  # noqa: E402
 from engine.testing import write_random_drafter  # noqa: E402
-from jobs.benchmark import copy_bandwidth, sync  # noqa: E402
+from jobs.benchmark import sync  # noqa: E402
 from jobs.train_drafter import divergences  # noqa: E402
 
 DEFAULT_PROFILE = [0.9] * 15  # per-position conditional acceptance when no measured profile is given
@@ -218,70 +216,6 @@ def spec_paths(decoder, batch: int, eager_batches):
             decoder.graphs = graphs
 
 
-def kernel_rows(args, device, record) -> None:
-    from engine import ops
-    from kernels.gdn_verify import gdn_commit_ref, gdn_verify_ref
-
-    S, T, Hk, Hv, dk, dv = (3, 4, 2, 4, 16, 16) if args.smoke else (32, 16, 16, 32, 128, 128)
-    gen = torch.Generator(device=device).manual_seed(0)
-
-    def rnd(*shape, dtype=torch.bfloat16 if device.type == "cuda" else torch.float32):
-        return torch.randn(*shape, generator=gen, device=device).to(dtype)
-
-    q, k, v = rnd(S, T, Hk, dk), rnd(S, T, Hk, dk), rnd(S, T, Hv, dv)
-    a, bb = rnd(S, T, Hv), rnd(S, T, Hv)
-    A_log, dt_bias = torch.rand(Hv, device=device), torch.zeros(Hv, device=device)
-    state = rnd(S + 1, Hv, dk, dv, dtype=torch.float32) * 0.1
-    idx = torch.arange(S, device=device, dtype=torch.int64)
-    kept = (torch.empty(S, T, Hk, dk, device=device), torch.empty(S, T, Hv, dv, device=device),
-            torch.empty(S, T, Hv, device=device))
-    n = torch.full((S,), T, device=device, dtype=torch.int64)
-
-    def bench(fn, iters):
-        for _ in range(2):
-            fn()
-        sync(device)
-        t = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        sync(device)
-        return 1e6 * (time.perf_counter() - t) / iters
-
-    iters = 3 if args.smoke else 100
-    raw = (A_log, dt_bias)
-    impls = {"triton verify + commit": lambda: (ops.gdn_verify(q, k, v, a, bb, state, idx, *kept, raw_gates=raw),
-                                                ops.gdn_commit(state, idx, *kept, n)),
-             "triton chunk-form verify + commit": lambda: (
-                 ops.gdn_verify(q, k, v, a, bb, state, idx, *kept, raw_gates=raw, chunk=True),
-                 ops.gdn_commit(state, idx, *kept, n)),
-             "torch reference verify + commit": lambda: (gdn_verify_ref(q, k, v, a, bb, state, idx, *kept,
-                                                                        raw_gates=raw),
-                                                         gdn_commit_ref(state, idx, *kept, n))}
-    if device.type != "cuda":  # on CPU the dispatch runs the reference
-        impls.pop("triton verify + commit")
-        impls.pop("triton chunk-form verify + commit")
-    try:
-        from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule as fla_rec
-
-        from kernels.gdn_recurrent import gates_from_raw
-
-        g, beta = gates_from_raw(a, bb, A_log, dt_bias)
-        qf, kf = q.repeat_interleave(Hv // Hk, 2), k.repeat_interleave(Hv // Hk, 2)
-        impls["fla fused_recurrent (writes the final state)"] = lambda: fla_rec(
-            qf, kf, v, g, beta.to(v.dtype), initial_state=state[:S], output_final_state=True,
-            use_qk_l2norm_in_kernel=True)
-    except Exception as e:  # noqa: BLE001  (fla is optional)
-        record("notes", f"fla not importable ({type(e).__name__}): no fla row")
-    bw = copy_bandwidth(device, (1 << 30) if device.type == "cuda" else (16 << 20))
-    state_bytes = S * Hv * dk * dv * 4
-    for name, fn in impls.items():
-        record("kernels", {"kernel": name, "sequences": S, "block": T, "us_per_layer": round(bench(fn, iters), 2),
-                           "roofline_us": round(1e6 * 3 * state_bytes / bw, 2),
-                           "roofline_note": "verify reads the fp32 state once, commit reads and writes it: 3 state "
-                                            f"passes of {state_bytes} bytes at the measured copy bandwidth "
-                                            f"{bw / 1e9:.1f} GB/s"})
-
-
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda")
@@ -300,7 +234,7 @@ def main(argv=None) -> None:
                         "the given ones after it, 0.9 everywhere when there is neither")
     p.add_argument("--page-image-tokens", type=int, default=1300)
     p.add_argument("--page-gen", type=int, default=256)
-    p.add_argument("--parts", nargs="+", default=["tiny", "4b", "kernel"])
+    p.add_argument("--parts", nargs="+", choices=["tiny", "4b"], default=["tiny", "4b"])
     p.add_argument("--eager-batches", type=int, nargs="*", default=[],
                    help="batches also timed with the eager speculative step (no static buffers / CUDA graphs)")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "h200_spec_decode.json"))
@@ -312,7 +246,7 @@ def main(argv=None) -> None:
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     results = {"command": "python3 bench/spec_decode_bench.py " + " ".join(argv if argv is not None else sys.argv[1:]),
                "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-               "rows": [], "kernels": [], "notes": []}
+               "rows": [], "notes": []}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
 
@@ -321,8 +255,6 @@ def main(argv=None) -> None:
         print(json.dumps(item), flush=True)
         out.write_text(json.dumps(results, indent=1) + "\n")
 
-    if "kernel" in args.parts:  # first: seconds, where the end-to-end parts take minutes
-        kernel_rows(args, device, record)
     if "tiny" in args.parts:
         if args.drafter and args.pages:
             tiny_rows(args, device, dtype, record)

@@ -5,6 +5,7 @@ CUDA graph: no host launch cost in the number) and checked against the default c
     python bench/spec_kernels_bench.py --smoke --out /tmp/spec_kernels.json              # CPU: toy shapes, interpreter
 
 Kernels (kernels/gdn_verify.py, kernels/paged_attention.py), 32 sequences x a block of 16 unless said:
+- GDN verify + commit of one layer as the engine launches them, and their torch reference.
 - GDN verify at 1 and 32 sequences, token by token (block_v x num_warps, looped or unrolled) and chunk form; fla's
   fused recurrent kernel over the same block when fla imports (it writes the final state instead of keeping the
   block's updates).
@@ -131,6 +132,20 @@ def gdn_rows(shape, device, bw, record, smoke: bool) -> None:
                 "max_diff_vs_default": max_diff(fla_call()[0], want)})  # want: the S-sequence default
     except Exception as e:  # noqa: BLE001  (fla is optional)
         record({"note": f"fla not importable ({type(e).__name__}): no fla row"})
+
+    # what the engine runs for one layer (default launches, verify then commit), and the torch reference of both
+    one = (torch.empty(S, T, Hk, dk, device=device), torch.empty(S, T, Hv, dv, device=device),
+           torch.empty(S, T, Hv, device=device))
+    n1 = torch.full((S,), T, device=device, dtype=torch.int64)
+    work1 = state.clone()
+    pairs = {"gdn verify + commit (default launches)": (gv.gdn_verify_triton, gv.gdn_commit_triton),
+             "gdn verify + commit (torch reference)": (gv.gdn_verify_ref, gv.gdn_commit_ref)}
+    for name, (verify, commit) in pairs.items():
+        def both(verify=verify, commit=commit):
+            verify(q, k, v, a, b, work1, idx, *one, raw_gates=raw)
+            commit(work1, idx, *one, n1)
+        record({"kernel": name, "sequences": S, "block": T, **timing(graph_us(both, device)),
+                "roofline_us": round(1e6 * (3 * state_bytes + io_bytes) / bw, 2)})
 
     # commit: every layer in one launch
     states = rnd(L, S + 1, Hv, dk, dv, dtype=torch.float32) * 0.1

@@ -36,4 +36,3 @@ def test_spec_decode_bench_smoke(tiny_checkpoint, tmp_path):
     given = [r["tau"] for r in res["rows"][2:] if r["profile"] == "given 0"]
     measured = [r["tau"] for r in res["rows"][2:] if r["profile"] == "ocria-tiny measured"]
     assert min(given) > 2.0 and max(measured) < 1.5, (given, measured)
-    assert [k["kernel"] for k in res["kernels"]] == ["torch reference verify + commit"]
