@@ -483,9 +483,10 @@ class Engine:
             logits=torch.stack(seq.logits) if seq.logits else None, **_spec_fields(seq.spec_stats))
 
     # ------------------------------------------------------------------ convenience
-    def generate(self, requests: list[dict]) -> list[RequestOutput]:
+    def generate(self, requests: list[dict], on_finish=None) -> list[RequestOutput]:
         """Run requests (dicts of add_request arguments; request_id optional) to completion, in input order.
-        Requests the engine rejects come back with finish_reason "error" and the reason."""
+        Requests the engine rejects come back with finish_reason "error" and the reason. on_finish(output), if
+        given, sees each output as its request ends (e.g. to reduce kept logits while the others run)."""
         ids, results = [], {}
         for i, r in enumerate(requests):
             r = dict(r)
@@ -497,6 +498,8 @@ class Engine:
                 results[rid] = RequestOutput(rid, [], [], "", "error", error=str(e))
         while self.has_unfinished():
             for out in self.step():
+                if on_finish is not None:
+                    on_finish(out)
                 results[out.request_id] = out
         return [results[i] for i in ids]
 

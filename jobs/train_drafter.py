@@ -168,7 +168,7 @@ def load_pages(path: str | Path) -> list[np.ndarray]:
 
 def collect(engine: Engine, images: list[np.ndarray], layer_ids, prompt: str, max_tokens: int,
             soft_top_k: int = 0) -> list[Example]:
-    """The target's greedy answers to each page, batched by the engine, and the tapped hidden states of every token
+    """The target's greedy answers to each page in one batched generate, and the tapped hidden states of every token
     it computes meanwhile (prompt in prefill, answer in decode). The engine must run eagerly (enforce_eager): a CUDA
     graph replays its decode without calling the recorder. Each page is preprocessed once, to the uint8 patches the
     engine expands on its device, as the job does. soft_top_k: also keep the target's distribution at each answer
@@ -177,24 +177,24 @@ def collect(engine: Engine, images: list[np.ndarray], layer_ids, prompt: str, ma
         raise ValueError("collect needs an engine built with enforce_eager=True (CUDA graphs skip the recorder)")
     inputs = [engine.processor.page_inputs(image, prompt, compact=True) for image in images]
     rec = TapRecorder(layer_ids, engine, {f"page-{n}": len(ids) + max_tokens for n, (ids, _, _) in enumerate(inputs)})
-    answers, soft = {}, {}
+    soft = {}
+
+    def reduce_logits(o):  # as each answer ends: its [n, V] rows are not kept while the others run
+        if soft_top_k and o.logits is not None:
+            probs, top = o.logits.float().softmax(-1).topk(min(soft_top_k, o.logits.shape[-1]), -1)
+            soft[o.request_id] = (probs / probs.sum(-1, keepdim=True), top)
+            o.logits = None
+
     engine.runner.drafter = rec
     try:
-        for n, (ids, pixels, grids) in enumerate(inputs):
-            engine.add_request(f"page-{n}", prompt_token_ids=ids, pixel_values=pixels, image_grids=grids,
-                               sampling=SamplingParams(max_tokens=max_tokens), keep_logits=soft_top_k > 0)
-        while engine.has_unfinished():
-            for o in engine.step():
-                answers[o.request_id] = o
-                if soft_top_k and o.logits is not None:  # reduced as each answer ends: [n, V] rows are not kept
-                    probs, top = o.logits.float().softmax(-1).topk(min(soft_top_k, o.logits.shape[-1]), -1)
-                    soft[o.request_id] = (probs / probs.sum(-1, keepdim=True), top)
-                    o.logits = None
+        answers = engine.generate([dict(request_id=f"page-{n}", prompt_token_ids=ids, pixel_values=pixels,
+                                        image_grids=grids, sampling=SamplingParams(max_tokens=max_tokens),
+                                        keep_logits=soft_top_k > 0)
+                                   for n, (ids, pixels, grids) in enumerate(inputs)], on_finish=reduce_logits)
     finally:
         engine.runner.drafter = None
     out = []
-    for n in range(len(inputs)):
-        o = answers[f"page-{n}"]
+    for n, o in enumerate(answers):
         if o.finish_reason == "error":
             raise RuntimeError(f"page {n}: {o.error}")
         ids = o.prompt_token_ids + o.output_token_ids
