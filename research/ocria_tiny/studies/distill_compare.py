@@ -13,6 +13,7 @@ import json
 import time
 from pathlib import Path
 
+from engine.interface import DEFAULT_PROMPT
 from engine.llm_engine import Engine
 from engine.models.dflash import build_target_layer_ids
 from jobs.train_drafter import TrainDrafterConfig, collect, load_pages, train
@@ -37,8 +38,8 @@ def main(argv=None) -> dict:
     target = Engine.from_checkpoint(args.checkpoint, max_num_seqs=args.collect_batch, enforce_eager=True)
     layers = build_target_layer_ids(target.cfg.text.num_hidden_layers, base["num_taps"])
     t0 = time.perf_counter()
-    examples = collect(target, load_pages(args.pages), layers, TrainDrafterConfig(**base, out="-").prompt,
-                       base["max_tokens"], soft_top_k=base["distill_top_k"])
+    examples = collect(target, load_pages(args.pages), layers, DEFAULT_PROMPT, base["max_tokens"],
+                       soft_top_k=base["distill_top_k"])
     result = {"command": "python -m research.ocria_tiny.studies.distill_compare " + " ".join(argv or []),
               "answers": len(examples), "answer_tokens": sum(len(e.ids) - e.prompt_len for e in examples),
               "collect_s": round(time.perf_counter() - t0, 1), "config": base, "runs": []}
