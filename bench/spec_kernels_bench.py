@@ -5,11 +5,15 @@ CUDA graph: no host launch cost in the number) and checked against the default c
     python bench/spec_kernels_bench.py --smoke --out /tmp/spec_kernels.json              # CPU: toy shapes, interpreter
 
 Kernels (kernels/gdn_verify.py, kernels/paged_attention.py), 32 sequences x a block of 16 unless said:
-- GDN verify + commit of one layer as the engine launches them, and their torch reference.
-- GDN verify at 1 and 32 sequences, token by token (block_v x num_warps, looped or unrolled) and chunk form; fla's
-  fused recurrent kernel over the same block when fla imports (it writes the final state instead of keeping the
-  block's updates).
-- GDN commit of all 24 GDN layers in one launch (per layer = the launch / 24), all 16 tokens accepted.
+- A GDN layer's speculative steps as the engine runs them (verify, then the ring's advance), tau tokens accepted a
+  step, for fold_after 0, 16 and 48 (the state written back at every step, or once 16 or 48 updates are pending):
+  the mean over a run of steps, whose pending counts cycle as the engine's do; the torch reference of the same; and
+  the design it replaced, committing every step (a verify with nothing pending, then a fold of tau tokens).
+- GDN verify at 1 and 32 sequences with nothing pending, token by token (block_v x num_warps, looped or unrolled) and
+  chunk form; with a block pending and written back (default launch); fla's fused recurrent kernel over the same
+  block when fla imports (it writes the final state instead of keeping the block's updates).
+- GDN fold of all 24 GDN layers in one launch (per layer = the launch / 24), a block pending: what a plain decode
+  step pays after speculative ones.
 - conv verify / conv commit (block_c x num_warps).
 - verify attention (16 query heads, 4 kv heads, head dim 256, context 1,500) at 1 and 32 sequences: every row reading
   its own context (rows_per_seq=1, what a decode kernel does) against a sequence's rows read together (rows_per_seq
@@ -83,6 +87,23 @@ def max_diff(a, b) -> float:
     return float((a.float() - b.float()).abs().max())
 
 
+def ring_bytes(S, T, Hk, Hv, dk, dv, rows) -> int:
+    """Bytes of `rows` ring rows (k, u, g in fp32) of S sequences' GDN layer."""
+    return S * rows * (Hk * dk + Hv * dv + Hv) * 4
+
+
+def steady_steps(fold_after: int, tau: int, T: int, steps: int) -> tuple[int, int]:
+    """(write-backs, pending rows read) over `steps` verify + advance steps from an empty ring, tau accepted a step:
+    the cycle the engine's pending counts go through."""
+    h = writes = reads = 0
+    for _ in range(steps):
+        reads += h
+        if h > fold_after:
+            writes, h = writes + 1, 0
+        h += tau
+    return writes, reads
+
+
 def gdn_rows(shape, device, bw, record, smoke: bool) -> None:
     S, T, Hk, Hv, dk, dv, L = shape
     gen = torch.Generator(device=device).manual_seed(0)
@@ -91,33 +112,83 @@ def gdn_rows(shape, device, bw, record, smoke: bool) -> None:
     def rnd(*s, dtype=dt):
         return torch.randn(*s, generator=gen, device=device).to(dtype)
 
+    def new_ring(rows, layers=()):
+        """A ring whose slots 0..S-1 each hold T pending tokens from row 0 (normalised keys, small updates)."""
+        k_r = torch.nn.functional.normalize(rnd(*layers, S + 1, rows, Hk, dk, dtype=torch.float32), dim=-1)
+        pos = torch.zeros(S + 1, 2, dtype=torch.int32, device=device)
+        pos[:S, 1] = T
+        return (k_r, rnd(*layers, S + 1, rows, Hv, dv, dtype=torch.float32) * 0.1,
+                -torch.rand(*layers, S + 1, rows, Hv, device=device), pos)
+
+    def empty(ring):
+        ring[3].zero_()
+        return ring
+
     q, k, v = rnd(S, T, Hk, dk), rnd(S, T, Hk, dk), rnd(S, T, Hv, dv)
     a, b = rnd(S, T, Hv), rnd(S, T, Hv)
     raw = (torch.rand(Hv, device=device), torch.zeros(Hv, device=device))
     state = rnd(S + 1, Hv, dk, dv, dtype=torch.float32) * 0.1
     idx = torch.arange(S, device=device)
-    kept = (torch.empty(S, T, Hk, dk, device=device), torch.empty(S, T, Hv, dv, device=device),
-            torch.empty(S, T, Hv, device=device))
     state_bytes = S * Hv * dk * dv * 4
-    io_bytes = (q.numel() + k.numel() + 2 * v.numel()) * q.element_size() + sum(t.numel() * 4 for t in kept)
-    verify_roof = 1e6 * (state_bytes + io_bytes) / bw
+    io_bytes = (q.numel() + k.numel() + 2 * v.numel()) * q.element_size()
+    block_bytes = ring_bytes(S, T, Hk, Hv, dk, dv, T)
+    verify_roof = 1e6 * (state_bytes + io_bytes + block_bytes) / bw  # nothing pending: read the state once
+
+    # a GDN layer's speculative steps: verify + advance, tau accepted a step, averaged over a run of steps
+    tau, steps = (2, 4) if smoke else (3, 20)
+    n_acc = torch.full((S,), tau, device=device, dtype=torch.int32)
+    impls = {"default launches": (gv.gdn_verify_triton, gv.gdn_ring_advance_triton, gv.gdn_fold_triton),
+             "torch reference": (gv.gdn_verify_ref, gv._ring_advance_ref, gv.gdn_fold_ref)}
+    for name, (verify, advance, fold) in impls.items():
+        for f in ((0,) if smoke or "reference" in name else (0, 16, 48)):
+            ring, work = empty(new_ring(f + 2 * T)), state.clone()
+
+            def step(verify=verify, advance=advance, ring=ring, work=work, f=f):
+                verify(q, k, v, a, b, work, idx, ring, f, raw_gates=raw)
+                advance(ring[3], idx, n_acc, f, f + 2 * T)
+            t = graph_us(step, device, iters=steps, reps=5)  # the graph replays `steps` steps: their pending cycle
+            writes, reads = steady_steps(f, tau, T, steps)
+            roof = (state_bytes + io_bytes + block_bytes + writes / steps * state_bytes +
+                    ring_bytes(S, T, Hk, Hv, dk, dv, 1) * reads / steps)
+            record({"kernel": f"gdn step: verify + advance ({name})", "fold_after": f, "accepted_per_step": tau,
+                    "sequences": S, "block": T, **timing(t), "roofline_us": round(1e6 * roof / bw, 2),
+                    "write_backs_per_step": round(writes / steps, 3)})
+        # the replaced design: verify against a committed state, then commit the accepted tokens (= a fold)
+        ring, work = empty(new_ring(2 * T)), state.clone()
+        accepted = torch.tensor([0, tau], dtype=torch.int32, device=device).expand(S, 2)  # the block's first tau rows
+
+        def commit_every_step(verify=verify, fold=fold, ring=ring, work=work):
+            verify(q, k, v, a, b, work, idx, ring, 0, raw_gates=raw)
+            ring[3][:S].copy_(accepted)
+            fold(work, idx, ring)
+        record({"kernel": f"gdn step: verify + commit every step ({name})", "accepted_per_step": tau,
+                "sequences": S, "block": T, **timing(graph_us(commit_every_step, device)),
+                "roofline_us": round(1e6 * (3 * state_bytes + io_bytes + block_bytes) / bw, 2)})
+
+    # verify alone: every launch configuration, nothing pending, at one sequence (latency) and S (throughput)
+    ring = empty(new_ring(2 * T))
     configs = [("steps", bv, w, u) for u in (False, True) for bv in (8, 16, 32) for w in (1, 2, 4)] + \
               [("chunk", bv, w, False) for bv in (16, 32) for w in (4, 8)]
     if smoke:
         configs = [("steps", 8, 1, False), ("steps", 16, 4, True), ("chunk", 16, 4, False)]
-    for n in sorted({1, S}):  # one sequence: the block's latency; S: throughput
-        want = gv.gdn_verify_triton(q[:n], k[:n], v[:n], a[:n], b[:n], state, idx[:n], *kept, raw_gates=raw)
+    for n in sorted({1, S}):
+        want = gv.gdn_verify_triton(q[:n], k[:n], v[:n], a[:n], b[:n], state, idx[:n], ring, raw_gates=raw)
         for form, bv, w, unroll in configs:
             fn = gv.gdn_verify_chunk_triton if form == "chunk" else gv.gdn_verify_triton
             extra = {"unroll": True} if unroll else {}
 
             def call(fn=fn, bv=bv, w=w, extra=extra, n=n):
-                return fn(q[:n], k[:n], v[:n], a[:n], b[:n], state, idx[:n], *kept, raw_gates=raw, block_v=bv,
+                return fn(q[:n], k[:n], v[:n], a[:n], b[:n], state, idx[:n], ring, raw_gates=raw, block_v=bv,
                           num_warps=w, **extra)
             got = call()
             record({"kernel": f"gdn verify ({form}{', unrolled' if unroll else ''})", "block_v": bv, "num_warps": w,
-                    "sequences": n, "block": T, **timing(graph_us(call, device)),
+                    "sequences": n, "block": T, "pending": 0, **timing(graph_us(call, device)),
                     "roofline_us": round(verify_roof * n / S, 2), "max_diff_vs_default": max_diff(got, want)})
+    # a block pending, folded in and written back (fold_after 0): the verify of every step after the first
+    full, work = new_ring(2 * T), state.clone()
+    record({"kernel": "gdn verify (steps), a block pending, written back", "sequences": S, "block": T, "pending": T,
+            **timing(graph_us(lambda: gv.gdn_verify_triton(q, k, v, a, b, work, idx, full, raw_gates=raw), device)),
+            "roofline_us": round(1e6 * (2 * state_bytes + io_bytes + 2 * block_bytes) / bw, 2)})
     try:
         from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule as fla_rec
 
@@ -127,43 +198,33 @@ def gdn_rows(shape, device, bw, record, smoke: bool) -> None:
         def fla_call():
             return fla_rec(qf, kf, v, g, beta.to(v.dtype), initial_state=state[:S], output_final_state=True,
                            use_qk_l2norm_in_kernel=True)
+        want = gv.gdn_verify_triton(q, k, v, a, b, state, idx, empty(new_ring(2 * T)), raw_gates=raw)
         record({"kernel": "fla fused_recurrent (writes the final state)", "sequences": S, "block": T,
-                **timing(graph_us(fla_call, device)), "roofline_us": round(verify_roof, 2),
-                "max_diff_vs_default": max_diff(fla_call()[0], want)})  # want: the S-sequence default
+                **timing(graph_us(fla_call, device)), "roofline_us": round(1e6 * (2 * state_bytes + io_bytes) / bw, 2),
+                "max_diff_vs_default": max_diff(fla_call()[0], want)})
     except Exception as e:  # noqa: BLE001  (fla is optional)
         record({"note": f"fla not importable ({type(e).__name__}): no fla row"})
 
-    # what the engine runs for one layer (default launches, verify then commit), and the torch reference of both
-    one = (torch.empty(S, T, Hk, dk, device=device), torch.empty(S, T, Hv, dv, device=device),
-           torch.empty(S, T, Hv, device=device))
-    n1 = torch.full((S,), T, device=device, dtype=torch.int64)
-    work1 = state.clone()
-    pairs = {"gdn verify + commit (default launches)": (gv.gdn_verify_triton, gv.gdn_commit_triton),
-             "gdn verify + commit (torch reference)": (gv.gdn_verify_ref, gv.gdn_commit_ref)}
-    for name, (verify, commit) in pairs.items():
-        def both(verify=verify, commit=commit):
-            verify(q, k, v, a, b, work1, idx, *one, raw_gates=raw)
-            commit(work1, idx, *one, n1)
-        record({"kernel": name, "sequences": S, "block": T, **timing(graph_us(both, device)),
-                "roofline_us": round(1e6 * (3 * state_bytes + io_bytes) / bw, 2)})
-
-    # commit: every layer in one launch
+    # fold: every layer in one launch, a block pending in each (the pos reset is undone before each timed call)
     states = rnd(L, S + 1, Hv, dk, dv, dtype=torch.float32) * 0.1
-    lk = (torch.nn.functional.normalize(rnd(L, S, T, Hk, dk, dtype=torch.float32), dim=-1),
-          rnd(L, S, T, Hv, dv, dtype=torch.float32) * 0.1, -torch.rand(L, S, T, Hv, device=device))
-    n = torch.full((S,), T, device=device, dtype=torch.int64)
-    ref, work = states.clone(), states.clone()  # timing commits into `work` again and again
-    gv.gdn_commit_triton(ref, idx, *lk, n)
+    lring = new_ring(2 * T, layers=(L,))
+    pending = lring[3].clone()
+    ref, work = states.clone(), states.clone()  # timing folds into `work` again and again
+    gv.gdn_fold_triton(ref, idx, lring)
     for bv, w in ([(8, 1), (16, 4)] if smoke else [(bv, w) for bv in (8, 16, 32) for w in (1, 2, 4)]):
-        s = states.clone()
-        gv.gdn_commit_triton(s, idx, *lk, n, block_v=bv, num_warps=w)
-        diff = max_diff(s, ref)
-        t = graph_us(lambda bv=bv, w=w: gv.gdn_commit_triton(work, idx, *lk, n, block_v=bv, num_warps=w), device)
-        record({"kernel": f"gdn commit, {L} layers in one launch (per layer)", "block_v": bv, "num_warps": w,
-                "sequences": S, "block": T, **timing(t, L),
-                "roofline_us": round(1e6 * (2 * state_bytes + sum(t[0].numel() * 4 for t in lk)) / bw, 2),
-                "max_diff_vs_default": diff})
+        s_ = states.clone()
+        lring[3].copy_(pending)
+        gv.gdn_fold_triton(s_, idx, lring, block_v=bv, num_warps=w)
+        diff = max_diff(s_, ref)
 
+        def fold_all(bv=bv, w=w):
+            lring[3].copy_(pending)
+            gv.gdn_fold_triton(work, idx, lring, block_v=bv, num_warps=w)
+        record({"kernel": f"gdn fold, {L} layers in one launch (per layer)", "block_v": bv, "num_warps": w,
+                "sequences": S, "pending": T, **timing(graph_us(fold_all, device), L),
+                "roofline_us": round(1e6 * (2 * state_bytes + block_bytes) / bw, 2), "max_diff_vs_default": diff})
+
+    n = torch.full((S,), T, device=device, dtype=torch.int64)
     # conv verify / commit (one layer; commit over all layers in one launch)
     C, K = 2 * Hk * dk + Hv * dv, 4
     x = rnd(S, T, C)

@@ -119,6 +119,9 @@ class EngineOptions:
     drafter: str | None = None
     spec_block_size: int | None = None
     spec_max_batch: int | None = None
+    # accepted tokens whose GDN updates stay pending (engine/gdn_ring) before a verify writes the state back; 0:
+    # written back at every verify that has any
+    spec_fold_after: int = 0
 
     def decode_path(self) -> DecodePath:
         return DecodePath(fused_decode=self.fused_decode, fused_attention_decode=self.fused_attention_decode,
@@ -141,24 +144,25 @@ class Engine:
 
         self.model = Qwen3_5Model(cfg, self.dtype, self.device, text_only=self.text_only)
         load_weights(self.model, cfg, weights, expected=expected)
-        drafter = None
+        drafter, block = None, None
         if opts.drafter not in (None, "", "none"):
             drafter = DFlashDrafter.from_pretrained(opts.drafter, cfg.text, self.dtype, self.device)
+            block = opts.spec_block_size or drafter.cfg.block_size
+            if block < 2:
+                raise ValueError(f"spec_block_size={block}: a verify block needs >= 2 tokens (or no drafter)")
+            if opts.spec_max_batch is not None and opts.spec_max_batch < 1:
+                raise ValueError(f"spec_max_batch={opts.spec_max_batch}: give >= 1 (or None: every batch speculates)")
         self.runner = ModelRunner(self.model, cfg, self.device, self.dtype, max_num_seqs=opts.max_num_seqs,
                                   max_model_len=self.max_model_len, max_num_batched_tokens=mnbt,
                                   block_size=opts.block_size, num_blocks=opts.num_blocks,
                                   kv_cache_memory_gb=opts.kv_cache_memory_gb,
                                   gpu_memory_utilization=opts.gpu_memory_utilization,
                                   use_cuda_graphs=not opts.enforce_eager, compile_glue=opts.compile,
-                                  decode=opts.decode_path(), drafter=drafter)
+                                  decode=opts.decode_path(), drafter=drafter,
+                                  spec_ring=(block, opts.spec_fold_after) if drafter is not None else None)
         self.block_manager = BlockManager(self.runner.cache.num_blocks, opts.block_size)
         self.spec = None
         if drafter is not None:
-            block = opts.spec_block_size or drafter.cfg.block_size
-            if block < 2:
-                raise ValueError(f"spec_block_size={block}: a verify block needs >= 2 tokens (or no drafter)")
-            if opts.spec_max_batch is not None and opts.spec_max_batch < 1:
-                raise ValueError(f"spec_max_batch={opts.spec_max_batch}: give >= 1 (or None: every batch speculates)")
             most = min(opts.max_num_seqs, opts.spec_max_batch or opts.max_num_seqs)  # sequences a spec step holds
             self.spec = SpecDecoder(self.runner, drafter, block, most)
             if not opts.enforce_eager:  # greedy steps from static buffers, as CUDA graphs where there is CUDA

@@ -14,6 +14,7 @@ import torch
 
 from engine import ops
 from engine.config import ModelConfig
+from engine.gdn_ring import GdnRing
 from engine.models.glue import Glue
 from engine.models.layers import DecodeProjections
 from engine.models.qwen3_5 import Qwen3_5Model
@@ -65,7 +66,7 @@ class ModelRunner:
                  max_num_seqs: int, max_model_len: int, max_num_batched_tokens: int, block_size: int = 16,
                  num_blocks: int | None = None, kv_cache_memory_gb: float | None = None,
                  gpu_memory_utilization: float = 0.9, use_cuda_graphs: bool = True, compile_glue: bool = True,
-                 *, decode: DecodePath, drafter=None):
+                 *, decode: DecodePath, drafter=None, spec_ring: tuple[int, int] | None = None):
         self.model, self.cfg, self.device, self.dtype = model, cfg, device, dtype
         # a speculative drafter (engine/models/dflash.DFlashDrafter): its context KV shares the target's block tables
         # and is written by every target forward from the tapped hidden states
@@ -91,6 +92,9 @@ class ModelRunner:
         self.scratch_slot = max_num_seqs if drafter is not None else None
         slots = max_num_seqs + (drafter is not None)
         self._alloc_states(slots)
+        # speculative steps' pending GDN updates, (block size, fold_after) -> engine/gdn_ring.GdnRing; allocated
+        # before the KV cache takes what memory is left
+        self.gdn_ring = GdnRing(self, *spec_ring) if spec_ring is not None else None
         if num_blocks is None:
             num_blocks = self._blocks_from_budget(max_num_seqs, max_model_len, kv_cache_memory_gb,
                                                   gpu_memory_utilization)
@@ -208,6 +212,8 @@ class ModelRunner:
         for cache, src, dst in ((self.conv_state, src_slots, dst_slots), (self.ssm_state, src_slots, dst_slots),
                                 (self.k_cache, src_blocks, dst_blocks), (self.v_cache, src_blocks, dst_blocks)):
             ops.copy_rows(cache, src, dst)  # on the GPU, rows whose source is themselves are not moved
+        if self.gdn_ring is not None:  # beams never speculate: a copy carries the source's empty ring
+            self.gdn_ring.pos[dst_slots] = self.gdn_ring.pos[src_slots]
 
     def _blocks_from_budget(self, max_num_seqs, max_model_len, kv_gb, utilization) -> int:
         """KV blocks that fit the budget, capped at what max_num_seqs full-length sequences could ever use."""
@@ -254,6 +260,9 @@ class ModelRunner:
         meta = build_prefill_metadata(chunks, self.block_size, self.device)
         if start_event is not None:
             start_event.record()
+        if self.gdn_ring is not None:  # what a speculative step left pending: dropped for new sequences
+            self.gdn_ring.forget(c.state_slot for c in chunks if c.start == 0)
+            self.gdn_ring.fold(c.state_slot for c in chunks if c.start > 0)
         if meta.fresh_state_idx is not None:  # sequences starting now begin from zero GDN state
             self.conv_state[:, meta.fresh_state_idx] = 0
             self.ssm_state[:, meta.fresh_state_idx] = 0
@@ -287,6 +296,8 @@ class ModelRunner:
         """One token (the slot's last sampled one, from self.next_tokens) for each of B sequences -> logits [B, V]
         (fp32). Nothing here waits for the device. start_event (CUDA) is recorded just before the forward pass."""
         B = len(positions)
+        if self.gdn_ring is not None:  # speculative steps' pending GDN updates go into the states first
+            self.gdn_ring.fold(state_idx)
         padded = next((s for s in self.decode_sizes if s >= B), B)
         self.decode_inputs.fill(positions, slot_mapping, state_idx, context_lens, block_tables, padded, row_owners)
         if start_event is not None:

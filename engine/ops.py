@@ -8,7 +8,7 @@ from kernels.fused_attn_decode import fused_attn_decode_inputs
 from kernels.fused_gdn_decode import fused_gdn_decode
 from kernels.gated_rmsnorm import gated_rmsnorm
 from kernels.gdn_recurrent import gates_from_raw, gdn_recurrent, l2norm_ref
-from kernels.gdn_verify import causal_conv1d_verify, conv_state_commit, gdn_commit, gdn_verify
+from kernels.gdn_verify import causal_conv1d_verify, conv_state_commit, gdn_fold, gdn_ring_advance, gdn_verify
 from kernels.paged_attention import paged_decode_attention, store_kvcache
 from kernels.quant_linear import MAX_M as MAX_QUANT_GEMV_M  # noqa: F401 (a number: not in __all__)
 from kernels.quant_linear import (
@@ -21,7 +21,7 @@ from kernels.small_m_linear import SplitKWorkspace, default_launch, linear_silu_
 # The ops (callables); the row bounds MAX_M and MAX_QUANT_GEMV_M are numbers, imported by name.
 __all__ = ["SplitKWorkspace", "causal_conv1d_update", "causal_conv1d_verify", "conv_state_commit", "copy_rows",
            "default_launch", "dequant_fp8_ref", "dequant_nvfp4_ref", "fp8_linear", "fp8_matmul",
-           "fused_attn_decode_inputs", "fused_gdn_decode", "gated_rmsnorm", "gates_from_raw", "gdn_commit",
-           "gdn_recurrent", "gdn_verify", "l2norm_ref", "linear_silu_mul", "nvfp4_linear", "nvfp4_matmul",
+           "fused_attn_decode_inputs", "fused_gdn_decode", "gated_rmsnorm", "gates_from_raw", "gdn_fold",
+           "gdn_recurrent", "gdn_ring_advance", "gdn_verify", "l2norm_ref", "linear_silu_mul", "nvfp4_linear", "nvfp4_matmul",
            "paged_decode_attention", "pdl_supported", "quant_fp8_per_token", "rmsnorm", "rmsnorm_quant_fp8", "silu_mul",
            "silu_mul_quant_fp8", "small_m_linear", "split_ranges", "store_kvcache", "use_triton"]

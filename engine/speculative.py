@@ -9,19 +9,22 @@ One step over S sequences, block length T (the drafter's block size or EngineOpt
    their context through the paged cache, each row up to its own position, a sequence's rows together (one read of
    its K/V serves a tile of its rows x heads: kernels/paged_attention rows_per_seq); the KV of rejected tokens stays
    past the sequence's length and is overwritten later: rollback by length. GDN layers verify against the state
-   without writing it and keep the block's updates aside (kernels/gdn_verify). The tapped hidden states of the block
-   become the drafter's context at the same slots.
+   with the tokens pending from earlier steps folded in, and put the block's updates in the ring after them
+   (kernels/gdn_verify, engine/gdn_ring). The tapped hidden states of the block become the drafter's context at the
+   same slots.
 3. accept (engine/spec_sampling): greedy prefix match or rejection sampling -> a accepted drafts + one target token.
-4. commit: every GDN layer folds the first a + 1 tokens' updates into its recurrent state and shifts them into its
-   conv state (one launch each for all layers); the last emitted token goes to the runner's next-token buffer.
+4. commit: the first a + 1 tokens' updates become pending in the ring (one small launch: GDN state is not
+   written), every GDN layer shifts them into its conv state (one launch for all layers); the last emitted token
+   goes to the runner's next-token buffer.
 A sequence's block is cut to valid = min(T, tokens left before max_tokens, 1 + its num_speculative_tokens): rows
 past it are padding (stored nowhere); valid = 1 is a plain decode step inside the same launch. Sequences whose next
 token is banned by the loop guard (loop_ban_next) get valid = 1 and the ban on their one row.
 
-Commit every step rather than ReplaySSM's deferred fold (a ring of kept updates folded into the state only when
-full): the state is then always committed when a step ends, so prefill, plain decode, beam copies and preemption
-need not know about speculation. The price is one extra state read per verify step (verify reads it, commit reads
-and writes it), against the T state writes of writing every token's state.
+The recurrent state is written back by a verify only once more than `fold_after` accepted tokens are pending
+(ReplaySSM's deferred fold), not committed at every step: a step then reads each state once (plus its pending rows)
+and writes it every few steps, where a commit after every verify reads and writes it once more, and writing every
+token's state would cost T writes. The price: anything else that reads GDN state first folds the pending tokens in
+(engine/gdn_ring, through the runner), and the ring's rows (fold_after + 2 T per state slot) are memory.
 """
 from __future__ import annotations
 
@@ -115,18 +118,15 @@ class SpecDecoder:
         self.runner, self.drafter, self.T = runner, drafter, block_size
         self.graphs = None  # engine/spec_graphs.SpecGraphs (the engine sets it unless enforce_eager)
         self.mask_token_id = drafter.cfg.mask_token_id
-        dev, dt = runner.device, runner.dtype
         t = runner.cfg.text
-        # the block buffers of every GDN layer, with a leading layer axis so that one launch commits them all;
-        # each layer's verify writes its own slice (layer.kept)
-        L, M = len(runner.gdn_layers), max_num_seqs
-        f32 = dict(dtype=torch.float32, device=dev)
-        self.kept = (torch.empty(L, M, block_size, t.gdn_conv_dim, dtype=dt, device=dev),
-                     torch.empty(L, M, block_size, t.linear_num_key_heads, t.linear_key_head_dim, **f32),
-                     torch.empty(L, M, block_size, t.linear_num_value_heads, t.linear_value_head_dim, **f32),
-                     torch.empty(L, M, block_size, t.linear_num_value_heads, **f32))
+        self.ring = runner.gdn_ring  # the runner allocates it with the GDN states (engine/gdn_ring)
+        assert self.ring is not None and self.ring.rows >= 2 * block_size, "the runner's ring must hold two blocks"
+        # the block's conv inputs in every GDN layer, with a leading layer axis so that one launch commits them all;
+        # each layer's verify writes its own slice (layer.kept_x)
+        self.kept_x = torch.empty(len(runner.gdn_layers), max_num_seqs, block_size, t.gdn_conv_dim,
+                                  dtype=runner.dtype, device=runner.device)
         for i, layer in enumerate(runner.gdn_layers):
-            layer.kept = tuple(buf[i] for buf in self.kept)
+            layer.kept_x, layer.ring, layer.fold_after = self.kept_x[i], self.ring.layer(i), self.ring.fold_after
 
     def block_len(self, seq: Sequence) -> int:
         """Tokens of the block this sequence verifies next step (1 = no drafts)."""
@@ -161,6 +161,7 @@ class SpecDecoder:
     @torch.no_grad()
     def step(self, seqs: list[Sequence]) -> SpecFlight:
         plan = self.plan(seqs)
+        self.ring.touched(plan.state_idx)
         sampled = [i for i, s in enumerate(seqs) if s.sampling.temperature > 0]
         bans = [(i, tok) for i, s in enumerate(seqs) if (tok := s.loop_ban()) is not None]
         keep_logits = any(s.logits is not None for s in seqs)
@@ -228,11 +229,11 @@ class SpecDecoder:
         return model.compute_logits(h).view(S, T, -1)
 
     def commit(self, state_idx: torch.Tensor, tokens: torch.Tensor, emitted: torch.Tensor) -> None:
-        """Every GDN layer folds the first `emitted` tokens into its states; the last one becomes the next input."""
+        """The first `emitted` tokens become pending GDN updates and enter every conv state; the last one becomes
+        the next input."""
         S, T = tokens.shape
-        x_kept, k_kept, u_kept, g_kept = self.kept
-        ops.gdn_commit(self.runner.ssm_state, state_idx, k_kept, u_kept, g_kept, emitted)
-        ops.conv_state_commit(x_kept[:, :S, :T], self.runner.conv_state, state_idx, emitted)
+        self.ring.advance(state_idx, emitted)
+        ops.conv_state_commit(self.kept_x[:, :S, :T], self.runner.conv_state, state_idx, emitted)
         self.runner.next_tokens[state_idx] = tokens[torch.arange(S, device=tokens.device), emitted - 1]
 
     def propose(self, seqs, block, sampled, index, slots, block_tables, draft_ctx):

@@ -233,31 +233,34 @@ def block_attention_cases(paged_attention, configs=((None, None), (64, 8))):
 
 
 def verify_cases(gdn_verify):
-    """Speculative decoding's GDN verify (token by token and chunk form), commit and conv verify / commit
-    (kernels/gdn_verify.py) at the 4B shape: 32 sequences x a block of 16, raw gates as the engine passes them."""
+    """Speculative decoding's GDN verify (token by token and chunk form) with its ring of pending updates, the
+    ring's advance and fold, and conv verify / commit (kernels/gdn_verify.py) at the 4B shape: 32 sequences x a
+    block of 16, a ring of 2 blocks, raw gates as the engine passes them."""
     bf16, f32, i32 = torch.bfloat16, torch.float32, torch.int32
-    B, T, Hk, Hv, dk, dv = 32, 16, 16, 32, 128, 128
+    B, T, Hk, Hv, dk, dv, P = 32, 16, 16, 32, 128, 128, 32
     C, K = 2 * Hk * dk + Hv * dv, 4  # the conv's channels: q, k and v
     idx = torch.zeros(B, dtype=i32)
     raw = (torch.empty(Hv, dtype=f32), torch.empty(Hv, dtype=f32))
 
-    def kept():
-        return (torch.empty(B, T, Hk, dk, dtype=f32), torch.empty(B, T, Hv, dv, dtype=f32),
-                torch.empty(B, T, Hv, dtype=f32))
+    def ring():
+        return (torch.empty(1, P, Hk, dk, dtype=f32), torch.empty(1, P, Hv, dv, dtype=f32),
+                torch.empty(1, P, Hv, dtype=f32), torch.zeros(1, 2, dtype=i32))
 
     def verify_args():
         qk = (torch.empty(B, T, Hk, dk, dtype=bf16), torch.empty(B, T, Hk, dk, dtype=bf16))
         gates = (torch.empty(B, T, Hv, dtype=bf16), torch.empty(B, T, Hv, dtype=bf16))
         return (*qk, torch.empty(B, T, Hv, dv, dtype=bf16), *gates, torch.empty(1, Hv, dk, dv, dtype=f32), idx,
-                *kept())
+                ring())
 
     return [(f"gdn_verify B={B} T={T} raw gates", gdn_verify,
              lambda: gdn_verify.gdn_verify_triton(*verify_args(), raw_gates=raw)),
             (f"gdn_verify_chunk B={B} T={T} raw gates", gdn_verify,
              lambda: gdn_verify.gdn_verify_chunk_triton(*verify_args(), raw_gates=raw)),
-            (f"gdn_commit B={B} T={T}", gdn_verify,
-             lambda: gdn_verify.gdn_commit_triton(torch.empty(1, Hv, dk, dv, dtype=f32), idx, *kept(),
-                                                  torch.zeros(B, dtype=i32))),
+            (f"gdn_fold B={B} P={P}", gdn_verify,
+             lambda: gdn_verify.gdn_fold_triton(torch.empty(1, Hv, dk, dv, dtype=f32), idx, ring())),
+            (f"gdn ring advance B={B}", gdn_verify,
+             lambda: gdn_verify.gdn_ring_advance_triton(torch.zeros(1, 2, dtype=i32), idx,
+                                                        torch.zeros(B, dtype=torch.int64), 0, P)),
             (f"conv verify B={B} T={T} C={C}", gdn_verify,
              lambda: gdn_verify.causal_conv1d_verify_triton(torch.empty(B, T, C, dtype=bf16),
                                                             torch.empty(1, C, K - 1, dtype=bf16),

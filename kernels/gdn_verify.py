@@ -1,18 +1,27 @@
 """Speculative verification of a Gated DeltaNet layer: a block of T tokens per sequence checked against the cached
-state without committing it, then the accepted prefix folded in.
+state, with the updates of tokens already emitted kept pending in a ring and folded into the state only now and then
+(ReplaySSM's deferred fold).
 
-verify (state read once, never written): per sequence b and value head, from S = state[state_idx[b]],
+The ring, per state slot (fp32): ring_k [slots, P, Hk, dk] (normalised keys), ring_u [slots, P, Hv, dv] (the
+corrections u), ring_g [slots, P, Hv] (log decays), and ring_pos [slots, 2] int32 = (row of the oldest pending token,
+pending count h), one ring_pos for every layer. Row j of a slot's pending tokens is ring row (start + j) % P.
+
+verify, per sequence b and value head, from slot s = state_idx[b]:
+    S = state[s] with the h pending tokens folded in, oldest first:  S <- exp(g_j) S + k_j u_j^T
+    if h > fold_after: state[s] <- S   (the pending rows are then dropped by gdn_ring_advance)
     for t < T:  S <- exp(g_t) S;  u_t = beta_t (v_t - S^T k_t);  S <- S + k_t u_t^T;  o_t = S^T q_t
-(q, k l2-normalised in fp32, q scaled by dk^-0.5; the same arithmetic as kernels/gdn_recurrent). The per-token
-updates are kept aside in fp32: k_t [B, T, Hk, dk] (normalised), u_t [B, T, Hv, dv] and g_t [B, T, Hv].
+and the block's (k_t, u_t, g_t) go to ring rows (start + h + t) % P, past the pending ones (q, k l2-normalised in
+fp32, q scaled by dk^-0.5; the same arithmetic as kernels/gdn_recurrent).
+gdn_ring_advance, once the accepted counts n_b are known on the device: if h > fold_after, start += h and h = 0;
+then h += n_b: the accepted tokens become pending, the rejected ones are forgotten by the count alone.
+gdn_fold: state[s] <- S with every pending token folded in, h <- 0; run before anything else reads the state
+(plain decode, prefill, a copy).
 
-commit (once the accepted count n_b is known on the device): state[state_idx[b]] <- the state after n_b tokens,
-    for t < n_b:  S <- exp(g_t) S + k_t u_t^T
-which is the verify recurrence with the corrections u already solved: element-wise multiply-adds, no reductions.
-So a verify step costs one state read in verify plus one read and one write in commit, however long the block,
-where writing every token's state (vLLM's spec path) costs T writes; and the committed state is the same, op for
-op, as T' = n_b plain decode steps would have left. n_b = 0 leaves the state as it was. Given the states and kept
-buffers of several layers with a leading layer axis, one commit launch serves them all.
+So a verify step reads the state once and writes it once every few steps (fold_after = 0: at every step that has
+pending tokens, still one read and one write fewer than verifying and then committing), where writing every token's
+state (vLLM's spec path) costs T writes; and the state folded is the same, op for op, as n plain decode steps would
+have left. P >= fold_after + 2 T: the block's rows never overlap the pending rows that other programs of the same
+launch still read. The layered forms (a leading layer axis on state and ring) serve every layer in one launch.
 
 The conv1d half: verify convolves the block with the conv state without shifting it (and, given `keep`, stores the
 block's pre-conv inputs x [B, T, C] there in the same launch); commit shifts in the first n_b of those inputs. One
@@ -32,27 +41,53 @@ from kernels.gdn_recurrent import (
     _check_raw_gates, _validate, gates_from_raw, gates_from_raw_tl, l2norm_ref, state_program, token_update)
 
 
-def _validate_side(B, T, Hk, dk, Hv, dv, k_kept, u_kept, g_kept):
-    for name, t, shape in (("k_kept", k_kept, (Hk, dk)), ("u_kept", u_kept, (Hv, dv)), ("g_kept", g_kept, (Hv,))):
-        check(t.dtype == torch.float32 and t.dim() == 2 + len(shape) and t.shape[0] >= B and t.shape[1] >= T
-              and tuple(t.shape[2:]) == shape,
-              f"{name} must be float32 [>= B={B}, >= T={T}, {', '.join(map(str, shape))}], got {t.dtype} "
-              f"{tuple(t.shape)}")
+def _check_ring(ring, state, Hk, dk, T=None, fold_after=None):
+    """ring = (ring_k, ring_u, ring_g, ring_pos) for `state` [slots, Hv, dk, dv] (or both with a layer axis) -> P."""
+    check(len(ring) == 4, f"ring must be (ring_k, ring_u, ring_g, ring_pos), got {len(ring)} tensors")
+    rk, ru, rg, pos = ring
+    lead = state.shape[:-3]  # (slots,) or (layers, slots)
+    Hv, dv = state.shape[-3], state.shape[-1]
+    P = rk.shape[len(lead)] if rk.dim() > len(lead) else 0
+    for name, t, shape in (("ring_k", rk, (P, Hk, dk)), ("ring_u", ru, (P, Hv, dv)), ("ring_g", rg, (P, Hv))):
+        check(t.dtype == torch.float32 and tuple(t.shape) == (*lead, *shape),
+              f"{name} must be float32 {(*lead, *shape)} (state's leading dims, ring rows, head dims), got "
+              f"{t.dtype} {tuple(t.shape)}")
+    check(pos.dtype == torch.int32 and tuple(pos.shape) == (lead[-1], 2),
+          f"ring_pos must be int32 [slots={lead[-1]}, 2], got {pos.dtype} {tuple(pos.shape)}")
+    if T is not None:
+        check(fold_after >= 0 and P >= fold_after + 2 * T,
+              f"a ring of {P} rows holds fold_after={fold_after} pending tokens and a block of {T} only with "
+              f"P >= fold_after + 2 T = {fold_after + 2 * T}")
+    return P
 
 
-def _verify_shapes(q, k, v, g, beta, state, state_idx, k_kept, u_kept, g_kept, raw_gates):
-    """(B, T, Hk, dk, Hv, dv) of a verify call whose inputs, kept-aside buffers and raw gates are checked."""
+def _verify_shapes(q, k, v, g, beta, state, state_idx, ring, fold_after, raw_gates):
+    """(B, T, Hk, dk, Hv, dv, P) of a verify call whose inputs, ring and raw gates are checked."""
     _validate(q, k, v, g, beta, state, state_idx, None)
     B, T, Hk, dk = q.shape
     Hv, dv = v.shape[2], v.shape[3]
-    _validate_side(B, T, Hk, dk, Hv, dv, k_kept, u_kept, g_kept)
+    P = _check_ring(ring, state, Hk, dk, T, fold_after)
     if raw_gates is not None:
         _check_raw_gates(raw_gates, Hv)
-    return B, T, Hk, dk, Hv, dv
+    return B, T, Hk, dk, Hv, dv, P
 
 
-def gdn_verify_ref(q, k, v, g, beta, state, state_idx, k_kept, u_kept, g_kept, scale=None, raw_gates=None, out=None):
-    B, T, Hk, dk, Hv, dv = _verify_shapes(q, k, v, g, beta, state, state_idx, k_kept, u_kept, g_kept, raw_gates)
+def _fold_ref(S, slots, ring, group):
+    """S [B, Hv, dk, dv] (the states of `slots` [B], valid rows) with each slot's pending tokens folded in, oldest
+    first, as the decode kernel steps a state."""
+    rk, ru, rg, pos = ring
+    P = rk.shape[1]
+    start, h = pos[slots, 0].long(), pos[slots, 1].long()
+    for j in range(int(h.max()) if len(h) else 0):
+        p = (start + j) % P
+        kf = rk[slots, p].repeat_interleave(group, dim=1)  # [B, Hv, dk]
+        folded = S * rg[slots, p].exp()[..., None, None] + kf[..., None] * ru[slots, p][:, :, None, :]
+        S = torch.where((j < h)[:, None, None, None], folded, S)
+    return S
+
+
+def gdn_verify_ref(q, k, v, g, beta, state, state_idx, ring, fold_after=0, scale=None, raw_gates=None, out=None):
+    B, T, Hk, dk, Hv, dv, P = _verify_shapes(q, k, v, g, beta, state, state_idx, ring, fold_after, raw_gates)
     if raw_gates is not None:
         g, beta = gates_from_raw(g, beta, *raw_gates)
     group = Hv // Hk
@@ -62,7 +97,13 @@ def gdn_verify_ref(q, k, v, g, beta, state, state_idx, k_kept, u_kept, g_kept, s
     kf = kn.repeat_interleave(group, dim=2)
     vf, gf, bf = v.float(), g.float(), beta.float()
     live = state_idx >= 0
+    slots = state_idx.long()[live]
     S = state[state_idx.long().clamp(min=0)].clone()
+    S[live] = _fold_ref(S[live], slots, ring, group)
+    rk, ru, rg, pos = ring
+    start, h = pos[slots, 0].long(), pos[slots, 1].long()
+    flush = h > fold_after
+    state[slots[flush]] = S[live][flush]
     o = torch.empty(v.shape, dtype=torch.float32, device=v.device)
     u = torch.empty(v.shape, dtype=torch.float32, device=v.device)
     for t in range(T):
@@ -71,77 +112,78 @@ def gdn_verify_ref(q, k, v, g, beta, state, state_idx, k_kept, u_kept, g_kept, s
         u[:, t] = bf[:, t, :, None] * (vf[:, t] - kv)
         S = S + kf[:, t, :, :, None] * u[:, t, :, None, :]
         o[:, t] = torch.einsum("bhkv,bhk->bhv", S, qf[:, t])
-    k_kept[:B, :T][live] = kn[live]
-    u_kept[:B, :T][live] = u[live]
-    g_kept[:B, :T][live] = gf[live]
+    rows = ((start + h)[:, None] + torch.arange(T, device=q.device)[None, :]) % P  # [live, T]
+    at = (slots[:, None].expand(-1, T), rows)
+    rk[at], ru[at], rg[at] = kn[live], u[live], gf[live]
     o[~live] = 0.0
     out = output(out, v.shape, v.dtype, v.device)
     out.copy_(o)
     return out
 
 
-def _check_commit(state, state_idx, num_accepted, kept):
-    """(layers or None, B) of a commit call: state [slots, Hv, dk, dv] with kept [>=B, >=T, ...], or every layer at
-    once: state [L, slots, Hv, dk, dv] with kept [L, >=B, >=T, ...]."""
-    B = state_idx.shape[0]
-    check(state.dim() in (4, 5), f"state must be [slots, Hv, dk, dv] or [layers, slots, Hv, dk, dv], got "
-                                 f"{tuple(state.shape)}")
-    check(num_accepted.shape == (B,) and not num_accepted.is_floating_point(),
-          f"num_accepted must be an integer tensor of shape [B={B}], got {tuple(num_accepted.shape)}")
-    L = state.shape[0] if state.dim() == 5 else None
-    for name, t, dims in zip(("k_kept", "u_kept", "g_kept"), kept, (4, 4, 3)):
-        want = dims + (L is not None)
-        check(t.dim() == want and (L is None or t.shape[0] == L),
-              f"{name} must have {want} dimensions{f' and {L} layers' if L is not None else ''}, got "
-              f"{tuple(t.shape)}")
-    return L, B
+def _ring_advance_ref(ring_pos, state_idx, num_accepted, fold_after, P):
+    rows = state_idx.long()
+    start, h = ring_pos[rows, 0], ring_pos[rows, 1]
+    flush = h > fold_after
+    ring_pos[rows] = torch.stack([torch.where(flush, (start + h) % P, start),
+                                  torch.where(flush, 0, h) + num_accepted.to(torch.int32)], 1).to(torch.int32)
 
 
-def gdn_commit_ref(state, state_idx, k_kept, u_kept, g_kept, num_accepted):
-    L, B = _check_commit(state, state_idx, num_accepted, (k_kept, u_kept, g_kept))
-    if L is not None:
-        for i in range(L):
-            gdn_commit_ref(state[i], state_idx, k_kept[i], u_kept[i], g_kept[i], num_accepted)
-        return
-    Hv = state.shape[1]
-    group = Hv // k_kept.shape[2]
-    live = state_idx >= 0
-    S = state[state_idx.long().clamp(min=0)].clone()
-    for t in range(k_kept.shape[1]):
-        kf = k_kept[:B, t].repeat_interleave(group, dim=1)  # [B, Hv, dk]
-        folded = S * g_kept[:B, t].exp()[..., None, None] + kf[..., None] * u_kept[:B, t, :, None, :]
-        S = torch.where((t < num_accepted)[:, None, None, None], folded, S)
-    state[state_idx[live].long()] = S[live]
+def gdn_fold_ref(state, state_idx, ring):
+    """gdn_fold's contract, in torch: every layer (a leading layer axis) or one."""
+    rk, ru, rg, pos = ring
+    _check_ring(ring, state, rk.shape[-2], rk.shape[-1])
+    slots = state_idx.long()
+    if state.dim() == 5:
+        for i in range(state.shape[0]):
+            state[i, slots] = _fold_ref(state[i, slots], slots, (rk[i], ru[i], rg[i], pos), state.shape[2] // rk.shape[3])
+    else:
+        state[slots] = _fold_ref(state[slots], slots, ring, state.shape[1] // rk.shape[2])
+    pos[slots] = 0
 
 
 @triton.jit
-def _verify_token(S, t, q_row, k_row, v_row, g_row, beta_row, o_row, uk_row, kk_row, gk_row,
-                  sq_t, sk_t, sv_t, sg_t, sbeta_t, so_t, suk_t, skk_t, sgk_t,
+def _ring_fold(S, rk_row, ru_row, rg_row, start, h, P, srk_p, sru_p, srg_p, offs_k, offs_v, mask_k, mask_v):
+    """The h pending tokens of a slot (ring rows (start + j) % P, oldest first) folded into its [BK, BV] state tile,
+    as the decode kernel steps it. *_row: the slot's ring at this head."""
+    for j in range(h):
+        p = (start + j) % P
+        k = tl.load(rk_row + p * srk_p + offs_k, mask=mask_k, other=0.0)
+        u = tl.load(ru_row + p * sru_p + offs_v, mask=mask_v, other=0.0)
+        S = S * tl.exp(tl.load(rg_row + p * srg_p))
+        S = S + k[:, None] * u[None, :]
+    return S
+
+
+@triton.jit
+def _verify_token(S, t, p, q_row, k_row, v_row, g_row, beta_row, o_row, ru_row, rk_row, rg_row,
+                  sq_t, sk_t, sv_t, sg_t, sbeta_t, so_t, sru_p, srk_p, srg_p,
                   offs_k, offs_v, mask_k, mask_v, live, first_of_key, write_g, scale, neg_decay_rate, dt_bias,
                   RAW_GATES: tl.constexpr):
-    """Token t of the block on the state tile S: outputs and kept k / u / g stored, the stepped tile returned."""
+    """Token t of the block on the state tile S: output stored, its k / u / g stored at ring row p, the stepped tile
+    returned."""
     S, u, o, k, g = token_update(S, q_row + t * sq_t, k_row + t * sk_t, v_row + t * sv_t, g_row + t * sg_t,
                                  beta_row + t * sbeta_t, offs_k, offs_v, mask_k, mask_v, live, scale, neg_decay_rate,
                                  dt_bias, RAW_GATES)
     tl.store(o_row + t * so_t + offs_v, cast_rtne(o, o_row.dtype.element_ty), mask=mask_v)
-    tl.store(uk_row + t * suk_t + offs_v, u, mask=mask_v & live)
-    tl.store(kk_row + t * skk_t + offs_k, k, mask=mask_k & first_of_key)
-    tl.store(gk_row + t * sgk_t, g, mask=write_g)
+    tl.store(ru_row + p * sru_p + offs_v, u, mask=mask_v & live)
+    tl.store(rk_row + p * srk_p + offs_k, k, mask=mask_k & first_of_key)
+    tl.store(rg_row + p * srg_p, g, mask=write_g)
     return S
 
 
 @triton.jit
 def _gdn_verify_kernel(
-    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, state_ptr, idx_ptr, kk_ptr, uk_ptr, gk_ptr, alog_ptr, dtb_ptr,
-    T, scale,
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, state_ptr, idx_ptr, rk_ptr, ru_ptr, rg_ptr, pos_ptr, alog_ptr,
+    dtb_ptr, T, P, fold_after, scale,
     sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h,
     sg_b, sg_t, sg_h, sbeta_b, sbeta_t, sbeta_h, so_b, so_t, so_h,
-    ss_n, ss_h, ss_k, skk_b, skk_t, skk_h, suk_b, suk_t, suk_h, sgk_b, sgk_t,
+    ss_n, ss_h, ss_k, srk_n, srk_p, srk_h, sru_n, sru_p, sru_h, srg_n, srg_p,
     GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     RAW_GATES: tl.constexpr, UNROLL: tl.constexpr,
 ):
-    # One program = (sequence, value head, dv tile), as kernels/gdn_recurrent: the state tile is loaded once and
-    # carried in registers over the block; nothing is stored to the state. UNROLL (= T, or 0 for a loop): the block
+    # One program = (sequence, value head, dv tile), as kernels/gdn_recurrent: the state tile is loaded once, the
+    # pending tokens folded in, and carried in registers over the block. UNROLL (= T, or 0 for a loop): the block
     # unrolled, so that the compiler may issue later tokens' loads and norms while the state chain runs.
     b, hv, vt, hk, slot, live = state_program(idx_ptr, GROUP)
     offs_k = tl.arange(0, BK)
@@ -149,9 +191,17 @@ def _gdn_verify_kernel(
     mask_k = offs_k < DK
     mask_v = offs_v < DV
     mask_s = mask_k[:, None] & mask_v[None, :] & live
-    S = tl.load(state_ptr + slot * ss_n + hv * ss_h + offs_k[:, None] * ss_k + offs_v[None, :], mask=mask_s, other=0.0)
+    s_ptrs = state_ptr + slot * ss_n + hv * ss_h + offs_k[:, None] * ss_k + offs_v[None, :]
+    S = tl.load(s_ptrs, mask=mask_s, other=0.0)
+    start = tl.load(pos_ptr + slot * 2, mask=live, other=0)
+    h = tl.load(pos_ptr + slot * 2 + 1, mask=live, other=0)
+    ru_row, rk_row = ru_ptr + slot * sru_n + hv * sru_h, rk_ptr + slot * srk_n + hk * srk_h
+    rg_row = rg_ptr + slot * srg_n + hv
+    S = _ring_fold(S, rk_row, ru_row, rg_row, start, h, P, srk_p, sru_p, srg_p, offs_k, offs_v, mask_k, mask_v)
+    tl.store(s_ptrs, S, mask=mask_s & (h > fold_after))
+    base = start + h
     b64 = b.to(tl.int64)
-    first_of_key = (hv % GROUP == 0) & (vt == 0) & live  # one program writes each key head's kept k
+    first_of_key = (hv % GROUP == 0) & (vt == 0) & live  # one program writes each key head's k
     neg_decay_rate = 0.0
     dt_bias = 0.0
     if RAW_GATES:
@@ -160,35 +210,34 @@ def _gdn_verify_kernel(
     q_row, k_row = q_ptr + b64 * sq_b + hk * sq_h, k_ptr + b64 * sk_b + hk * sk_h
     v_row, o_row = v_ptr + b64 * sv_b + hv * sv_h, o_ptr + b64 * so_b + hv * so_h
     g_row, beta_row = g_ptr + b64 * sg_b + hv * sg_h, beta_ptr + b64 * sbeta_b + hv * sbeta_h
-    uk_row, kk_row = uk_ptr + b64 * suk_b + hv * suk_h, kk_ptr + b64 * skk_b + hk * skk_h
-    gk_row = gk_ptr + b64 * sgk_b + hv
     if UNROLL > 0:
         for t in tl.static_range(UNROLL):
-            S = _verify_token(S, t, q_row, k_row, v_row, g_row, beta_row, o_row, uk_row, kk_row, gk_row,
-                              sq_t, sk_t, sv_t, sg_t, sbeta_t, so_t, suk_t, skk_t, sgk_t, offs_k, offs_v, mask_k,
-                              mask_v, live, first_of_key, live & (vt == 0), scale, neg_decay_rate, dt_bias, RAW_GATES)
+            S = _verify_token(S, t, (base + t) % P, q_row, k_row, v_row, g_row, beta_row, o_row, ru_row, rk_row,
+                              rg_row, sq_t, sk_t, sv_t, sg_t, sbeta_t, so_t, sru_p, srk_p, srg_p, offs_k, offs_v,
+                              mask_k, mask_v, live, first_of_key, live & (vt == 0), scale, neg_decay_rate, dt_bias,
+                              RAW_GATES)
     else:
         for t in range(T):
-            S = _verify_token(S, t, q_row, k_row, v_row, g_row, beta_row, o_row, uk_row, kk_row, gk_row,
-                              sq_t, sk_t, sv_t, sg_t, sbeta_t, so_t, suk_t, skk_t, sgk_t, offs_k, offs_v, mask_k,
-                              mask_v, live, first_of_key, live & (vt == 0), scale, neg_decay_rate, dt_bias, RAW_GATES)
+            S = _verify_token(S, t, (base + t) % P, q_row, k_row, v_row, g_row, beta_row, o_row, ru_row, rk_row,
+                              rg_row, sq_t, sk_t, sv_t, sg_t, sbeta_t, so_t, sru_p, srk_p, srg_p, offs_k, offs_v,
+                              mask_k, mask_v, live, first_of_key, live & (vt == 0), scale, neg_decay_rate, dt_bias,
+                              RAW_GATES)
 
 
 @triton.jit
-def _gdn_commit_kernel(
-    state_ptr, idx_ptr, n_ptr, kk_ptr, uk_ptr, gk_ptr,
-    NV, ss_l, ss_n, ss_h, ss_k, skk_l, skk_b, skk_t, skk_h, suk_l, suk_b, suk_t, suk_h, sgk_l, sgk_b, sgk_t,
+def _gdn_fold_kernel(
+    state_ptr, idx_ptr, rk_ptr, ru_ptr, rg_ptr, pos_ptr,
+    NV, P, ss_l, ss_n, ss_h, ss_k, srk_l, srk_n, srk_p, srk_h, sru_l, sru_n, sru_p, sru_h, srg_l, srg_n, srg_p,
     GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
-    # Grid (sequence, value head, layer x dv tile): every GDN layer's commit in one launch.
+    # Grid (sequence, value head, layer x dv tile): every GDN layer's fold in one launch.
     b = tl.program_id(0)
     hv = tl.program_id(1)
     layer = (tl.program_id(2) // NV).to(tl.int64)
     vt = tl.program_id(2) % NV
-    hk = hv // GROUP
     slot = tl.load(idx_ptr + b).to(tl.int64)
-    n = tl.load(n_ptr + b).to(tl.int32)
-    if (slot >= 0) & (n > 0):
+    h = tl.load(pos_ptr + tl.maximum(slot, 0) * 2 + 1)
+    if (slot >= 0) & (h > 0):
         offs_k = tl.arange(0, BK)
         offs_v = vt * BV + tl.arange(0, BV)
         mask_k = offs_k < DK
@@ -196,34 +245,41 @@ def _gdn_commit_kernel(
         mask_s = mask_k[:, None] & mask_v[None, :]
         s_ptrs = state_ptr + layer * ss_l + slot * ss_n + hv * ss_h + offs_k[:, None] * ss_k + offs_v[None, :]
         S = tl.load(s_ptrs, mask=mask_s, other=0.0)
-        b64 = b.to(tl.int64)
-        kk_row = kk_ptr + layer * skk_l + b64 * skk_b + hk * skk_h
-        uk_row = uk_ptr + layer * suk_l + b64 * suk_b + hv * suk_h
-        gk_row = gk_ptr + layer * sgk_l + b64 * sgk_b + hv
-        for t in range(n):
-            k = tl.load(kk_row + t * skk_t + offs_k, mask=mask_k, other=0.0)
-            u = tl.load(uk_row + t * suk_t + offs_v, mask=mask_v, other=0.0)
-            g = tl.load(gk_row + t * sgk_t)
-            S = S * tl.exp(g)
-            S = S + k[:, None] * u[None, :]
+        S = _ring_fold(S, rk_ptr + layer * srk_l + slot * srk_n + (hv // GROUP) * srk_h,
+                       ru_ptr + layer * sru_l + slot * sru_n + hv * sru_h, rg_ptr + layer * srg_l + slot * srg_n + hv,
+                       tl.load(pos_ptr + slot * 2), h, P, srk_p, sru_p, srg_p, offs_k, offs_v, mask_k, mask_v)
         tl.store(s_ptrs, S, mask=mask_s)
 
 
 @triton.jit
+def _ring_advance_kernel(pos_ptr, idx_ptr, n_ptr, B, P, fold_after, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    mask = offs < B
+    slot = tl.load(idx_ptr + offs, mask=mask, other=0).to(tl.int64)
+    n = tl.load(n_ptr + offs, mask=mask, other=0).to(tl.int32)
+    start = tl.load(pos_ptr + slot * 2, mask=mask, other=0)
+    h = tl.load(pos_ptr + slot * 2 + 1, mask=mask, other=0)
+    flush = h > fold_after
+    tl.store(pos_ptr + slot * 2, tl.where(flush, (start + h) % P, start), mask=mask)
+    tl.store(pos_ptr + slot * 2 + 1, tl.where(flush, 0, h) + n, mask=mask)
+
+
+@triton.jit
 def _gdn_verify_chunk_kernel(
-    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, state_ptr, idx_ptr, kk_ptr, uk_ptr, gk_ptr, alog_ptr, dtb_ptr,
-    T, scale,
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, state_ptr, idx_ptr, rk_ptr, ru_ptr, rg_ptr, pos_ptr, alog_ptr,
+    dtb_ptr, T, P, fold_after, scale,
     sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h,
     sg_b, sg_t, sg_h, sbeta_b, sbeta_t, sbeta_h, so_b, so_t, so_h,
-    ss_n, ss_h, ss_k, skk_b, skk_t, skk_h, suk_b, suk_t, suk_h, sgk_b, sgk_t,
+    ss_n, ss_h, ss_k, srk_n, srk_p, srk_h, sru_n, sru_p, sru_h, srg_n, srg_p,
     GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    BT: tl.constexpr, CK: tl.constexpr, RAW_GATES: tl.constexpr,
+    BT: tl.constexpr, RAW_GATES: tl.constexpr,
 ):
-    # One program = (sequence, value head, dv tile) as in _gdn_verify_kernel, but the block's T tokens are solved
-    # together (the delta rule's chunk form) with matrix products instead of T dependent steps:
+    # One program = (sequence, value head, dv tile) as in _gdn_verify_kernel (the pending tokens folded in the same
+    # way), but the block's T tokens solved together in the delta rule's chunk form, with matrix products instead of
+    # T dependent steps:
     #   G = cumsum(g), D[t, i] = exp(G_t - G_i) for i <= t,
-    #   (I + A) U = beta * (V - exp(G) * K S0),  A[t, i] = beta_t D[t, i] (k_t . k_i) for i < t,
-    #   O = exp(G) * Q S0 + (D * Q K^T) U.
+    #   (I + A) U = beta * (V - exp(G) * K S),  A[t, i] = beta_t D[t, i] (k_t . k_i) for i < t,
+    #   O = exp(G) * Q S + (D * Q K^T) U.
     # A is strictly lower triangular: (I + A)^-1 by forward substitution (stable where keys are nearly parallel and
     # the series I - A + A^2 - ... would cancel huge terms).
     b, hv, vt, hk, slot, live = state_program(idx_ptr, GROUP)
@@ -236,37 +292,29 @@ def _gdn_verify_chunk_kernel(
     q_rows = q_ptr + b64 * sq_b + offs_t[:, None] * sq_t + hk * sq_h
     k_rows = k_ptr + b64 * sk_b + offs_t[:, None] * sk_t + hk * sk_h
     s_rows = state_ptr + slot * ss_n + hv * ss_h + offs_v[None, :]
-    # dk in chunks of CK (the state is never held whole): the rows' norms first, then the products, scaled after
-    sum_qq = tl.zeros([BT], dtype=tl.float32)
-    sum_kk = tl.zeros([BT], dtype=tl.float32)
-    for c in tl.static_range(0, BK, CK):
-        offs_c = c + tl.arange(0, CK)
-        tc = mask_t[:, None] & (offs_c < DK)[None, :]
-        Qc = tl.load(q_rows + offs_c[None, :], mask=tc, other=0.0).to(tl.float32)
-        Kc = tl.load(k_rows + offs_c[None, :], mask=tc, other=0.0).to(tl.float32)
-        sum_qq += tl.sum(Qc * Qc, axis=1)
-        sum_kk += tl.sum(Kc * Kc, axis=1)
-    rq = tl.rsqrt(sum_qq + 1e-6) * scale
-    rk = tl.rsqrt(sum_kk + 1e-6)
-    first_of_key = (hv % GROUP == 0) & (vt == 0) & live  # one program writes each key head's kept k
-    KS = tl.zeros([BT, BV], dtype=tl.float32)
-    QS = tl.zeros([BT, BV], dtype=tl.float32)
-    KK = tl.zeros([BT, BT], dtype=tl.float32)
-    QK = tl.zeros([BT, BT], dtype=tl.float32)
-    for c in tl.static_range(0, BK, CK):
-        offs_c = c + tl.arange(0, CK)
-        mask_c = offs_c < DK
-        tc = mask_t[:, None] & mask_c[None, :]
-        Qc = tl.load(q_rows + offs_c[None, :], mask=tc, other=0.0).to(tl.float32)
-        Kc = tl.load(k_rows + offs_c[None, :], mask=tc, other=0.0).to(tl.float32)
-        Sc = tl.load(s_rows + offs_c[:, None] * ss_k, mask=mask_c[:, None] & mask_v[None, :] & live, other=0.0)
-        Kct = tl.trans(Kc)
-        KS += tl.dot(Kc, Sc, input_precision="ieee")
-        QS += tl.dot(Qc, Sc, input_precision="ieee")
-        KK += tl.dot(Kc, Kct, input_precision="ieee")
-        QK += tl.dot(Qc, Kct, input_precision="ieee")
-        tl.store(kk_ptr + b64 * skk_b + offs_t[:, None] * skk_t + hk * skk_h + offs_c[None, :], Kc * rk[:, None],
-                 mask=tc & first_of_key)
+    start = tl.load(pos_ptr + slot * 2, mask=live, other=0)
+    h = tl.load(pos_ptr + slot * 2 + 1, mask=live, other=0)
+    ru_row, rk_row = ru_ptr + slot * sru_n + hv * sru_h, rk_ptr + slot * srk_n + hk * srk_h
+    rg_row = rg_ptr + slot * srg_n + hv
+    offs_k = tl.arange(0, BK)
+    mask_k = offs_k < DK
+    mask_s = mask_k[:, None] & mask_v[None, :] & live
+    S = tl.load(s_rows + offs_k[:, None] * ss_k, mask=mask_s, other=0.0)
+    S = _ring_fold(S, rk_row, ru_row, rg_row, start, h, P, srk_p, sru_p, srg_p, offs_k, offs_v, mask_k, mask_v)
+    tl.store(s_rows + offs_k[:, None] * ss_k, S, mask=mask_s & (h > fold_after))
+    tk = mask_t[:, None] & mask_k[None, :]
+    Q = tl.load(q_rows + offs_k[None, :], mask=tk, other=0.0).to(tl.float32)
+    K = tl.load(k_rows + offs_k[None, :], mask=tk, other=0.0).to(tl.float32)
+    rq = tl.rsqrt(tl.sum(Q * Q, axis=1) + 1e-6) * scale
+    rk = tl.rsqrt(tl.sum(K * K, axis=1) + 1e-6)
+    first_of_key = (hv % GROUP == 0) & (vt == 0) & live  # one program writes each key head's k
+    rows_t = (start + h + offs_t) % P  # the block's ring rows
+    tl.store(rk_row + rows_t[:, None] * srk_p + offs_k[None, :], K * rk[:, None], mask=tk & first_of_key)
+    Kt = tl.trans(K)
+    KS = tl.dot(K, S, input_precision="ieee")
+    QS = tl.dot(Q, S, input_precision="ieee")
+    KK = tl.dot(K, Kt, input_precision="ieee")
+    QK = tl.dot(Q, Kt, input_precision="ieee")
     KS = KS * rk[:, None]
     QS = QS * rq[:, None]
     KK = KK * (rk[:, None] * rk[None, :])
@@ -295,88 +343,108 @@ def _gdn_verify_chunk_kernel(
     O = tl.where(live, O, 0.0)
     tl.store(o_ptr + b64 * so_b + offs_t[:, None] * so_t + hv * so_h + offs_v[None, :],
              cast_rtne(O, o_ptr.dtype.element_ty), mask=tv)
-    tl.store(uk_ptr + b64 * suk_b + offs_t[:, None] * suk_t + hv * suk_h + offs_v[None, :], U, mask=tv & live)
-    tl.store(gk_ptr + b64 * sgk_b + offs_t * sgk_t + hv, g, mask=mask_t & live & (vt == 0))
+    tl.store(ru_row + rows_t[:, None] * sru_p + offs_v[None, :], U, mask=tv & live)
+    tl.store(rg_row + rows_t * srg_p, g, mask=mask_t & live & (vt == 0))
 
 
 def _block_v(dv: int, block_v) -> int:
     return block_v or min(next_pow2(dv), 16)
 
 
-def _launch_verify(kernel, BV, q, k, v, g, beta, state, state_idx, k_kept, u_kept, g_kept, scale, raw_gates, out,
+def _launch_verify(kernel, BV, q, k, v, g, beta, state, state_idx, ring, fold_after, scale, raw_gates, out,
                    num_warps, **meta):
     """Check a verify call, then launch `kernel` over (sequence, value head, dv tile of BV) -> o."""
-    B, T, Hk, dk, Hv, dv = _verify_shapes(q, k, v, g, beta, state, state_idx, k_kept, u_kept, g_kept, raw_gates)
-    for name, t in (("q", q), ("k", k), ("v", v), ("k_kept", k_kept), ("u_kept", u_kept), ("g_kept", g_kept)):
+    B, T, Hk, dk, Hv, dv, P = _verify_shapes(q, k, v, g, beta, state, state_idx, ring, fold_after, raw_gates)
+    rk, ru, rg, pos = ring
+    for name, t in (("q", q), ("k", k), ("v", v), ("ring_k", rk), ("ring_u", ru), ("ring_g", rg), ("ring_pos", pos)):
         require_last_dim_contiguous(name, t)
     check(state.stride(-1) == 1, "state: last dimension (dv) must be contiguous")
     scale = dk ** -0.5 if scale is None else float(scale)
     o = output(out, v.shape, v.dtype, v.device)
     require_last_dim_contiguous("out", o)
     kernel[(B, Hv, cdiv(dv, BV))](
-        q, k, v, g, beta, o, state, state_idx, k_kept, u_kept, g_kept,
-        *(raw_gates if raw_gates is not None else (g, g)), T, scale,
+        q, k, v, g, beta, o, state, state_idx, rk, ru, rg, pos,
+        *(raw_gates if raw_gates is not None else (g, g)), T, P, fold_after, scale,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *g.stride(), *beta.stride(), *o.stride()[:3],
-        *state.stride()[:3], *k_kept.stride()[:3], *u_kept.stride()[:3], *g_kept.stride()[:2],
+        *state.stride()[:3], *rk.stride()[:3], *ru.stride()[:3], *rg.stride()[:2],
         GROUP=Hv // Hk, DK=dk, DV=dv, BV=BV, RAW_GATES=raw_gates is not None, num_warps=num_warps or 4, **meta,
     )
     return o
 
 
-def gdn_verify_triton(q, k, v, g, beta, state, state_idx, k_kept, u_kept, g_kept, scale=None, raw_gates=None,
-                      out=None, block_v=None, num_warps=None, unroll=False):
+def gdn_verify_triton(q, k, v, g, beta, state, state_idx, ring, fold_after=0, scale=None, raw_gates=None, out=None,
+                      block_v=None, num_warps=None, unroll=False):
     """unroll: the block's T tokens unrolled in the kernel (compiled per T) instead of a loop."""
     return _launch_verify(_gdn_verify_kernel, _block_v(v.shape[-1], block_v), q, k, v, g, beta, state, state_idx,
-                          k_kept, u_kept, g_kept, scale, raw_gates, out, num_warps, BK=next_pow2(q.shape[-1]),
+                          ring, fold_after, scale, raw_gates, out, num_warps, BK=next_pow2(q.shape[-1]),
                           UNROLL=q.shape[1] if unroll else 0)
 
 
-def gdn_verify_chunk_triton(q, k, v, g, beta, state, state_idx, k_kept, u_kept, g_kept, scale=None, raw_gates=None,
+def gdn_verify_chunk_triton(q, k, v, g, beta, state, state_idx, ring, fold_after=0, scale=None, raw_gates=None,
                             out=None, block_v=None, num_warps=None):
-    """gdn_verify_triton's contract, the block solved in chunk form (_gdn_verify_chunk_kernel): the same values to
-    fp32 rounding, not bit for bit. BV 16 x 4 warps: 80 registers at the 4B shape, where 32 spills
+    """gdn_verify_triton's contract, the block solved with matrix products (_gdn_verify_chunk_kernel): the same
+    values to fp32 rounding, not bit for bit. 8 warps: 40 registers at the 4B shape, where 4 spill
     (kernels/compile_check.py)."""
     T, dk = q.shape[1], q.shape[-1]
     BK = max(16, next_pow2(dk))
-    return _launch_verify(_gdn_verify_chunk_kernel, block_v or 16, q, k, v, g, beta, state, state_idx, k_kept,
-                          u_kept, g_kept, scale, raw_gates, out, num_warps, BK=BK,
-                          BT=max(16, next_pow2(T)),  # tl.dot's smallest side
-                          CK=min(32, BK))
+    return _launch_verify(_gdn_verify_chunk_kernel, block_v or 16, q, k, v, g, beta, state, state_idx, ring,
+                          fold_after, scale, raw_gates, out, num_warps or 8, BK=BK,
+                          BT=max(16, next_pow2(T)))  # tl.dot's smallest side
 
 
-def gdn_commit_triton(state, state_idx, k_kept, u_kept, g_kept, num_accepted, block_v=None, num_warps=None):
-    L, B = _check_commit(state, state_idx, num_accepted, (k_kept, u_kept, g_kept))
-    if L is None:  # one layer: a layer axis of length 1
-        state, k_kept, u_kept, g_kept = state[None], k_kept[None], u_kept[None], g_kept[None]
+def gdn_ring_advance_triton(ring_pos, state_idx, num_accepted, fold_after, P):
+    B = state_idx.shape[0]
+    _ring_advance_kernel[(1,)](ring_pos, state_idx, num_accepted, B, P, fold_after, BLOCK=max(16, next_pow2(B)))
+
+
+def gdn_fold_triton(state, state_idx, ring, block_v=None, num_warps=None):
+    rk, ru, rg, pos = ring
+    P = _check_ring(ring, state, rk.shape[-2], rk.shape[-1])
+    if state.dim() == 4:  # one layer: a layer axis of length 1
+        state, rk, ru, rg = state[None], rk[None], ru[None], rg[None]
     Hv, dk, dv = state.shape[2:]
     check(state.stride(-1) == 1, "state: last dimension (dv) must be contiguous")
     BV = _block_v(dv, block_v)
     NV = cdiv(dv, BV)
-    _gdn_commit_kernel[(B, Hv, NV * state.shape[0])](
-        state, state_idx, num_accepted, k_kept, u_kept, g_kept,
-        NV, *state.stride()[:4], *k_kept.stride()[:4], *u_kept.stride()[:4], *g_kept.stride()[:3],
-        GROUP=Hv // k_kept.shape[3], DK=dk, DV=dv, BK=next_pow2(dk), BV=BV, num_warps=num_warps or 4,
+    B = state_idx.shape[0]
+    _gdn_fold_kernel[(B, Hv, NV * state.shape[0])](
+        state, state_idx, rk, ru, rg, pos,
+        NV, P, *state.stride()[:4], *rk.stride()[:4], *ru.stride()[:4], *rg.stride()[:3],
+        GROUP=Hv // rk.shape[3], DK=dk, DV=dv, BK=next_pow2(dk), BV=BV, num_warps=num_warps or 4,
     )
+    pos[state_idx.long()] = 0
 
 
-def gdn_verify(q, k, v, g, beta, state, state_idx, k_kept, u_kept, g_kept, scale=None, raw_gates=None, out=None,
+def gdn_verify(q, k, v, g, beta, state, state_idx, ring, fold_after=0, scale=None, raw_gates=None, out=None,
                chunk=False, **launch):
-    """q, k [B, T, Hk, dk], v [B, T, Hv, dv], g, beta [B, T, Hv] -> o [B, T, Hv, dv] (v.dtype). `state` rows are
-    read, never written; k_kept [>=B, >=T, Hk, dk], u_kept [>=B, >=T, Hv, dv], g_kept [>=B, >=T, Hv] (fp32) receive
-    the block's normalised keys, corrections and log decays for gdn_commit. `chunk`: the block solved in chunk form
-    (Triton only; equal to fp32 rounding). `launch`: block_v, num_warps, unroll (token by token only) (Triton)."""
+    """q, k [B, T, Hk, dk], v [B, T, Hv, dv], g, beta [B, T, Hv] -> o [B, T, Hv, dv] (v.dtype), verified against
+    each row's state with its pending tokens folded in; ring = (ring_k [slots, P, Hk, dk], ring_u [slots, P, Hv, dv],
+    ring_g [slots, P, Hv] fp32, ring_pos [slots, 2] int32) receives the block's normalised keys, corrections and log
+    decays after the pending rows; a row with more than fold_after pending tokens writes its folded state back
+    (gdn_ring_advance then drops them). `chunk`: solved with matrix products (Triton only; equal to fp32
+    rounding). `launch`: block_v, num_warps, unroll (token by token only) (Triton)."""
     if use_triton(q):
         fn = gdn_verify_chunk_triton if chunk else gdn_verify_triton
-        return fn(q, k, v, g, beta, state, state_idx, k_kept, u_kept, g_kept, scale, raw_gates, out, **launch)
-    return gdn_verify_ref(q, k, v, g, beta, state, state_idx, k_kept, u_kept, g_kept, scale, raw_gates, out)
+        return fn(q, k, v, g, beta, state, state_idx, ring, fold_after, scale, raw_gates, out, **launch)
+    return gdn_verify_ref(q, k, v, g, beta, state, state_idx, ring, fold_after, scale, raw_gates, out)
 
 
-def gdn_commit(state, state_idx, k_kept, u_kept, g_kept, num_accepted, **launch):
-    """Fold the first num_accepted[b] (<= T) kept tokens of row b into state[state_idx[b]] in place. With a leading
-    layer axis on state [L, slots, Hv, dk, dv] and on the kept buffers, every layer at once (one launch)."""
+def gdn_ring_advance(ring_pos, state_idx, num_accepted, fold_after, P):
+    """After a verify: rows with more than fold_after pending tokens drop them (their state was written back), then
+    every row's first num_accepted[b] block tokens become pending. Every row must be live (state_idx >= 0; the
+    speculative step's padding rows use a scratch slot)."""
+    if use_triton(ring_pos):
+        return gdn_ring_advance_triton(ring_pos, state_idx, num_accepted, fold_after, P)
+    return _ring_advance_ref(ring_pos, state_idx, num_accepted, fold_after, P)
+
+
+def gdn_fold(state, state_idx, ring, **launch):
+    """state[state_idx[b]] <- that state with its pending ring tokens folded in, pending count <- 0. With a leading
+    layer axis on state [L, slots, Hv, dk, dv] and on ring_k / ring_u / ring_g, every layer at once (one launch).
+    Every row must be live (state_idx >= 0), each slot once."""
     if use_triton(state):
-        return gdn_commit_triton(state, state_idx, k_kept, u_kept, g_kept, num_accepted, **launch)
-    return gdn_commit_ref(state, state_idx, k_kept, u_kept, g_kept, num_accepted)
+        return gdn_fold_triton(state, state_idx, ring, **launch)
+    return gdn_fold_ref(state, state_idx, ring)
 
 
 # ------------------------------------------------------------------------------------------------ conv1d half

@@ -105,8 +105,8 @@ def test_kernel_count_script():
 def test_kernel_count_script_speculative_step():
     """--spec: one greedy speculative step on a 4-layer stack (3 GDN + 1 attention), block 4. The verify pass's GDN
     layer is 8 kernels (4 projections, two RMSNorms, conv verify keeping the block's inputs, GDN verify, gated norm);
-    the commit is one GDN and one conv launch for all layers; the drafter's 4 layers run fused projections and
-    compiled glue."""
+    the commit is one ring advance (no GDN state is written) and one conv launch for all layers; the drafter's 4
+    layers run fused projections and compiled glue."""
     from bench import decode_kernel_count
 
     r = decode_kernel_count.main(["--layers", "4", "--variants", "default", "--spec", "4"])["default"]
@@ -115,7 +115,7 @@ def test_kernel_count_script_speculative_step():
     assert gdn == {"triton _small_m_linear_kernel": 4, "triton _conv_verify_kernel": 1, "triton _gdn_verify_kernel": 1,
                    "triton _gated_rmsnorm_kernel": 1, "triton _rmsnorm_kernel": 2}
     commit = r["commit"]["per_layer"]
-    assert commit["triton _gdn_commit_kernel"] == 1 and commit["triton _conv_commit_kernel"] == 1
+    assert commit["triton _ring_advance_kernel"] == 1 and commit["triton _conv_commit_kernel"] == 1
     assert r["commit"]["total"] == 6
     # the draft pass: per layer one norm, qkv GEMM, q/k norm + rotary, KV store, attention (2), o_proj, norm,
     # gate_up, SwiGLU, down; then the head (a GEMV of 4 x 3 rows), block set-up and argmax

@@ -72,22 +72,24 @@ def test_greedy_with_random_drafter_equals_plain(text_ckpt, drafter, plain):
     assert eng.block_manager.num_free == eng.block_manager.num_blocks
 
 
-def test_batches_above_spec_max_batch_decode_plainly(text_ckpt, drafter, plain):
+@pytest.mark.parametrize("fold_after", [0, 3])
+def test_batches_above_spec_max_batch_decode_plainly(text_ckpt, drafter, plain, fold_after):
     """spec_max_batch=2: while 3-4 sequences decode the steps are plain (one step ahead of the device), once 2 or
     fewer are left they speculate, also right after a plain step still in flight; the outputs stay plain
-    decoding's."""
+    decoding's (requests arrive while others speculate: a plain step folds their pending GDN updates first)."""
     eng = Engine.from_checkpoint(text_ckpt, dtype="float32", max_num_seqs=4, num_blocks=64, block_size=8,
-                                 drafter=str(drafter), spec_max_batch=2)
+                                 drafter=str(drafter), spec_max_batch=2, spec_fold_after=fold_after)
     kinds = []
     launch_spec, launch = eng._launch_spec, eng._launch
     eng._launch_spec = lambda sched, *a: kinds.append(("spec", len(sched.seqs), eng._inflight is not None)) or \
         launch_spec(sched, *a)
     eng._launch = lambda sched: (kinds.append(("step", len(sched.seqs), sched.is_prefill)) or launch(sched))
-    outs = run_with_arrivals(eng, requests(), [0, 0, 0, 0])
+    outs = run_with_arrivals(eng, requests(), [0, 0, 6, 6])
     for rid, want in plain.items():
         assert outs[rid].output_token_ids == want, rid
-    # r1 (9 tokens) and r3 (17) end while 3-4 decode; r0 (23) and r2 (31) outlast them
-    assert outs["r1"].spec_steps == 0 and outs["r3"].spec_steps == 0
+    # r0 and r1 speculate until r2 and r3 arrive; r1 (9 tokens) and r3 (17) end while 3-4 decode; r0 (23) and r2
+    # (31) outlast them
+    assert outs["r1"].spec_steps > 0 and outs["r3"].spec_steps == 0
     assert outs["r0"].spec_steps > 0 and outs["r2"].spec_steps > 0
     spec = [k for k in kinds if k[0] == "spec"]
     decode = [k for k in kinds if k[0] == "step" and not k[2]]
@@ -135,10 +137,12 @@ def oracle_engine(text_ckpt, drafter, plain, static=True, **opts):
     return eng
 
 
+@pytest.mark.parametrize("fold_after", [0, 4])
 @pytest.mark.parametrize("static", [True, False], ids=["static", "eager"])
-def test_oracle_drafter_long_acceptances_equal_plain(text_ckpt, drafter, plain, static):
-    """Joins leave 1, 2, 3 or 4 sequences running: padded to 1, 2, 4, 4 rows on the static path."""
-    eng = oracle_engine(text_ckpt, drafter, plain, static=static, num_blocks=64)
+def test_oracle_drafter_long_acceptances_equal_plain(text_ckpt, drafter, plain, static, fold_after):
+    """Joins leave 1, 2, 3 or 4 sequences running: padded to 1, 2, 4, 4 rows on the static path. fold_after 4:
+    accepted GDN updates stay pending over several steps before a verify writes the state back."""
+    eng = oracle_engine(text_ckpt, drafter, plain, static=static, num_blocks=64, spec_fold_after=fold_after)
     batches = []
     if static:
         run = eng.spec.graphs.run
@@ -156,10 +160,11 @@ def test_oracle_drafter_long_acceptances_equal_plain(text_ckpt, drafter, plain, 
 
 
 def test_preemption_with_speculation_equals_plain(text_ckpt, drafter, plain):
-    """12 blocks of 8 tokens for four sequences growing by up to 31 tokens plus a 5-token block: decode preempts."""
+    """12 blocks of 8 tokens for four sequences growing by up to 31 tokens plus a 5-token block: decode preempts
+    (with GDN updates pending in the preempted sequences' slots, which the next sequence there must not see)."""
     for eng in (Engine.from_checkpoint(text_ckpt, dtype="float32", max_num_seqs=4, num_blocks=14, block_size=8,
                                        drafter=str(drafter)),
-                oracle_engine(text_ckpt, drafter, plain, num_blocks=14)):
+                oracle_engine(text_ckpt, drafter, plain, num_blocks=14, spec_fold_after=6)):
         outs = {o.request_id: o for o in eng.generate(requests())}
         assert sum(o.num_preemptions for o in outs.values()) > 0
         for rid, want in plain.items():
@@ -201,9 +206,10 @@ def test_drafter_for_another_target_is_refused(text_ckpt, tmp_path):
 
 
 def test_oracle_drafter_on_the_triton_kernels(text_ckpt, drafter, plain, monkeypatch):
-    """The same through the Triton kernels (interpreter): GDN verify + commit, paged attention, KV stores."""
+    """The same through the Triton kernels (interpreter): GDN verify with its ring, advance and fold, paged
+    attention, KV stores."""
     monkeypatch.setenv("OCRIA_FORCE_TRITON", "1")
-    eng = oracle_engine(text_ckpt, drafter, plain, num_blocks=64)
+    eng = oracle_engine(text_ckpt, drafter, plain, num_blocks=64, spec_fold_after=2)
     reqs = requests()[:2]
     outs = run_with_arrivals(eng, reqs, [0, 3])
     for r in reqs:

@@ -1,16 +1,17 @@
-"""GDN speculative verify + commit: Triton (interpreter) vs reference, and both vs plain recurrent decoding of the
-accepted prefix (the state a commit leaves must be the one the tokens' plain decode steps leave)."""
+"""GDN speculative verify with a ring of pending updates, its advance and fold: Triton (interpreter) vs reference,
+and both vs plain recurrent decoding of the accepted tokens (the state a fold leaves must be the one the tokens'
+plain decode steps leave, however the steps were split and whenever the state was written back)."""
 import pytest
 import torch
 
 from kernels.testing import assert_close, poisoned, require_interpreted  # sets TRITON_INTERPRET first
 from kernels.conv1d_update import causal_conv1d_update_ref, causal_conv1d_update_triton
-from kernels.gdn_recurrent import gdn_recurrent_ref
+from kernels.gdn_recurrent import gdn_recurrent_ref, l2norm_ref
 from kernels.gdn_verify import (
-    _conv_commit_kernel, _conv_verify_kernel, _gdn_commit_kernel, _gdn_verify_chunk_kernel, _gdn_verify_kernel,
-    causal_conv1d_verify, causal_conv1d_verify_ref, causal_conv1d_verify_triton, conv_state_commit,
-    conv_state_commit_ref, conv_state_commit_triton, gdn_commit_ref, gdn_commit_triton, gdn_verify_chunk_triton,
-    gdn_verify_ref, gdn_verify_triton)
+    _conv_commit_kernel, _conv_verify_kernel, _gdn_fold_kernel, _gdn_verify_chunk_kernel, _gdn_verify_kernel,
+    _ring_advance_kernel, causal_conv1d_verify, causal_conv1d_verify_ref, causal_conv1d_verify_triton,
+    conv_state_commit, conv_state_commit_ref, conv_state_commit_triton, gdn_fold_ref, gdn_fold_triton,
+    gdn_ring_advance, gdn_ring_advance_triton, gdn_verify_chunk_triton, gdn_verify_ref, gdn_verify_triton)
 
 NUM_SLOTS = 6
 STATE_IDX = [4, -1, 0, 2]  # the second row is padding
@@ -25,52 +26,84 @@ def inputs(B=4, T=5, Hk=2, Hv=6, dk=24, dv=40, dtype=torch.float32, seed=0):
                 state=rnd(NUM_SLOTS, Hv, dk, dv) * 0.5)
 
 
-def kept(B, T, Hk, dk, Hv, dv, extra=1):
-    return (poisoned((B + extra, T + extra, Hk, dk), torch.float32), poisoned((B + extra, T + extra, Hv, dv), torch.float32),
-            poisoned((B + extra, T + extra, Hv), torch.float32))
+def make_ring(P, Hk, dk, Hv, dv, pending, seed=0, layers=()):
+    """A ring whose slots hold random pending tokens, pending = {slot: (start, count)}; every other row NaN, so a
+    read of a row that is not pending shows. `layers`: (L,) for a leading layer axis."""
+    gen = torch.Generator().manual_seed(seed)
+    lead = (*layers, NUM_SLOTS, P)
+    rk, ru, rg = (poisoned((*lead, *d), torch.float32) for d in ((Hk, dk), (Hv, dv), (Hv,)))
+    pos = torch.zeros(NUM_SLOTS, 2, dtype=torch.int32)
+    for slot, (start, h) in pending.items():
+        pos[slot] = torch.tensor([start, h])
+        for j in range(h):
+            r = (start + j) % P
+            rk[..., slot, r, :, :] = l2norm_ref(torch.randn(*layers, Hk, dk, generator=gen))
+            ru[..., slot, r, :, :] = torch.randn(*layers, Hv, dv, generator=gen)
+            rg[..., slot, r, :] = -0.3 * torch.rand(*layers, Hv, generator=gen)
+    return rk, ru, rg, pos
+
+
+def clone_ring(ring):
+    return tuple(t.clone() for t in ring)
 
 
 @pytest.mark.parametrize("form", ["steps", "steps unrolled", "chunk"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("T,dk,dv,aligned", [(5, 24, 40, False), (1, 24, 24, False), (7, 24, 17, False),
                                             (16, 20, 17, False), (11, 64, 72, False), (16, 24, 40, True)])
-def test_verify_and_commit_triton_match_ref(form, dtype, T, dk, dv, aligned):
-    """Both verify kernels (token by token, looped or unrolled, and the chunk form that solves the block with matrix
-    products) against the token-by-token reference: outputs, kept k / u / g, and the state a commit of each row's
-    accepted prefix leaves. `aligned`: nearly parallel keys, beta near 1 and almost no decay, where the chunk form's triangular
-    system is ill-conditioned and every row of its solve matters (with random keys a missing row would pass)."""
+def test_verify_advance_and_fold_triton_match_ref(form, dtype, T, dk, dv, aligned):
+    """Every verify kernel (token by token, looped or unrolled, and the chunk form with matrix products) against
+    the token-by-token reference, from rings whose pending tokens wrap past the last row: outputs, the state written
+    back where more than fold_after tokens were pending (and nowhere else), the block's k / u / g in the rows after
+    the pending ones (and nowhere else), then the advance and the fold. `aligned`: nearly parallel keys, beta near 1
+    and almost no decay, where the chunk form's triangular system is ill-conditioned and every row of its solve
+    matters (with random keys a missing row would pass)."""
     kernel, verify = {"steps": (_gdn_verify_kernel, gdn_verify_triton),
                       "steps unrolled": (_gdn_verify_kernel, lambda *a, **k: gdn_verify_triton(*a, unroll=True, **k)),
                       "chunk": (_gdn_verify_chunk_kernel, gdn_verify_chunk_triton)}[form]
     require_interpreted(kernel)
-    require_interpreted(_gdn_commit_kernel)
-    Hk, Hv = 2, 6
+    require_interpreted(_gdn_fold_kernel)
+    require_interpreted(_ring_advance_kernel)
+    Hk, Hv, fold_after = 2, 6, 2
+    P = fold_after + 2 * T + 1
     x = inputs(T=T, dk=dk, dv=dv, dtype=dtype, seed=100 + T + dv)
     if aligned:
         x["k"] = (x["k"][:, :1] + 0.05 * x["k"]).to(dtype)
         x["beta"] = torch.full_like(x["beta"], 6.0)  # raw: sigmoid -> 0.998
         x["g"] = torch.full_like(x["g"], -12.0)  # raw: softplus -> ~6e-6, decay ~1
+    # slot 4: 3 pending from the second-to-last row (> fold_after: written back); slot 0 none; slot 2: 2 pending
+    pending = {4: (P - 2, 3), 0: (0, 0), 2: (1, 2)}
+    ring_ref = make_ring(P, Hk, dk, Hv, dv, pending, seed=T)
+    ring_tri = clone_ring(ring_ref)
     idx = torch.tensor(STATE_IDX, dtype=torch.int32)
-    B = len(STATE_IDX)
     raw = (x["A_log"], x["dt_bias"])
     args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
     s_ref, s_tri = x["state"].clone(), x["state"].clone()
-    kr, ur, gr = kept(B, T, Hk, dk, Hv, dv)
-    kt, ut, gt = kept(B, T, Hk, dk, Hv, dv)
-    o_ref = gdn_verify_ref(*args, s_ref, idx, kr, ur, gr, raw_gates=raw)
-    o_tri = verify(*args, s_tri, idx, kt, ut, gt, raw_gates=raw, out=poisoned(x["v"].shape, dtype))
-    assert torch.equal(s_ref, x["state"]) and torch.equal(s_tri, x["state"]), "verify must not write the state"
+    o_ref = gdn_verify_ref(*args, s_ref, idx, ring_ref, fold_after, raw_gates=raw)
+    o_tri = verify(*args, s_tri, idx, ring_tri, fold_after, raw_gates=raw, out=poisoned(x["v"].shape, dtype))
     assert_close(o_tri, o_ref, dtype)
     assert torch.equal(o_tri[1], torch.zeros_like(o_tri[1]))
-    live = [0, 2, 3]
-    for a, b in ((kt, kr), (ut, ur), (gt, gr)):
-        assert_close(a[live, :T], b[live, :T], torch.float32)
-        assert a[1].isnan().all(), "a padding row's kept values must not be written"
-    n = torch.tensor([T, 3, 0, min(2, T)], dtype=torch.int32)
-    gdn_commit_ref(s_ref, idx, kr, ur, gr, n)
-    gdn_commit_triton(s_tri, idx, kt, ut, gt, n)
     assert_close(s_tri, s_ref, torch.float32)
-    assert torch.equal(s_tri[0], x["state"][0]), "a row that accepted nothing keeps its state"
+    kept_slots = [s for s in range(NUM_SLOTS) if s != 4]
+    assert torch.equal(s_tri[kept_slots], x["state"][kept_slots]), "only a slot past fold_after is written back"
+    assert not torch.equal(s_tri[4], x["state"][4])
+    written = torch.zeros(NUM_SLOTS, P, dtype=torch.bool)  # pending rows and the block's rows after them
+    for slot, (start, h) in pending.items():
+        written[slot, [(start + j) % P for j in range(h + T)]] = True
+    for a, b in zip(ring_tri[:3], ring_ref[:3]):
+        assert_close(a[written], b[written], torch.float32)
+        assert a[~written].isnan().all(), "no ring row but the block's may be written"
+    live = idx >= 0
+    n = torch.tensor([T, 3, 0, min(2, T)], dtype=torch.int32)[live]
+    gdn_ring_advance(ring_ref[3], idx[live], n, fold_after, P)
+    gdn_ring_advance_triton(ring_tri[3], idx[live], n, fold_after, P)
+    assert torch.equal(ring_tri[3], ring_ref[3])
+    assert ring_ref[3][[4, 0, 2]].tolist() == [[(P - 2 + 3) % P, T], [0, 0], [1, 2 + min(2, T)]]
+    gdn_fold_ref(s_ref, idx[live], ring_ref)
+    gdn_fold_triton(s_tri, idx[live], ring_tri)
+    assert_close(s_tri, s_ref, torch.float32)
+    assert ring_tri[3][idx[live].long(), 1].eq(0).all() and ring_ref[3][idx[live].long(), 1].eq(0).all()
+    assert torch.equal(s_tri[0], x["state"][0]), "a slot with nothing pending keeps its state"
     untouched = [s for s in range(NUM_SLOTS) if s not in STATE_IDX]
     assert torch.equal(s_tri[untouched], x["state"][untouched])
 
@@ -80,36 +113,55 @@ def test_verify_dispatches_to_the_chunk_form_when_asked(monkeypatch):
     from kernels.testing import assert_dispatches_to_triton
 
     x = inputs()
-    k = kept(4, 5, 2, 24, 6, 40)
+    ring = make_ring(10, 2, 24, 6, 40, {})
     idx = torch.tensor(STATE_IDX, dtype=torch.int32)
-    args = (x["q"], x["k"], x["v"], x["g"], x["beta"], x["state"], idx, *k)
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"], x["state"], idx, ring)
     assert_dispatches_to_triton(monkeypatch, "kernels.gdn_verify.gdn_verify_chunk_triton",
                                 lambda *a: gdn_verify(*a, chunk=True), *args)
     assert_dispatches_to_triton(monkeypatch, "kernels.gdn_verify.gdn_verify_triton", gdn_verify, *args)
 
 
-@pytest.mark.parametrize("n", [0, 1, 3, 5])
-def test_commit_equals_plain_decoding_of_the_prefix(n):
-    """Verify + commit of n accepted tokens == n plain recurrent steps (outputs and state), to fp32 rounding (the
-    batched einsums may sum in another order than the per-token ones)."""
+@pytest.mark.parametrize("fold_after", [0, 3])
+@pytest.mark.parametrize("impl", ["reference", "triton"])
+def test_speculative_steps_equal_plain_decoding_of_the_accepted_tokens(impl, fold_after):
+    """Steps of verify + advance, with blocks whose rejected tail is garbage, then a fold == plain recurrent
+    decoding of the accepted tokens alone: each accepted token's output and the final state, to fp32 rounding (the
+    batched einsums may sum in another order than the per-token ones), however many tokens were pending when."""
+    if impl == "triton":
+        require_interpreted(_gdn_verify_kernel)
+        require_interpreted(_gdn_fold_kernel)
+    verify, fold, advance = {"reference": (gdn_verify_ref, gdn_fold_ref, gdn_ring_advance),
+                             "triton": (gdn_verify_triton, gdn_fold_triton, gdn_ring_advance_triton)}[impl]
     T, Hk, Hv, dk, dv = 5, 2, 6, 24, 40
-    x = inputs(T=T, seed=10 + n)
-    idx = torch.tensor(STATE_IDX, dtype=torch.int32)
-    B = len(STATE_IDX)
+    accepted = [[3, 5, 1, 2], [1, 1, 5, 4], [5, 2, 2, 1]]  # per step, per row: tokens accepted
+    x = inputs(B=3, T=sum(max(r) for r in accepted), seed=10 + fold_after)  # the stream each row decodes
+    garbage = inputs(B=3, T=T, seed=99)
+    idx = torch.tensor([4, 0, 2], dtype=torch.int32)
     raw = (x["A_log"], x["dt_bias"])
-    s_plain = x["state"].clone()
-    outs = [gdn_recurrent_ref(x["q"][:, t:t + 1], x["k"][:, t:t + 1], x["v"][:, t:t + 1], x["g"][:, t:t + 1],
-                              x["beta"][:, t:t + 1], s_plain, idx, raw_gates=raw) for t in range(n)]
-    for commit, verify in ((gdn_commit_ref, gdn_verify_ref), (gdn_commit_triton, gdn_verify_triton)):
-        s = x["state"].clone()
-        kk, uk, gk = kept(B, T, Hk, dk, Hv, dv)
-        o = verify(x["q"], x["k"], x["v"], x["g"], x["beta"], s, idx, kk, uk, gk, raw_gates=raw)
-        commit(s, idx, kk, uk, gk, torch.full((B,), n, dtype=torch.int64))
-        if n:
-            assert_close(o[:, :n], torch.cat(outs, 1), torch.float32, rtol=1e-6, atol=1e-6)
-            assert_close(s, s_plain, torch.float32, rtol=1e-6, atol=1e-6)
-        else:
-            assert torch.equal(s, x["state"])
+    P = fold_after + 2 * T
+    ring = make_ring(P, Hk, dk, Hv, dv, {})
+    s_plain, s = x["state"].clone(), x["state"].clone()
+    pos = [0, 0, 0]
+    for step in range(4):
+        n = [accepted[r][step] for r in range(3)]
+        block = {key: garbage[key].clone() for key in ("q", "k", "v", "g", "beta")}
+        for r in range(3):
+            for key in block:
+                block[key][r, :n[r]] = x[key][r, pos[r]:pos[r] + n[r]]
+        o = verify(block["q"], block["k"], block["v"], block["g"], block["beta"], s, idx, ring, fold_after,
+                   raw_gates=raw)
+        advance(ring[3], idx, torch.tensor(n, dtype=torch.int32), fold_after, P)
+        for r in range(3):
+            one = idx[r:r + 1]
+            for t in range(n[r]):
+                p = pos[r] + t
+                want = gdn_recurrent_ref(*(x[key][r:r + 1, p:p + 1] for key in ("q", "k", "v", "g", "beta")),
+                                         s_plain, one, raw_gates=raw)
+                assert_close(o[r, t], want[0, 0], torch.float32, rtol=1e-5, atol=1e-5)
+            pos[r] += n[r]
+    assert int(ring[3][idx.long(), 1].max()) > 0
+    fold(s, idx, ring)
+    assert_close(s, s_plain, torch.float32, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("n", [0, 2, 6])
@@ -169,33 +221,37 @@ def test_conv_verify_and_commit_kernels_match_the_reference(T, C, K, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_commit_of_every_layer_in_one_launch_equals_each_layer_alone(dtype):
-    """The engine commits all GDN layers at once (state and kept buffers with a leading layer axis): each layer
-    must end as a commit of that layer alone leaves it, the conv states as well, padding rows untouched, and a
-    layer's buffers never read for another (every layer gets its own inputs)."""
-    require_interpreted(_gdn_commit_kernel)
+def test_fold_and_conv_commit_of_every_layer_in_one_launch_equal_each_layer_alone(dtype):
+    """The engine folds all GDN layers at once and commits all conv states at once (a leading layer axis): each
+    layer must end as that layer alone would, other slots untouched, and a layer's ring never read for another
+    (every layer gets its own tokens)."""
+    require_interpreted(_gdn_fold_kernel)
     require_interpreted(_conv_commit_kernel)
-    L, T, Hk, Hv, dk, dv, C, K = 3, 5, 2, 6, 24, 17, 37, 4
-    B, gen = len(STATE_IDX), torch.Generator().manual_seed(7)
+    L, T, Hk, Hv, dk, dv, C, K, P = 3, 5, 2, 6, 24, 17, 37, 4, 7
+    gen = torch.Generator().manual_seed(7)
     state0 = torch.randn(L, NUM_SLOTS, Hv, dk, dv, generator=gen)
-    kk = torch.randn(L, B + 1, T + 1, Hk, dk, generator=gen)
-    uk = torch.randn(L, B + 1, T + 1, Hv, dv, generator=gen)
-    gk = -torch.rand(L, B + 1, T + 1, Hv, generator=gen)
-    x = torch.randn(L, B + 2, T, C, generator=gen).to(dtype)[:, :B]
-    conv0 = torch.randn(L, NUM_SLOTS, C, K - 1, generator=gen).to(dtype)
-    idx = torch.tensor(STATE_IDX)
-    n = torch.tensor([T, 3, 0, 2])
-    s, conv = state0.clone(), conv0.clone()
-    gdn_commit_triton(s, idx, kk, uk, gk, n)
-    conv_state_commit_triton(x, conv, idx, n)
-    live = idx >= 0
+    ring = make_ring(P, Hk, dk, Hv, dv, {4: (5, 4), 0: (0, 0), 2: (2, 5)}, layers=(L,))
+    idx = torch.tensor([4, 0, 2])
+    s = state0.clone()
+    r_tri = clone_ring(ring)
+    gdn_fold_triton(s, idx, r_tri)
+    assert r_tri[3][[4, 0, 2], 1].eq(0).all()
     for i in range(L):
         want = state0[i].clone()
-        gdn_commit_ref(want, idx, kk[i], uk[i], gk[i], n)
+        gdn_fold_ref(want, idx, (ring[0][i], ring[1][i], ring[2][i], ring[3].clone()))
         assert_close(s[i], want, torch.float32)
-        want_conv = conv0[i].clone()
-        conv_state_commit_ref(x[i][live], want_conv, idx[live], n[live])
-        assert torch.equal(conv[i], want_conv), i
+        assert torch.equal(s[i, [1, 3, 5]], state0[i, [1, 3, 5]])
     ref = state0.clone()
-    gdn_commit_ref(ref, idx, kk, uk, gk, n)  # the reference's layered form
+    gdn_fold_ref(ref, idx, clone_ring(ring))  # the reference's layered form
     assert_close(s, ref, torch.float32)
+    B, sidx = len(STATE_IDX), torch.tensor(STATE_IDX)
+    x = torch.randn(L, B + 2, T, C, generator=gen).to(dtype)[:, :B]
+    conv0 = torch.randn(L, NUM_SLOTS, C, K - 1, generator=gen).to(dtype)
+    n = torch.tensor([T, 3, 0, 2])
+    conv = conv0.clone()
+    conv_state_commit_triton(x, conv, sidx, n)
+    live = sidx >= 0
+    for i in range(L):
+        want_conv = conv0[i].clone()
+        conv_state_commit_ref(x[i][live], want_conv, sidx[live], n[live])
+        assert torch.equal(conv[i], want_conv), i

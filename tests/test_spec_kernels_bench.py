@@ -11,10 +11,11 @@ def test_spec_kernels_bench_smoke(tmp_path):
     load_bench("spec_kernels_bench").main(["--smoke", "--out", str(out)])
     rows = [r for r in json.loads(out.read_text())["rows"] if "kernel" in r]
     kinds = {r["kernel"].split(" (")[0].split(",")[0] for r in rows}
-    assert kinds == {"gdn verify", "gdn verify + commit", "gdn commit", "conv verify", "conv commit",
-                     "verify attention"}
-    assert {r["kernel"] for r in rows if r["kernel"].startswith("gdn verify + commit")} == {
-        "gdn verify + commit (default launches)", "gdn verify + commit (torch reference)"}
+    assert kinds == {"gdn step: verify + advance", "gdn step: verify + commit every step", "gdn verify", "gdn fold",
+                     "conv verify", "conv commit", "verify attention"}
+    assert {r["kernel"] for r in rows if r["kernel"].startswith("gdn step")} == {
+        f"gdn step: {what} ({impl})" for what in ("verify + advance", "verify + commit every step")
+        for impl in ("default launches", "torch reference")}
     for r in rows:
         assert r["us"] > 0 and r["roofline_us"] > 0, r
         if "max_diff_vs_default" in r:

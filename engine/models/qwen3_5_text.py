@@ -140,7 +140,11 @@ class GatedDeltaNet(nn.Module):
         self.conv_state = self.ssm_state = torch.empty(0)
         self.glue = Glue()
         self.proj = DecodeProjections()
-        self.kept = None  # speculative verify: (x, k, u, g) buffers of the block (engine/speculative.SpecDecoder.kept)
+        # speculative verify (engine/speculative.SpecDecoder): the block's conv inputs [max seqs, T, conv_dim], and
+        # this layer's ring of pending updates with its write-back threshold (engine/gdn_ring.GdnRing)
+        self.kept_x = None
+        self.ring = None
+        self.fold_after = 0
 
     fused_decode = False  # decode: one fused kernel from conv to gated norm (TextModel.set_fused_decode)
     pdl = False  # decode kernels launched with programmatic dependent launch (TextModel.set_pdl)
@@ -179,18 +183,17 @@ class GatedDeltaNet(nn.Module):
 
 
     def _verify(self, qkv, ba, meta: StepMetadata):
-        """A block of T tokens per sequence against the uncommitted conv and recurrent state (kernels/gdn_verify);
-        the block's conv inputs and per-token updates go to self.kept for the commit."""
+        """A block of T tokens per sequence against the conv state and the recurrent state with its pending tokens
+        (kernels/gdn_verify); the block's conv inputs go to self.kept_x for the commit, its updates to the ring."""
         T = meta.verify_len
         S = qkv.shape[0] // T
-        x_kept, k_kept, u_kept, g_kept = self.kept
         x = qkv.view(S, T, self.conv_dim)
-        y = ops.causal_conv1d_verify(x, self.conv_state, self.conv1d.weight, meta.state_idx, keep=x_kept[:S, :T])
+        y = ops.causal_conv1d_verify(x, self.conv_state, self.conv1d.weight, meta.state_idx, keep=self.kept_x[:S, :T])
         q, k, v = y.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
         ba = ba.view(S, T, 2 * self.hv)
         o = ops.gdn_verify(q.reshape(S, T, self.hk, self.dk), k.reshape(S, T, self.hk, self.dk),
                            v.reshape(S, T, self.hv, self.dv), ba[..., self.hv:], ba[..., :self.hv], self.ssm_state,
-                           meta.state_idx, k_kept, u_kept, g_kept, raw_gates=(self.A_log, self.dt_bias))
+                           meta.state_idx, self.ring, self.fold_after, raw_gates=(self.A_log, self.dt_bias))
         return o.view(S * T, self.hv, self.dv)
 
 
