@@ -33,9 +33,11 @@ class SpecGraphs:
         self.buf = StepTensors(
             positions=torch.zeros(R, dtype=i64, device=dev), index=torch.zeros(R, dtype=i64, device=dev),
             slots=torch.full((R,), -1, dtype=i64, device=dev), ctx=torch.ones(R, dtype=i32, device=dev),
-            draft_ctx=torch.ones(R, dtype=i32, device=dev), tables=torch.zeros(R, max_blocks, dtype=i32, device=dev),
+            draft_ctx=torch.ones(R, dtype=i32, device=dev), tables=None,
             state_idx=torch.full((max_num_seqs,), scratch_slot, dtype=i64, device=dev),
             valid=torch.ones(max_num_seqs, dtype=i64, device=dev))
+        # one block table per sequence: the host copies S rows, the step repeats them for the sequence's T rows
+        self.seq_tables = torch.zeros(max_num_seqs, max_blocks, dtype=i32, device=dev)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         if capture and dev.type == "cuda":
@@ -48,10 +50,12 @@ class SpecGraphs:
                 torch.cuda.synchronize(dev)
 
     def views(self, padded: int, width: int) -> StepTensors:
-        """The buffers' first `padded` sequences (their padded * T rows), block tables `width` columns wide."""
+        """The buffers' first `padded` sequences (their padded * T rows), block tables `width` columns wide (each
+        sequence's repeated for its rows: a device copy, inside the graph when captured)."""
         R, b = padded * self.T, self.buf
-        return StepTensors(b.positions[:R], b.index[:R], b.slots[:R], b.ctx[:R], b.draft_ctx[:R],
-                           b.tables[:R, :width], b.state_idx[:padded], b.valid[:padded])
+        tables = self.seq_tables[:padded, :width].repeat_interleave(self.T, 0)
+        return StepTensors(b.positions[:R], b.index[:R], b.slots[:R], b.ctx[:R], b.draft_ctx[:R], tables,
+                           b.state_idx[:padded], b.valid[:padded])
 
     def fill(self, plan: StepPlan, padded: int) -> None:
         """Copy the plan's rows into the buffers, the rows up to `padded` sequences as padding."""
@@ -69,9 +73,9 @@ class SpecGraphs:
         b.slots[:P].copy_(rows(plan.slots, -1, np.int64))
         b.ctx[:P].copy_(rows(np.maximum(plan.ctx, 1), 1, np.int32))
         b.draft_ctx[:P].copy_(rows(np.maximum(plan.draft_ctx, 1), 1, np.int32))
-        tables = np.zeros((P, self.max_blocks), dtype=np.int32)
-        tables[:R, :plan.tables.shape[1]] = plan.tables
-        b.tables[:P].copy_(torch.from_numpy(tables))
+        tables = np.zeros((padded, self.max_blocks), dtype=np.int32)
+        tables[:S, :plan.tables.shape[1]] = plan.tables
+        self.seq_tables[:padded].copy_(torch.from_numpy(tables))
         state = np.full(padded, self.scratch, dtype=np.int64)
         state[:S] = plan.state_idx
         b.state_idx[:padded].copy_(torch.from_numpy(state))
@@ -101,12 +105,11 @@ class SpecGraphs:
         for size in reversed(self.sizes):
             self.fill(StepPlan(*(np.zeros((0,), dtype=np.int64),) * 5, np.zeros((0, 1), dtype=np.int32),
                                np.zeros((0,), dtype=np.int64), [], []), size)
-            d = self.views(size, self.max_blocks)
-            self.decoder.greedy_step(d)
+            self.decoder.greedy_step(self.views(size, self.max_blocks))
             torch.cuda.synchronize(dev)
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g, pool=pool):
-                self.outputs[size] = self.decoder.greedy_step(d)
+                self.outputs[size] = self.decoder.greedy_step(self.views(size, self.max_blocks))
             pool = g.pool() if pool is None else pool
             self.graphs[size] = g
         torch.cuda.synchronize(dev)

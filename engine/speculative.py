@@ -71,13 +71,13 @@ class SpecStats:
 @dataclass
 class StepPlan:
     """A step's host arrays: per block row s * T + j (positions, cache index, KV slot or -1, context length for the
-    verify pass and for the draft pass, block-table row), per sequence (state slot, valid block length)."""
+    verify pass and for the draft pass), per sequence (block table, state slot, valid block length)."""
     positions: np.ndarray
     index: np.ndarray
     slots: np.ndarray
     ctx: np.ndarray
     draft_ctx: np.ndarray
-    tables: np.ndarray  # [S * T, width] int32
+    tables: np.ndarray  # [S, width] int32: a sequence's rows share it (repeated on the device)
     state_idx: np.ndarray
     valid: list[int]
     seqs: list[Sequence]
@@ -98,9 +98,10 @@ class StepTensors:
     @classmethod
     def of(cls, plan: StepPlan, device) -> StepTensors:
         i64, i32 = torch.int64, torch.int32
+        T = len(plan.positions) // len(plan.valid)
         return cls(to_device(plan.positions, i64, device), to_device(plan.index, i64, device),
                    to_device(plan.slots, i64, device), to_device(plan.ctx, i32, device),
-                   to_device(plan.draft_ctx, i32, device), to_device(plan.tables, i32, device),
+                   to_device(plan.draft_ctx, i32, device), to_device(plan.tables, i32, device).repeat_interleave(T, 0),
                    to_device(plan.state_idx, i64, device), to_device(plan.valid, i64, device))
 
 
@@ -155,7 +156,7 @@ class SpecDecoder:
                         slots=np.where(live, block_of * bs + i % bs, -1).ravel(),
                         ctx=np.where(live, i + 1, 0).astype(np.int32).ravel(),
                         draft_ctx=np.where(live, (start + v)[:, None], 0).astype(np.int32).ravel(),
-                        tables=np.repeat(table, T, axis=0),
+                        tables=table,
                         state_idx=np.array([s.state_slot for s in seqs], dtype=np.int64), valid=valid, seqs=seqs)
 
     @torch.no_grad()
