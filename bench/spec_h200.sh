@@ -45,13 +45,13 @@ if (f := out / "h200_spec_kernels.json").exists():
     best = {}
     for r in rows:
         key = (r["kernel"].split(" (")[0].split(",")[0], r["sequences"], r.get("fold_after", -1), r.get("pending", -1),
-               "reference" in r["kernel"])
+               "reference" in r["kernel"])  # the best fold_chunk / tile / warps of each
         if key not in best or r["us"] < best[key]["us"]:
             best[key] = r
     print(f"{'kernel (best configuration)':80} {'seqs':>4} {'us':>8} {'roof':>7}")
     for (k, n, *_), r in sorted(best.items()):
-        cfg = ", ".join(f"{c}={r[c]}" for c in ("fold_after", "pending", "block_v", "block_c", "num_warps",
-                                                 "rows_per_seq", "tile") if r.get(c) is not None)
+        cfg = ", ".join(f"{c}={r[c]}" for c in ("fold_after", "fold_chunk", "pending", "block_v", "block_c",
+                                                 "num_warps", "rows_per_seq", "tile") if r.get(c) is not None)
         print(f"{r['kernel'] + ' ' + cfg:80.80} {n:4d} {r['us']:8.1f} {r['roofline_us']:7.1f}")
 if (f := out / "profile_spec" / "decode_profile.json").exists():
     for r in json.loads(f.read_text())["runs"]:

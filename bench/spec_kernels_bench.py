@@ -140,17 +140,22 @@ def gdn_rows(shape, device, bw, record, smoke: bool) -> None:
     impls = {"default launches": (gv.gdn_verify_triton, gv.gdn_ring_advance_triton, gv.gdn_fold_triton),
              "torch reference": (gv.gdn_verify_ref, gv._ring_advance_ref, gv.gdn_fold_ref)}
     for name, (verify, advance, fold) in impls.items():
-        for f in ((0,) if smoke or "reference" in name else (0, 16, 48)):
+        ref = "reference" in name
+        # (fold_after, pending tokens whose loads are issued together)
+        for f, chunk in ([(0, None)] if smoke or ref else
+                         [(0, 1), (0, 4), (16, 1), (16, 4), (16, 8), (48, 4), (48, 8)]):
             ring, work = empty(new_ring(f + 2 * T)), state.clone()
+            extra = {"fold_chunk": chunk} if chunk else {}
 
-            def step(verify=verify, advance=advance, ring=ring, work=work, f=f):
-                verify(q, k, v, a, b, work, idx, ring, f, raw_gates=raw)
+            def step(verify=verify, advance=advance, ring=ring, work=work, f=f, extra=extra):
+                verify(q, k, v, a, b, work, idx, ring, f, raw_gates=raw, **extra)
                 advance(ring[3], idx, n_acc, f, f + 2 * T)
             t = graph_us(step, device, iters=steps, reps=5)  # the graph replays `steps` steps: their pending cycle
             writes, reads = steady_steps(f, tau, T, steps)
             roof = (state_bytes + io_bytes + block_bytes + writes / steps * state_bytes +
                     ring_bytes(S, T, Hk, Hv, dk, dv, 1) * reads / steps)
-            record({"kernel": f"gdn step: verify + advance ({name})", "fold_after": f, "accepted_per_step": tau,
+            record({"kernel": f"gdn step: verify + advance ({name})", "fold_after": f, "fold_chunk": chunk,
+                    "accepted_per_step": tau,
                     "sequences": S, "block": T, **timing(t), "roofline_us": round(1e6 * roof / bw, 2),
                     "write_backs_per_step": round(writes / steps, 3)})
         # the replaced design: verify against a committed state, then commit the accepted tokens (= a fold)

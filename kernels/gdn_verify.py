@@ -136,22 +136,28 @@ def gdn_fold_ref(state, state_idx, ring):
     slots = state_idx.long()
     if state.dim() == 5:
         for i in range(state.shape[0]):
-            state[i, slots] = _fold_ref(state[i, slots], slots, (rk[i], ru[i], rg[i], pos), state.shape[2] // rk.shape[3])
+            layer = (rk[i], ru[i], rg[i], pos)
+            state[i, slots] = _fold_ref(state[i, slots], slots, layer, state.shape[2] // rk.shape[3])
     else:
         state[slots] = _fold_ref(state[slots], slots, ring, state.shape[1] // rk.shape[2])
     pos[slots] = 0
 
 
 @triton.jit
-def _ring_fold(S, rk_row, ru_row, rg_row, start, h, P, srk_p, sru_p, srg_p, offs_k, offs_v, mask_k, mask_v):
+def _ring_fold(S, rk_row, ru_row, rg_row, start, h, P, srk_p, sru_p, srg_p, offs_k, offs_v, mask_k, mask_v,
+               CHUNK: tl.constexpr):
     """The h pending tokens of a slot (ring rows (start + j) % P, oldest first) folded into its [BK, BV] state tile,
-    as the decode kernel steps it. *_row: the slot's ring at this head."""
-    for j in range(h):
-        p = (start + j) % P
-        k = tl.load(rk_row + p * srk_p + offs_k, mask=mask_k, other=0.0)
-        u = tl.load(ru_row + p * sru_p + offs_v, mask=mask_v, other=0.0)
-        S = S * tl.exp(tl.load(rg_row + p * srg_p))
-        S = S + k[:, None] * u[None, :]
+    as the decode kernel steps it. *_row: the slot's ring at this head. CHUNK tokens at a time, unrolled, so that
+    their loads are in flight together rather than each after the last token's update (a token past h loads
+    g = 0, u = 0: S * 1 + 0, the same bits)."""
+    for j0 in range(0, h, CHUNK):
+        for jj in tl.static_range(CHUNK):
+            on = j0 + jj < h
+            p = (start + j0 + jj) % P
+            k = tl.load(rk_row + p * srk_p + offs_k, mask=mask_k & on, other=0.0)
+            u = tl.load(ru_row + p * sru_p + offs_v, mask=mask_v & on, other=0.0)
+            S = S * tl.exp(tl.load(rg_row + p * srg_p, mask=on, other=0.0))
+            S = S + k[:, None] * u[None, :]
     return S
 
 
@@ -180,7 +186,7 @@ def _gdn_verify_kernel(
     sg_b, sg_t, sg_h, sbeta_b, sbeta_t, sbeta_h, so_b, so_t, so_h,
     ss_n, ss_h, ss_k, srk_n, srk_p, srk_h, sru_n, sru_p, sru_h, srg_n, srg_p,
     GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    RAW_GATES: tl.constexpr, UNROLL: tl.constexpr,
+    RAW_GATES: tl.constexpr, UNROLL: tl.constexpr, FOLD_CHUNK: tl.constexpr,
 ):
     # One program = (sequence, value head, dv tile), as kernels/gdn_recurrent: the state tile is loaded once, the
     # pending tokens folded in, and carried in registers over the block. UNROLL (= T, or 0 for a loop): the block
@@ -197,7 +203,8 @@ def _gdn_verify_kernel(
     h = tl.load(pos_ptr + slot * 2 + 1, mask=live, other=0)
     ru_row, rk_row = ru_ptr + slot * sru_n + hv * sru_h, rk_ptr + slot * srk_n + hk * srk_h
     rg_row = rg_ptr + slot * srg_n + hv
-    S = _ring_fold(S, rk_row, ru_row, rg_row, start, h, P, srk_p, sru_p, srg_p, offs_k, offs_v, mask_k, mask_v)
+    S = _ring_fold(S, rk_row, ru_row, rg_row, start, h, P, srk_p, sru_p, srg_p, offs_k, offs_v, mask_k, mask_v,
+                   FOLD_CHUNK)
     tl.store(s_ptrs, S, mask=mask_s & (h > fold_after))
     base = start + h
     b64 = b.to(tl.int64)
@@ -229,6 +236,7 @@ def _gdn_fold_kernel(
     state_ptr, idx_ptr, rk_ptr, ru_ptr, rg_ptr, pos_ptr,
     NV, P, ss_l, ss_n, ss_h, ss_k, srk_l, srk_n, srk_p, srk_h, sru_l, sru_n, sru_p, sru_h, srg_l, srg_n, srg_p,
     GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    FOLD_CHUNK: tl.constexpr,
 ):
     # Grid (sequence, value head, layer x dv tile): every GDN layer's fold in one launch.
     b = tl.program_id(0)
@@ -247,7 +255,8 @@ def _gdn_fold_kernel(
         S = tl.load(s_ptrs, mask=mask_s, other=0.0)
         S = _ring_fold(S, rk_ptr + layer * srk_l + slot * srk_n + (hv // GROUP) * srk_h,
                        ru_ptr + layer * sru_l + slot * sru_n + hv * sru_h, rg_ptr + layer * srg_l + slot * srg_n + hv,
-                       tl.load(pos_ptr + slot * 2), h, P, srk_p, sru_p, srg_p, offs_k, offs_v, mask_k, mask_v)
+                       tl.load(pos_ptr + slot * 2), h, P, srk_p, sru_p, srg_p, offs_k, offs_v, mask_k, mask_v,
+                       FOLD_CHUNK)
         tl.store(s_ptrs, S, mask=mask_s)
 
 
@@ -272,7 +281,7 @@ def _gdn_verify_chunk_kernel(
     sg_b, sg_t, sg_h, sbeta_b, sbeta_t, sbeta_h, so_b, so_t, so_h,
     ss_n, ss_h, ss_k, srk_n, srk_p, srk_h, sru_n, sru_p, sru_h, srg_n, srg_p,
     GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    BT: tl.constexpr, RAW_GATES: tl.constexpr,
+    BT: tl.constexpr, RAW_GATES: tl.constexpr, FOLD_CHUNK: tl.constexpr,
 ):
     # One program = (sequence, value head, dv tile) as in _gdn_verify_kernel (the pending tokens folded in the same
     # way), but the block's T tokens solved together in the delta rule's chunk form, with matrix products instead of
@@ -300,7 +309,8 @@ def _gdn_verify_chunk_kernel(
     mask_k = offs_k < DK
     mask_s = mask_k[:, None] & mask_v[None, :] & live
     S = tl.load(s_rows + offs_k[:, None] * ss_k, mask=mask_s, other=0.0)
-    S = _ring_fold(S, rk_row, ru_row, rg_row, start, h, P, srk_p, sru_p, srg_p, offs_k, offs_v, mask_k, mask_v)
+    S = _ring_fold(S, rk_row, ru_row, rg_row, start, h, P, srk_p, sru_p, srg_p, offs_k, offs_v, mask_k, mask_v,
+                   FOLD_CHUNK)
     tl.store(s_rows + offs_k[:, None] * ss_k, S, mask=mask_s & (h > fold_after))
     tk = mask_t[:, None] & mask_k[None, :]
     Q = tl.load(q_rows + offs_k[None, :], mask=tk, other=0.0).to(tl.float32)
@@ -347,6 +357,9 @@ def _gdn_verify_chunk_kernel(
     tl.store(rg_row + rows_t * srg_p, g, mask=mask_t & live & (vt == 0))
 
 
+FOLD_CHUNK = 4  # pending tokens folded per unrolled group (kernels' default; a launch option)
+
+
 def _block_v(dv: int, block_v) -> int:
     return block_v or min(next_pow2(dv), 16)
 
@@ -373,15 +386,16 @@ def _launch_verify(kernel, BV, q, k, v, g, beta, state, state_idx, ring, fold_af
 
 
 def gdn_verify_triton(q, k, v, g, beta, state, state_idx, ring, fold_after=0, scale=None, raw_gates=None, out=None,
-                      block_v=None, num_warps=None, unroll=False):
-    """unroll: the block's T tokens unrolled in the kernel (compiled per T) instead of a loop."""
+                      block_v=None, num_warps=None, unroll=False, fold_chunk=FOLD_CHUNK):
+    """unroll: the block's T tokens unrolled in the kernel (compiled per T) instead of a loop. fold_chunk: pending
+    tokens whose loads are issued together (_ring_fold)."""
     return _launch_verify(_gdn_verify_kernel, _block_v(v.shape[-1], block_v), q, k, v, g, beta, state, state_idx,
                           ring, fold_after, scale, raw_gates, out, num_warps, BK=next_pow2(q.shape[-1]),
-                          UNROLL=q.shape[1] if unroll else 0)
+                          UNROLL=q.shape[1] if unroll else 0, FOLD_CHUNK=fold_chunk)
 
 
 def gdn_verify_chunk_triton(q, k, v, g, beta, state, state_idx, ring, fold_after=0, scale=None, raw_gates=None,
-                            out=None, block_v=None, num_warps=None):
+                            out=None, block_v=None, num_warps=None, fold_chunk=FOLD_CHUNK):
     """gdn_verify_triton's contract, the block solved with matrix products (_gdn_verify_chunk_kernel): the same
     values to fp32 rounding, not bit for bit. 8 warps: 40 registers at the 4B shape, where 4 spill
     (kernels/compile_check.py)."""
@@ -389,7 +403,7 @@ def gdn_verify_chunk_triton(q, k, v, g, beta, state, state_idx, ring, fold_after
     BK = max(16, next_pow2(dk))
     return _launch_verify(_gdn_verify_chunk_kernel, block_v or 16, q, k, v, g, beta, state, state_idx, ring,
                           fold_after, scale, raw_gates, out, num_warps or 8, BK=BK,
-                          BT=max(16, next_pow2(T)))  # tl.dot's smallest side
+                          BT=max(16, next_pow2(T)), FOLD_CHUNK=fold_chunk)  # BT: tl.dot's smallest side
 
 
 def gdn_ring_advance_triton(ring_pos, state_idx, num_accepted, fold_after, P):
@@ -397,7 +411,7 @@ def gdn_ring_advance_triton(ring_pos, state_idx, num_accepted, fold_after, P):
     _ring_advance_kernel[(1,)](ring_pos, state_idx, num_accepted, B, P, fold_after, BLOCK=max(16, next_pow2(B)))
 
 
-def gdn_fold_triton(state, state_idx, ring, block_v=None, num_warps=None):
+def gdn_fold_triton(state, state_idx, ring, block_v=None, num_warps=None, fold_chunk=FOLD_CHUNK):
     rk, ru, rg, pos = ring
     P = _check_ring(ring, state, rk.shape[-2], rk.shape[-1])
     if state.dim() == 4:  # one layer: a layer axis of length 1
@@ -410,7 +424,8 @@ def gdn_fold_triton(state, state_idx, ring, block_v=None, num_warps=None):
     _gdn_fold_kernel[(B, Hv, NV * state.shape[0])](
         state, state_idx, rk, ru, rg, pos,
         NV, P, *state.stride()[:4], *rk.stride()[:4], *ru.stride()[:4], *rg.stride()[:3],
-        GROUP=Hv // rk.shape[3], DK=dk, DV=dv, BK=next_pow2(dk), BV=BV, num_warps=num_warps or 4,
+        GROUP=Hv // rk.shape[3], DK=dk, DV=dv, BK=next_pow2(dk), BV=BV, FOLD_CHUNK=fold_chunk,
+        num_warps=num_warps or 4,
     )
     pos[state_idx.long()] = 0
 
@@ -422,7 +437,7 @@ def gdn_verify(q, k, v, g, beta, state, state_idx, ring, fold_after=0, scale=Non
     ring_g [slots, P, Hv] fp32, ring_pos [slots, 2] int32) receives the block's normalised keys, corrections and log
     decays after the pending rows; a row with more than fold_after pending tokens writes its folded state back
     (gdn_ring_advance then drops them). `chunk`: solved with matrix products (Triton only; equal to fp32
-    rounding). `launch`: block_v, num_warps, unroll (token by token only) (Triton)."""
+    rounding). `launch`: block_v, num_warps, unroll (token by token only), fold_chunk (Triton)."""
     if use_triton(q):
         fn = gdn_verify_chunk_triton if chunk else gdn_verify_triton
         return fn(q, k, v, g, beta, state, state_idx, ring, fold_after, scale, raw_gates, out, **launch)

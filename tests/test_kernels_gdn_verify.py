@@ -74,7 +74,7 @@ def test_verify_advance_and_fold_triton_match_ref(form, dtype, T, dk, dv, aligne
     # slot 4: 3 pending from the second-to-last row (> fold_after: written back); slot 0 none; slot 2: 2 pending
     pending = {4: (P - 2, 3), 0: (0, 0), 2: (1, 2)}
     ring_ref = make_ring(P, Hk, dk, Hv, dv, pending, seed=T)
-    ring_tri = clone_ring(ring_ref)
+    ring_ref0, ring_tri = clone_ring(ring_ref), clone_ring(ring_ref)
     idx = torch.tensor(STATE_IDX, dtype=torch.int32)
     raw = (x["A_log"], x["dt_bias"])
     args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
@@ -84,6 +84,10 @@ def test_verify_advance_and_fold_triton_match_ref(form, dtype, T, dk, dv, aligne
     assert_close(o_tri, o_ref, dtype)
     assert torch.equal(o_tri[1], torch.zeros_like(o_tri[1]))
     assert_close(s_tri, s_ref, torch.float32)
+    if form == "steps":  # pending tokens folded one load at a time give the same bits as in unrolled groups
+        s_one, ring_one = x["state"].clone(), clone_ring(ring_ref0)
+        o_one = verify(*args, s_one, idx, ring_one, fold_after, raw_gates=raw, fold_chunk=1)
+        assert torch.equal(o_one, o_tri) and torch.equal(s_one, s_tri)
     kept_slots = [s for s in range(NUM_SLOTS) if s != 4]
     assert torch.equal(s_tri[kept_slots], x["state"][kept_slots]), "only a slot past fold_after is written back"
     assert not torch.equal(s_tri[4], x["state"][4])
