@@ -12,7 +12,8 @@ Two parts, each written to the results file as soon as it is done (`rows`, `note
    the real draft and verify passes run and the target is made to accept the first a drafts of each block, a drawn
    per step from an acceptance profile (per block position, the chance a draft is accepted given the ones before it
    were): part 1's measured profile, then each --profile. Method "acceptance drawn from a profile". tok/s per
-   sequence and total at batch 1, 8, 32, 64, 128 against plain decode.
+   sequence and total at batch 1, 8, 32, 64, 128 against plain decode, timed once per batch on the same requests
+   that every block size then runs.
 The step's kernels alone, each launch configuration against the torch reference, fla and the rooflines:
 bench/spec_kernels_bench.py.
 
@@ -159,8 +160,17 @@ def shape_4b_rows(args, device, dtype, record, profiles) -> None:
     opts = b.engine_options(max_b, args.page_image_tokens + 40 + args.page_gen + max(args.block_sizes), device,
                             enforce_eager=args.device == "cpu")
     plain_engine = Engine(cfg, weights, device=device, dtype=dtype, options=EngineOptions(**opts))
-    drafter_dir = Path(tempfile.mkdtemp(prefix="drafter4b-"))
     rng = np.random.default_rng(0)
+    # the same requests at every block size, plain decoding timed once per batch
+    reqs_of = {batch: [dict(r, request_id=f"4b-{batch}-{i}", ignore_eos=True)
+                       for i, r in enumerate(b.make_requests("page", batch, bargs, cfg, rng))]
+               for batch in args.batches_4b}
+    plain_of = {}
+    for batch, reqs in reqs_of.items():
+        warm_up(plain_engine, reqs)
+        plain_of[batch] = timed(plain_engine, reqs)
+    del plain_engine
+    drafter_dir = Path(tempfile.mkdtemp(prefix="drafter4b-"))
     for block in args.block_sizes:
         write_random_drafter(drafter_dir, cfg.text, num_layers=1 if args.smoke else 5,
                              num_taps=2 if args.smoke else 5, block_size=block, dtype=dtype)
@@ -172,10 +182,8 @@ def shape_4b_rows(args, device, dtype, record, profiles) -> None:
                                    spec_engine.runner.scratch_slot, capture=True)  # captured on CUDA only
         spec_engine.spec = forced
         for batch in args.batches_4b:
-            reqs = [dict(r, request_id=f"4b-{block}-{batch}-{i}", ignore_eos=True)
-                    for i, r in enumerate(b.make_requests("page", batch, bargs, cfg, rng))]
-            warm_up(plain_engine, reqs)
-            plain, t_plain = timed(plain_engine, reqs)
+            reqs = reqs_of[batch]
+            plain, t_plain = plain_of[batch]
             tokens = sum(o.output_tokens for o in plain)
             for name, profile in profiles:
                 forced.profile = profile

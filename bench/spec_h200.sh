@@ -5,7 +5,8 @@
 # kernels: bench/spec_kernels_bench.py (every launch configuration of the step's kernels, graph-timed);
 # profile: bench/decode_profile.py --spec 16 at batch 1 and 32 (where a speculative step's device time goes, against
 #          a plain step of the same engine build);
-# 4b:      bench/spec_decode_bench.py part 2, the 4B shape at ocria-tiny's measured acceptance and at 0.9;
+# 4b:      bench/spec_decode_bench.py part 2, the 4B shape at ocria-tiny's measured acceptance and at 0.9, blocks of
+#          16, 8 and 4 (a long block costs most at batch 64);
 # tiny:    part 1, ocria-tiny with models/ocria-tiny-drafter on the held-out blocks, speculation on vs off.
 # OUT gets one JSON per part and log.txt; a summary table is printed at the end.
 set -euo pipefail
@@ -26,7 +27,7 @@ for part in $PARTS; do
     kernels) timeout 300 $PY bench/spec_kernels_bench.py --out "$OUT/h200_spec_kernels.json" ;;
     profile) timeout 300 $PY bench/decode_profile.py --spec 16 --variants default --batch-sizes 1,32 --steps 10 \
                --graph-steps 20 --out "$OUT/profile_spec" ;;
-    4b) timeout 420 $PY bench/spec_decode_bench.py --parts 4b --block-sizes 16 --batches-4b 1 8 64 \
+    4b) timeout 480 $PY bench/spec_decode_bench.py --parts 4b --block-sizes 16 8 4 --batches-4b 1 8 64 \
           --profile "$MEASURED" --profile "uniform 0.9=[$(printf '0.9,%.0s' {1..14})0.9]" \
           --out "$OUT/h200_spec_decode_4b.json" ;;
     tiny) timeout 420 $PY bench/spec_decode_bench.py --parts tiny --drafter models/ocria-tiny-drafter \
@@ -62,7 +63,9 @@ if (f := out / "profile_spec" / "decode_profile.json").exists():
 for name in ("h200_spec_decode_4b.json", "h200_spec_decode_tiny.json"):
     if (f := out / name).exists():
         for r in json.loads(f.read_text())["rows"]:
-            print(f"{r['model']:10} b{r['batch']:<4} {r.get('profile', ''):22} {r.get('spec_step', ''):7} tau "
+            print(f"{r['model']:10} b{r['batch']:<4} T{r['block_size']:<3} {r.get('profile', ''):22} "
+                  f"{r.get('spec_step', ''):7} tau "
                   f"{r['tau']:5.2f} {r['tok_s_per_seq']:8.1f} vs {r['tok_s_per_seq_plain']:8.1f} tok/s/seq "
-                  f"-> {r['speedup']:.2f}x")
+                  f"-> {r['speedup']:.2f}x" + (f"; total {r['tok_s_total']:.0f} vs {r['tok_s_total_plain']:.0f} tok/s"
+                                               if "tok_s_total" in r else ""))
 EOF
