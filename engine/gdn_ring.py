@@ -3,8 +3,9 @@
 A speculative step's verify reads each sequence's state once, folds in the tokens pending from earlier steps, and
 writes the folded state back only once more than `fold_after` are pending; the accepted tokens of the step become
 pending (kernels/gdn_verify). So between speculative steps a slot's state alone is not its sequence's state: every
-other reader of GDN state (a plain decode step, a prefill chunk, a copy for beam search) goes through the runner,
-which folds what is pending first (`fold`) or, for a slot that starts a new sequence, drops it (`forget`).
+other reader of GDN state (a plain decode step, a prefill chunk) goes through the runner, which folds what is
+pending first (`fold`) or, for a slot that starts a new sequence, drops it (`forget`); a copy for beam search (which
+never speculates) carries its source's empty ring.
 
 The host keeps `dirty`, the slots a speculative step has touched since their last fold, so that a run that never
 speculates, or a plain step over other slots, launches nothing.

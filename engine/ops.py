@@ -22,6 +22,6 @@ from kernels.small_m_linear import SplitKWorkspace, default_launch, linear_silu_
 __all__ = ["SplitKWorkspace", "causal_conv1d_update", "causal_conv1d_verify", "conv_state_commit", "copy_rows",
            "default_launch", "dequant_fp8_ref", "dequant_nvfp4_ref", "fp8_linear", "fp8_matmul",
            "fused_attn_decode_inputs", "fused_gdn_decode", "gated_rmsnorm", "gates_from_raw", "gdn_fold",
-           "gdn_recurrent", "gdn_ring_advance", "gdn_verify", "l2norm_ref", "linear_silu_mul", "nvfp4_linear", "nvfp4_matmul",
-           "paged_decode_attention", "pdl_supported", "quant_fp8_per_token", "rmsnorm", "rmsnorm_quant_fp8", "silu_mul",
+           "gdn_recurrent", "gdn_ring_advance", "gdn_verify", "l2norm_ref", "linear_silu_mul", "nvfp4_linear",
+           "nvfp4_matmul", "paged_decode_attention", "pdl_supported", "quant_fp8_per_token", "rmsnorm", "rmsnorm_quant_fp8", "silu_mul",
            "silu_mul_quant_fp8", "small_m_linear", "split_ranges", "store_kvcache", "use_triton"]

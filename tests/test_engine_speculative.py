@@ -189,6 +189,30 @@ def test_loop_guard_beam_and_opt_out_with_speculation(text_ckpt, drafter):
     assert got[0].spec_steps == 0 and got[2].spec_drafted == 0 and got[1].spec_steps > 0
 
 
+def test_slots_left_with_pending_updates_serve_later_sequences(text_ckpt, drafter, plain):
+    """Speculative sequences end with GDN updates still pending in their slots (fold_after 6); the slots then serve
+    new sequences, beam members among them (their states copied from the parent's), whose outputs must be plain
+    decoding's: nothing pending in a slot may reach the next sequence there."""
+    beam = dict(prompt_token_ids=ids(9, 20), sampling=SamplingParams(max_tokens=12, num_beams=3), ignore_eos=True)
+    want = Engine.from_checkpoint(text_ckpt, dtype="float32", max_num_seqs=4, num_blocks=64,
+                                  block_size=8).generate([beam])[0]
+    eng = oracle_engine(text_ckpt, drafter, plain, num_blocks=64, spec_fold_after=6)
+    first = {o.request_id: o for o in eng.generate(requests())}
+    assert all(first[rid].output_token_ids == out for rid, out in plain.items())
+    ring = eng.runner.gdn_ring
+    assert int(ring.pos[:4, 1].max()) > 0  # pending updates left behind in the slots
+    copies, copy_caches = [], eng.runner.copy_caches
+
+    def checked_copy(src, dst, *blocks):  # a beam member's slot, once copied, holds nothing pending
+        copy_caches(src, dst, *blocks)
+        copies.append(ring.pos[dst, 1].tolist())
+    eng.runner.copy_caches = checked_copy
+    again = eng.generate([beam] + requests()[:2])
+    assert copies and all(n == 0 for c in copies for n in c), copies
+    assert again[0].output_token_ids == want.output_token_ids
+    assert [o.output_token_ids for o in again[1:]] == [plain["r0"], plain["r1"]]
+
+
 def test_drafter_for_another_target_is_refused(text_ckpt, tmp_path):
     d = write_random_drafter(tmp_path / "d", text_ckpt)
     cfg = json.loads((d / "config.json").read_text())
