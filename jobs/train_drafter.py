@@ -301,11 +301,27 @@ def block_loss(drafter: DFlashDrafter, examples: list[Example], embed: torch.Ten
     return loss
 
 
-def accepted_drafts(bp: BlockPass) -> torch.Tensor:
-    """Per block, the drafts a greedy verify would accept: the leading positions whose argmax is the target's own
-    token. The drafter sees here what it sees when drafting (the context before the anchor, the whole block in one
-    pass), so 1 + the mean over random anchors estimates tau on these answers (the selector's picks aside)."""
-    match = (bp.logits.argmax(-1) == bp.targets) & bp.valid
+def greedy_drafts(drafter: DFlashDrafter, bp: BlockPass) -> torch.Tensor:
+    """The drafts [N, B-1] a greedy speculative step would propose from this pass: the argmax at each position, or
+    with a DFlash2 selector each draft picked among its position's top-k given the draft before it (the anchor
+    first), as engine/speculative.SpecDecoder._select picks them."""
+    if drafter.selector is None:
+        return bp.logits.argmax(-1)
+    cand_u, cand = drafter.unary_logits(bp.logits).topk(min(drafter.cfg.selector_top_k, bp.logits.shape[-1]), -1)
+    drafts, prev = torch.empty_like(bp.targets), bp.block[:, 0]
+    for j in range(cand.shape[1]):
+        pick = drafter.selector.score(cand[:, j], cand_u[:, j], bp.hidden[:, j], prev).argmax(-1)
+        prev = drafts[:, j] = cand[:, j].gather(1, pick[:, None])[:, 0]
+    return drafts
+
+
+def accepted_drafts(bp: BlockPass, drafts: torch.Tensor | None = None) -> torch.Tensor:
+    """Per block, the drafts a greedy verify would accept: the leading positions where the draft (`drafts`, from
+    greedy_drafts; the argmax if not given) is the target's own token. The drafter sees here what it sees when
+    drafting (the context before the anchor, the whole block in one pass), so 1 + the mean over random anchors
+    estimates tau on these answers."""
+    drafts = bp.logits.argmax(-1) if drafts is None else drafts
+    match = (drafts == bp.targets) & bp.valid
     return match.int().cumprod(-1).sum(-1).float()
 
 
@@ -441,7 +457,7 @@ def train(cfg: TrainDrafterConfig, echo=print, collected: list[Example] | None =
                 bp = block_pass(drafter, part, embed, head, cfg.anchors, vrng, cfg.device)
                 total += len(part) * float(block_loss(drafter, part, embed, head, cfg.anchors, cfg.gamma, vrng,
                                                       cfg.device, cfg.selector_loss_alpha, out=bp))
-                accepted.append(accepted_drafts(bp))
+                accepted.append(accepted_drafts(bp, greedy_drafts(drafter, bp)))
         val_losses.append((step, total / len(val)))
         val_tau.append((step, round(1 + float(torch.cat(accepted).mean()), 4)))
         key = (val_tau[-1][1], -val_losses[-1][1])

@@ -99,3 +99,31 @@ def test_half_a_dflash2_config_is_refused(text_ckpt, tmp_path):
             k: v for k, v in cfg["dflash_config"].items() if k != drop})))
         with pytest.raises(DrafterConfigError, match=missing):
             load_dflash_config(d, target)
+
+
+def test_tau_estimate_drafts_as_the_engine_selects_them():
+    """Training's tau estimate counts the drafts a greedy speculative step would make: with a selector, each picked
+    among its position's top-k given the draft before it (engine/speculative's _select), which is not the argmax
+    here; without one, the argmax."""
+    from types import SimpleNamespace
+
+    from engine.speculative import SpecDecoder
+    from jobs.train_drafter import BlockPass, greedy_drafts
+
+    torch.manual_seed(4)
+    d = DFlashDrafter(DFlashConfig(**{**_dflash2_config().__dict__, "selector_top_k": 5}))
+    with torch.no_grad():
+        for _, p in d.hf_named():
+            p.copy_(torch.randn(p.shape))
+    N, P, V = 6, 4, 50
+    logits, hidden = torch.randn(N, P, V), torch.randn(N, P, 32)
+    anchors = torch.randint(0, V, (N,))
+    block = torch.cat([anchors[:, None], torch.full((N, P), 49)], 1)
+    bp = BlockPass(logits, hidden, block, torch.zeros(N, P, dtype=torch.long), torch.ones(N, P, dtype=torch.bool),
+                   None)
+    with torch.no_grad():
+        want, _ = SpecDecoder._select(SimpleNamespace(drafter=d), None, anchors, hidden, logits, [])
+        got = greedy_drafts(d, bp)
+    assert torch.equal(got, want) and not torch.equal(got, logits.argmax(-1))
+    plain = DFlashDrafter(DFlashConfig(**{**_dflash2_config().__dict__, "conv_kernel_size": 0, "selector_rank": 0}))
+    assert torch.equal(greedy_drafts(plain, bp), logits.argmax(-1))

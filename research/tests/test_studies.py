@@ -50,8 +50,8 @@ def test_paired_cer_pools_edits_over_characters_and_bootstraps_the_pages_togethe
 
 
 def test_distill_compare_trains_one_drafter_per_share_on_one_collection(tiny_checkpoint, tmp_path):
-    """The distillation study: one collection, a drafter per --distill value, each logging its validation loss and
-    tau estimate."""
+    """The drafter-recipe study: one collection, a drafter per (--arch, --distill) pair, each logging its validation
+    loss and tau estimate."""
     import numpy as np
     from PIL import Image
 
@@ -63,8 +63,10 @@ def test_distill_compare_trains_one_drafter_per_share_on_one_collection(tiny_che
     study = load_study("distill_compare")
     res = study.main(["--pages", str(pages), "--out", str(tmp_path / "d.json"), "--checkpoint", str(tiny_checkpoint),
                       "--steps", "2", "--val-pages", "1", "--val-every", "1", "--max-tokens", "12",
-                      "--collect-batch", "4"])
-    assert res["answers"] == 4 and [r["distill"] for r in res["runs"]] == [0.0, 0.5]
+                      "--collect-batch", "4", "--arch", "dflash", "dflash2"])
+    assert res["answers"] == 4
+    assert [(r["arch"], r["distill"]) for r in res["runs"]] == [("dflash", 0.0), ("dflash", 0.5), ("dflash2", 0.0),
+                                                                ("dflash2", 0.5)]
     for r in res["runs"]:
         assert [s for s, _ in r["val_tau_estimate"]] == [0, 1, 2] and r["tau_estimate_at_best"] >= 1.0
     assert json.loads((tmp_path / "d.json").read_text())["runs"] == json.loads(json.dumps(res["runs"]))

@@ -1,10 +1,12 @@
-"""Does training ocria-tiny's drafter partly on the target's own distribution (jobs/train_drafter.py --distill) carry
-better to answers it has not seen? One collection of the target's answers (with its top-k soft labels), then one
-drafter per --distill value, each from the same start on the same answers, the same answers kept out: validation
-loss (greedy labels) and the tau estimate (the drafts a greedy verify would accept at random anchors) at each check.
+"""Which drafter recipe carries better to answers it has not seen: training partly on the target's own distribution
+(jobs/train_drafter.py --distill), and the DFlash2 architecture (--dflash2) against DFlash? One collection of the
+target's answers (with its top-k soft labels), then one drafter per (--arch, --distill) pair, each on the same
+answers, the same answers kept out: validation loss (greedy labels) and the tau estimate (the drafts a greedy verify
+would accept at random anchors) at each check.
 
     .venv/bin/python -m research.ocria_tiny.drafter_pages --synth .drafter/synth --split train --pages 50 --out PAGES
     .venv/bin/python -m research.ocria_tiny.studies.distill_compare --pages PAGES --out OUT.json [--distill 0 0.5]
+        [--arch dflash dflash2]
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--out", required=True)
     ap.add_argument("--checkpoint", default="models/ocria-tiny")
     ap.add_argument("--distill", type=float, nargs="+", default=[0.0, 0.5])
+    ap.add_argument("--arch", nargs="+", choices=["dflash", "dflash2"], default=["dflash"])
     ap.add_argument("--steps", type=int, default=600)
     ap.add_argument("--val-pages", type=int, default=24)
     ap.add_argument("--val-every", type=int, default=50)
@@ -44,12 +47,13 @@ def main(argv=None) -> dict:
               "answers": len(examples), "answer_tokens": sum(len(e.ids) - e.prompt_len for e in examples),
               "collect_s": round(time.perf_counter() - t0, 1), "config": base, "runs": []}
     print(f"collected {result['answers']} answers ({result['answer_tokens']} tokens) in {result['collect_s']} s")
-    for d in args.distill:
-        cfg = TrainDrafterConfig(**base, out=str(Path(args.out).with_suffix("") / f"distill_{d}"), distill=d)
+    for arch, d in [(a, d) for a in args.arch for d in args.distill]:
+        cfg = TrainDrafterConfig(**base, out=str(Path(args.out).with_suffix("") / f"{arch}_distill_{d}"), distill=d,
+                                 dflash2=arch == "dflash2")
         log = train(cfg, echo=lambda *_: None, collected=examples)
         best = min(log["val_losses"], key=lambda x: x[1])
         tau = dict(log["val_tau_estimate"])
-        result["runs"].append({"distill": d, "train_seconds": log["train_seconds"], "val_losses": log["val_losses"],
+        result["runs"].append({"arch": arch, "distill": d, "train_seconds": log["train_seconds"], "val_losses": log["val_losses"],
                                "val_tau_estimate": log["val_tau_estimate"], "best_step": best[0],
                                "best_val_loss": best[1], "tau_estimate_at_best": tau[best[0]],
                                "best_tau_estimate": max(tau.values())})
