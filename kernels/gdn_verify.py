@@ -15,7 +15,7 @@ fp32, q scaled by dk^-0.5; the same arithmetic as kernels/gdn_recurrent).
 gdn_ring_advance, once the accepted counts n_b are known on the device: if h > fold_after, start += h and h = 0;
 then h += n_b: the accepted tokens become pending, the rejected ones are forgotten by the count alone.
 gdn_fold: state[s] <- S with every pending token folded in, h <- 0; run before anything else reads the state
-(plain decode, prefill, a copy).
+(plain decode, prefill; a copy of a slot with nothing pending carries its ring position instead).
 
 So a verify step reads the state once and writes it once every few steps (fold_after = 0: at every step that has
 pending tokens, still one read and one write fewer than verifying and then committing), where writing every token's
