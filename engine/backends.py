@@ -53,8 +53,9 @@ def load_backend(
 
 
 def check_options(name: str, options: dict) -> None:
-    """ValueError naming an option the native backend does not take (with the nearest one it does), so that a
-    misspelled key fails where the job starts, not in every engine's actor. Other backends are not checked."""
+    """ValueError naming an option the native backend does not take (with the nearest one it does), or an engine
+    option's value no engine can take, so that the mistake fails where the job starts, not in every engine's actor.
+    Other backends are not checked."""
     if name != "native":
         return
     from engine.llm_engine import EngineOptions
@@ -70,3 +71,8 @@ def check_options(name: str, options: dict) -> None:
             raise ValueError(f"model.options.{key} is not an option of the native backend"
                              + (f" (did you mean {close[0]}?)" if close else "")
                              + " (engine.llm_engine.EngineOptions lists the engine's)")
+    fields = {f.name for f in dataclasses.fields(EngineOptions)}
+    try:
+        EngineOptions(**{k: v for k, v in options.items() if k in fields}).check()
+    except ValueError as e:
+        raise ValueError(f"model.options.{e}") from None

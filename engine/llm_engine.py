@@ -123,6 +123,19 @@ class EngineOptions:
     # written back at every verify that has any
     spec_fold_after: int = 0
 
+    def check(self) -> None:
+        """ValueError naming an option whose value no engine can take: the engine checks before it loads anything,
+        the job (engine/backends.check_options) before Ray starts."""
+        for name, least, meaning in (("spec_block_size", 2, "a verify block needs >= 2 tokens (None: the drafter's)"),
+                                     ("spec_max_batch", 1, "None: every batch speculates"),
+                                     ("spec_fold_after", 0, "0: the state is written back at every verify that has "
+                                                            "pending updates")):
+            value = getattr(self, name)
+            if value is None and name != "spec_fold_after":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"{name}={value!r}: give an integer >= {least} ({meaning})")
+
     def decode_path(self) -> DecodePath:
         return DecodePath(fused_decode=self.fused_decode, fused_attention_decode=self.fused_attention_decode,
                           gemv=self.decode_gemv, pdl=self.decode_pdl, swiglu_epilogue=self.swiglu_epilogue)
@@ -134,6 +147,7 @@ class Engine:
                  processor: Processor | None = None, stop_token_ids: Iterable[int] = (), model_id: str = "",
                  options: EngineOptions | None = None, expected: dict | None = None):
         opts = options or EngineOptions()
+        opts.check()
         self.cfg, self.options, self.model_id, self.processor = cfg, opts, model_id, processor
         self._image_processor = processor.image_processor if processor is not None else None
         self.device = torch.device(device)
@@ -149,9 +163,7 @@ class Engine:
             drafter = DFlashDrafter.from_pretrained(opts.drafter, cfg.text, self.dtype, self.device)
             block = opts.spec_block_size or drafter.cfg.block_size
             if block < 2:
-                raise ValueError(f"spec_block_size={block}: a verify block needs >= 2 tokens (or no drafter)")
-            if opts.spec_max_batch is not None and opts.spec_max_batch < 1:
-                raise ValueError(f"spec_max_batch={opts.spec_max_batch}: give >= 1 (or None: every batch speculates)")
+                raise ValueError(f"the drafter's block_size={block}: a verify block needs >= 2 tokens (or no drafter)")
         self.runner = ModelRunner(self.model, cfg, self.device, self.dtype, max_num_seqs=opts.max_num_seqs,
                                   max_model_len=self.max_model_len, max_num_batched_tokens=mnbt,
                                   block_size=opts.block_size, num_blocks=opts.num_blocks,

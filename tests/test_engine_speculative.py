@@ -97,9 +97,12 @@ def test_batches_above_spec_max_batch_decode_plainly(text_ckpt, drafter, plain, 
     assert any(n > 2 for _, n, _ in decode)
     assert any(after_plain for _, _, after_plain in spec)  # launched while a plain step was in flight
     assert eng.block_manager.num_free == eng.block_manager.num_blocks
-    with pytest.raises(ValueError, match="spec_max_batch=0"):
-        Engine.from_checkpoint(text_ckpt, dtype="float32", max_num_seqs=4, num_blocks=64, drafter=str(drafter),
-                               spec_max_batch=0)
+    for bad, says in ((dict(spec_max_batch=0), "spec_max_batch=0: give an integer >= 1"),
+                      (dict(spec_fold_after=-1), "spec_fold_after=-1: give an integer >= 0"),
+                      (dict(spec_block_size=1), "spec_block_size=1: give an integer >= 2")):
+        with pytest.raises(ValueError, match=says):
+            Engine.from_checkpoint(text_ckpt, dtype="float32", max_num_seqs=4, num_blocks=64, drafter=str(drafter),
+                                   **bad)
 
 
 class Oracle(SpecDecoder):
