@@ -21,10 +21,8 @@ from engine import ops
 
 class GdnRing:
     def __init__(self, runner, block_size: int, fold_after: int):
-        """Rows for fold_after pending tokens and two blocks per state slot, for every GDN layer."""
-        if fold_after < 0:
-            raise ValueError(f"spec_fold_after={fold_after}: give >= 0 (0: the state is written back at every "
-                             f"verify that has pending tokens)")
+        """Rows for fold_after pending tokens and two blocks per state slot, for every GDN layer (fold_after >= 0:
+        EngineOptions.check)."""
         t, dev = runner.cfg.text, runner.device
         L, slots = runner.ssm_state.shape[:2]
         self.runner, self.fold_after = runner, fold_after
