@@ -28,6 +28,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--checkpoint", default="models/ocria-tiny")
     ap.add_argument("--distill", type=float, nargs="+", default=[0.0, 0.5])
     ap.add_argument("--arch", nargs="+", choices=["dflash", "dflash2"], default=["dflash"])
+    ap.add_argument("--seed", type=int, default=0, help="training's seed (initialisation, anchors, page order)")
     ap.add_argument("--steps", type=int, default=600)
     ap.add_argument("--val-pages", type=int, default=24)
     ap.add_argument("--val-every", type=int, default=50)
@@ -37,7 +38,7 @@ def main(argv=None) -> dict:
     base = dict(checkpoint=args.checkpoint, pages=args.pages, collect_batch=args.collect_batch, num_layers=4,
                 intermediate_size=1024, num_taps=4, block_size=16, gamma=7, anchors=64, pages_per_step=4, lr=2e-3,
                 steps=args.steps, val_pages=args.val_pages, val_every=args.val_every, max_tokens=args.max_tokens,
-                save_dtype="float32", distill_top_k=16)
+                save_dtype="float32", distill_top_k=16, seed=args.seed)
     target = Engine.from_checkpoint(args.checkpoint, max_num_seqs=args.collect_batch, enforce_eager=True)
     layers = build_target_layer_ids(target.cfg.text.num_hidden_layers, base["num_taps"])
     t0 = time.perf_counter()
