@@ -162,6 +162,25 @@ def _ring_fold(S, rk_row, ru_row, rg_row, start, h, P, srk_p, sru_p, srg_p, offs
 
 
 @triton.jit
+def _pending_folded(state_ptr, pos_ptr, rk_ptr, ru_ptr, rg_ptr, slot, hv, hk, live, P, fold_after,
+                    ss_n, ss_h, ss_k, srk_n, srk_p, srk_h, sru_n, sru_p, sru_h, srg_n, srg_p,
+                    offs_k, offs_v, mask_k, mask_v, FOLD_CHUNK: tl.constexpr):
+    """A verify program's [BK, BV] state tile with its slot's pending tokens folded in, written back when more than
+    fold_after were pending. Returns (tile, ring row of the block's first token, the slot's ring at this head: k, u,
+    g pointers)."""
+    mask_s = mask_k[:, None] & mask_v[None, :] & live
+    s_ptrs = state_ptr + slot * ss_n + hv * ss_h + offs_k[:, None] * ss_k + offs_v[None, :]
+    start = tl.load(pos_ptr + slot * 2, mask=live, other=0)
+    h = tl.load(pos_ptr + slot * 2 + 1, mask=live, other=0)
+    rk_row, ru_row = rk_ptr + slot * srk_n + hk * srk_h, ru_ptr + slot * sru_n + hv * sru_h
+    rg_row = rg_ptr + slot * srg_n + hv
+    S = _ring_fold(tl.load(s_ptrs, mask=mask_s, other=0.0), rk_row, ru_row, rg_row, start, h, P, srk_p, sru_p, srg_p,
+                   offs_k, offs_v, mask_k, mask_v, FOLD_CHUNK)
+    tl.store(s_ptrs, S, mask=mask_s & (h > fold_after))
+    return S, start + h, rk_row, ru_row, rg_row
+
+
+@triton.jit
 def _verify_token(S, t, p, q_row, k_row, v_row, g_row, beta_row, o_row, ru_row, rk_row, rg_row,
                   sq_t, sk_t, sv_t, sg_t, sbeta_t, so_t, sru_p, srk_p, srg_p,
                   offs_k, offs_v, mask_k, mask_v, live, first_of_key, write_g, scale, neg_decay_rate, dt_bias,
@@ -196,17 +215,9 @@ def _gdn_verify_kernel(
     offs_v = vt * BV + tl.arange(0, BV)
     mask_k = offs_k < DK
     mask_v = offs_v < DV
-    mask_s = mask_k[:, None] & mask_v[None, :] & live
-    s_ptrs = state_ptr + slot * ss_n + hv * ss_h + offs_k[:, None] * ss_k + offs_v[None, :]
-    S = tl.load(s_ptrs, mask=mask_s, other=0.0)
-    start = tl.load(pos_ptr + slot * 2, mask=live, other=0)
-    h = tl.load(pos_ptr + slot * 2 + 1, mask=live, other=0)
-    ru_row, rk_row = ru_ptr + slot * sru_n + hv * sru_h, rk_ptr + slot * srk_n + hk * srk_h
-    rg_row = rg_ptr + slot * srg_n + hv
-    S = _ring_fold(S, rk_row, ru_row, rg_row, start, h, P, srk_p, sru_p, srg_p, offs_k, offs_v, mask_k, mask_v,
-                   FOLD_CHUNK)
-    tl.store(s_ptrs, S, mask=mask_s & (h > fold_after))
-    base = start + h
+    S, base, rk_row, ru_row, rg_row = _pending_folded(
+        state_ptr, pos_ptr, rk_ptr, ru_ptr, rg_ptr, slot, hv, hk, live, P, fold_after, ss_n, ss_h, ss_k, srk_n, srk_p,
+        srk_h, sru_n, sru_p, sru_h, srg_n, srg_p, offs_k, offs_v, mask_k, mask_v, FOLD_CHUNK)
     b64 = b.to(tl.int64)
     first_of_key = (hv % GROUP == 0) & (vt == 0) & live  # one program writes each key head's k
     neg_decay_rate = 0.0
@@ -300,25 +311,18 @@ def _gdn_verify_chunk_kernel(
     tv = mask_t[:, None] & mask_v[None, :]
     q_rows = q_ptr + b64 * sq_b + offs_t[:, None] * sq_t + hk * sq_h
     k_rows = k_ptr + b64 * sk_b + offs_t[:, None] * sk_t + hk * sk_h
-    s_rows = state_ptr + slot * ss_n + hv * ss_h + offs_v[None, :]
-    start = tl.load(pos_ptr + slot * 2, mask=live, other=0)
-    h = tl.load(pos_ptr + slot * 2 + 1, mask=live, other=0)
-    ru_row, rk_row = ru_ptr + slot * sru_n + hv * sru_h, rk_ptr + slot * srk_n + hk * srk_h
-    rg_row = rg_ptr + slot * srg_n + hv
     offs_k = tl.arange(0, BK)
     mask_k = offs_k < DK
-    mask_s = mask_k[:, None] & mask_v[None, :] & live
-    S = tl.load(s_rows + offs_k[:, None] * ss_k, mask=mask_s, other=0.0)
-    S = _ring_fold(S, rk_row, ru_row, rg_row, start, h, P, srk_p, sru_p, srg_p, offs_k, offs_v, mask_k, mask_v,
-                   FOLD_CHUNK)
-    tl.store(s_rows + offs_k[:, None] * ss_k, S, mask=mask_s & (h > fold_after))
+    S, base, rk_row, ru_row, rg_row = _pending_folded(
+        state_ptr, pos_ptr, rk_ptr, ru_ptr, rg_ptr, slot, hv, hk, live, P, fold_after, ss_n, ss_h, ss_k, srk_n, srk_p,
+        srk_h, sru_n, sru_p, sru_h, srg_n, srg_p, offs_k, offs_v, mask_k, mask_v, FOLD_CHUNK)
     tk = mask_t[:, None] & mask_k[None, :]
     Q = tl.load(q_rows + offs_k[None, :], mask=tk, other=0.0).to(tl.float32)
     K = tl.load(k_rows + offs_k[None, :], mask=tk, other=0.0).to(tl.float32)
     rq = tl.rsqrt(tl.sum(Q * Q, axis=1) + 1e-6) * scale
     rk = tl.rsqrt(tl.sum(K * K, axis=1) + 1e-6)
     first_of_key = (hv % GROUP == 0) & (vt == 0) & live  # one program writes each key head's k
-    rows_t = (start + h + offs_t) % P  # the block's ring rows
+    rows_t = (base + offs_t) % P  # the block's ring rows
     tl.store(rk_row + rows_t[:, None] * srk_p + offs_k[None, :], K * rk[:, None], mask=tk & first_of_key)
     Kt = tl.trans(K)
     KS = tl.dot(K, S, input_precision="ieee")
