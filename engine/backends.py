@@ -64,14 +64,14 @@ def check_options(name: str, options: dict) -> None:
     params = inspect.signature(NativeBackend.__init__).parameters
     known = {p for p, v in params.items() if v.kind == v.KEYWORD_ONLY or v.kind == v.POSITIONAL_OR_KEYWORD}
     known = (known - {"self", "checkpoint_dir", "device", "dtype"}) | {"max_batch_size"}
-    known |= {f.name for f in dataclasses.fields(EngineOptions)}
+    fields = {f.name for f in dataclasses.fields(EngineOptions)}
+    known |= fields
     for key in options:
         if key not in known:
             close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
             raise ValueError(f"model.options.{key} is not an option of the native backend"
                              + (f" (did you mean {close[0]}?)" if close else "")
                              + " (engine.llm_engine.EngineOptions lists the engine's)")
-    fields = {f.name for f in dataclasses.fields(EngineOptions)}
     try:
         EngineOptions(**{k: v for k, v in options.items() if k in fields}).check()
     except ValueError as e:

@@ -47,15 +47,20 @@ class GdnRing:
 
     def fold(self, slots: Iterable[int]) -> None:
         """Fold the pending tokens of these slots into their states (every layer, one launch)."""
-        pending = sorted(self.dirty.intersection(int(s) for s in slots))
-        if pending:
-            idx = torch.tensor(pending, dtype=torch.int64).to(self.runner.device, non_blocking=True)
+        idx = self._take(slots)
+        if idx is not None:
             ops.gdn_fold(self.runner.ssm_state, idx, (self.k, self.u, self.g, self.pos))
-            self.dirty.difference_update(pending)
 
     def forget(self, slots: Iterable[int]) -> None:
         """Slots that start a new sequence: whatever was pending there belonged to the one before."""
-        gone = sorted(self.dirty.intersection(int(s) for s in slots))
-        if gone:
-            self.pos[torch.tensor(gone, dtype=torch.int64).to(self.runner.device, non_blocking=True)] = 0
-            self.dirty.difference_update(gone)
+        idx = self._take(slots)
+        if idx is not None:
+            self.pos[idx] = 0
+
+    def _take(self, slots: Iterable[int]) -> torch.Tensor | None:
+        """The dirty ones among `slots` (a device index tensor, None if none), no longer dirty."""
+        hit = sorted(self.dirty.intersection(int(s) for s in slots))
+        if not hit:
+            return None
+        self.dirty.difference_update(hit)
+        return torch.tensor(hit, dtype=torch.int64).to(self.runner.device, non_blocking=True)

@@ -126,12 +126,13 @@ class EngineOptions:
     def check(self) -> None:
         """ValueError naming an option whose value no engine can take: the engine checks before it loads anything,
         the job (engine/backends.check_options) before Ray starts."""
-        for name, least, meaning in (("spec_block_size", 2, "a verify block needs >= 2 tokens (None: the drafter's)"),
-                                     ("spec_max_batch", 1, "None: every batch speculates"),
-                                     ("spec_fold_after", 0, "0: the state is written back at every verify that has "
-                                                            "pending updates")):
+        # (option, least value, whether None is allowed, what it means)
+        for name, least, optional, meaning in (
+                ("spec_block_size", 2, True, "a verify block needs >= 2 tokens (None: the drafter's)"),
+                ("spec_max_batch", 1, True, "None: every batch speculates"),
+                ("spec_fold_after", 0, False, "0: the state is written back at every verify that has pending updates")):
             value = getattr(self, name)
-            if value is None and name != "spec_fold_after":
+            if value is None and optional:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f"{name}={value!r}: give an integer >= {least} ({meaning})")
