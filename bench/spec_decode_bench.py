@@ -206,8 +206,10 @@ def shape_4b_rows(args, device, dtype, record, profiles) -> None:
 
 
 def warm_up(engine, reqs) -> None:
-    """One short request first, so that no timed run pays for kernel compilation or first-use allocation."""
-    engine.generate([dict(reqs[0], request_id="warm-up", sampling=SamplingParams(max_tokens=8))])
+    """The same requests, a few tokens each, first: so that no timed run pays for compiling the prefill shapes of
+    its batch or for first-use allocation (one short request left the plain run of a new batch paying for them)."""
+    engine.generate([dict(r, request_id=f"warm-up-{i}", sampling=SamplingParams(max_tokens=8))
+                     for i, r in enumerate(reqs)])
 
 
 def spec_paths(decoder, batch: int, eager_batches):

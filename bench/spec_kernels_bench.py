@@ -106,11 +106,12 @@ def steady_steps(fold_after: int, tau: int, T: int, steps: int) -> tuple[int, in
 
 def gdn_rows(shape, device, bw, record, smoke: bool) -> None:
     S, T, Hk, Hv, dk, dv, L = shape
-    gen = torch.Generator(device=device).manual_seed(0)
+    # inputs drawn on the host: a capture that fails (the torch reference syncs) can leave a CUDA generator unusable
+    gen = torch.Generator().manual_seed(0)
     dt = torch.bfloat16 if device.type == "cuda" else torch.float32
 
     def rnd(*s, dtype=dt):
-        return torch.randn(*s, generator=gen, device=device).to(dtype)
+        return torch.randn(*s, generator=gen).to(device=device, dtype=dtype)
 
     def new_ring(rows, layers=()):
         """A ring whose slots 0..S-1 each hold T pending tokens from row 0 (normalised keys, small updates)."""
@@ -118,7 +119,7 @@ def gdn_rows(shape, device, bw, record, smoke: bool) -> None:
         pos = torch.zeros(S + 1, 2, dtype=torch.int32, device=device)
         pos[:S, 1] = T
         return (k_r, rnd(*layers, S + 1, rows, Hv, dv, dtype=torch.float32) * 0.1,
-                -torch.rand(*layers, S + 1, rows, Hv, device=device), pos)
+                -torch.rand(*layers, S + 1, rows, Hv, generator=gen).to(device), pos)
 
     def empty(ring):
         ring[3].zero_()
@@ -126,7 +127,7 @@ def gdn_rows(shape, device, bw, record, smoke: bool) -> None:
 
     q, k, v = rnd(S, T, Hk, dk), rnd(S, T, Hk, dk), rnd(S, T, Hv, dv)
     a, b = rnd(S, T, Hv), rnd(S, T, Hv)
-    raw = (torch.rand(Hv, device=device), torch.zeros(Hv, device=device))
+    raw = (torch.rand(Hv, generator=gen).to(device), torch.zeros(Hv, device=device))
     state = rnd(S + 1, Hv, dk, dv, dtype=torch.float32) * 0.1
     idx = torch.arange(S, device=device)
     state_bytes = S * Hv * dk * dv * 4
@@ -256,15 +257,15 @@ def gdn_rows(shape, device, bw, record, smoke: bool) -> None:
 def attention_rows(shape, device, bw, record, smoke: bool) -> None:
     T, Hq, Hkv, D, ctx, page = shape
     dt = torch.bfloat16 if device.type == "cuda" else torch.float32
-    gen = torch.Generator(device=device).manual_seed(1)
+    gen = torch.Generator().manual_seed(1)  # on the host, as in gdn_rows
     for S in ((1, 2) if smoke else (1, 32)):
         per_seq = -(-(ctx + T) // page)
-        k_cache = torch.randn(S * per_seq, page, Hkv, D, generator=gen, device=device).to(dt)
-        v_cache = torch.randn(S * per_seq, page, Hkv, D, generator=gen, device=device).to(dt)
+        k_cache = torch.randn(S * per_seq, page, Hkv, D, generator=gen).to(device=device, dtype=dt)
+        v_cache = torch.randn(S * per_seq, page, Hkv, D, generator=gen).to(device=device, dtype=dt)
         tables = torch.arange(S * per_seq, device=device, dtype=torch.int32).view(S, per_seq)
         tables = tables.repeat_interleave(T, 0).contiguous()
         lens = (ctx + torch.arange(T, device=device, dtype=torch.int32) + 1).repeat(S)
-        q = torch.randn(S * T, Hq, D, generator=gen, device=device).to(dt)
+        q = torch.randn(S * T, Hq, D, generator=gen).to(device=device, dtype=dt)
         kv_bytes = 2 * S * (ctx + T) * Hkv * D * k_cache.element_size()
         want = pa.paged_decode_attention_triton(q, k_cache, v_cache, tables, lens, D ** -0.5)
         configs = [(1, None, None)] + [(T, m, w) for m in (32, 64) for w in (4, 8)]
