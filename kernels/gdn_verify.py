@@ -361,7 +361,7 @@ def _gdn_verify_chunk_kernel(
     tl.store(rg_row + rows_t * srg_p, g, mask=mask_t & live & (vt == 0))
 
 
-FOLD_CHUNK = 4  # pending tokens folded per unrolled group (kernels' default; a launch option)
+FOLD_CHUNK = 1  # pending tokens whose loads are issued together (a launch option; 1 was fastest on the H100)
 
 
 def _block_v(dv: int, block_v) -> int:
@@ -516,14 +516,13 @@ def conv_state_commit_ref(x, conv_state, state_idx, num_accepted):
 
 
 @triton.jit
-def _window_tile(x_ptr, s_rows, offs_c, mask_c, pos, sx_t, ss_c, K: tl.constexpr):
-    """Window columns `pos` [BK] of [conv state (K - 1 columns) | x (T rows)] for channels offs_c -> [BC, BK] fp32
-    (zero where pos < 0 or masked). x_ptr points at this row's x[0, 0]."""
+def _window_tile(x_ptr, s_rows, c, mask_c, pos, sx_t, ss_c, K: tl.constexpr):
+    """Window columns `pos` of [conv state (K - 1 columns) | x (T rows)] at channels `c` (c, mask_c and pos shaped
+    to broadcast against each other: the tile's shape) -> fp32, zero where pos < 0 or masked. x_ptr points at this
+    row's x[0, 0]."""
     from_state = pos < K - 1
-    sv = tl.load(s_rows + offs_c[:, None] * ss_c + pos[None, :],
-                 mask=mask_c[:, None] & (from_state & (pos >= 0))[None, :], other=0.0)
-    xv = tl.load(x_ptr + (pos - (K - 1))[None, :] * sx_t + offs_c[:, None],
-                 mask=mask_c[:, None] & (~from_state)[None, :], other=0.0)
+    sv = tl.load(s_rows + c * ss_c + pos, mask=mask_c & from_state & (pos >= 0), other=0.0)
+    xv = tl.load(x_ptr + (pos - (K - 1)) * sx_t + c, mask=mask_c & ~from_state, other=0.0)
     return sv.to(tl.float32) + xv.to(tl.float32)
 
 
@@ -531,23 +530,30 @@ def _window_tile(x_ptr, s_rows, offs_c, mask_c, pos, sx_t, ss_c, K: tl.constexpr
 def _conv_verify_kernel(
     x_ptr, state_ptr, w_ptr, idx_ptr, y_ptr, keep_ptr,
     T, C, sx_b, sx_t, ss_n, ss_c, sw_c, sy_b, sy_t, sk_b, sk_t,
-    K: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr, SILU: tl.constexpr, KEEP: tl.constexpr,
+    K: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, SILU: tl.constexpr, KEEP: tl.constexpr,
 ):
+    # The whole block at once: a [BT, BC, BK] tile of windows (output t sees window columns t .. t + K - 1 of
+    # [conv state | x]), summed over the taps as conv1d_update sums one token's [BC, BK] window. No loop over the
+    # block: its loads are all in flight together.
     b, offs_c, mask_c, slot, _ = conv_program(idx_ptr, C, BC)  # padding rows read slot 0, as the reference does
+    offs_t = tl.arange(0, BT)
     offs_k = tl.arange(0, BK)
-    s_rows = state_ptr + slot * ss_n
+    mask_t = offs_t < T
     x_row = x_ptr + b.to(tl.int64) * sx_b
+    pos = tl.where((offs_k[None, :] < K) & mask_t[:, None], offs_t[:, None] + offs_k[None, :], -1)
+    window = _window_tile(x_row, state_ptr + slot * ss_n, offs_c[None, :, None], mask_c[None, :, None],
+                          pos[:, None, :], sx_t, ss_c, K)
     w = tl.load(w_ptr + offs_c[:, None] * sw_c + offs_k[None, :], mask=mask_c[:, None] & (offs_k[None, :] < K),
                 other=0.0).to(tl.float32)
-    for t in range(T):  # output t sees window columns t .. t + K - 1, summed as conv1d_update sums one token
-        pos = tl.where(offs_k < K, t + offs_k, -1)
-        y = tl.sum(_window_tile(x_row, s_rows, offs_c, mask_c, pos, sx_t, ss_c, K) * w, axis=1)
-        if SILU:
-            y = y * tl.sigmoid(y)
-        tl.store(y_ptr + b.to(tl.int64) * sy_b + t * sy_t + offs_c, cast_rtne(y, y_ptr.dtype.element_ty), mask=mask_c)
-        if KEEP:  # the block's inputs, for the commit
-            xt = tl.load(x_row + t * sx_t + offs_c, mask=mask_c)
-            tl.store(keep_ptr + b.to(tl.int64) * sk_b + t * sk_t + offs_c, xt, mask=mask_c)
+    y = tl.sum(window * w[None, :, :], axis=2)  # [BT, BC]
+    if SILU:
+        y = y * tl.sigmoid(y)
+    tc = mask_t[:, None] & mask_c[None, :]
+    tl.store(y_ptr + b.to(tl.int64) * sy_b + offs_t[:, None] * sy_t + offs_c[None, :],
+             cast_rtne(y, y_ptr.dtype.element_ty), mask=tc)
+    if KEEP:  # the block's inputs, for the commit
+        xt = tl.load(x_row + offs_t[:, None] * sx_t + offs_c[None, :], mask=tc)
+        tl.store(keep_ptr + b.to(tl.int64) * sk_b + offs_t[:, None] * sk_t + offs_c[None, :], xt, mask=tc)
 
 
 @triton.jit
@@ -564,7 +570,8 @@ def _conv_commit_kernel(
     n = tl.load(n_ptr + b).to(tl.int32)
     # new column j = window column n + j; the whole tile is read before any of it is written
     pos = tl.where(offs_j < K - 1, n + offs_j, -1)
-    new = _window_tile(x_ptr + layer * sx_l + b.to(tl.int64) * sx_b, s_rows, offs_c, mask_c & live, pos, sx_t, ss_c, K)
+    new = _window_tile(x_ptr + layer * sx_l + b.to(tl.int64) * sx_b, s_rows, offs_c[:, None], (mask_c & live)[:, None],
+                       pos[None, :], sx_t, ss_c, K)
     tl.store(s_rows + offs_c[:, None] * ss_c + offs_j[None, :], new.to(state_ptr.dtype.element_ty),
              mask=(mask_c & live)[:, None] & (offs_j < K - 1)[None, :])
 
@@ -585,12 +592,14 @@ def causal_conv1d_verify_triton(x, conv_state, weight, state_idx, activation="si
     B, T, C = x.shape
     K = weight.shape[1]
     y = torch.empty_like(x, memory_format=torch.contiguous_format)
-    BC = _conv_block_c(C, block_c)
+    BT = next_pow2(T)
+    BC = block_c or max(16, min(next_pow2(C), 1024 // BT))  # the [BT, BC, BK] window tile: 4K values at K = 4
     kp = keep if keep is not None else y
     _conv_verify_kernel[(B, cdiv(C, BC))](
         x, conv_state, weight, state_idx, y, kp, T, C, x.stride(0), x.stride(1), conv_state.stride(0),
         conv_state.stride(1), weight.stride(0), y.stride(0), y.stride(1), kp.stride(0), kp.stride(1),
-        K=K, BK=next_pow2(K), BC=BC, SILU=activation == "silu", KEEP=keep is not None, num_warps=num_warps or 4,
+        K=K, BK=next_pow2(K), BT=BT, BC=BC, SILU=activation == "silu", KEEP=keep is not None,
+        num_warps=num_warps or 4,
     )
     return y
 

@@ -8,10 +8,11 @@ from kernels.testing import assert_close, poisoned, require_interpreted  # sets 
 from kernels.conv1d_update import causal_conv1d_update_ref, causal_conv1d_update_triton
 from kernels.gdn_recurrent import gdn_recurrent_ref, l2norm_ref
 from kernels.gdn_verify import (
-    _conv_commit_kernel, _conv_verify_kernel, _gdn_fold_kernel, _gdn_verify_chunk_kernel, _gdn_verify_kernel,
-    _ring_advance_kernel, causal_conv1d_verify, causal_conv1d_verify_ref, causal_conv1d_verify_triton,
-    conv_state_commit, conv_state_commit_ref, conv_state_commit_triton, gdn_fold_ref, gdn_fold_triton,
-    gdn_ring_advance, gdn_ring_advance_triton, gdn_verify_chunk_triton, gdn_verify_ref, gdn_verify_triton)
+    FOLD_CHUNK, _conv_commit_kernel, _conv_verify_kernel, _gdn_fold_kernel, _gdn_verify_chunk_kernel,
+    _gdn_verify_kernel, _ring_advance_kernel, causal_conv1d_verify, causal_conv1d_verify_ref,
+    causal_conv1d_verify_triton, conv_state_commit, conv_state_commit_ref, conv_state_commit_triton, gdn_fold_ref,
+    gdn_fold_triton, gdn_ring_advance, gdn_ring_advance_triton, gdn_verify_chunk_triton, gdn_verify_ref,
+    gdn_verify_triton)
 
 NUM_SLOTS = 6
 STATE_IDX = [4, -1, 0, 2]  # the second row is padding
@@ -84,9 +85,9 @@ def test_verify_advance_and_fold_triton_match_ref(form, dtype, T, dk, dv, aligne
     assert_close(o_tri, o_ref, dtype)
     assert torch.equal(o_tri[1], torch.zeros_like(o_tri[1]))
     assert_close(s_tri, s_ref, torch.float32)
-    if form == "steps":  # pending tokens folded one load at a time give the same bits as in unrolled groups
+    if form == "steps":  # pending tokens folded in unrolled groups give the same bits as one load at a time
         s_one, ring_one = x["state"].clone(), clone_ring(ring_ref0)
-        o_one = verify(*args, s_one, idx, ring_one, fold_after, raw_gates=raw, fold_chunk=1)
+        o_one = verify(*args, s_one, idx, ring_one, fold_after, raw_gates=raw, fold_chunk=4 if FOLD_CHUNK == 1 else 1)
         assert torch.equal(o_one, o_tri) and torch.equal(s_one, s_tri)
     kept_slots = [s for s in range(NUM_SLOTS) if s != 4]
     assert torch.equal(s_tri[kept_slots], x["state"][kept_slots]), "only a slot past fold_after is written back"
