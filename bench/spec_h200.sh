@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Speculative decoding on one GPU, in one command (the device tool's machine; carry .whl/bench for pydantic and fla):
-#   PARTS="kernels profile" bash bench/spec_h200.sh OUT      # ~4 min
+#   PARTS="kernels profile gemv" bash bench/spec_h200.sh OUT # ~6 min
 #   PARTS="4b tiny" bash bench/spec_h200.sh OUT              # ~6 min (tiny: carry .drafter/heldout too)
 # kernels: bench/spec_kernels_bench.py (every launch configuration of the step's kernels, graph-timed);
 # profile: bench/decode_profile.py --spec 16 at batch 1 and 32 (where a speculative step's device time goes, against
 #          a plain step of the same engine build);
 # 4b:      bench/spec_decode_bench.py part 2, the 4B shape at ocria-tiny's measured acceptance and at 0.9, blocks of
 #          16, 8 and 4 (a long block costs most at batch 64);
-# tiny:    part 1, ocria-tiny with models/ocria-tiny-drafter on the held-out blocks, speculation on vs off.
+# gemv:    bench/small_m_linear_bench.py at M = 16 (a verify block's rows at batch 1 go through the decode GEMV,
+#          which was only measured at M = 1 and 8 against cuBLAS);
+# tiny:    part 1, ocria-tiny with models/ocria-tiny-drafter on the held-out blocks, speculation on vs off, blocks of
+#          16 and 4.
 # OUT gets one JSON per part and log.txt; a summary table is printed at the end.
 set -euo pipefail
 OUT=${1:?usage: spec_h200.sh OUT}
@@ -28,11 +31,13 @@ for part in $PARTS; do
     kernels) timeout 300 $PY bench/spec_kernels_bench.py --out "$OUT/h200_spec_kernels.json" ;;
     profile) timeout 300 $PY bench/decode_profile.py --spec 16 --variants default --batch-sizes 1,32 --steps 10 \
                --graph-steps 20 --out "$OUT/profile_spec" ;;
+    gemv) timeout 150 $PY bench/small_m_linear_bench.py --batch-sizes 16 --budget-s 60 \
+            --out "$OUT/h200_small_m_linear_m16.json" ;;
     4b) timeout 480 $PY bench/spec_decode_bench.py --parts 4b --block-sizes 16 8 4 --batches-4b 1 8 64 \
           --profile "$MEASURED" --profile "uniform 0.9=[$(printf '0.9,%.0s' {1..14})0.9]" \
           --out "$OUT/h200_spec_decode_4b.json" ;;
     tiny) timeout 420 $PY bench/spec_decode_bench.py --parts tiny --drafter models/ocria-tiny-drafter \
-            --pages .drafter/heldout --max-tokens 256 --block-sizes 16 --batches 1 8 32 128 \
+            --pages .drafter/heldout --max-tokens 256 --block-sizes 16 4 --batches 1 8 32 128 \
             --out "$OUT/h200_spec_decode_tiny.json" ;;
     *) echo "unknown part $part" && exit 2 ;;
   esac || echo "$part stopped (rc $?)"

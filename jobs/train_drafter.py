@@ -167,15 +167,18 @@ def load_pages(path: str | Path) -> list[np.ndarray]:
 
 
 def collect(engine: Engine, images: list[np.ndarray], layer_ids, prompt: str, max_tokens: int,
-            soft_top_k: int = 0) -> list[Example]:
+            soft_top_k: int = 0, timings: dict | None = None) -> list[Example]:
     """The target's greedy answers to each page in one batched generate, and the tapped hidden states of every token
     it computes meanwhile (prompt in prefill, answer in decode). The engine must run eagerly (enforce_eager): a CUDA
     graph replays its decode without calling the recorder. Each page is preprocessed once, to the uint8 patches the
     engine expands on its device, as the job does. soft_top_k: also keep the target's distribution at each answer
-    token, its top soft_top_k probabilities renormalised (Example.soft)."""
+    token, its top soft_top_k probabilities renormalised (Example.soft). timings: receives the seconds spent
+    preprocessing pages and generating."""
     if engine.device.type == "cuda" and not engine.options.enforce_eager:
         raise ValueError("collect needs an engine built with enforce_eager=True (CUDA graphs skip the recorder)")
+    t0 = time.perf_counter()
     inputs = [engine.processor.page_inputs(image, prompt, compact=True) for image in images]
+    t1 = time.perf_counter()
     rec = TapRecorder(layer_ids, engine, {f"page-{n}": len(ids) + max_tokens for n, (ids, _, _) in enumerate(inputs)})
     soft = {}
 
@@ -193,6 +196,8 @@ def collect(engine: Engine, images: list[np.ndarray], layer_ids, prompt: str, ma
                                    for n, (ids, pixels, grids) in enumerate(inputs)], on_finish=reduce_logits)
     finally:
         engine.runner.drafter = None
+    if timings is not None:
+        timings.update(preprocess_s=round(t1 - t0, 1), generate_s=round(time.perf_counter() - t1, 1))
     out = []
     for n, o in enumerate(answers):
         if o.finish_reason == "error":
@@ -422,12 +427,13 @@ def train(cfg: TrainDrafterConfig, echo=print, collected: list[Example] | None =
     else:
         drafter = DFlashDrafter(dcfg, torch.float32, cfg.device)
         drafter.init_for_training(torch.Generator().manual_seed(cfg.seed))
-    t0 = time.perf_counter()
+    t0, timings = time.perf_counter(), {}
     examples = list(collected) if collected is not None else collect(
         target, train_images, layer_ids, cfg.prompt, cfg.max_tokens,
-        soft_top_k=cfg.distill_top_k if cfg.distill > 0 else 0)
-    echo(f"collected {len(examples)} answers ({sum(len(e.ids) - e.prompt_len for e in examples)} tokens) in "
-         f"{time.perf_counter() - t0:.0f} s")
+        soft_top_k=cfg.distill_top_k if cfg.distill > 0 else 0, timings=timings)
+    echo(f"collected {len(examples)} answers ({sum(len(e.ids) - e.prompt_len for e in examples)} tokens; prompts "
+         f"{sum(e.prompt_len for e in examples)} tokens) in {time.perf_counter() - t0:.0f} s "
+         f"{timings or ''}")
     if not examples:
         raise RuntimeError("the target answered no page with 2 or more tokens: nothing to train on")
     if cfg.val_pages >= len(examples):
@@ -500,7 +506,8 @@ def train(cfg: TrainDrafterConfig, echo=print, collected: list[Example] | None =
     drafter.save_pretrained(out, num_target_layers=t.num_hidden_layers, dtype=getattr(torch, cfg.save_dtype))
     log = {"config": cfg.model_dump(), "drafter": dcfg.to_json(), "train_pages": len(train_images),
            "answers": len(examples), "answer_tokens": sum(len(e.ids) - e.prompt_len for e in examples),
-           "steps": len(losses), "train_seconds": round(time.perf_counter() - t_train, 1), "losses": losses}
+           "steps": len(losses), "train_seconds": round(time.perf_counter() - t_train, 1), "collect": timings,
+           "losses": losses}
     if val:
         log.update(val_answers=len(val), val_losses=val_losses, val_tau_estimate=val_tau, best_step=best[1])
     (out / "train_log.json").write_text(json.dumps(log, indent=1) + "\n")
