@@ -6,7 +6,7 @@
 # profile: bench/decode_profile.py --spec 16 at batch 1 and 32 (where a speculative step's device time goes, against
 #          a plain step of the same engine build);
 # 4b:      bench/spec_decode_bench.py part 2, the 4B shape at ocria-tiny's measured acceptance and at 0.9, blocks of
-#          16, 8 and 4 (a long block costs most at batch 64);
+#          16, 8 and 4 at batch 1, 8 and 64 (BLOCKS_4B, BATCHES_4B; a long block costs most at batch 64);
 # gemv:    bench/small_m_linear_bench.py at M = 16 (a verify block's rows at batch 1 go through the decode GEMV,
 #          which was only measured at M = 1 and 8 against cuBLAS);
 # tiny:    part 1, ocria-tiny with models/ocria-tiny-drafter on the held-out blocks, speculation on vs off, blocks of
@@ -14,7 +14,7 @@
 # OUT gets one JSON per part and log.txt; a summary table is printed at the end.
 set -euo pipefail
 OUT=${1:?usage: spec_h200.sh OUT}
-PARTS=${PARTS:-kernels profile} PY=${PY:-python3}
+PARTS=${PARTS:-kernels profile} PY=${PY:-python3} BLOCKS_4B=${BLOCKS_4B:-16 8 4} BATCHES_4B=${BATCHES_4B:-1 8 64}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/log.txt") 2>&1
 if compgen -G ".whl/bench/*.whl" >/dev/null; then
@@ -33,7 +33,7 @@ for part in $PARTS; do
                --graph-steps 20 --out "$OUT/profile_spec" ;;
     gemv) timeout 150 $PY bench/small_m_linear_bench.py --batch-sizes 16 --budget-s 60 \
             --out "$OUT/h200_small_m_linear_m16.json" ;;
-    4b) timeout 480 $PY bench/spec_decode_bench.py --parts 4b --block-sizes 16 8 4 --batches-4b 1 8 64 \
+    4b) timeout 480 $PY bench/spec_decode_bench.py --parts 4b --block-sizes $BLOCKS_4B --batches-4b $BATCHES_4B \
           --profile "$MEASURED" --profile "uniform 0.9=[$(printf '0.9,%.0s' {1..14})0.9]" \
           --out "$OUT/h200_spec_decode_4b.json" ;;
     tiny) timeout 420 $PY bench/spec_decode_bench.py --parts tiny --drafter models/ocria-tiny-drafter \
