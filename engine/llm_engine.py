@@ -374,11 +374,11 @@ class Engine:
             self.step_log.append(flight.record)
         if flight.spec is not None:
             return self._collect_spec(flight, tokens, now)
-        finished = []
+        finished, kept = [], _kept_logits(flight)
         for row, (seq, tok) in enumerate(zip(flight.seqs, tokens)):
             if seq.status == SeqStatus.FINISHED:
                 continue  # stopped at an earlier step (or aborted): this extra token is dropped
-            out = self._apply_token(seq, tok, flight.logits[row] if seq.logits is not None else None, now)
+            out = self._apply_token(seq, tok, kept.get(row), now)
             if out is not None:
                 finished.append(out)
         for groups, choice in flight.beams:
@@ -419,7 +419,7 @@ class Engine:
 
     def _collect_spec(self, flight: InFlight, tokens: list[list[int]], now: float) -> list[RequestOutput]:
         """Each sequence's emitted tokens (accepted drafts + the target's), one by one as plain decode would."""
-        spec, finished = flight.spec, []
+        spec, finished, kept = flight.spec, [], _kept_logits(flight)
         for row, (seq, toks, n, valid) in enumerate(zip(flight.seqs, tokens, spec.emitted.tolist(), spec.valid)):
             if seq.status == SeqStatus.FINISHED:
                 continue  # aborted while in flight
@@ -428,7 +428,7 @@ class Engine:
             seq.num_computed = len(seq) - 1 + n  # the block's first n tokens are now in the caches
             for j in range(n):
                 seq.token_ids.append(PLACEHOLDER)
-                out = self._apply_token(seq, toks[j], spec.logits[row, j] if seq.logits is not None else None, now)
+                out = self._apply_token(seq, toks[j], kept[row][j] if row in kept else None, now)
                 if out is not None:
                     finished.append(out)
                     break
@@ -519,6 +519,17 @@ class Engine:
                     on_finish(out)
                 results[out.request_id] = out
         return [results[i] for i in ids]
+
+
+def _kept_logits(flight: InFlight) -> dict[int, torch.Tensor]:
+    """The step's logits rows of the sequences that keep them, on the host: row -> [V] (plain step) or [T, V]
+    (speculative step). One gather and one copy for the step, not one synchronising copy per row."""
+    logits = flight.spec.logits if flight.spec is not None else flight.logits
+    rows = [r for r, s in enumerate(flight.seqs) if s.logits is not None and s.status != SeqStatus.FINISHED]
+    if not rows or logits is None:
+        return {}
+    host = logits[torch.tensor(rows, device=logits.device)].cpu()
+    return {r: h.clone() for r, h in zip(rows, host)}  # own storage: a row kept must not hold the step's batch
 
 
 def _spec_fields(stats: SpecStats | None) -> dict:
