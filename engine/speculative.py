@@ -257,27 +257,25 @@ class SpecDecoder:
 
     def _select(self, seqs, anchors, hidden, draft_logits, sampled):
         """DFlash2: each draft chosen among the top-k of its position given the draft before it (the verified token
-        first), the argmax of the selector's scores, or for sampled rows a draw from their softmax at the request's
-        temperature; q is that softmax over the vocabulary (zero outside the candidates): what the draft was drawn
-        from, which is all rejection sampling needs to stay lossless."""
+        first), the argmax of the selector's scores (DFlashDrafter.select), or for sampled rows a draw from their
+        softmax at the request's temperature; q is that softmax over the vocabulary (zero outside the candidates):
+        what the draft was drawn from, which is all rejection sampling needs to stay lossless."""
+        if not sampled:
+            return self.drafter.select(draft_logits, hidden, anchors), None
         S, P, V = draft_logits.shape
-        dev, sel = draft_logits.device, self.drafter.selector
-        cand_logits, cand = self.drafter.unary_logits(draft_logits).topk(min(self.drafter.cfg.selector_top_k, V), -1)
-        drafts = torch.empty(S, P, dtype=torch.int64, device=dev)
-        idx = to_device(sampled, torch.int64, dev) if sampled else None
-        q = torch.zeros(len(sampled), P, V, device=dev) if sampled else None
-        temp = to_device([seqs[i].sampling.temperature for i in sampled], torch.float32, dev) if sampled else None
-        prev = anchors
-        for j in range(P):
-            scores = sel.score(cand[:, j], cand_logits[:, j], hidden[:, j], prev)  # [S, k]
-            pick = scores.argmax(-1)
-            if sampled:
-                probs = (scores[idx] / temp[:, None]).softmax(-1)
-                noise = torch.stack([self._exp_noise(seqs[i], probs.shape[1:]) for i in sampled])
-                pick[idx] = (probs / noise).argmax(-1)
-                q[:, j].scatter_(1, cand[idx, j], probs)
-            prev = drafts[:, j] = cand[:, j].gather(1, pick[:, None])[:, 0]
-        return drafts, q
+        dev = draft_logits.device
+        idx = to_device(sampled, torch.int64, dev)
+        q = torch.zeros(len(sampled), P, V, device=dev)
+        temp = to_device([seqs[i].sampling.temperature for i in sampled], torch.float32, dev)
+
+        def pick(j, cand, scores):
+            chosen = scores.argmax(-1)
+            probs = (scores[idx] / temp[:, None]).softmax(-1)
+            noise = torch.stack([self._exp_noise(seqs[i], probs.shape[1:]) for i in sampled])
+            chosen[idx] = (probs / noise).argmax(-1)
+            q[:, j].scatter_(1, cand[idx], probs)
+            return chosen
+        return self.drafter.select(draft_logits, hidden, anchors, pick), q
 
     @staticmethod
     def _probs(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:

@@ -309,15 +309,10 @@ def block_loss(drafter: DFlashDrafter, examples: list[Example], embed: torch.Ten
 def greedy_drafts(drafter: DFlashDrafter, bp: BlockPass) -> torch.Tensor:
     """The drafts [N, B-1] a greedy speculative step would propose from this pass: the argmax at each position, or
     with a DFlash2 selector each draft picked among its position's top-k given the draft before it (the anchor
-    first), as engine/speculative.SpecDecoder._select picks them."""
+    first), as the engine picks them (DFlashDrafter.select)."""
     if drafter.selector is None:
         return bp.logits.argmax(-1)
-    cand_u, cand = drafter.unary_logits(bp.logits).topk(min(drafter.cfg.selector_top_k, bp.logits.shape[-1]), -1)
-    drafts, prev = torch.empty_like(bp.targets), bp.block[:, 0]
-    for j in range(cand.shape[1]):
-        pick = drafter.selector.score(cand[:, j], cand_u[:, j], bp.hidden[:, j], prev).argmax(-1)
-        prev = drafts[:, j] = cand[:, j].gather(1, pick[:, None])[:, 0]
-    return drafts
+    return drafter.select(bp.logits, bp.hidden, bp.block[:, 0])
 
 
 def accepted_drafts(bp: BlockPass, drafts: torch.Tensor | None = None) -> torch.Tensor:

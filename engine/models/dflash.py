@@ -474,6 +474,21 @@ class DFlashDrafter(nn.Module):
                 delta = layer.mlp_conv.finish(delta, w, block)
         return g.add_norm(h, delta, self.norm, eps)[1]
 
+    def select(self, draft_logits: torch.Tensor, hidden: torch.Tensor, anchors: torch.Tensor, pick=None):
+        """DFlash2's drafts for blocks of draft logits [N, P, V] (hidden [N, P, H]): each chosen among its position's
+        top-k given the draft before it (`anchors` [N], the verified tokens, first) -> drafts [N, P] (int64). The
+        argmax of the selector's scores, or pick(j, candidates [N, k], scores [N, k]) -> [N] indices into the
+        candidates (e.g. draws for sampled rows)."""
+        N, P, V = draft_logits.shape
+        cand_logits, cand = self.unary_logits(draft_logits).topk(min(self.cfg.selector_top_k, V), -1)
+        drafts = torch.empty(N, P, dtype=torch.int64, device=draft_logits.device)
+        prev = anchors
+        for j in range(P):
+            scores = self.selector.score(cand[:, j], cand_logits[:, j], hidden[:, j], prev)  # [N, k]
+            chosen = scores.argmax(-1) if pick is None else pick(j, cand[:, j], scores)
+            prev = drafts[:, j] = cand[:, j].gather(1, chosen[:, None])[:, 0]
+        return drafts
+
     def unary_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """The selector's view of the draft logits (fp32): scaled by output_multiplier, soft-capped."""
         x = logits.float()
