@@ -12,6 +12,8 @@ Kernels (kernels/gdn_verify.py, kernels/paged_attention.py), 32 sequences x a bl
 - GDN verify at 1 and 32 sequences with nothing pending, token by token (block_v x num_warps, looped or unrolled) and
   chunk form; with a block pending and written back (default launch); fla's fused recurrent kernel over the same
   block when fla imports (it writes the final state instead of keeping the block's updates).
+- GDN verify over the block's first 1, 4 and 16 tokens against the decode kernel stepping the same state through them
+  (what a verify's fixed cost is, and each token's).
 - GDN fold of all 24 GDN layers in one launch (per layer = the launch / 24), a block pending: what a plain decode
   step pays after speculative ones.
 - conv verify / conv commit (block_c x num_warps).
@@ -190,6 +192,23 @@ def gdn_rows(shape, device, bw, record, smoke: bool) -> None:
             record({"kernel": f"gdn verify ({form}{', unrolled' if unroll else ''})", "block_v": bv, "num_warps": w,
                     "sequences": n, "block": T, "pending": 0, **timing(graph_us(call, device)),
                     "roofline_us": round(verify_roof * n / S, 2), "max_diff_vs_default": max_diff(got, want)})
+    # fixed against per-token cost: the default verify over the block's first t tokens, nothing pending, and the
+    # decode kernel (kernels/gdn_recurrent) stepping the same state through them, at S sequences
+    from kernels.gdn_recurrent import gdn_recurrent_triton
+    for t in sorted({1, 4, T}):
+        ts = (slice(None), slice(0, t))
+        def call_v(ts=ts):
+            return gv.gdn_verify_triton(q[ts], k[ts], v[ts], a[ts], b[ts], state, idx, ring, raw_gates=raw)
+        record({"kernel": "gdn verify (steps), a block of t tokens", "sequences": S, "block": t, "pending": 0,
+                **timing(graph_us(call_v, device)),
+                "roofline_us": round(1e6 * (state_bytes + (io_bytes + block_bytes) * t / T) / bw, 2)})
+        work = state.clone()
+        q_t, k_t, v_t, a_t, b_t = (x[ts].contiguous() for x in (q, k, v, a, b))
+
+        def call_d(q_t=q_t, k_t=k_t, v_t=v_t, a_t=a_t, b_t=b_t, work=work):
+            return gdn_recurrent_triton(q_t, k_t, v_t, a_t, b_t, work, idx, raw_gates=raw)
+        record({"kernel": "gdn decode kernel over t tokens (writes the state)", "sequences": S, "block": t,
+                **timing(graph_us(call_d, device)), "roofline_us": round(1e6 * 2 * state_bytes / bw, 2)})
     # a block pending, folded in and written back (fold_after 0): the verify of every step after the first
     full, work = new_ring(2 * T), state.clone()
     record({"kernel": "gdn verify (steps), a block pending, written back", "sequences": S, "block": T, "pending": T,

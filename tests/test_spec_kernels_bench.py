@@ -12,7 +12,8 @@ def test_spec_kernels_bench_smoke(tmp_path):
     rows = [r for r in json.loads(out.read_text())["rows"] if "kernel" in r]
     kinds = {r["kernel"].split(" (")[0].split(",")[0] for r in rows}
     assert kinds == {"gdn step: verify + advance", "gdn step: verify + commit every step", "gdn verify", "gdn fold",
-                     "conv verify", "conv commit", "verify attention"}
+                     "gdn decode kernel over t tokens", "conv verify", "conv commit", "verify attention"}
+    assert {r["block"] for r in rows if r["kernel"].startswith("gdn decode kernel")} == {1, 4}  # the smoke block: 4
     assert {r["kernel"] for r in rows if r["kernel"].startswith("gdn step")} == {
         f"gdn step: {what} ({impl})" for what in ("verify + advance", "verify + commit every step")
         for impl in ("default launches", "torch reference")}
