@@ -361,7 +361,7 @@ def _gdn_verify_chunk_kernel(
     tl.store(rg_row + rows_t * srg_p, g, mask=mask_t & live & (vt == 0))
 
 
-FOLD_CHUNK = 1  # pending tokens whose loads are issued together (a launch option; 1 was fastest on the H100)
+FOLD_CHUNK = 1  # pending tokens whose loads are issued together (a launch option; docs/decisions.md: why 1)
 
 
 def _block_v(dv: int, block_v) -> int:
