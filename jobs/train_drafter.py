@@ -173,7 +173,8 @@ def collect(engine: Engine, images: list[np.ndarray], layer_ids, prompt: str, ma
     graph replays its decode without calling the recorder. Each page is preprocessed once, to the uint8 patches the
     engine expands on its device, as the job does. soft_top_k: also keep the target's distribution at each answer
     token, its top soft_top_k probabilities renormalised (Example.soft). timings: receives the seconds spent
-    preprocessing pages and generating."""
+    preprocessing pages and generating, and the engine's prefill and decode steps with their host launch, device
+    and waiting seconds."""
     if engine.device.type == "cuda" and not engine.options.enforce_eager:
         raise ValueError("collect needs an engine built with enforce_eager=True (CUDA graphs skip the recorder)")
     t0 = time.perf_counter()
@@ -189,6 +190,7 @@ def collect(engine: Engine, images: list[np.ndarray], layer_ids, prompt: str, ma
             o.logits = None
 
     engine.runner.drafter = rec
+    engine.record_steps, engine.step_log = timings is not None, []
     try:
         answers = engine.generate([dict(request_id=f"page-{n}", prompt_token_ids=ids, pixel_values=pixels,
                                         image_grids=grids, sampling=SamplingParams(max_tokens=max_tokens),
@@ -196,8 +198,16 @@ def collect(engine: Engine, images: list[np.ndarray], layer_ids, prompt: str, ma
                                    for n, (ids, pixels, grids) in enumerate(inputs)], on_finish=reduce_logits)
     finally:
         engine.runner.drafter = None
-    if timings is not None:
+        engine.record_steps = False
+    if timings is not None:  # where generating went: steps of each kind, their host launch and device seconds
         timings.update(preprocess_s=round(t1 - t0, 1), generate_s=round(time.perf_counter() - t1, 1))
+        for kind, prefill in (("prefill", True), ("decode", False)):
+            steps = [r for r in engine.step_log if r.is_prefill == prefill]
+            timings.update({f"{kind}_steps": len(steps),
+                            f"{kind}_launch_s": round(sum(r.t_launched - r.t_start for r in steps), 1),
+                            f"{kind}_device_s": round(sum(r.device_s for r in steps), 1),
+                            f"{kind}_wait_s": round(sum(r.wait_s for r in steps), 1)})
+        engine.step_log = []
     out = []
     for n, o in enumerate(answers):
         if o.finish_reason == "error":
