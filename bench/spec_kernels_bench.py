@@ -175,7 +175,9 @@ def gdn_rows(shape, device, bw, record, smoke: bool) -> None:
 
     # verify alone: every launch configuration, nothing pending, at one sequence (latency) and S (throughput)
     ring = empty(new_ring(2 * T))
+    # wide value tiles too: a program's token steps are latency-bound, so fewer programs (fewer waves) may win
     configs = [("steps", bv, w, u) for u in (False, True) for bv in (8, 16, 32) for w in (1, 2, 4)] + \
+              [("steps", bv, w, u) for u in (False, True) for bv, w in ((64, 4), (64, 8), (128, 8))] + \
               [("chunk", bv, w, False) for bv in (16, 32) for w in (4, 8)]
     if smoke:
         configs = [("steps", 8, 1, False), ("steps", 16, 4, True), ("chunk", 16, 4, False)]
