@@ -12,9 +12,10 @@ embedding and LM head are frozen and shared; only the drafter's layers, fc and n
 DFlash2's convolutions and candidate selector, whose cross-entropy over the top-k candidates joins the loss). Writes
 DRAFTER/ (config.json + model.safetensors, the public DFlash layout) and DRAFTER/train_log.json (losses; with
 --heldout, tau measured on the held-out pages by the engine at each --measure-block). With --val-pages, answers kept
-out of training give a validation loss (greedy labels) and an estimate of tau (the drafts a verify would accept at
-random anchors of those answers); the drafter written is the one where that estimate was highest: with few pages
-the drafter memorises its answers long before the steps run out.
+out of training give a validation loss (greedy labels) and an estimate of tau (greedy speculative decoding walked
+through those answers: the drafts a verify accepts at every anchor, each step anchored where the last one ended);
+the drafter written is the one where that estimate was highest: with few pages the drafter memorises its answers
+long before the steps run out.
 """
 from __future__ import annotations
 
@@ -76,8 +77,8 @@ class TrainDrafterConfig(BaseModel):
     max_seconds: float | None = Field(None, gt=0, description="stop training after this much wall time")
     heldout: int = Field(0, ge=0, description="pages kept out of training; tau is measured on them")
     val_pages: int = Field(0, ge=0, description="answers kept out of training whose loss and tau estimate are "
-                           "measured every val_every steps (the same anchors each time); the drafter written is the "
-                           "one with the highest tau estimate")
+                           "measured every val_every steps (at every anchor); the drafter written is the one with "
+                           "the highest tau estimate")
     val_every: int = Field(200, ge=1)
     measure_blocks: list[int] = Field(default_factory=lambda: [8], description="block sizes tau is measured at")
     save_dtype: Literal["bfloat16", "float32"] = Field("bfloat16", description="the written weights' dtype (the "
@@ -255,16 +256,16 @@ class BlockPass:
 
 
 def block_pass(drafter: DFlashDrafter, examples: list[Example], embed: torch.Tensor, head: torch.Tensor, anchors: int,
-               rng: random.Random, device) -> BlockPass:
-    """Random anchor blocks of the examples' answers, the examples packed into one forward (each block sees only
-    its own page)."""
+               rng: random.Random | None, device) -> BlockPass:
+    """Random anchor blocks of the examples' answers (every anchor, in order and without rng, when an answer has no
+    more than `anchors`), the examples packed into one forward (each block sees only its own page)."""
     B = drafter.cfg.block_size
     picks, ids, taps, seqs, pos, block_seq = [], [], [], [], [], []
     for n, ex in enumerate(examples):
         L = len(ex.ids)
         # an anchor is a verified token whose next token is an answer token: prompt_len - 1 .. L - 2
         choices = list(range(ex.prompt_len - 1, L - 1))
-        chosen = sorted(rng.sample(choices, min(anchors, len(choices))))
+        chosen = choices if anchors >= len(choices) else sorted(rng.sample(choices, anchors))
         picks.append(torch.tensor(chosen, device=device))
         block_seq.append(torch.full((len(chosen),), n, device=device))
         ids.append(torch.tensor(ex.ids, device=device))
@@ -328,11 +329,31 @@ def greedy_drafts(drafter: DFlashDrafter, bp: BlockPass) -> torch.Tensor:
 def accepted_drafts(bp: BlockPass, drafts: torch.Tensor | None = None) -> torch.Tensor:
     """Per block, the drafts a greedy verify would accept: the leading positions where the draft (`drafts`, from
     greedy_drafts; the argmax if not given) is the target's own token. The drafter sees here what it sees when
-    drafting (the context before the anchor, the whole block in one pass), so 1 + the mean over random anchors
-    estimates tau on these answers."""
+    drafting (the context before the anchor, the whole block in one pass); walk_tau turns them into tau."""
     drafts = bp.logits.argmax(-1) if drafts is None else drafts
     match = (drafts == bp.targets) & bp.valid
     return match.int().cumprod(-1).sum(-1).float()
+
+
+EVERY_ANCHOR = 1 << 30  # block_pass's `anchors` for a block at every answer position, in order
+
+
+def walk_tau(examples: list[Example], accepted: torch.Tensor) -> tuple[int, int]:
+    """(tokens, verify steps) of greedy speculative decoding through the examples' answers, from `accepted` (the
+    drafts a verify accepts at each block of a block_pass with EVERY_ANCHOR: per example, one block per anchor
+    position prompt_len - 1 .. len - 2, in order). The prefill gives an answer's first token; each verify step then
+    anchors at the last token emitted and emits its accepted drafts + 1, as the engine steps; tau = tokens / steps.
+    The mean over uniformly drawn anchors is not tau: it counts every position of a long accepted run as an anchor,
+    where the engine steps over the run once."""
+    acc, tokens, steps, first = accepted.long().tolist(), 0, 0, 0
+    for ex in examples:
+        n = len(ex.ids) - ex.prompt_len  # this example's blocks
+        i = 1  # anchored at the answer's first token (the prefill's)
+        while i < n:
+            emitted = min(acc[first + i] + 1, n - i)  # n - i answer tokens follow: the last one ends the answer
+            tokens, steps, i = tokens + emitted, steps + 1, i + emitted
+        first += n
+    return tokens, steps
 
 
 def selector_ce(drafter: DFlashDrafter, logits: torch.Tensor, hidden: torch.Tensor, anchors: torch.Tensor,
@@ -457,20 +478,23 @@ def train(cfg: TrainDrafterConfig, echo=print, collected: list[Example] | None =
     val_losses, val_tau, best = [], [], None  # (step, loss), (step, tau estimate); (key, step, weights) of the best
 
     def validate(step: int) -> None:
-        """The greedy-label loss (whatever the training loss) and the tau estimate on the kept-out answers, at the
-        same anchors every time. The best drafter is the one with the highest tau estimate (the lowest loss among
-        equals): past a point the loss rises, from confident misses, while the drafts accepted still grow."""
+        """The greedy-label loss (whatever the training loss) at every anchor of the kept-out answers, and the tau
+        estimate walked through them (walk_tau). The best drafter is the one with the highest tau estimate (the
+        lowest loss among equals): past a point the loss rises, from confident misses, while the drafts accepted
+        still grow."""
         nonlocal best
-        vrng, total, accepted = random.Random(cfg.seed + 1), 0.0, []
+        total, tokens, steps = 0.0, 0, 0
+        per = max(1, cfg.pages_per_step // 4)  # every anchor: up to max_tokens blocks an answer
         with torch.no_grad(), torch.autocast("cuda", torch.bfloat16, enabled=use_autocast):
-            for i in range(0, len(val), cfg.pages_per_step):
-                part = val[i:i + cfg.pages_per_step]
-                bp = block_pass(drafter, part, embed, head, cfg.anchors, vrng, cfg.device)
-                total += len(part) * float(block_loss(drafter, part, embed, head, cfg.anchors, cfg.gamma, vrng,
+            for i in range(0, len(val), per):
+                part = val[i:i + per]
+                bp = block_pass(drafter, part, embed, head, EVERY_ANCHOR, None, cfg.device)
+                total += len(part) * float(block_loss(drafter, part, embed, head, EVERY_ANCHOR, cfg.gamma, None,
                                                       cfg.device, cfg.selector_loss_alpha, out=bp))
-                accepted.append(accepted_drafts(bp, greedy_drafts(drafter, bp)))
+                t, n = walk_tau(part, accepted_drafts(bp, greedy_drafts(drafter, bp)))
+                tokens, steps = tokens + t, steps + n
         val_losses.append((step, total / len(val)))
-        val_tau.append((step, round(1 + float(torch.cat(accepted).mean()), 4)))
+        val_tau.append((step, round(tokens / steps if steps else 1.0, 4)))
         key = (val_tau[-1][1], -val_losses[-1][1])
         if best is None or key > best[0]:
             best = (key, step, [p.detach().clone() for p in params])

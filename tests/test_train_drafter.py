@@ -59,11 +59,10 @@ def test_validation_keeps_the_best_drafter(tiny_checkpoint, tmp_path):
     """--val-pages: answers kept out of training, their loss and tau estimate measured every --val-every steps and
     at the end; the drafter written is the one with the highest tau estimate, the lowest loss among equals (a large
     lr makes later steps worse)."""
-    import random
-
     from engine.llm_engine import Engine
     from engine.models.dflash import DFlashDrafter
-    from jobs.train_drafter import accepted_drafts, block_loss, block_pass, collect, load_pages
+    from jobs.train_drafter import (
+        EVERY_ANCHOR, accepted_drafts, block_loss, block_pass, collect, greedy_drafts, load_pages, walk_tau)
 
     pages = write_pages(tmp_path / "pages", 4, seed=2)
     cfg = TrainDrafterConfig(checkpoint=str(tiny_checkpoint), pages=str(pages), out=str(tmp_path / "drafter"),
@@ -81,10 +80,11 @@ def test_validation_keeps_the_best_drafter(tiny_checkpoint, tmp_path):
     val = collect(eng, load_pages(pages)[:1], list(d.cfg.target_layer_ids), cfg.prompt, cfg.max_tokens)
     embed, head = eng.model.language_model.embed_tokens.weight, eng.model.head_weight
     with torch.no_grad():
-        bp = block_pass(d, val, embed, head, cfg.anchors, random.Random(cfg.seed + 1), "cpu")
+        bp = block_pass(d, val, embed, head, EVERY_ANCHOR, None, "cpu")
         again = float(block_loss(d, val, embed, head, cfg.anchors, cfg.gamma, None, "cpu", out=bp))
     assert abs(again - loss[best_step]) < 1e-3 * max(1.0, loss[best_step]), (again, loss[best_step])
-    assert abs(1 + float(accepted_drafts(bp).mean()) - tau[best_step]) < 1e-3
+    tokens, steps = walk_tau(val, accepted_drafts(bp, greedy_drafts(d, bp)))
+    assert abs(tokens / steps - tau[best_step]) < 1e-3
 
 
 def test_collected_taps_are_what_the_target_computes_for_the_whole_sequence(tiny_checkpoint, tmp_path):
@@ -258,3 +258,57 @@ def test_soft_labels_distillation_and_the_tau_estimate(tiny_checkpoint, tmp_path
     again = train(cfg.model_copy(update=dict(out=str(tmp_path / "again"), val_pages=0, distill=1.0)),
                   echo=lambda *_: None, collected=examples)
     assert again["answers"] == len(examples) and len(again["losses"]) == 4
+
+
+def test_walk_tau_steps_through_answers_as_the_engine_does():
+    """A verify anchored at position i emits its accepted drafts + 1 and the next one anchors after them: over an
+    answer whose first half the drafter knows and whose second it does not, tau is the answer's tokens over the
+    steps taken, not 1 + the mean accepted over all anchors (which counts each position of the known run)."""
+    from jobs.train_drafter import Example, walk_tau
+
+    # 17 answer tokens (one block per anchor 0 .. 16); block size 5: up to 4 drafts accepted
+    acc = [4] * 8 + [0] * 9
+    ex = Example(ids=list(range(3 + 17)), prompt_len=3, taps={})
+    tokens, steps = walk_tau([ex], torch.tensor(acc, dtype=torch.float32))
+    # anchors 1 (4 accepted) -> 6 (4) -> 11 (0) -> 12 -> ... -> 16 (0): 16 tokens after the prefill's, 8 steps
+    assert (tokens, steps) == (16, 8)
+    assert 1 + sum(acc) / len(acc) > 2.8 > tokens / steps
+    # the answer's end cuts the last step: all drafts right everywhere -> 4 steps of 5, 5, 5 and 1 tokens
+    assert walk_tau([ex], torch.tensor([4.0] * 17)) == (16, 4)
+    # two answers: their tokens and steps add up; an answer of one token has no verify step
+    short = Example(ids=[0, 1, 2, 9], prompt_len=3, taps={})
+    assert walk_tau([short, ex], torch.tensor([0.0] + acc)) == (16, 8)
+
+
+def test_tau_estimate_equals_the_engines_tau(tiny_checkpoint, tmp_path):
+    """The walked tau estimate of a drafter on answers equals the tau the engine measures reading the same pages
+    with it (CPU fp32: the engine's drafts are the training pass's). A drafter trained hard on two pages accepts
+    runs of drafts there."""
+    from engine.interface import SamplingParams
+    from engine.llm_engine import Engine
+    from engine.models.dflash import DFlashDrafter
+    from jobs.train_drafter import EVERY_ANCHOR, accepted_drafts, block_pass, collect, greedy_drafts, walk_tau
+
+    pages = write_pages(tmp_path / "pages", 2, seed=4)
+    cfg = TrainDrafterConfig(checkpoint=str(tiny_checkpoint), pages=str(pages), out=str(tmp_path / "drafter"),
+                             max_tokens=20, num_layers=1, num_taps=2, block_size=4, anchors=32, gamma=4, lr=3e-3,
+                             steps=60, pages_per_step=2, save_dtype="float32", seed=0)
+    train(cfg, echo=lambda *_: None)
+    eng = Engine.from_checkpoint(str(tiny_checkpoint), dtype="float32", max_num_seqs=2, enforce_eager=True)
+    d = DFlashDrafter.from_pretrained(tmp_path / "drafter", eng.cfg.text, torch.float32, "cpu")
+    from jobs.train_drafter import load_pages
+
+    images = load_pages(pages)
+    answers = collect(eng, images, list(d.cfg.target_layer_ids), cfg.prompt, cfg.max_tokens)
+    embed, head = eng.model.language_model.embed_tokens.weight, eng.model.head_weight
+    with torch.no_grad():
+        bp = block_pass(d, answers, embed, head, EVERY_ANCHOR, None, "cpu")
+        tokens, steps = walk_tau(answers, accepted_drafts(bp, greedy_drafts(d, bp)))
+    spec = Engine.from_checkpoint(str(tiny_checkpoint), dtype="float32", max_num_seqs=2,
+                                  drafter=str(tmp_path / "drafter"), spec_block_size=4)
+    outs = spec.generate([dict(request_id=f"p{i}", prompt=cfg.prompt, image=im,
+                               sampling=SamplingParams(max_tokens=cfg.max_tokens)) for i, im in enumerate(images)])
+    assert [o.output_token_ids for o in outs] == [ex.ids[ex.prompt_len:] for ex in answers]
+    assert all(o.finish_reason == "length" for o in outs)  # no stop token: the engine and the walk end alike
+    assert (tokens, steps) == (sum(o.spec_accepted + o.spec_steps for o in outs), sum(o.spec_steps for o in outs))
+    assert tokens / steps > 1.5, tokens / steps  # runs of drafts accepted: the walk is tested on more than misses

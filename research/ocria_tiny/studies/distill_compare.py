@@ -1,8 +1,8 @@
 """Which drafter recipe carries better to answers it has not seen: training partly on the target's own distribution
 (jobs/train_drafter.py --distill), and the DFlash2 architecture (--dflash2) against DFlash? One collection of the
 target's answers (with its top-k soft labels), then one drafter per (--arch, --distill) pair, each on the same
-answers, the same answers kept out: validation loss (greedy labels) and the tau estimate (the drafts a greedy verify
-would accept at random anchors) at each check.
+answers, the same answers kept out: validation loss (greedy labels) and the tau estimate (jobs/train_drafter.walk_tau
+since it replaced the mean over random anchors; the results files say which) at each check.
 
     .venv/bin/python -m research.ocria_tiny.drafter_pages --synth .drafter/synth --split train --pages 50 --out PAGES
     .venv/bin/python -m research.ocria_tiny.studies.distill_compare --pages PAGES --out OUT.json [--distill 0 0.5]
