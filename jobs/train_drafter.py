@@ -191,7 +191,8 @@ def collect(engine: Engine, images: list[np.ndarray], layer_ids, prompt: str, ma
             o.logits = None
 
     engine.runner.drafter = rec
-    engine.record_steps, engine.step_log = timings is not None, []
+    recording, engine.record_steps = engine.record_steps, timings is not None
+    engine.step_log = []
     try:
         answers = engine.generate([dict(request_id=f"page-{n}", prompt_token_ids=ids, pixel_values=pixels,
                                         image_grids=grids, sampling=SamplingParams(max_tokens=max_tokens),
@@ -199,7 +200,7 @@ def collect(engine: Engine, images: list[np.ndarray], layer_ids, prompt: str, ma
                                    for n, (ids, pixels, grids) in enumerate(inputs)], on_finish=reduce_logits)
     finally:
         engine.runner.drafter = None
-        engine.record_steps = False
+        engine.record_steps = recording
     if timings is not None:  # where generating went: steps of each kind, their host launch and device seconds
         timings.update(preprocess_s=round(t1 - t0, 1), generate_s=round(time.perf_counter() - t1, 1))
         for kind, prefill in (("prefill", True), ("decode", False)):
