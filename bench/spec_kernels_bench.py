@@ -42,6 +42,7 @@ import torch  # noqa: E402
 
 from jobs.benchmark import copy_bandwidth  # noqa: E402
 from kernels import gdn_verify as gv  # noqa: E402
+from kernels.gdn_recurrent import gdn_recurrent_triton  # noqa: E402
 from kernels import paged_attention as pa  # noqa: E402
 
 
@@ -196,7 +197,6 @@ def gdn_rows(shape, device, bw, record, smoke: bool) -> None:
                     "roofline_us": round(verify_roof * n / S, 2), "max_diff_vs_default": max_diff(got, want)})
     # fixed against per-token cost: the default verify over the block's first t tokens, nothing pending, and the
     # decode kernel (kernels/gdn_recurrent) stepping the same state through them, at S sequences
-    from kernels.gdn_recurrent import gdn_recurrent_triton
     for t in sorted({1, 4, T}):
         ts = (slice(None), slice(0, t))
         def call_v(ts=ts):
