@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine.interface import DEFAULT_PROMPT, SamplingParams  # noqa: E402
 from engine.llm_engine import Engine  # noqa: E402
 from engine.models.dflash import DFlashConfig, DFlashDrafter, build_target_layer_ids  # noqa: E402
+from engine.step_metadata import to_device  # noqa: E402
 
 
 class TrainDrafterConfig(BaseModel):
@@ -121,21 +122,23 @@ class TapRecorder:
         return dict.fromkeys(self.layer_ids)
 
     def write_context(self, taps, slot_mapping, index) -> None:
+        """Without waiting for the device: the block owners go up through pinned memory, and rows of no running
+        sequence (padding) land in a spare last row instead of being masked out (a boolean mask would sync)."""
         stacked = torch.stack([taps[lid] for lid in self.layer_ids], dim=1).detach()  # [N, taps, H]
+        dev = stacked.device
         if self.rows is None:
-            self.rows = stacked.new_zeros((self.total, *stacked.shape[1:]))
-            self.seen = torch.zeros(self.total, dtype=torch.bool, device=stacked.device)
+            self.rows = stacked.new_zeros((self.total + 1, *stacked.shape[1:]))
+            self.seen = torch.zeros(self.total + 1, dtype=torch.bool, device=dev)
         blocks, bases = [], []
         for seq in self.engine.scheduler.running:
             blocks += seq.block_table
             bases += [self.offset[seq.request_id]] * len(seq.block_table)
-        base = torch.full((self.engine.block_manager.num_blocks,), -1, dtype=torch.long)
-        base[torch.tensor(blocks, dtype=torch.long)] = torch.tensor(bases, dtype=torch.long)
-        base = base.to(slot_mapping.device)
-        block_size = self.engine.block_manager.block_size
-        keep = slot_mapping >= 0
-        dest = base[slot_mapping[keep].long() // block_size] + index[keep]
-        self.rows[dest] = stacked[keep]
+        base = torch.full((self.engine.block_manager.num_blocks,), -1, dtype=torch.long, device=dev)
+        base[to_device(blocks, torch.long, dev)] = to_device(bases, torch.long, dev)
+        slot = slot_mapping.long()
+        owner = base[slot.clamp(min=0) // self.engine.block_manager.block_size]
+        dest = torch.where((slot >= 0) & (owner >= 0), owner + index, self.total)
+        self.rows.index_copy_(0, dest, stacked.to(self.rows.dtype))
         self.seen[dest] = True
 
     def stacked(self, request_id: str, n: int) -> dict[int, torch.Tensor]:
