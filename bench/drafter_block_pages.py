@@ -15,7 +15,6 @@ from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipeline.blocks import page_blocks  # noqa: E402
 from pipeline.page_reading import block_reading, raster_options  # noqa: E402
 from pipeline.config import load_config  # noqa: E402
 from pipeline.rasterize import rasterize  # noqa: E402
@@ -41,8 +40,7 @@ def main(checkpoint, out, max_pages, docs):
             click.echo(f"skip {path.name}: {e}")
             continue
         for _, _, page in pages[:max_pages]:
-            images = page_blocks(page.image, blocks.lines or 8, blocks.token_px)[1] if blocks.lines else [page.image]
-            for b, im in enumerate(images):
+            for b, im in enumerate(blocks.images(page.image)):
                 Image.fromarray(im).save(out / f"{path.stem}-p{page.index}-b{b:02d}.png")
                 n += 1
     click.echo(f"{n} block images in {out}")

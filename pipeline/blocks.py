@@ -65,6 +65,10 @@ class BlockReading:
     def only(self) -> bool:
         return bool(self.lines) and self.tolerance == 0
 
+    def images(self, page: np.ndarray) -> list[np.ndarray]:
+        """A page's images as a block read sees them: its blocks' crops, or the page itself when not read in blocks."""
+        return page_blocks(page, self.lines, self.token_px)[1] if self.lines else [page]
+
 
 @dataclass(frozen=True)
 class TextBlock:

@@ -7,7 +7,6 @@ import pytest
 
 from engine.interface import DEFAULT_PROMPT, SamplingParams
 from engine.llm_engine import Engine
-from pipeline.blocks import page_blocks
 from pipeline.config import load_config
 from pipeline.page_reading import block_reading, raster_options
 from pipeline.rasterize import rasterize
@@ -22,7 +21,7 @@ def blocks():
     reading = block_reading(cfg, str(TARGET))
     doc = ROOT / "samples" / "report.pdf"
     _, _, page = next(iter(rasterize(doc.read_bytes(), str(doc), raster_options(cfg, str(TARGET)))))
-    return page_blocks(page.image, reading.lines or 8, reading.token_px)[1][:3] if reading.lines else [page.image]
+    return reading.images(page.image)[:3]
 
 
 def test_shipped_drafter_is_lossless_and_accepted_on_sample_blocks(blocks):

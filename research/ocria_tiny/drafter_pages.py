@@ -41,7 +41,6 @@ def page_block_images(i: int, split: str, synth: Path, checkpoint: str, out: Pat
     """Draw synthetic page i of `split` the job's way and write its block images; returns how many."""
     from PIL import Image
 
-    from pipeline.blocks import page_blocks
     from pipeline.rasterize import rasterize
     from research.ocria_tiny.synthetic import make_page
 
@@ -49,8 +48,7 @@ def page_block_images(i: int, split: str, synth: Path, checkpoint: str, out: Pat
     page = make_page(first_seed + i, pool, page_settings, synth / "fonts")
     n = 0
     for _, _, drawn in rasterize(page.pdf, f"{split}_{i}.pdf", opts):
-        images = page_blocks(drawn.image, reading.lines, reading.token_px)[1] if reading.lines else [drawn.image]
-        for b, im in enumerate(images):
+        for b, im in enumerate(reading.images(drawn.image)):
             Image.fromarray(im).convert("L").save(out / f"{split}_{i:05d}-b{b:02d}.png", optimize=True)
             n += 1
     return n
