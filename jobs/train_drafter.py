@@ -194,8 +194,8 @@ def collect(engine: Engine, images: list[np.ndarray], layer_ids, prompt: str, ma
             o.logits = None
 
     engine.runner.drafter = rec
-    recording, engine.record_steps = engine.record_steps, timings is not None
-    engine.step_log = []
+    recording, log = engine.record_steps, engine.step_log  # the caller's, given back after
+    engine.record_steps, engine.step_log = timings is not None, []
     try:
         answers = engine.generate([dict(request_id=f"page-{n}", prompt_token_ids=ids, pixel_values=pixels,
                                         image_grids=grids, sampling=SamplingParams(max_tokens=max_tokens),
@@ -203,16 +203,15 @@ def collect(engine: Engine, images: list[np.ndarray], layer_ids, prompt: str, ma
                                    for n, (ids, pixels, grids) in enumerate(inputs)], on_finish=reduce_logits)
     finally:
         engine.runner.drafter = None
-        engine.record_steps = recording
+        engine.record_steps, (steps_run, engine.step_log) = recording, (engine.step_log, log)
     if timings is not None:  # where generating went: steps of each kind, their host launch and device seconds
         timings.update(preprocess_s=round(t1 - t0, 1), generate_s=round(time.perf_counter() - t1, 1))
         for kind, prefill in (("prefill", True), ("decode", False)):
-            steps = [r for r in engine.step_log if r.is_prefill == prefill]
+            steps = [r for r in steps_run if r.is_prefill == prefill]
             timings.update({f"{kind}_steps": len(steps),
                             f"{kind}_launch_s": round(sum(r.t_launched - r.t_start for r in steps), 1),
                             f"{kind}_device_s": round(sum(r.device_s for r in steps), 1),
                             f"{kind}_wait_s": round(sum(r.wait_s for r in steps), 1)})
-        engine.step_log = []
     out = []
     for n, o in enumerate(answers):
         if o.finish_reason == "error":
