@@ -2,7 +2,8 @@
 # Speculative decoding on one GPU, in one command (the device tool's machine; carry .whl/bench for pydantic and fla):
 #   PARTS="kernels profile gemv" bash bench/spec_h200.sh OUT # ~6 min
 #   PARTS="4b tiny" bash bench/spec_h200.sh OUT              # ~6 min (tiny: carry .drafter/heldout too)
-# kernels: bench/spec_kernels_bench.py (every launch configuration of the step's kernels, graph-timed);
+# kernels: bench/spec_kernels_bench.py (every launch configuration of the step's kernels, graph-timed; ~4.5 min);
+# kernels-short: the same with --short (each default launch against a few others, no attention rows; ~1 min);
 # profile: bench/decode_profile.py --spec 16 at batch 1 and 32 (where a speculative step's device time goes, against
 #          a plain step of the same engine build);
 # 4b:      bench/spec_decode_bench.py part 2, the 4B shape at ocria-tiny's measured acceptance and at 0.9, blocks of
@@ -29,6 +30,7 @@ for part in $PARTS; do
   t=$(date +%s)
   case $part in
     kernels) timeout 300 $PY bench/spec_kernels_bench.py --out "$OUT/h200_spec_kernels.json" ;;
+    kernels-short) timeout 150 $PY bench/spec_kernels_bench.py --short --out "$OUT/h200_spec_kernels.json" ;;
     profile) timeout 300 $PY bench/decode_profile.py --spec 16 --variants default --batch-sizes 1,32 --steps 10 \
                --graph-steps 20 --out "$OUT/profile_spec" ;;
     gemv) timeout 150 $PY bench/small_m_linear_bench.py --batch-sizes 16 --budget-s 60 \

@@ -3,6 +3,7 @@ CUDA graph: no host launch cost in the number) and checked against the default c
 
     python3 bench/spec_kernels_bench.py --out bench/results/h200_spec_kernels.json      # GPU
     python bench/spec_kernels_bench.py --smoke --out /tmp/spec_kernels.json              # CPU: toy shapes, interpreter
+    python3 bench/spec_kernels_bench.py --short ...   # after a sweep: defaults against a few neighbours, no attention
 
 Kernels (kernels/gdn_verify.py, kernels/paged_attention.py), 32 sequences x a block of 16 unless said:
 - A GDN layer's speculative steps as the engine runs them (verify, then the ring's advance), tau tokens accepted a
@@ -107,7 +108,7 @@ def steady_steps(fold_after: int, tau: int, T: int, steps: int) -> tuple[int, in
     return writes, reads
 
 
-def gdn_rows(shape, device, bw, record, smoke: bool) -> None:
+def gdn_rows(shape, device, bw, record, smoke: bool, short: bool = False) -> None:
     S, T, Hk, Hv, dk, dv, L = shape
     # inputs drawn on the host: a capture that fails (the torch reference syncs) can leave a CUDA generator unusable
     gen = torch.Generator().manual_seed(0)
@@ -146,7 +147,7 @@ def gdn_rows(shape, device, bw, record, smoke: bool) -> None:
     for name, (verify, advance, fold) in impls.items():
         ref = "reference" in name
         # (fold_after, pending tokens whose loads are issued together)
-        for f, chunk in ([(0, None)] if smoke or ref else
+        for f, chunk in ([(0, None)] if smoke or ref else [(0, 1), (16, 1)] if short else
                          [(0, 1), (0, 4), (16, 1), (16, 4), (16, 8), (48, 4), (48, 8)]):
             ring, work = empty(new_ring(f + 2 * T)), state.clone()
             extra = {"fold_chunk": chunk} if chunk else {}
@@ -180,6 +181,8 @@ def gdn_rows(shape, device, bw, record, smoke: bool) -> None:
     configs = [("steps", bv, w, u) for u in (False, True) for bv in (8, 16, 32) for w in (1, 2, 4)] + \
               [("steps", bv, w, u) for u in (False, True) for bv, w in ((64, 4), (64, 8), (128, 8))] + \
               [("chunk", bv, w, False) for bv in (16, 32) for w in (4, 8)]
+    if short:  # the default, the launch it replaced and its neighbours
+        configs = [("steps", bv, w, False) for bv, w in ((32, 1), (16, 4), (16, 1), (32, 2), (64, 2))]
     if smoke:
         configs = [("steps", 8, 1, False), ("steps", 16, 4, True), ("chunk", 16, 4, False)]
     for n in sorted({1, S}):
@@ -238,7 +241,8 @@ def gdn_rows(shape, device, bw, record, smoke: bool) -> None:
     pending = lring[3].clone()
     ref, work = states.clone(), states.clone()  # timing folds into `work` again and again
     gv.gdn_fold_triton(ref, idx, lring)
-    for bv, w in ([(8, 1), (16, 4)] if smoke else [(bv, w) for bv in (8, 16, 32) for w in (1, 2, 4)]):
+    for bv, w in ([(8, 1), (16, 4)] if smoke else [(32, 2), (16, 4)] if short else
+                  [(bv, w) for bv in (8, 16, 32) for w in (1, 2, 4)]):
         s_ = states.clone()
         lring[3].copy_(pending)
         gv.gdn_fold_triton(s_, idx, lring, block_v=bv, num_warps=w)
@@ -261,7 +265,8 @@ def gdn_rows(shape, device, bw, record, smoke: bool) -> None:
     want_y = gv.causal_conv1d_verify_triton(x, conv, w_conv, idx, keep=keep)
     xs, convs = rnd(L, S, T, C), rnd(L, S + 1, C, K - 1)
     conv_bytes = S * C * (K - 1) * conv.element_size()
-    for bc, w in ([(64, 1), (256, 4)] if smoke else [(bc, w) for bc in (64, 128, 256) for w in (1, 4)]):
+    for bc, w in ([(64, 1), (256, 4)] if smoke else [(256, 4)] if short else
+                  [(bc, w) for bc in (64, 128, 256) for w in (1, 4)]):
         got = gv.causal_conv1d_verify_triton(x, conv, w_conv, idx, keep=keep, block_c=bc, num_warps=w)
         t = graph_us(lambda bc=bc, w=w: gv.causal_conv1d_verify_triton(x, conv, w_conv, idx, keep=keep, block_c=bc,
                                                                           num_warps=w), device)
@@ -308,6 +313,8 @@ def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda")
     p.add_argument("--smoke", action="store_true", help="CPU: toy shapes, each configuration once in the interpreter")
+    p.add_argument("--short", action="store_true", help="each kernel's default launch against a few others; the GDN "
+                   "step at fold_after 0 and 16; no attention rows")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "h200_spec_kernels.json"))
     args = p.parse_args(argv)
     device = torch.device("cpu" if args.smoke else args.device)
@@ -327,8 +334,9 @@ def main(argv=None) -> dict:
     gdn = (3, 4, 2, 4, 16, 16, 2) if args.smoke else (32, 16, 16, 32, 128, 128, 24)  # S, T, Hk, Hv, dk, dv, layers
     attn = (4, 4, 2, 32, 40, 16) if args.smoke else (16, 16, 4, 256, 1500, 16)  # T, Hq, Hkv, D, context, page
     with torch.no_grad():
-        gdn_rows(gdn, device, bw, record, args.smoke)
-        attention_rows(attn, device, bw, record, args.smoke)
+        gdn_rows(gdn, device, bw, record, args.smoke, args.short)
+        if not args.short:
+            attention_rows(attn, device, bw, record, args.smoke)
     return results
 
 

@@ -362,10 +362,14 @@ def _gdn_verify_chunk_kernel(
 
 
 FOLD_CHUNK = 1  # pending tokens whose loads are issued together (a launch option; docs/decisions.md: why 1)
+# Launch defaults from the graph-timed sweep at the 4B shape (docs/decisions.md): one warp per (sequence, value head,
+# 32-wide dv tile) keeps the token chain's reductions over dk inside a warp (no shared-memory round trip per step).
+VERIFY_BLOCK_V, VERIFY_WARPS = 32, 1
+FOLD_BLOCK_V, FOLD_WARPS = 32, 2
 
 
-def _block_v(dv: int, block_v) -> int:
-    return block_v or min(next_pow2(dv), 16)
+def _block_v(dv: int, block_v, default: int) -> int:
+    return block_v or min(next_pow2(dv), default)
 
 
 def _launch_verify(kernel, BV, q, k, v, g, beta, state, state_idx, ring, fold_after, scale, raw_gates, out,
@@ -384,7 +388,7 @@ def _launch_verify(kernel, BV, q, k, v, g, beta, state, state_idx, ring, fold_af
         *(raw_gates if raw_gates is not None else (g, g)), T, P, fold_after, scale,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *g.stride(), *beta.stride(), *o.stride()[:3],
         *state.stride()[:3], *rk.stride()[:3], *ru.stride()[:3], *rg.stride()[:2],
-        GROUP=Hv // Hk, DK=dk, DV=dv, BV=BV, RAW_GATES=raw_gates is not None, num_warps=num_warps or 4, **meta,
+        GROUP=Hv // Hk, DK=dk, DV=dv, BV=BV, RAW_GATES=raw_gates is not None, num_warps=num_warps, **meta,
     )
     return o
 
@@ -393,8 +397,9 @@ def gdn_verify_triton(q, k, v, g, beta, state, state_idx, ring, fold_after=0, sc
                       block_v=None, num_warps=None, unroll=False, fold_chunk=FOLD_CHUNK):
     """unroll: the block's T tokens unrolled in the kernel (compiled per T) instead of a loop. fold_chunk: pending
     tokens whose loads are issued together (_ring_fold)."""
-    return _launch_verify(_gdn_verify_kernel, _block_v(v.shape[-1], block_v), q, k, v, g, beta, state, state_idx,
-                          ring, fold_after, scale, raw_gates, out, num_warps, BK=next_pow2(q.shape[-1]),
+    return _launch_verify(_gdn_verify_kernel, _block_v(v.shape[-1], block_v, VERIFY_BLOCK_V), q, k, v, g, beta, state,
+                          state_idx, ring, fold_after, scale, raw_gates, out, num_warps or VERIFY_WARPS,
+                          BK=next_pow2(q.shape[-1]),
                           UNROLL=q.shape[1] if unroll else 0, FOLD_CHUNK=fold_chunk)
 
 
@@ -422,14 +427,14 @@ def gdn_fold_triton(state, state_idx, ring, block_v=None, num_warps=None, fold_c
         state, rk, ru, rg = state[None], rk[None], ru[None], rg[None]
     Hv, dk, dv = state.shape[2:]
     check(state.stride(-1) == 1, "state: last dimension (dv) must be contiguous")
-    BV = _block_v(dv, block_v)
+    BV = _block_v(dv, block_v, FOLD_BLOCK_V)
     NV = cdiv(dv, BV)
     B = state_idx.shape[0]
     _gdn_fold_kernel[(B, Hv, NV * state.shape[0])](
         state, state_idx, rk, ru, rg, pos,
         NV, P, *state.stride()[:4], *rk.stride()[:4], *ru.stride()[:4], *rg.stride()[:3],
         GROUP=Hv // rk.shape[3], DK=dk, DV=dv, BK=next_pow2(dk), BV=BV, FOLD_CHUNK=fold_chunk,
-        num_warps=num_warps or 4,
+        num_warps=num_warps or FOLD_WARPS,
     )
     pos[state_idx.long()] = 0
 
