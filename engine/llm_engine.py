@@ -122,6 +122,9 @@ class EngineOptions:
     # accepted tokens whose GDN updates stay pending (engine/gdn_ring) before a verify writes the state back; 0:
     # written back at every verify that has any
     spec_fold_after: int = 0
+    # new prompts start only when this many can start together (or all that wait) while others decode: fewer, larger
+    # prefill steps where each step's host cost is fixed (eager drafter collection); 1: as soon as a seat is free
+    prefill_min_seqs: int = 1
 
     def check(self) -> None:
         """ValueError naming an option whose value no engine can take: the engine checks before it loads anything,
@@ -130,7 +133,8 @@ class EngineOptions:
         for name, least, optional, meaning in (
                 ("spec_block_size", 2, True, "a verify block needs >= 2 tokens (None: the drafter's)"),
                 ("spec_max_batch", 1, True, "None: every batch speculates"),
-                ("spec_fold_after", 0, False, "0: the state is written back at every verify that has pending updates")):
+                ("spec_fold_after", 0, False, "0: the state is written back at every verify that has pending updates"),
+                ("prefill_min_seqs", 1, False, "1: a prompt starts as soon as a seat is free")):
             value = getattr(self, name)
             if value is None and optional:
                 continue
@@ -182,7 +186,7 @@ class Engine:
                 self.spec.graphs = SpecGraphs(self.spec, most, self.runner.cache.max_blocks_per_seq,
                                               self.runner.scratch_slot, capture=True)
         self.scheduler = Scheduler(self.block_manager, StatePool(opts.max_num_seqs), opts.max_num_seqs, mnbt,
-                                   decode_len=self._decode_len)
+                                   decode_len=self._decode_len, min_admit=opts.prefill_min_seqs)
         self.beams = BeamStepper(self.scheduler, self.runner, self.block_manager.block_size, self.device)
         self.sampler = Sampler()
         stops = set(stop_token_ids) | set(cfg.text.eos_token_ids)

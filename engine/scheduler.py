@@ -2,6 +2,8 @@
 
 Each step is either a prefill step (chunks of admitted-but-unfinished prompts, then newly admitted prompts, up to
 `max_num_batched_tokens` tokens) or, when no prompt work is pending, a decode step over every decoding sequence.
+With `min_admit` > 1, new prompts are admitted while others decode only once that many can start together (or all
+that wait): fewer, larger prefill steps, for callers whose every step has a fixed host cost (eager runs).
 A sequence is admitted only when a GDN state slot and KV blocks for its whole prompt are free, so prefill never
 runs out of memory; decode growth that does not fit preempts the most recently admitted sequences (recompute).
 A beam-search request is admitted, decoded and preempted with all its members (engine/beam_search.py).
@@ -32,13 +34,14 @@ class ScheduledStep:
 
 class Scheduler:
     def __init__(self, block_manager: BlockManager, state_pool: StatePool, max_num_seqs: int,
-                 max_num_batched_tokens: int, decode_len=len):
+                 max_num_batched_tokens: int, decode_len=len, min_admit: int = 1):
         self.blocks = block_manager
         self.states = state_pool
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         # tokens of KV a sequence's next decode step needs (speculative steps: its block past the newest token)
         self.decode_len = decode_len
+        self.min_admit = min_admit
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # admission order
 
@@ -64,6 +67,8 @@ class Scheduler:
                 seqs.append(seq)
                 lens.append(n)
                 budget -= n
+        if not seqs and self._admission_waits():
+            return None
         while self.waiting and budget > 0:
             seq = self.waiting[0]
             # a beam request is admitted with all its members: a state slot and the prompt's KV blocks each
@@ -86,6 +91,12 @@ class Scheduler:
             lens.append(n)
             budget -= n
         return ScheduledStep(True, seqs, lens) if seqs else None
+
+    def _admission_waits(self) -> bool:
+        """Whether new prompts wait for more free seats (min_admit) while running sequences decode meanwhile."""
+        if self.min_admit <= 1 or not any(s.status == SeqStatus.DECODING for s in self.running):
+            return False
+        return self.max_num_seqs - len(self.running) < min(self.min_admit, len(self.waiting))
 
     def _schedule_decode(self, can_preempt: bool):
         ready = [s for s in self.running if s.status == SeqStatus.DECODING and s.num_output < s.sampling.max_tokens]

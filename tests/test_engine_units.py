@@ -235,3 +235,29 @@ def test_glue_check_falls_back_to_eager_when_a_compiled_function_is_wrong(tmp_pa
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert eng.runner._checked(eager, DraftGlue(True, backend="eager"), calls, "the drafter's glue").compiled
+
+
+def test_prefill_min_seqs_batches_admissions_and_keeps_every_answer(tmp_path):
+    """prefill_min_seqs=3 over 4 seats: prompts wait for 3 free seats while others decode, so fewer prefill steps
+    admit more prompts each; every answer is the one admitting at once gives. 1 is the plain scheduler."""
+    from engine.interface import SamplingParams
+    from engine.llm_engine import Engine
+    from engine.testing import build_checkpoint
+
+    ckpt = build_checkpoint(tmp_path / "c", vision=False)
+    reqs = [dict(request_id=f"r{i}", prompt_token_ids=list(range(3, 9 + 3 * i)), ignore_eos=True,
+                 sampling=SamplingParams(max_tokens=2 + (5 * i) % 11)) for i in range(10)]
+    runs = {}
+    for min_seqs in (1, 3):
+        eng = Engine.from_checkpoint(ckpt, num_blocks=64, max_num_seqs=4, prefill_min_seqs=min_seqs)
+        eng.record_steps = True
+        outs = eng.generate([dict(r) for r in reqs])
+        admitted = [r.num_seqs for r in eng.step_log if r.is_prefill]
+        runs[min_seqs] = ({o.request_id: o.output_token_ids for o in outs}, admitted)
+    (plain, plain_steps), (batched, batched_steps) = runs[1], runs[3]
+    assert batched == plain and [len(v) for v in plain.values()] == [r["sampling"].max_tokens for r in reqs]
+    assert sum(plain_steps) == sum(batched_steps) == len(reqs)  # every prompt fits one step: one step admits it
+    assert len(batched_steps) < len(plain_steps)
+    assert min(batched_steps[1:-1]) >= 3  # after the first fill, every admission but the tail's is of >= 3 prompts
+    with pytest.raises(ValueError, match="prefill_min_seqs=0: give an integer >= 1"):
+        Engine.from_checkpoint(ckpt, num_blocks=64, prefill_min_seqs=0)
