@@ -70,7 +70,8 @@ def make_cases(batch_sizes, shapes, device, dtype, sweep):
 
         configs = {}
         if sweep and on_gpu:
-            for bv, nw in ((8, 1), (8, 2), (16, 2), (16, 4), (32, 4), (32, 8)):
+            # one warp per 32-wide tile is the GDN verify's fastest launch (bench/results/h100_spec_kernels.json)
+            for bv, nw in ((8, 1), (8, 2), (16, 1), (16, 2), (16, 4), (32, 1), (32, 2), (32, 4), (32, 8), (64, 2)):
                 configs[f"block_v={bv},warps={nw}"] = (lambda bv=bv, nw=nw, a=gdn_args, st=state, i=idx:
                                                        gdn_recurrent.gdn_recurrent_triton(*a, st, i, block_v=bv, num_warps=nw))
         cases.append(Case("gdn_recurrent", B, nbytes(*gdn_args) + 2 * nbytes(state) + nbytes(v),
