@@ -5,7 +5,7 @@
 # 1. training block images: PAGES synthetic pages of the train pool, drawn the job's way (research/ocria_tiny/
 #    drafter_pages.py; on the GPU machine with the PyMuPDF wheel carried in .whl/gen);
 # 2. jobs/train_drafter.py on them (the target answers them, the drafter learns its answers) for TRAIN_S seconds;
-# 3. bench/drafter_tau.py: tau at block 16 and 8 on the held-out synthetic blocks and the corpus blocks made here
+# 3. bench/drafter_tau.py: tau at block 16 and 8 (TAU_BLOCKS) on the held-out synthetic blocks and the corpus blocks made here
 #    (research/ocria_tiny/drafter_pages.py --split heldout; bench/drafter_block_pages.py), answers checked against
 #    plain decoding.
 # TRAIN_FLAGS: more jobs/train_drafter.py flags (e.g. --dflash2, --distill 0.5, or --init DRAFTER to continue one;
@@ -39,7 +39,7 @@ timeout "${TRAIN_TIMEOUT:-900}" $PY jobs/train_drafter.py --checkpoint models/oc
 t2=$(date +%s)
 timeout "${TAU_TIMEOUT:-600}" $PY bench/drafter_tau.py --checkpoint models/ocria-tiny --drafter "$OUT/drafter" \
   --pages "$TAU_DIR/heldout" --pages "$TAU_DIR/corpus" --device "$DEVICE" --dtype "$DTYPE" --max-tokens "$MAX_TOKENS" \
-  --block 16 --block 8 --check-plain --out "$OUT/tau.json" || echo "tau stopped (rc $?)"
+  $(printf -- '--block %s ' ${TAU_BLOCKS:-16 8}) --check-plain --out "$OUT/tau.json" || echo "tau stopped (rc $?)"
 t3=$(date +%s)
 $PY - "$OUT" <<'EOF'
 import json, sys
