@@ -5,9 +5,9 @@
 # 1. training block images: PAGES synthetic pages of the train pool, drawn the job's way (research/ocria_tiny/
 #    drafter_pages.py; on the GPU machine with the PyMuPDF wheel carried in .whl/gen);
 # 2. jobs/train_drafter.py on them (the target answers them, the drafter learns its answers) for TRAIN_S seconds;
-# 3. bench/drafter_tau.py: tau at block 16 and 8 (TAU_BLOCKS) on the held-out synthetic blocks and the corpus blocks made here
-#    (research/ocria_tiny/drafter_pages.py --split heldout; bench/drafter_block_pages.py), answers checked against
-#    plain decoding.
+# 3. bench/drafter_tau.py: tau at block 16 and 8 (TAU_BLOCKS) on the held-out synthetic blocks and the corpus blocks
+#    made here (research/ocria_tiny/drafter_pages.py --split heldout; bench/drafter_block_pages.py), answers checked
+#    against plain decoding.
 # TRAIN_FLAGS: more jobs/train_drafter.py flags (e.g. --dflash2, --distill 0.5, or --init DRAFTER to continue one;
 # then FIRST=N draws pages N .. N + PAGES - 1, new ones). VAL=N keeps N answers out for a validation loss every VAL_EVERY steps
 # and writes the best drafter.

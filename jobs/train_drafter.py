@@ -435,7 +435,7 @@ def train(cfg: TrainDrafterConfig, echo=print, collected: list[Example] | None =
     if cfg.val_pages >= len(train_images):
         raise click.UsageError(f"--val-pages {cfg.val_pages}: {len(train_images)} training pages, none would be left")
     # eager steps, each with a fixed host cost: prompts start in groups of an eighth of the batch, not one by one as
-    # answers end (which made most prefill steps a single page's)
+    # answers end (which made most prefill steps start only a few pages)
     target = Engine.from_checkpoint(cfg.checkpoint, device=cfg.device, dtype=cfg.dtype, max_num_seqs=cfg.collect_batch,
                                     kv_cache_memory_gb=cfg.kv_cache_memory_gb, enforce_eager=True,
                                     prefill_min_seqs=max(1, cfg.collect_batch // 8))
