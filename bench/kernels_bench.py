@@ -74,6 +74,10 @@ def make_cases(batch_sizes, shapes, device, dtype, sweep):
             for bv, nw in ((8, 1), (8, 2), (16, 1), (16, 2), (16, 4), (32, 1), (32, 2), (32, 4), (32, 8), (64, 2)):
                 configs[f"block_v={bv},warps={nw}"] = (lambda bv=bv, nw=nw, a=gdn_args, st=state, i=idx:
                                                        gdn_recurrent.gdn_recurrent_triton(*a, st, i, block_v=bv, num_warps=nw))
+            for bv, nw in ((16, 4), (32, 1), (16, 1)):  # reductions from one pass (delta_rule_step_fused)
+                configs[f"block_v={bv},warps={nw},fused"] = (
+                    lambda bv=bv, nw=nw, a=gdn_args, st=state, i=idx: gdn_recurrent.gdn_recurrent_triton(
+                        *a, st, i, block_v=bv, num_warps=nw, fused_reductions=True))
         cases.append(Case("gdn_recurrent", B, nbytes(*gdn_args) + 2 * nbytes(state) + nbytes(v),
                           lambda a=gdn_args, st=state, i=idx, f=run_gdn: f(*a, st, i),
                           lambda a=gdn_args, st=state, i=idx: gdn_recurrent.gdn_recurrent_ref(*a, st, i),

@@ -10,8 +10,8 @@ Kernels (kernels/gdn_verify.py, kernels/paged_attention.py), 32 sequences x a bl
   step, for fold_after 0, 16 and 48 (the state written back at every step, or once 16 or 48 updates are pending):
   the mean over a run of steps, whose pending counts cycle as the engine's do; the torch reference of the same; and
   the design it replaced, committing every step (a verify with nothing pending, then a fold of tau tokens).
-- GDN verify at 1 and 32 sequences with nothing pending, token by token (block_v x num_warps, looped or unrolled) and
-  chunk form; with a block pending and written back (default launch); fla's fused recurrent kernel over the same
+- GDN verify at 1 and 32 sequences with nothing pending, token by token (block_v x num_warps, looped or unrolled,
+  and with the token step's reductions fused) and chunk form; with a block pending and written back (default launch); fla's fused recurrent kernel over the same
   block when fla imports (it writes the final state instead of keeping the block's updates).
 - GDN verify over the block's first 1, 4 and 16 tokens against the decode kernel stepping the same state through them
   (what a verify's fixed cost is, and each token's).
@@ -27,6 +27,7 @@ from the default configuration's output.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -143,11 +144,14 @@ def gdn_rows(shape, device, bw, record, smoke: bool, short: bool = False) -> Non
     tau, steps = (2, 4) if smoke else (3, 20)
     n_acc = torch.full((S,), tau, device=device, dtype=torch.int32)
     impls = {"default launches": (gv.gdn_verify_triton, gv.gdn_ring_advance_triton, gv.gdn_fold_triton),
+             "default launches, fused reductions": (functools.partial(gv.gdn_verify_triton, fused_reductions=True),
+                                                    gv.gdn_ring_advance_triton, gv.gdn_fold_triton),
              "torch reference": (gv.gdn_verify_ref, gv._ring_advance_ref, gv.gdn_fold_ref)}
     for name, (verify, advance, fold) in impls.items():
         ref = "reference" in name
         # (fold_after, pending tokens whose loads are issued together)
-        for f, chunk in ([(0, None)] if smoke or ref else [(0, 1), (16, 1)] if short else
+        for f, chunk in ([(0, None)] if smoke or ref else [(0, 1)] if "fused" in name else
+                         [(0, 1), (16, 1)] if short else
                          [(0, 1), (0, 4), (16, 1), (16, 4), (16, 8), (48, 4), (48, 8)]):
             ring, work = empty(new_ring(f + 2 * T)), state.clone()
             extra = {"fold_chunk": chunk} if chunk else {}
@@ -183,13 +187,18 @@ def gdn_rows(shape, device, bw, record, smoke: bool, short: bool = False) -> Non
               [("chunk", bv, w, False) for bv in (16, 32) for w in (4, 8)]
     if short:  # the default, the launch it replaced and its neighbours
         configs = [("steps", bv, w, False) for bv, w in ((32, 1), (16, 4), (16, 1), (32, 2), (64, 2))]
+    # the token step's two reductions from one pass over the tile (kernels/gdn_recurrent.delta_rule_step_fused)
+    configs += [("steps, fused reductions", bv, w, False) for bv, w in ((32, 1), (16, 1), (32, 2), (64, 2))]
     if smoke:
-        configs = [("steps", 8, 1, False), ("steps", 16, 4, True), ("chunk", 16, 4, False)]
+        configs = [("steps", 8, 1, False), ("steps", 16, 4, True), ("steps, fused reductions", 8, 1, False),
+                   ("chunk", 16, 4, False)]
     for n in sorted({1, S}):
         want = gv.gdn_verify_triton(q[:n], k[:n], v[:n], a[:n], b[:n], state, idx[:n], ring, raw_gates=raw)
         for form, bv, w, unroll in configs:
             fn = gv.gdn_verify_chunk_triton if form == "chunk" else gv.gdn_verify_triton
             extra = {"unroll": True} if unroll else {}
+            if "fused" in form:
+                extra["fused_reductions"] = True
 
             def call(fn=fn, bv=bv, w=w, extra=extra, n=n):
                 return fn(q[:n], k[:n], v[:n], a[:n], b[:n], state, idx[:n], ring, raw_gates=raw, block_v=bv,

@@ -254,6 +254,8 @@ def verify_cases(gdn_verify):
 
     return [(f"gdn_verify B={B} T={T} raw gates", gdn_verify,
              lambda: gdn_verify.gdn_verify_triton(*verify_args(), raw_gates=raw)),
+            (f"gdn_verify B={B} T={T} raw gates, fused reductions", gdn_verify,
+             lambda: gdn_verify.gdn_verify_triton(*verify_args(), raw_gates=raw, fused_reductions=True)),
             (f"gdn_verify_chunk B={B} T={T} raw gates", gdn_verify,
              lambda: gdn_verify.gdn_verify_chunk_triton(*verify_args(), raw_gates=raw)),
             (f"gdn_fold B={B} P={P}", gdn_verify,

@@ -99,11 +99,26 @@ def delta_rule_step(S, k, v, g, beta):
 
 
 @triton.jit
+def delta_rule_step_fused(S, k, q, v, g, beta):
+    """delta_rule_step and the output from one pass over the tile before the step: S^T k and S^T q are independent
+    reductions (instead of a decay pass, then one reduction, the update, then the other), u = beta (v - e S^T k),
+    o = e S^T q + u (k . q), and the decay and rank-1 update in one multiply-add (e = exp(g)). Equal to the two-pass
+    form to fp32 rounding, not bit for bit. Returns (S, u, o)."""
+    e = tl.exp(g)
+    a = tl.sum(S * k[:, None], axis=0)
+    b = tl.sum(S * q[:, None], axis=0)
+    u = beta * (v - e * a)
+    o = e * b + u * tl.sum(k * q, axis=0)
+    return S * e + k[:, None] * u[None, :], u, o
+
+
+@triton.jit
 def token_update(S, q_at, k_at, v_at, g_at, beta_at, offs_k, offs_v, mask_k, mask_v, live, scale, neg_decay_rate,
-                 dt_bias, RAW_GATES: tl.constexpr):
+                 dt_bias, RAW_GATES: tl.constexpr, FUSED: tl.constexpr):
     """One token on a [BK, BV] fp32 state tile from pointers to its q, k (key head), v, g, beta (value head) rows:
     the gates (from the raw projections when RAW_GATES), q and k l2-normalised (q scaled), the delta rule step and
-    the output. Returns (S, u, o (0 on a padding row), normalised k, g); shared by the decode and verify kernels."""
+    the output (FUSED: delta_rule_step_fused). Returns (S, u, o (0 on a padding row), normalised k, g); shared by
+    the decode and verify kernels, which must step alike for speculation to stay lossless."""
     q = tl.load(q_at + offs_k, mask=mask_k, other=0.0).to(tl.float32)
     k = tl.load(k_at + offs_k, mask=mask_k, other=0.0).to(tl.float32)
     v = tl.load(v_at + offs_v, mask=mask_v, other=0.0).to(tl.float32)
@@ -114,9 +129,12 @@ def token_update(S, q_at, k_at, v_at, g_at, beta_at, offs_k, offs_v, mask_k, mas
     beta = beta.to(tl.float32)
     q = q * (tl.rsqrt(tl.sum(q * q, axis=0) + 1e-6) * scale)
     k = k * tl.rsqrt(tl.sum(k * k, axis=0) + 1e-6)
-    S, u = delta_rule_step(S, k, v, g, beta)
-    o = tl.where(live, tl.sum(S * q[:, None], axis=0), 0.0)
-    return S, u, o, k, g
+    if FUSED:
+        S, u, o = delta_rule_step_fused(S, k, q, v, g, beta)
+    else:
+        S, u = delta_rule_step(S, k, v, g, beta)
+        o = tl.sum(S * q[:, None], axis=0)
+    return S, u, tl.where(live, o, 0.0), k, g
 
 
 @triton.jit
@@ -147,7 +165,7 @@ def _gdn_recurrent_kernel(
     sg_b, sg_t, sg_h, sbeta_b, sbeta_t, sbeta_h, so_b, so_t, so_h,
     ss_n, ss_h, ss_k, si_b, si_t, si_h, si_k,
     GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    STORE_INTERMEDIATE: tl.constexpr, RAW_GATES: tl.constexpr, PDL: tl.constexpr,
+    STORE_INTERMEDIATE: tl.constexpr, RAW_GATES: tl.constexpr, PDL: tl.constexpr, FUSED: tl.constexpr,
 ):
     # One program = (sequence, value head, dv tile); the [dk, BV] state tile stays in registers across the T steps.
     pdl_enter(PDL)
@@ -172,7 +190,7 @@ def _gdn_recurrent_kernel(
             S, q_ptr + b64 * sq_b + t * sq_t + hk * sq_h, k_ptr + b64 * sk_b + t * sk_t + hk * sk_h,
             v_ptr + b64 * sv_b + t * sv_t + hv * sv_h, g_ptr + b64 * sg_b + t * sg_t + hv * sg_h,
             beta_ptr + b64 * sbeta_b + t * sbeta_t + hv * sbeta_h, offs_k, offs_v, mask_k, mask_v, live, scale,
-            neg_decay_rate, dt_bias, RAW_GATES)
+            neg_decay_rate, dt_bias, RAW_GATES, FUSED)
         tl.store(o_ptr + b64 * so_b + t * so_t + hv * so_h + offs_v, cast_rtne(o, o_ptr.dtype.element_ty), mask=mask_v)
         if STORE_INTERMEDIATE:
             i_ptrs = inter_ptr + b64 * si_b + t * si_t + hv * si_h + offs_k[:, None] * si_k + offs_v[None, :]
@@ -181,7 +199,8 @@ def _gdn_recurrent_kernel(
 
 
 def gdn_recurrent_triton(q, k, v, g, beta, state, state_idx, scale=None, intermediate_states=None, out=None,
-                         raw_gates=None, block_v=None, num_warps=None, pdl=False):
+                         raw_gates=None, block_v=None, num_warps=None, pdl=False, fused_reductions=False):
+    """fused_reductions: each token stepped by delta_rule_step_fused (a launch option until timed)."""
     _validate(q, k, v, g, beta, state, state_idx, intermediate_states)
     pdl_args = pdl_launch(pdl)
     if raw_gates is not None:
@@ -209,7 +228,7 @@ def gdn_recurrent_triton(q, k, v, g, beta, state, state_idx, scale=None, interme
         *g.stride(), *beta.stride(), *o.stride()[:3],
         *state.stride()[:3], *si,
         GROUP=Hv // Hk, DK=dk, DV=dv, BK=BK, BV=BV, STORE_INTERMEDIATE=store_inter, RAW_GATES=raw_gates is not None,
-        **pdl_args, num_warps=num_warps or 4,
+        FUSED=fused_reductions, **pdl_args, num_warps=num_warps or 4,
     )
     return o
 
@@ -218,7 +237,7 @@ def gdn_recurrent(q, k, v, g, beta, state, state_idx, scale=None, intermediate_s
                   **launch):
     """o [B, T, Hv, dv] (v.dtype, written to `out` if given); updates `state` rows `state_idx` in place.
     raw_gates=(A_log, dt_bias): g, beta are the raw a, b projections (module docstring).
-    `launch`: block_v, num_warps, pdl (Triton only)."""
+    `launch`: block_v, num_warps, pdl, fused_reductions (Triton only)."""
     if use_triton(q):
         return gdn_recurrent_triton(q, k, v, g, beta, state, state_idx, scale, intermediate_states, out, raw_gates,
                                     **launch)

@@ -184,12 +184,12 @@ def _pending_folded(state_ptr, pos_ptr, rk_ptr, ru_ptr, rg_ptr, slot, hv, hk, li
 def _verify_token(S, t, p, q_row, k_row, v_row, g_row, beta_row, o_row, ru_row, rk_row, rg_row,
                   sq_t, sk_t, sv_t, sg_t, sbeta_t, so_t, sru_p, srk_p, srg_p,
                   offs_k, offs_v, mask_k, mask_v, live, first_of_key, write_g, scale, neg_decay_rate, dt_bias,
-                  RAW_GATES: tl.constexpr):
+                  RAW_GATES: tl.constexpr, FUSED: tl.constexpr):
     """Token t of the block on the state tile S: output stored, its k / u / g stored at ring row p, the stepped tile
     returned."""
     S, u, o, k, g = token_update(S, q_row + t * sq_t, k_row + t * sk_t, v_row + t * sv_t, g_row + t * sg_t,
                                  beta_row + t * sbeta_t, offs_k, offs_v, mask_k, mask_v, live, scale, neg_decay_rate,
-                                 dt_bias, RAW_GATES)
+                                 dt_bias, RAW_GATES, FUSED)
     tl.store(o_row + t * so_t + offs_v, cast_rtne(o, o_row.dtype.element_ty), mask=mask_v)
     tl.store(ru_row + p * sru_p + offs_v, u, mask=mask_v & live)
     tl.store(rk_row + p * srk_p + offs_k, k, mask=mask_k & first_of_key)
@@ -205,7 +205,7 @@ def _gdn_verify_kernel(
     sg_b, sg_t, sg_h, sbeta_b, sbeta_t, sbeta_h, so_b, so_t, so_h,
     ss_n, ss_h, ss_k, srk_n, srk_p, srk_h, sru_n, sru_p, sru_h, srg_n, srg_p,
     GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    RAW_GATES: tl.constexpr, UNROLL: tl.constexpr, FOLD_CHUNK: tl.constexpr,
+    RAW_GATES: tl.constexpr, UNROLL: tl.constexpr, FOLD_CHUNK: tl.constexpr, FUSED: tl.constexpr,
 ):
     # One program = (sequence, value head, dv tile), as kernels/gdn_recurrent: the state tile is loaded once, the
     # pending tokens folded in, and carried in registers over the block. UNROLL (= T, or 0 for a loop): the block
@@ -233,13 +233,13 @@ def _gdn_verify_kernel(
             S = _verify_token(S, t, (base + t) % P, q_row, k_row, v_row, g_row, beta_row, o_row, ru_row, rk_row,
                               rg_row, sq_t, sk_t, sv_t, sg_t, sbeta_t, so_t, sru_p, srk_p, srg_p, offs_k, offs_v,
                               mask_k, mask_v, live, first_of_key, live & (vt == 0), scale, neg_decay_rate, dt_bias,
-                              RAW_GATES)
+                              RAW_GATES, FUSED)
     else:
         for t in range(T):
             S = _verify_token(S, t, (base + t) % P, q_row, k_row, v_row, g_row, beta_row, o_row, ru_row, rk_row,
                               rg_row, sq_t, sk_t, sv_t, sg_t, sbeta_t, so_t, sru_p, srk_p, srg_p, offs_k, offs_v,
                               mask_k, mask_v, live, first_of_key, live & (vt == 0), scale, neg_decay_rate, dt_bias,
-                              RAW_GATES)
+                              RAW_GATES, FUSED)
 
 
 @triton.jit
@@ -394,13 +394,15 @@ def _launch_verify(kernel, BV, q, k, v, g, beta, state, state_idx, ring, fold_af
 
 
 def gdn_verify_triton(q, k, v, g, beta, state, state_idx, ring, fold_after=0, scale=None, raw_gates=None, out=None,
-                      block_v=None, num_warps=None, unroll=False, fold_chunk=FOLD_CHUNK):
+                      block_v=None, num_warps=None, unroll=False, fold_chunk=FOLD_CHUNK, fused_reductions=False):
     """unroll: the block's T tokens unrolled in the kernel (compiled per T) instead of a loop. fold_chunk: pending
-    tokens whose loads are issued together (_ring_fold)."""
+    tokens whose loads are issued together (_ring_fold). fused_reductions: each token stepped by
+    kernels/gdn_recurrent.delta_rule_step_fused, as the decode kernel with the same option (a launch option until
+    timed; plain decoding must use the same form)."""
     return _launch_verify(_gdn_verify_kernel, _block_v(v.shape[-1], block_v, VERIFY_BLOCK_V), q, k, v, g, beta, state,
                           state_idx, ring, fold_after, scale, raw_gates, out, num_warps or VERIFY_WARPS,
                           BK=next_pow2(q.shape[-1]),
-                          UNROLL=q.shape[1] if unroll else 0, FOLD_CHUNK=fold_chunk)
+                          UNROLL=q.shape[1] if unroll else 0, FOLD_CHUNK=fold_chunk, FUSED=fused_reductions)
 
 
 def gdn_verify_chunk_triton(q, k, v, g, beta, state, state_idx, ring, fold_after=0, scale=None, raw_gates=None,
@@ -446,7 +448,8 @@ def gdn_verify(q, k, v, g, beta, state, state_idx, ring, fold_after=0, scale=Non
     ring_g [slots, P, Hv] fp32, ring_pos [slots, 2] int32) receives the block's normalised keys, corrections and log
     decays after the pending rows; a row with more than fold_after pending tokens writes its folded state back
     (gdn_ring_advance then drops them). `chunk`: solved with matrix products (Triton only; equal to fp32
-    rounding). `launch`: block_v, num_warps, unroll (token by token only), fold_chunk (Triton)."""
+    rounding). `launch`: block_v, num_warps, unroll and fused_reductions (token by token only), fold_chunk
+    (Triton)."""
     if use_triton(q):
         fn = gdn_verify_chunk_triton if chunk else gdn_verify_triton
         return fn(q, k, v, g, beta, state, state_idx, ring, fold_after, scale, raw_gates, out, **launch)

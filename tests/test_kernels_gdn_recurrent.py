@@ -24,8 +24,8 @@ def make_inputs(B=3, T=1, Hk=2, Hv=6, dk=24, dv=40, dtype=torch.float32, seed=0)
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("T", [1, 3])
-@pytest.mark.parametrize("block_v", [None, 16])
-def test_triton_matches_ref(T, dtype, block_v):
+@pytest.mark.parametrize("block_v,fused", [(None, False), (16, False), (32, True)])
+def test_triton_matches_ref(T, dtype, block_v, fused):
     require_interpreted(_gdn_recurrent_kernel)
     B, Hv, dk, dv = 3, 6, 24, 40
     q, k, v, g, beta, state = make_inputs(B=B, T=T, dtype=dtype, seed=T)
@@ -36,7 +36,7 @@ def test_triton_matches_ref(T, dtype, block_v):
 
     o_ref = gdn_recurrent_ref(q, k, v, g, beta, s_ref, idx, intermediate_states=inter_ref)
     o_tri = gdn_recurrent_triton(q, k, v, g, beta, s_tri, idx, intermediate_states=inter_tri,
-                                 out=poisoned(v.shape, dtype), block_v=block_v)
+                                 out=poisoned(v.shape, dtype), block_v=block_v, fused_reductions=fused)
 
     assert o_tri.dtype == dtype
     assert_close(o_tri, o_ref, dtype)

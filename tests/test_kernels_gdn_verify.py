@@ -48,7 +48,7 @@ def clone_ring(ring):
     return tuple(t.clone() for t in ring)
 
 
-@pytest.mark.parametrize("form", ["steps", "steps unrolled", "chunk"])
+@pytest.mark.parametrize("form", ["steps", "steps unrolled", "steps fused", "chunk"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("T,dk,dv,aligned", [(5, 24, 40, False), (1, 24, 24, False), (7, 24, 17, False),
                                             (16, 20, 17, False), (11, 64, 72, False), (16, 24, 40, True)])
@@ -61,6 +61,8 @@ def test_verify_advance_and_fold_triton_match_ref(form, dtype, T, dk, dv, aligne
     matters (with random keys a missing row would pass)."""
     kernel, verify = {"steps": (_gdn_verify_kernel, gdn_verify_triton),
                       "steps unrolled": (_gdn_verify_kernel, lambda *a, **k: gdn_verify_triton(*a, unroll=True, **k)),
+                      "steps fused": (_gdn_verify_kernel,
+                                      lambda *a, **k: gdn_verify_triton(*a, fused_reductions=True, **k)),
                       "chunk": (_gdn_verify_chunk_kernel, gdn_verify_chunk_triton)}[form]
     require_interpreted(kernel)
     require_interpreted(_gdn_fold_kernel)
@@ -260,3 +262,26 @@ def test_fold_and_conv_commit_of_every_layer_in_one_launch_equal_each_layer_alon
         want_conv = conv0[i].clone()
         conv_state_commit_ref(x[i][live], want_conv, sidx[live], n[live])
         assert torch.equal(conv[i], want_conv), i
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_verify_steps_each_token_as_the_decode_kernel_does(fused):
+    """With nothing pending, the verify's outputs are the decode kernel's over the same tokens, bit for bit, in each
+    form of the token step (fused_reductions off / on): plain and speculative decoding must step alike. The two
+    forms agree to fp32 rounding."""
+    from kernels.gdn_recurrent import _gdn_recurrent_kernel, gdn_recurrent_triton
+
+    require_interpreted(_gdn_verify_kernel)
+    require_interpreted(_gdn_recurrent_kernel)
+    T, Hk, Hv, dk, dv = 6, 2, 6, 24, 40
+    x = inputs(T=T, dk=dk, dv=dv, seed=7)
+    idx = torch.tensor(STATE_IDX, dtype=torch.int32)
+    raw = (x["A_log"], x["dt_bias"])
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
+    ring = make_ring(2 * T, Hk, dk, Hv, dv, {})
+    o_verify = gdn_verify_triton(*args, x["state"].clone(), idx, ring, 0, raw_gates=raw, fused_reductions=fused)
+    o_decode = gdn_recurrent_triton(*args, x["state"].clone(), idx, raw_gates=raw, fused_reductions=fused)
+    assert torch.equal(o_verify, o_decode)
+    o_other = gdn_recurrent_triton(*args, x["state"].clone(), idx, raw_gates=raw, fused_reductions=not fused)
+    assert_close(o_other, o_decode, torch.float32, rtol=1e-5, atol=1e-5)
+    assert not torch.equal(o_other, o_decode), "the two forms round differently: the test would not see a mix-up"
