@@ -4,6 +4,8 @@
 #   PARTS="4b tiny" bash bench/spec_h200.sh OUT              # ~6 min (tiny: carry .drafter/heldout too)
 # kernels: bench/spec_kernels_bench.py (every launch configuration of the step's kernels, graph-timed; ~4.5 min);
 # kernels-short: the same with --short (each default launch against a few others, no attention rows; ~1 min);
+# decode-kernels: bench/kernels_bench.py at batch 1-256 (plain decode's kernels and their launch sweeps: the GDN
+#          decode kernel at the verify's launch, fused reductions);
 # profile: bench/decode_profile.py --spec 16 at batch 1 and 32 (where a speculative step's device time goes, against
 #          a plain step of the same engine build);
 # 4b:      bench/spec_decode_bench.py part 2, the 4B shape at ocria-tiny's measured acceptance and at 0.9, blocks of
@@ -31,6 +33,7 @@ for part in $PARTS; do
   case $part in
     kernels) timeout 300 $PY bench/spec_kernels_bench.py --out "$OUT/h200_spec_kernels.json" ;;
     kernels-short) timeout 150 $PY bench/spec_kernels_bench.py --short --out "$OUT/h200_spec_kernels.json" ;;
+    decode-kernels) timeout 240 $PY bench/kernels_bench.py --batch-sizes 1 8 32 64 256 --out "$OUT/h200_kernels.json" ;;
     profile) timeout 300 $PY bench/decode_profile.py --spec 16 --variants default --batch-sizes 1,32 --steps 10 \
                --graph-steps 20 --out "$OUT/profile_spec" ;;
     gemv) timeout 150 $PY bench/small_m_linear_bench.py --batch-sizes 16 --budget-s 60 \
