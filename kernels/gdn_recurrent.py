@@ -102,7 +102,7 @@ def delta_rule_step(S, k, v, g, beta):
 def delta_rule_step_fused(S, k, q, v, g, beta):
     """delta_rule_step and the output from one pass over the tile before the step: S^T k and S^T q are independent
     reductions (instead of a decay pass, then one reduction, the update, then the other), u = beta (v - e S^T k),
-    o = e S^T q + u (k . q), and the decay and rank-1 update in one multiply-add (e = exp(g)). Equal to the two-pass
+    o = e S^T q + u (k . q), and the decay and rank-1 update in one pass (e = exp(g)). Equal to the two-pass
     form to fp32 rounding, not bit for bit. Returns (S, u, o)."""
     e = tl.exp(g)
     a = tl.sum(S * k[:, None], axis=0)
