@@ -144,13 +144,14 @@ def gdn_rows(shape, device, bw, record, smoke: bool, short: bool = False) -> Non
     tau, steps = (2, 4) if smoke else (3, 20)
     n_acc = torch.full((S,), tau, device=device, dtype=torch.int32)
     impls = {"default launches": (gv.gdn_verify_triton, gv.gdn_ring_advance_triton, gv.gdn_fold_triton),
-             "default launches, fused reductions": (functools.partial(gv.gdn_verify_triton, fused_reductions=True),
-                                                    gv.gdn_ring_advance_triton, gv.gdn_fold_triton),
+             "default launches, two-pass token step": (
+                 functools.partial(gv.gdn_verify_triton, fused_reductions=False), gv.gdn_ring_advance_triton,
+                 functools.partial(gv.gdn_fold_triton, fused_reductions=False)),
              "torch reference": (gv.gdn_verify_ref, gv._ring_advance_ref, gv.gdn_fold_ref)}
     for name, (verify, advance, fold) in impls.items():
         ref = "reference" in name
         # (fold_after, pending tokens whose loads are issued together)
-        for f, chunk in ([(0, None)] if smoke or ref else [(0, 1)] if "fused" in name else
+        for f, chunk in ([(0, None)] if smoke or ref else [(0, 1)] if "two-pass" in name else
                          [(0, 1), (16, 1)] if short else
                          [(0, 1), (0, 4), (16, 1), (16, 4), (16, 8), (48, 4), (48, 8)]):
             ring, work = empty(new_ring(f + 2 * T)), state.clone()
@@ -197,8 +198,8 @@ def gdn_rows(shape, device, bw, record, smoke: bool, short: bool = False) -> Non
         for form, bv, w, unroll in configs:
             fn = gv.gdn_verify_chunk_triton if form == "chunk" else gv.gdn_verify_triton
             extra = {"unroll": True} if unroll else {}
-            if "fused" in form:
-                extra["fused_reductions"] = True
+            if form != "chunk":
+                extra["fused_reductions"] = "fused" in form
 
             def call(fn=fn, bv=bv, w=w, extra=extra, n=n):
                 return fn(q[:n], k[:n], v[:n], a[:n], b[:n], state, idx[:n], ring, raw_gates=raw, block_v=bv,

@@ -133,8 +133,7 @@ def decode_cases(batch_sizes=(1, 64)):
                           lambda B=B, T=T, idx=idx: gdn_recurrent.gdn_recurrent_triton(
                               torch.empty(B, T, Hk, dk, dtype=bf16), torch.empty(B, T, Hk, dk, dtype=bf16),
                               torch.empty(B, T, Hv, dv, dtype=bf16), torch.empty(B, T, Hv, dtype=f32),
-                              torch.empty(B, T, Hv, dtype=bf16), torch.empty(1, Hv, dk, dv, dtype=f32), idx,
-                              intermediate_states=torch.empty(B, T, Hv, dk, dv, dtype=f32) if T > 1 else None)))
+                              torch.empty(B, T, Hv, dtype=bf16), torch.empty(1, Hv, dk, dv, dtype=f32), idx)))
         ba = torch.empty(B, 2 * Hv, dtype=bf16)  # the engine's decode call: raw gates, strided views of [b | a]
         cases.append((f"gdn_recurrent B={B} raw gates", gdn_recurrent,
                       lambda B=B, idx=idx, ba=ba: gdn_recurrent.gdn_recurrent_triton(
@@ -254,8 +253,8 @@ def verify_cases(gdn_verify):
 
     return [(f"gdn_verify B={B} T={T} raw gates", gdn_verify,
              lambda: gdn_verify.gdn_verify_triton(*verify_args(), raw_gates=raw)),
-            (f"gdn_verify B={B} T={T} raw gates, fused reductions", gdn_verify,
-             lambda: gdn_verify.gdn_verify_triton(*verify_args(), raw_gates=raw, fused_reductions=True)),
+            (f"gdn_verify B={B} T={T} raw gates, two-pass step", gdn_verify,
+             lambda: gdn_verify.gdn_verify_triton(*verify_args(), raw_gates=raw, fused_reductions=False)),
             (f"gdn_verify_chunk B={B} T={T} raw gates", gdn_verify,
              lambda: gdn_verify.gdn_verify_chunk_triton(*verify_args(), raw_gates=raw)),
             (f"gdn_fold B={B} P={P}", gdn_verify,

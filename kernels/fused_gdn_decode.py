@@ -24,7 +24,8 @@ import triton.language as tl
 from kernels._common import cast_rtne, check, next_pow2, output, require_last_dim_contiguous, use_triton
 from kernels.conv1d_update import _weight_2d, causal_conv1d_update_ref
 from kernels.gated_rmsnorm import gated_rmsnorm_ref
-from kernels.gdn_recurrent import delta_rule_step, gates_from_raw_tl, gdn_recurrent_ref
+from kernels.gdn_recurrent import (
+    FUSED_REDUCTIONS, delta_rule_step, delta_rule_step_fused, gates_from_raw_tl, gdn_recurrent_ref)
 
 
 def _dims(qkv, z, ssm_state):
@@ -102,7 +103,7 @@ def _fused_gdn_decode_kernel(
     scale, eps,
     s_qkv, sz_n, sz_h, s_b, s_a, scs_n, scs_c, scw_c, sss_n, sss_h, sss_k, sy_n, sy_h,
     HK: tl.constexpr, GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, K: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, ROUND_PRODUCT: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, ROUND_PRODUCT: tl.constexpr, FUSED: tl.constexpr,
 ):
     n = tl.program_id(0).to(tl.int64)
     hk = tl.program_id(1)
@@ -134,9 +135,12 @@ def _fused_gdn_decode_kernel(
         mask_s = mask_k[:, None] & mask_v[None, :] & live
         s_ptrs = ss_ptr + slot * sss_n + hv * sss_h + offs_k[:, None] * sss_k + offs_v[None, :]
         S = tl.load(s_ptrs, mask=mask_s, other=0.0)
-        S, _ = delta_rule_step(S, k, v, g, beta)
+        if FUSED:
+            S, _, o = delta_rule_step_fused(S, k, q, v, g, beta)
+        else:
+            S, _ = delta_rule_step(S, k, v, g, beta)
+            o = tl.sum(S * q[:, None], axis=0)
         tl.store(s_ptrs, S, mask=mask_s)
-        o = tl.sum(S * q[:, None], axis=0)
         o = cast_rtne(tl.where(live, o, 0.0), dt).to(tl.float32)
 
         # gated RMSNorm epilogue over the whole dv row
@@ -150,7 +154,7 @@ def _fused_gdn_decode_kernel(
 
 
 def fused_gdn_decode_triton(qkv, z, b, a, conv_state, conv_weight, A_log, dt_bias, norm_weight, ssm_state, state_idx,
-                            eps, scale=None, out=None, num_warps=None):
+                            eps, scale=None, out=None, num_warps=None, fused_reductions=FUSED_REDUCTIONS):
     conv_weight = _weight_2d(conv_weight)
     _validate(qkv, z, b, a, conv_state, conv_weight, A_log, dt_bias, norm_weight, ssm_state, state_idx)
     for name, t in (("qkv", qkv), ("z", z), ("conv_state", conv_state), ("conv_weight", conv_weight),
@@ -173,7 +177,7 @@ def fused_gdn_decode_triton(qkv, z, b, a, conv_state, conv_weight, A_log, dt_bia
         qkv.stride(0), z.stride(0), z.stride(1), b.stride(0), a.stride(0), conv_state.stride(0), conv_state.stride(1),
         conv_weight.stride(0), *ssm_state.stride()[:3], y.stride(0), y.stride(1),
         HK=Hk, GROUP=Hv // Hk, DK=dk, DV=dv, K=conv_weight.shape[1], BK=BK, BV=BV,
-        BT=next_pow2(conv_weight.shape[1]), ROUND_PRODUCT=product_dtype != torch.float32,
+        BT=next_pow2(conv_weight.shape[1]), ROUND_PRODUCT=product_dtype != torch.float32, FUSED=fused_reductions,
         # the [dk, dv] fp32 state tile is spread over all threads: 128x128 at 16 warps is 32 registers per thread
         num_warps=num_warps or max(4, min(16, BK * BV // 1024)),
     )
@@ -184,7 +188,8 @@ def fused_gdn_decode(qkv, z, b, a, conv_state, conv_weight, A_log, dt_bias, norm
                      scale=None, out=None, **launch):
     """y [B, Hv, dv] in qkv.dtype (written to `out` if given); updates conv_state and ssm_state rows state_idx in
     place. qkv [B, 2*Hk*dk + Hv*dv], z [B, Hv, dv], b, a [B, Hv] (raw projections, rows may be strided views of one
-    fused projection). `launch`: num_warps (Triton only)."""
+    fused projection). `launch`: num_warps, fused_reductions (the token step's form, as kernels/gdn_recurrent; Triton
+    only)."""
     if use_triton(qkv):
         return fused_gdn_decode_triton(qkv, z, b, a, conv_state, conv_weight, A_log, dt_bias, norm_weight, ssm_state,
                                        state_idx, eps, scale, out, **launch)

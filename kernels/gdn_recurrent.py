@@ -4,8 +4,7 @@ Per value head, with the key head shared by Hv // Hk consecutive value heads:
     q, k <- l2norm(q), l2norm(k) in fp32;  q <- q * scale
     S <- exp(g) * S;  delta = beta * (v - S^T k);  S <- S + k delta^T;  o = S^T q
 The state S [dk, dv] lives in a fp32 pool `state[num_slots, Hv, dk, dv]`; row `state_idx[b]` is read and written
-back in place. A negative state_idx marks a padding row: its state (and intermediate states) are left untouched and
-its output is zero.
+back in place. A negative state_idx marks a padding row: its state is left untouched and its output is zero.
 
 raw_gates=(A_log, dt_bias): g and beta are passed as the raw projections a and b, and the gates are computed on load
 (g = -exp(A_log) * softplus(a + dt_bias) in fp32, beta = sigmoid(b) rounded to b's dtype), as the model's glue would
@@ -20,9 +19,15 @@ from kernels._common import (
     cast_rtne, cdiv, check, next_pow2, output, pdl_enter, pdl_launch, require_last_dim_contiguous, use_triton)
 
 L2NORM_EPS = 1e-6
+# Launch defaults from the graph-timed sweep at the 4B shape (docs/decisions.md): one warp per (sequence, value head,
+# 32-wide dv tile) keeps each token's reductions over dk inside a warp, and the fused step takes both from one pass
+# over the tile. The verify and fold kernels (kernels/gdn_verify.py) and the fused decode kernel step the same way:
+# plain and speculative decoding must round alike.
+DECODE_BLOCK_V, DECODE_WARPS = 32, 1
+FUSED_REDUCTIONS = True
 
 
-def _validate(q, k, v, g, beta, state, state_idx, intermediate_states):
+def _validate(q, k, v, g, beta, state, state_idx):
     check(q.dim() == 4 and k.shape == q.shape, f"q, k must be [B, T, Hk, dk] and equal, got {tuple(q.shape)}, {tuple(k.shape)}")
     B, T, Hk, dk = q.shape
     check(v.dim() == 4 and v.shape[:2] == (B, T), f"v must be [B={B}, T={T}, Hv, dv], got {tuple(v.shape)}")
@@ -35,10 +40,6 @@ def _validate(q, k, v, g, beta, state, state_idx, intermediate_states):
     check(state.dtype == torch.float32, f"state must be float32, got {state.dtype}")
     check(state_idx.shape == (B,) and not state_idx.is_floating_point(),
           f"state_idx must be an integer tensor of shape [B={B}], got {state_idx.dtype} {tuple(state_idx.shape)}")
-    if intermediate_states is not None:
-        check(intermediate_states.shape == (B, T, Hv, dk, dv) and intermediate_states.dtype == torch.float32,
-              f"intermediate_states must be float32 [B, T, Hv, dk, dv] = {(B, T, Hv, dk, dv)}, "
-              f"got {intermediate_states.dtype} {tuple(intermediate_states.shape)}")
 
 
 def l2norm_ref(x: torch.Tensor) -> torch.Tensor:
@@ -56,9 +57,8 @@ def _check_raw_gates(raw_gates, Hv):
           f"raw_gates must be (A_log [Hv={Hv}], dt_bias [Hv]), got {[tuple(t.shape) for t in raw_gates]}")
 
 
-def gdn_recurrent_ref(q, k, v, g, beta, state, state_idx, scale=None, intermediate_states=None, out=None,
-                      raw_gates=None):
-    _validate(q, k, v, g, beta, state, state_idx, intermediate_states)
+def gdn_recurrent_ref(q, k, v, g, beta, state, state_idx, scale=None, out=None, raw_gates=None):
+    _validate(q, k, v, g, beta, state, state_idx)
     if raw_gates is not None:
         _check_raw_gates(raw_gates, v.shape[2])
         g, beta = gates_from_raw(g, beta, *raw_gates)
@@ -79,8 +79,6 @@ def gdn_recurrent_ref(q, k, v, g, beta, state, state_idx, scale=None, intermedia
         delta = bf[:, t, :, None] * (vf[:, t] - kv)
         S = S + kf[:, t, :, :, None] * delta[:, :, None, :]
         o[:, t] = torch.einsum("bhkv,bhk->bhv", S, qf[:, t])
-        if intermediate_states is not None:
-            intermediate_states[live, t] = S[live]
     state[state_idx[live].long()] = S[live]
     o[~live] = 0.0
     out = output(out, v.shape, v.dtype, v.device)
@@ -99,6 +97,19 @@ def delta_rule_step(S, k, v, g, beta):
 
 
 @triton.jit
+def decay_and_update(S, g, k, u, FUSED: tl.constexpr):
+    """S exp(g) + k u^T on a [BK, BV] tile: one expression in the fused form (as delta_rule_step_fused writes it),
+    else the decay, then the update (as delta_rule_step). The ring fold replays accepted tokens with it, so that a
+    folded state has the bits plain decoding would have given it."""
+    if FUSED:
+        S = S * tl.exp(g) + k[:, None] * u[None, :]
+    else:
+        S = S * tl.exp(g)
+        S = S + k[:, None] * u[None, :]
+    return S
+
+
+@triton.jit
 def delta_rule_step_fused(S, k, q, v, g, beta):
     """delta_rule_step and the output from one pass over the tile before the step: S^T k and S^T q are independent
     reductions (instead of a decay pass, then one reduction, the update, then the other), u = beta (v - e S^T k),
@@ -109,7 +120,7 @@ def delta_rule_step_fused(S, k, q, v, g, beta):
     b = tl.sum(S * q[:, None], axis=0)
     u = beta * (v - e * a)
     o = e * b + u * tl.sum(k * q, axis=0)
-    return S * e + k[:, None] * u[None, :], u, o
+    return decay_and_update(S, g, k, u, True), u, o
 
 
 @triton.jit
@@ -159,13 +170,13 @@ def state_program(idx_ptr, GROUP: tl.constexpr):
 
 @triton.jit
 def _gdn_recurrent_kernel(
-    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, state_ptr, idx_ptr, inter_ptr, alog_ptr, dtb_ptr,
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, state_ptr, idx_ptr, alog_ptr, dtb_ptr,
     T, scale,
     sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h,
     sg_b, sg_t, sg_h, sbeta_b, sbeta_t, sbeta_h, so_b, so_t, so_h,
-    ss_n, ss_h, ss_k, si_b, si_t, si_h, si_k,
+    ss_n, ss_h, ss_k,
     GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    STORE_INTERMEDIATE: tl.constexpr, RAW_GATES: tl.constexpr, PDL: tl.constexpr, FUSED: tl.constexpr,
+    RAW_GATES: tl.constexpr, PDL: tl.constexpr, FUSED: tl.constexpr,
 ):
     # One program = (sequence, value head, dv tile); the [dk, BV] state tile stays in registers across the T steps.
     pdl_enter(PDL)
@@ -192,16 +203,15 @@ def _gdn_recurrent_kernel(
             beta_ptr + b64 * sbeta_b + t * sbeta_t + hv * sbeta_h, offs_k, offs_v, mask_k, mask_v, live, scale,
             neg_decay_rate, dt_bias, RAW_GATES, FUSED)
         tl.store(o_ptr + b64 * so_b + t * so_t + hv * so_h + offs_v, cast_rtne(o, o_ptr.dtype.element_ty), mask=mask_v)
-        if STORE_INTERMEDIATE:
-            i_ptrs = inter_ptr + b64 * si_b + t * si_t + hv * si_h + offs_k[:, None] * si_k + offs_v[None, :]
-            tl.store(i_ptrs, S, mask=mask_s)
-    tl.store(s_ptrs, S, mask=mask_s)
+    # the tile's pointers formed again rather than kept from the load: at one warp a [128, 32] tile of 64-bit
+    # pointers held across the steps spills
+    tl.store(state_ptr + (slot * ss_n + hv * ss_h) + (offs_k[:, None] * ss_k + offs_v[None, :]), S, mask=mask_s)
 
 
-def gdn_recurrent_triton(q, k, v, g, beta, state, state_idx, scale=None, intermediate_states=None, out=None,
-                         raw_gates=None, block_v=None, num_warps=None, pdl=False, fused_reductions=False):
-    """fused_reductions: each token stepped by delta_rule_step_fused (a launch option until timed)."""
-    _validate(q, k, v, g, beta, state, state_idx, intermediate_states)
+def gdn_recurrent_triton(q, k, v, g, beta, state, state_idx, scale=None, out=None, raw_gates=None, block_v=None,
+                         num_warps=None, pdl=False, fused_reductions=FUSED_REDUCTIONS):
+    """fused_reductions: each token stepped by delta_rule_step_fused (else delta_rule_step, then the output)."""
+    _validate(q, k, v, g, beta, state, state_idx)
     pdl_args = pdl_launch(pdl)
     if raw_gates is not None:
         _check_raw_gates(raw_gates, v.shape[2])
@@ -214,31 +224,25 @@ def gdn_recurrent_triton(q, k, v, g, beta, state, state_idx, scale=None, interme
     o = output(out, v.shape, v.dtype, v.device)
     require_last_dim_contiguous("out", o)
     BK = next_pow2(dk)
-    BV = block_v or min(next_pow2(dv), 16)  # dk=128: [128, 16] tile at 4 warps ~95 registers -> ~5 programs per SM
-    store_inter = intermediate_states is not None
-    if store_inter:
-        check(intermediate_states.stride(-1) == 1, "intermediate_states: last dimension must be contiguous")
-    inter = intermediate_states if store_inter else state
-    si = inter.stride()[:4] if store_inter else (0, 0, 0, 0)
+    BV = block_v or min(next_pow2(dv), DECODE_BLOCK_V)
     grid = (B, Hv, cdiv(dv, BV))
     _gdn_recurrent_kernel[grid](
-        q, k, v, g, beta, o, state, state_idx, inter, *(raw_gates if raw_gates is not None else (g, g)),
+        q, k, v, g, beta, o, state, state_idx, *(raw_gates if raw_gates is not None else (g, g)),
         T, scale,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
         *g.stride(), *beta.stride(), *o.stride()[:3],
-        *state.stride()[:3], *si,
-        GROUP=Hv // Hk, DK=dk, DV=dv, BK=BK, BV=BV, STORE_INTERMEDIATE=store_inter, RAW_GATES=raw_gates is not None,
-        FUSED=fused_reductions, **pdl_args, num_warps=num_warps or 4,
+        *state.stride()[:3],
+        GROUP=Hv // Hk, DK=dk, DV=dv, BK=BK, BV=BV, RAW_GATES=raw_gates is not None,
+        FUSED=fused_reductions, **pdl_args, num_warps=num_warps or DECODE_WARPS,
     )
     return o
 
 
-def gdn_recurrent(q, k, v, g, beta, state, state_idx, scale=None, intermediate_states=None, out=None, raw_gates=None,
-                  **launch):
+def gdn_recurrent(q, k, v, g, beta, state, state_idx, scale=None, out=None, raw_gates=None, **launch):
     """o [B, T, Hv, dv] (v.dtype, written to `out` if given); updates `state` rows `state_idx` in place.
     raw_gates=(A_log, dt_bias): g, beta are the raw a, b projections (module docstring).
     `launch`: block_v, num_warps, pdl, fused_reductions (Triton only)."""
     if use_triton(q):
-        return gdn_recurrent_triton(q, k, v, g, beta, state, state_idx, scale, intermediate_states, out, raw_gates,
+        return gdn_recurrent_triton(q, k, v, g, beta, state, state_idx, scale, out, raw_gates,
                                     **launch)
-    return gdn_recurrent_ref(q, k, v, g, beta, state, state_idx, scale, intermediate_states, out, raw_gates)
+    return gdn_recurrent_ref(q, k, v, g, beta, state, state_idx, scale, out, raw_gates)

@@ -38,7 +38,8 @@ import triton.language as tl
 from kernels._common import cast_rtne, cdiv, check, next_pow2, output, require_last_dim_contiguous, use_triton
 from kernels.conv1d_update import conv_program
 from kernels.gdn_recurrent import (
-    _check_raw_gates, _validate, gates_from_raw, gates_from_raw_tl, l2norm_ref, state_program, token_update)
+    DECODE_BLOCK_V, DECODE_WARPS, FUSED_REDUCTIONS, _check_raw_gates, _validate, decay_and_update, gates_from_raw,
+    gates_from_raw_tl, l2norm_ref, state_program, token_update)
 
 
 def _check_ring(ring, state, Hk, dk, T=None, fold_after=None):
@@ -63,7 +64,7 @@ def _check_ring(ring, state, Hk, dk, T=None, fold_after=None):
 
 def _verify_shapes(q, k, v, g, beta, state, state_idx, ring, fold_after, raw_gates):
     """(B, T, Hk, dk, Hv, dv, P) of a verify call whose inputs, ring and raw gates are checked."""
-    _validate(q, k, v, g, beta, state, state_idx, None)
+    _validate(q, k, v, g, beta, state, state_idx)
     B, T, Hk, dk = q.shape
     Hv, dv = v.shape[2], v.shape[3]
     P = _check_ring(ring, state, Hk, dk, T, fold_after)
@@ -145,7 +146,7 @@ def gdn_fold_ref(state, state_idx, ring):
 
 @triton.jit
 def _ring_fold(S, rk_row, ru_row, rg_row, start, h, P, srk_p, sru_p, srg_p, offs_k, offs_v, mask_k, mask_v,
-               CHUNK: tl.constexpr):
+               CHUNK: tl.constexpr, FUSED: tl.constexpr):
     """The h pending tokens of a slot (ring rows (start + j) % P, oldest first) folded into its [BK, BV] state tile,
     as the decode kernel steps it. *_row: the slot's ring at this head. CHUNK tokens at a time, unrolled, so that
     their loads are in flight together rather than each after the last token's update (a token past h loads
@@ -156,15 +157,14 @@ def _ring_fold(S, rk_row, ru_row, rg_row, start, h, P, srk_p, sru_p, srg_p, offs
             p = (start + j0 + jj) % P
             k = tl.load(rk_row + p * srk_p + offs_k, mask=mask_k & on, other=0.0)
             u = tl.load(ru_row + p * sru_p + offs_v, mask=mask_v & on, other=0.0)
-            S = S * tl.exp(tl.load(rg_row + p * srg_p, mask=on, other=0.0))
-            S = S + k[:, None] * u[None, :]
+            S = decay_and_update(S, tl.load(rg_row + p * srg_p, mask=on, other=0.0), k, u, FUSED)
     return S
 
 
 @triton.jit
 def _pending_folded(state_ptr, pos_ptr, rk_ptr, ru_ptr, rg_ptr, slot, hv, hk, live, P, fold_after,
                     ss_n, ss_h, ss_k, srk_n, srk_p, srk_h, sru_n, sru_p, sru_h, srg_n, srg_p,
-                    offs_k, offs_v, mask_k, mask_v, FOLD_CHUNK: tl.constexpr):
+                    offs_k, offs_v, mask_k, mask_v, FOLD_CHUNK: tl.constexpr, FUSED: tl.constexpr):
     """A verify program's [BK, BV] state tile with its slot's pending tokens folded in, written back when more than
     fold_after were pending. Returns (tile, ring row of the block's first token, the slot's ring at this head: k, u,
     g pointers)."""
@@ -175,7 +175,7 @@ def _pending_folded(state_ptr, pos_ptr, rk_ptr, ru_ptr, rg_ptr, slot, hv, hk, li
     rk_row, ru_row = rk_ptr + slot * srk_n + hk * srk_h, ru_ptr + slot * sru_n + hv * sru_h
     rg_row = rg_ptr + slot * srg_n + hv
     S = _ring_fold(tl.load(s_ptrs, mask=mask_s, other=0.0), rk_row, ru_row, rg_row, start, h, P, srk_p, sru_p, srg_p,
-                   offs_k, offs_v, mask_k, mask_v, FOLD_CHUNK)
+                   offs_k, offs_v, mask_k, mask_v, FOLD_CHUNK, FUSED)
     tl.store(s_ptrs, S, mask=mask_s & (h > fold_after))
     return S, start + h, rk_row, ru_row, rg_row
 
@@ -217,7 +217,7 @@ def _gdn_verify_kernel(
     mask_v = offs_v < DV
     S, base, rk_row, ru_row, rg_row = _pending_folded(
         state_ptr, pos_ptr, rk_ptr, ru_ptr, rg_ptr, slot, hv, hk, live, P, fold_after, ss_n, ss_h, ss_k, srk_n, srk_p,
-        srk_h, sru_n, sru_p, sru_h, srg_n, srg_p, offs_k, offs_v, mask_k, mask_v, FOLD_CHUNK)
+        srk_h, sru_n, sru_p, sru_h, srg_n, srg_p, offs_k, offs_v, mask_k, mask_v, FOLD_CHUNK, FUSED)
     b64 = b.to(tl.int64)
     first_of_key = (hv % GROUP == 0) & (vt == 0) & live  # one program writes each key head's k
     neg_decay_rate = 0.0
@@ -247,7 +247,7 @@ def _gdn_fold_kernel(
     state_ptr, idx_ptr, rk_ptr, ru_ptr, rg_ptr, pos_ptr,
     NV, P, ss_l, ss_n, ss_h, ss_k, srk_l, srk_n, srk_p, srk_h, sru_l, sru_n, sru_p, sru_h, srg_l, srg_n, srg_p,
     GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    FOLD_CHUNK: tl.constexpr,
+    FOLD_CHUNK: tl.constexpr, FUSED: tl.constexpr,
 ):
     # Grid (sequence, value head, layer x dv tile): every GDN layer's fold in one launch.
     b = tl.program_id(0)
@@ -267,7 +267,7 @@ def _gdn_fold_kernel(
         S = _ring_fold(S, rk_ptr + layer * srk_l + slot * srk_n + (hv // GROUP) * srk_h,
                        ru_ptr + layer * sru_l + slot * sru_n + hv * sru_h, rg_ptr + layer * srg_l + slot * srg_n + hv,
                        tl.load(pos_ptr + slot * 2), h, P, srk_p, sru_p, srg_p, offs_k, offs_v, mask_k, mask_v,
-                       FOLD_CHUNK)
+                       FOLD_CHUNK, FUSED)
         tl.store(s_ptrs, S, mask=mask_s)
 
 
@@ -292,7 +292,7 @@ def _gdn_verify_chunk_kernel(
     sg_b, sg_t, sg_h, sbeta_b, sbeta_t, sbeta_h, so_b, so_t, so_h,
     ss_n, ss_h, ss_k, srk_n, srk_p, srk_h, sru_n, sru_p, sru_h, srg_n, srg_p,
     GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    BT: tl.constexpr, RAW_GATES: tl.constexpr, FOLD_CHUNK: tl.constexpr,
+    BT: tl.constexpr, RAW_GATES: tl.constexpr, FOLD_CHUNK: tl.constexpr, FUSED: tl.constexpr,
 ):
     # One program = (sequence, value head, dv tile) as in _gdn_verify_kernel (the pending tokens folded in the same
     # way), but the block's T tokens solved together in the delta rule's chunk form, with matrix products instead of
@@ -315,7 +315,7 @@ def _gdn_verify_chunk_kernel(
     mask_k = offs_k < DK
     S, base, rk_row, ru_row, rg_row = _pending_folded(
         state_ptr, pos_ptr, rk_ptr, ru_ptr, rg_ptr, slot, hv, hk, live, P, fold_after, ss_n, ss_h, ss_k, srk_n, srk_p,
-        srk_h, sru_n, sru_p, sru_h, srg_n, srg_p, offs_k, offs_v, mask_k, mask_v, FOLD_CHUNK)
+        srk_h, sru_n, sru_p, sru_h, srg_n, srg_p, offs_k, offs_v, mask_k, mask_v, FOLD_CHUNK, FUSED)
     tk = mask_t[:, None] & mask_k[None, :]
     Q = tl.load(q_rows + offs_k[None, :], mask=tk, other=0.0).to(tl.float32)
     K = tl.load(k_rows + offs_k[None, :], mask=tk, other=0.0).to(tl.float32)
@@ -362,9 +362,10 @@ def _gdn_verify_chunk_kernel(
 
 
 FOLD_CHUNK = 1  # pending tokens whose loads are issued together (a launch option; docs/decisions.md: why 1)
-# Launch defaults from the graph-timed sweep at the 4B shape (docs/decisions.md): one warp per (sequence, value head,
-# 32-wide dv tile) keeps the token chain's reductions over dk inside a warp (no shared-memory round trip per step).
-VERIFY_BLOCK_V, VERIFY_WARPS = 32, 1
+# The decode kernel's launch (one warp per (sequence, value head, 32-wide dv tile): the token chain's reductions over
+# dk stay inside a warp; docs/decisions.md): the same tile layout reduces in the same order, so a verified token's
+# state and output have plain decoding's bits. The fold has no reductions: two warps per tile was fastest.
+VERIFY_BLOCK_V, VERIFY_WARPS = DECODE_BLOCK_V, DECODE_WARPS
 FOLD_BLOCK_V, FOLD_WARPS = 32, 2
 
 
@@ -394,11 +395,12 @@ def _launch_verify(kernel, BV, q, k, v, g, beta, state, state_idx, ring, fold_af
 
 
 def gdn_verify_triton(q, k, v, g, beta, state, state_idx, ring, fold_after=0, scale=None, raw_gates=None, out=None,
-                      block_v=None, num_warps=None, unroll=False, fold_chunk=FOLD_CHUNK, fused_reductions=False):
+                      block_v=None, num_warps=None, unroll=False, fold_chunk=FOLD_CHUNK,
+                      fused_reductions=FUSED_REDUCTIONS):
     """unroll: the block's T tokens unrolled in the kernel (compiled per T) instead of a loop. fold_chunk: pending
-    tokens whose loads are issued together (_ring_fold). fused_reductions: each token stepped by
-    kernels/gdn_recurrent.delta_rule_step_fused, as the decode kernel with the same option (a launch option until
-    timed; plain decoding must use the same form)."""
+    tokens whose loads are issued together (_ring_fold). fused_reductions: each token (and each pending one folded
+    in) stepped as the decode kernel with the same option steps it (kernels/gdn_recurrent.delta_rule_step_fused);
+    plain decoding must use the same form."""
     return _launch_verify(_gdn_verify_kernel, _block_v(v.shape[-1], block_v, VERIFY_BLOCK_V), q, k, v, g, beta, state,
                           state_idx, ring, fold_after, scale, raw_gates, out, num_warps or VERIFY_WARPS,
                           BK=next_pow2(q.shape[-1]),
@@ -406,7 +408,8 @@ def gdn_verify_triton(q, k, v, g, beta, state, state_idx, ring, fold_after=0, sc
 
 
 def gdn_verify_chunk_triton(q, k, v, g, beta, state, state_idx, ring, fold_after=0, scale=None, raw_gates=None,
-                            out=None, block_v=None, num_warps=None, fold_chunk=FOLD_CHUNK):
+                            out=None, block_v=None, num_warps=None, fold_chunk=FOLD_CHUNK,
+                            fused_reductions=FUSED_REDUCTIONS):
     """gdn_verify_triton's contract, the block solved with matrix products (_gdn_verify_chunk_kernel): the same
     values to fp32 rounding, not bit for bit. 8 warps: 40 registers at the 4B shape, where 4 spill
     (kernels/compile_check.py)."""
@@ -414,7 +417,8 @@ def gdn_verify_chunk_triton(q, k, v, g, beta, state, state_idx, ring, fold_after
     BK = max(16, next_pow2(dk))
     return _launch_verify(_gdn_verify_chunk_kernel, block_v or 16, q, k, v, g, beta, state, state_idx, ring,
                           fold_after, scale, raw_gates, out, num_warps or 8, BK=BK,
-                          BT=max(16, next_pow2(T)), FOLD_CHUNK=fold_chunk)  # BT: tl.dot's smallest side
+                          BT=max(16, next_pow2(T)), FOLD_CHUNK=fold_chunk,  # BT: tl.dot's smallest side
+                          FUSED=fused_reductions)  # the pending tokens' fold only
 
 
 def gdn_ring_advance_triton(ring_pos, state_idx, num_accepted, fold_after, P):
@@ -422,7 +426,8 @@ def gdn_ring_advance_triton(ring_pos, state_idx, num_accepted, fold_after, P):
     _ring_advance_kernel[(1,)](ring_pos, state_idx, num_accepted, B, P, fold_after, BLOCK=max(16, next_pow2(B)))
 
 
-def gdn_fold_triton(state, state_idx, ring, block_v=None, num_warps=None, fold_chunk=FOLD_CHUNK):
+def gdn_fold_triton(state, state_idx, ring, block_v=None, num_warps=None, fold_chunk=FOLD_CHUNK,
+                    fused_reductions=FUSED_REDUCTIONS):
     rk, ru, rg, pos = ring
     P = _check_ring(ring, state, rk.shape[-2], rk.shape[-1])
     if state.dim() == 4:  # one layer: a layer axis of length 1
@@ -436,7 +441,7 @@ def gdn_fold_triton(state, state_idx, ring, block_v=None, num_warps=None, fold_c
         state, state_idx, rk, ru, rg, pos,
         NV, P, *state.stride()[:4], *rk.stride()[:4], *ru.stride()[:4], *rg.stride()[:3],
         GROUP=Hv // rk.shape[3], DK=dk, DV=dv, BK=next_pow2(dk), BV=BV, FOLD_CHUNK=fold_chunk,
-        num_warps=num_warps or FOLD_WARPS,
+        FUSED=fused_reductions, num_warps=num_warps or FOLD_WARPS,
     )
     pos[state_idx.long()] = 0
 

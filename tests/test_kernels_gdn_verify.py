@@ -267,21 +267,28 @@ def test_fold_and_conv_commit_of_every_layer_in_one_launch_equal_each_layer_alon
 @pytest.mark.parametrize("fused", [False, True])
 def test_verify_steps_each_token_as_the_decode_kernel_does(fused):
     """With nothing pending, the verify's outputs are the decode kernel's over the same tokens, bit for bit, in each
-    form of the token step (fused_reductions off / on): plain and speculative decoding must step alike. The two
-    forms agree to fp32 rounding."""
+    form of the token step (fused_reductions off / on), and so is the state once the block is accepted and folded:
+    plain and speculative decoding must step alike. The two forms agree to fp32 rounding."""
     from kernels.gdn_recurrent import _gdn_recurrent_kernel, gdn_recurrent_triton
 
     require_interpreted(_gdn_verify_kernel)
     require_interpreted(_gdn_recurrent_kernel)
+    require_interpreted(_gdn_fold_kernel)
     T, Hk, Hv, dk, dv = 6, 2, 6, 24, 40
     x = inputs(T=T, dk=dk, dv=dv, seed=7)
     idx = torch.tensor(STATE_IDX, dtype=torch.int32)
     raw = (x["A_log"], x["dt_bias"])
     args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
     ring = make_ring(2 * T, Hk, dk, Hv, dv, {})
-    o_verify = gdn_verify_triton(*args, x["state"].clone(), idx, ring, 0, raw_gates=raw, fused_reductions=fused)
-    o_decode = gdn_recurrent_triton(*args, x["state"].clone(), idx, raw_gates=raw, fused_reductions=fused)
+    s_verify, s_decode = x["state"].clone(), x["state"].clone()
+    o_verify = gdn_verify_triton(*args, s_verify, idx, ring, 0, raw_gates=raw, fused_reductions=fused)
+    o_decode = gdn_recurrent_triton(*args, s_decode, idx, raw_gates=raw, fused_reductions=fused)
     assert torch.equal(o_verify, o_decode)
+    # every token accepted, then folded: the state plain decoding left
+    live = idx[idx >= 0]
+    gdn_ring_advance_triton(ring[3], live, torch.full((len(live),), T, dtype=torch.int32), 0, 2 * T)
+    gdn_fold_triton(s_verify, live, ring, fused_reductions=fused)
+    assert torch.equal(s_verify, s_decode)
     o_other = gdn_recurrent_triton(*args, x["state"].clone(), idx, raw_gates=raw, fused_reductions=not fused)
     assert_close(o_other, o_decode, torch.float32, rtol=1e-5, atol=1e-5)
     assert not torch.equal(o_other, o_decode), "the two forms round differently: the test would not see a mix-up"

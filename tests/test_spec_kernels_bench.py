@@ -16,7 +16,7 @@ def test_spec_kernels_bench_smoke(tmp_path):
     assert {r["block"] for r in rows if r["kernel"].startswith("gdn decode kernel")} == {1, 4}  # the smoke block: 4
     assert {r["kernel"] for r in rows if r["kernel"].startswith("gdn step")} == {
         f"gdn step: {what} ({impl})" for what in ("verify + advance", "verify + commit every step")
-        for impl in ("default launches", "default launches, fused reductions", "torch reference")}
+        for impl in ("default launches", "default launches, two-pass token step", "torch reference")}
     assert {r["kernel"] for r in rows if r["kernel"].startswith("gdn verify (steps")} >= {
         "gdn verify (steps)", "gdn verify (steps, fused reductions)"}
     for r in rows:
