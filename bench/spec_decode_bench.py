@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import tempfile
 import time
@@ -104,12 +105,17 @@ def conditional_profile(by_pos: list[float]) -> list[float]:
     return out
 
 
-def timed(engine, reqs):
-    sync(engine.device)
-    t = time.perf_counter()
-    outs = engine.generate(reqs)
-    sync(engine.device)
-    return outs, time.perf_counter() - t
+def timed(engine, reqs, repeats: int = 1):
+    """(outputs, seconds): the median of `repeats` runs of the same requests (a small model's run is host-bound and
+    varies from run to run; greedy outputs do not)."""
+    seconds = []
+    for _ in range(repeats):
+        sync(engine.device)
+        t = time.perf_counter()
+        outs = engine.generate(reqs)
+        sync(engine.device)
+        seconds.append(time.perf_counter() - t)
+    return outs, statistics.median(seconds)
 
 
 def tiny_rows(args, device, dtype, record) -> None:
@@ -128,10 +134,10 @@ def tiny_rows(args, device, dtype, record) -> None:
             reqs = [dict(request_id=f"b{batch}-{i}", image=images[i % len(images)], prompt=args.prompt,
                          sampling=SamplingParams(max_tokens=args.max_tokens)) for i in range(batch)]
             warm_up(plain_engine, reqs)
-            plain, t_plain = timed(plain_engine, reqs)
+            plain, t_plain = timed(plain_engine, reqs, args.repeats)
             for path in spec_paths(spec_engine.spec, batch, args.eager_batches):
                 warm_up(spec_engine, reqs)
-                spec, t_spec = timed(spec_engine, reqs)
+                spec, t_spec = timed(spec_engine, reqs, args.repeats)
                 tau, by_pos = acceptance(spec)
                 tps, tps_plain = per_seq_tok_s(spec), per_seq_tok_s(plain)
                 record("rows", {"model": "ocria-tiny", "batch": batch, "block_size": block, "tau": round(tau, 3),
@@ -245,6 +251,8 @@ def main(argv=None) -> None:
     p.add_argument("--page-image-tokens", type=int, default=1300)
     p.add_argument("--page-gen", type=int, default=256)
     p.add_argument("--parts", nargs="+", choices=["tiny", "4b"], default=["tiny", "4b"])
+    p.add_argument("--repeats", type=int, default=1,
+                   help="part 1: each timing is the median of this many runs of the same requests")
     p.add_argument("--eager-batches", type=int, nargs="*", default=[],
                    help="batches also timed with the eager speculative step (no static buffers / CUDA graphs)")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "h200_spec_decode.json"))
