@@ -252,9 +252,15 @@ def summarise(recs, info, steps, bw, roof, labels, elt, ours, layers) -> dict:
         kernels=[dict(r, name=n[:300], category=kind[n]) for n, r in table(kern, ps).items()], gemms=gemm_rows)
 
 
+def gen_tokens(args) -> int:
+    """Tokens each request may generate: every step of the run, at the most tokens a step can emit (a speculative
+    step up to its block), so that no step near the end runs with a shortened block or a finished sequence."""
+    return (2 * args.warmup + args.graph_steps + args.steps + 4) * max(1, args.spec)
+
+
 def profile_batch(engine, batch, args, cfg, dtype, bw, rng, ours) -> dict:
     """Requests to decoding, graph-replayed timing, then the eager profile; the requests are aborted afterwards."""
-    gen = 2 * args.warmup + args.graph_steps + args.steps + 4
+    gen = gen_tokens(args)
     reqs = bench.make_requests("text", batch, argparse.Namespace(text_prompt=args.prompt, text_gen=gen), cfg, rng)
     ids = [f"b{batch}-{i}" for i in range(batch)]
     for rid, r in zip(ids, reqs):
@@ -364,6 +370,9 @@ def main(argv=None):
         ap.error(f"--variants: some of {', '.join(names)}, got {args.variants}")
     if args.graph_steps < 3 or args.steps < 1:
         ap.error("--graph-steps must be >= 3 (a median over step periods) and --steps >= 1")
+    if args.prompt + gen_tokens(args) > args.max_model_len:
+        ap.error(f"--max-model-len {args.max_model_len} is less than the prompt ({args.prompt}) plus the tokens the "
+                 f"steps may generate ({gen_tokens(args)}): raise it or take fewer steps")
     device = torch.device(args.device)
     dtype = resolve_dtype(args.dtype, device)
     out = Path(args.out)
