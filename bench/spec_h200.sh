@@ -5,7 +5,7 @@
 # kernels: bench/spec_kernels_bench.py (every launch configuration of the step's kernels, graph-timed; ~4.5 min);
 # kernels-short: the same with --short (each default launch against a few others, no attention rows; ~1 min);
 # decode-kernels: bench/kernels_bench.py at batch 1-256 (plain decode's kernels and their launch sweeps: the GDN
-#          decode kernel at the verify's launch, fused reductions);
+#          decode kernel's tiles and warps with the two-pass and the fused token step);
 # profile: bench/decode_profile.py --spec 16 at batch 1 and 32 (where a speculative step's device time goes, against
 #          a plain step of the same engine build);
 # 4b:      bench/spec_decode_bench.py part 2, the 4B shape at ocria-tiny's measured acceptance and at 0.9, blocks of
