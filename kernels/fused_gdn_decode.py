@@ -24,8 +24,7 @@ import triton.language as tl
 from kernels._common import cast_rtne, check, next_pow2, output, require_last_dim_contiguous, use_triton
 from kernels.conv1d_update import _weight_2d, causal_conv1d_update_ref
 from kernels.gated_rmsnorm import gated_rmsnorm_ref
-from kernels.gdn_recurrent import (
-    FUSED_REDUCTIONS, delta_rule_step, delta_rule_step_fused, gates_from_raw_tl, gdn_recurrent_ref)
+from kernels.gdn_recurrent import FUSED_REDUCTIONS, gates_from_raw_tl, gdn_recurrent_ref, step_and_output
 
 
 def _dims(qkv, z, ssm_state):
@@ -135,11 +134,7 @@ def _fused_gdn_decode_kernel(
         mask_s = mask_k[:, None] & mask_v[None, :] & live
         s_ptrs = ss_ptr + slot * sss_n + hv * sss_h + offs_k[:, None] * sss_k + offs_v[None, :]
         S = tl.load(s_ptrs, mask=mask_s, other=0.0)
-        if FUSED:
-            S, _, o = delta_rule_step_fused(S, k, q, v, g, beta)
-        else:
-            S, _ = delta_rule_step(S, k, v, g, beta)
-            o = tl.sum(S * q[:, None], axis=0)
+        S, _, o = step_and_output(S, k, q, v, g, beta, FUSED)
         tl.store(s_ptrs, S, mask=mask_s)
         o = cast_rtne(tl.where(live, o, 0.0), dt).to(tl.float32)
 

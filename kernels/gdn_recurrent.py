@@ -124,6 +124,18 @@ def delta_rule_step_fused(S, k, q, v, g, beta):
 
 
 @triton.jit
+def step_and_output(S, k, q, v, g, beta, FUSED: tl.constexpr):
+    """One token's step on a [BK, BV] tile and its output S'^T q: delta_rule_step_fused (FUSED) or delta_rule_step,
+    then the output. Returns (S, u, o); every kernel that steps the state calls it, so that all step alike."""
+    if FUSED:
+        S, u, o = delta_rule_step_fused(S, k, q, v, g, beta)
+    else:
+        S, u = delta_rule_step(S, k, v, g, beta)
+        o = tl.sum(S * q[:, None], axis=0)
+    return S, u, o
+
+
+@triton.jit
 def token_update(S, q_at, k_at, v_at, g_at, beta_at, offs_k, offs_v, mask_k, mask_v, live, scale, neg_decay_rate,
                  dt_bias, RAW_GATES: tl.constexpr, FUSED: tl.constexpr):
     """One token on a [BK, BV] fp32 state tile from pointers to its q, k (key head), v, g, beta (value head) rows:
@@ -140,11 +152,7 @@ def token_update(S, q_at, k_at, v_at, g_at, beta_at, offs_k, offs_v, mask_k, mas
     beta = beta.to(tl.float32)
     q = q * (tl.rsqrt(tl.sum(q * q, axis=0) + 1e-6) * scale)
     k = k * tl.rsqrt(tl.sum(k * k, axis=0) + 1e-6)
-    if FUSED:
-        S, u, o = delta_rule_step_fused(S, k, q, v, g, beta)
-    else:
-        S, u = delta_rule_step(S, k, v, g, beta)
-        o = tl.sum(S * q[:, None], axis=0)
+    S, u, o = step_and_output(S, k, q, v, g, beta, FUSED)
     return S, u, tl.where(live, o, 0.0), k, g
 
 
