@@ -285,6 +285,20 @@ def _ring_advance_kernel(pos_ptr, idx_ptr, n_ptr, B, P, fold_after, BLOCK: tl.co
 
 
 @triton.jit
+def _dot_exact_b(a, b, acc, EXACT_B: tl.constexpr, PRECISION: tl.constexpr, EXACT_A: tl.constexpr = False):
+    """acc + a @ b in fp32. EXACT_B (b's values exact in tf32, as bf16 and fp16 inputs are) with PRECISION "tf32x3":
+    a split into its tf32 head and the rest, two tf32 products (b needs no split: one product fewer than tf32x3,
+    and its operands exact but for the rest's last bits); one tf32 product where a is exact too (EXACT_A)."""
+    if EXACT_B and PRECISION == "tf32x3":
+        if EXACT_A:
+            return tl.dot(a, b, acc, input_precision="tf32")
+        head = (a.to(tl.uint32, bitcast=True) & 0xFFFFE000).to(tl.float32, bitcast=True)
+        acc = tl.dot(head, b, acc, input_precision="tf32")
+        return tl.dot(a - head, b, acc, input_precision="tf32")
+    return tl.dot(a, b, acc, input_precision=PRECISION)
+
+
+@triton.jit
 def _gdn_verify_chunk_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, state_ptr, idx_ptr, rk_ptr, ru_ptr, rg_ptr, pos_ptr, alog_ptr,
     dtb_ptr, T, P, fold_after, scale,
@@ -292,48 +306,80 @@ def _gdn_verify_chunk_kernel(
     sg_b, sg_t, sg_h, sbeta_b, sbeta_t, sbeta_h, so_b, so_t, so_h,
     ss_n, ss_h, ss_k, srk_n, srk_p, srk_h, sru_n, sru_p, sru_h, srg_n, srg_p,
     GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    BT: tl.constexpr, RAW_GATES: tl.constexpr, FOLD_CHUNK: tl.constexpr, FUSED: tl.constexpr,
+    BKC: tl.constexpr, BT: tl.constexpr, RAW_GATES: tl.constexpr, PRECISION: tl.constexpr,
+    EXACT_QK: tl.constexpr,
 ):
-    # One program = (sequence, value head, dv tile) as in _gdn_verify_kernel (the pending tokens folded in the same
-    # way), but the block's T tokens solved together in the delta rule's chunk form, with matrix products instead of
-    # T dependent steps:
+    # One program = (sequence, value head, dv tile) as in _gdn_verify_kernel, every step a matrix product (tensor
+    # cores where PRECISION allows) instead of a chain of dependent token steps. The block's T tokens are solved
+    # together in the delta rule's chunk form:
     #   G = cumsum(g), D[t, i] = exp(G_t - G_i) for i <= t,
     #   (I + A) U = beta * (V - exp(G) * K S),  A[t, i] = beta_t D[t, i] (k_t . k_i) for i < t,
-    #   O = exp(G) * Q S + (D * Q K^T) U.
-    # A is strictly lower triangular: (I + A)^-1 by forward substitution (stable where keys are nearly parallel and
-    # the series I - A + A^2 - ... would cancel huge terms).
+    #   O = exp(G) * Q S + (D * Q K^T) U,
+    # in the transposed orientation (S^T [BV, dk] the products' left side: the tall operand, M = BV), and the state
+    # is streamed BKC rows of dk at a time, never held whole: each slice gets the pending tokens folded in BT at a
+    # time (with H the running sum of their log decays, S <- exp(H_last) S + sum_j exp(H_last - H_j) k_j u_j^T),
+    # is written back past fold_after, and adds its part of K S and Q S. A is strictly lower triangular: (I + A)^-1
+    # by forward substitution (stable where keys are nearly parallel and the series I - A + A^2 - ... would cancel
+    # huge terms).
     b, hv, vt, hk, slot, live = state_program(idx_ptr, GROUP)
     offs_t = tl.arange(0, BT)
+    offs_k = tl.arange(0, BK)
     offs_v = vt * BV + tl.arange(0, BV)
     mask_t = offs_t < T
+    mask_k = offs_k < DK
     mask_v = offs_v < DV
     b64 = b.to(tl.int64)
-    tv = mask_t[:, None] & mask_v[None, :]
+    start = tl.load(pos_ptr + slot * 2, mask=live, other=0)
+    h = tl.load(pos_ptr + slot * 2 + 1, mask=live, other=0)
+    rk_row, ru_row = rk_ptr + slot * srk_n + hk * srk_h, ru_ptr + slot * sru_n + hv * sru_h
+    rg_row = rg_ptr + slot * srg_n + hv
+    # the block's q, k as given: products of them are taken first and scaled by their l2 norms' inverses after
+    tk = mask_t[:, None] & mask_k[None, :]
     q_rows = q_ptr + b64 * sq_b + offs_t[:, None] * sq_t + hk * sq_h
     k_rows = k_ptr + b64 * sk_b + offs_t[:, None] * sk_t + hk * sk_h
-    offs_k = tl.arange(0, BK)
-    mask_k = offs_k < DK
-    S, base, rk_row, ru_row, rg_row = _pending_folded(
-        state_ptr, pos_ptr, rk_ptr, ru_ptr, rg_ptr, slot, hv, hk, live, P, fold_after, ss_n, ss_h, ss_k, srk_n, srk_p,
-        srk_h, sru_n, sru_p, sru_h, srg_n, srg_p, offs_k, offs_v, mask_k, mask_v, FOLD_CHUNK, FUSED)
-    tk = mask_t[:, None] & mask_k[None, :]
     Q = tl.load(q_rows + offs_k[None, :], mask=tk, other=0.0).to(tl.float32)
     K = tl.load(k_rows + offs_k[None, :], mask=tk, other=0.0).to(tl.float32)
     rq = tl.rsqrt(tl.sum(Q * Q, axis=1) + 1e-6) * scale
     rk = tl.rsqrt(tl.sum(K * K, axis=1) + 1e-6)
-    first_of_key = (hv % GROUP == 0) & (vt == 0) & live  # one program writes each key head's k
-    rows_t = (base + offs_t) % P  # the block's ring rows
-    tl.store(rk_row + rows_t[:, None] * srk_p + offs_k[None, :], K * rk[:, None], mask=tk & first_of_key)
     Kt = tl.trans(K)
-    KS = tl.dot(K, S, input_precision="ieee")
-    QS = tl.dot(Q, S, input_precision="ieee")
-    KK = tl.dot(K, Kt, input_precision="ieee")
-    QK = tl.dot(Q, Kt, input_precision="ieee")
-    KS = KS * rk[:, None]
-    QS = QS * rq[:, None]
-    KK = KK * (rk[:, None] * rk[None, :])
-    QK = QK * (rq[:, None] * rk[None, :])
-    V = tl.load(v_ptr + b64 * sv_b + offs_t[:, None] * sv_t + hv * sv_h + offs_v[None, :], mask=tv, other=0.0)
+    zero = tl.zeros((BT, BT), dtype=tl.float32)
+    KK = _dot_exact_b(K, Kt, zero, EXACT_QK, PRECISION, EXACT_QK) * (rk[:, None] * rk[None, :])
+    QK = _dot_exact_b(Q, Kt, zero, EXACT_QK, PRECISION, EXACT_QK) * (rq[:, None] * rk[None, :])
+    rows_t = (start + h + offs_t) % P  # the block's ring rows, after the pending ones
+    first_of_key = (hv % GROUP == 0) & (vt == 0) & live  # one program writes each key head's k
+    tl.store(rk_row + rows_t[:, None] * srk_p + offs_k[None, :], K * rk[:, None], mask=tk & first_of_key)
+    # S^T streamed in slices of BKC keys: fold, write back, K S and Q S (transposed, [BV, BT])
+    offs_c = tl.arange(0, BKC)
+    offs_j = tl.arange(0, BT)
+    KS = tl.zeros((BV, BT), dtype=tl.float32)
+    QS = tl.zeros((BV, BT), dtype=tl.float32)
+    for c0 in range(0, BK, BKC):
+        kc = c0 + offs_c
+        mask_c = kc < DK
+        mask_s = mask_v[:, None] & mask_c[None, :] & live
+        s_ptrs = state_ptr + slot * ss_n + hv * ss_h + kc[None, :] * ss_k + offs_v[:, None]
+        St = tl.load(s_ptrs, mask=mask_s, other=0.0)  # [BV, BKC]
+        for j0 in range(0, h, BT):
+            on = j0 + offs_j < h
+            rows = (start + j0 + offs_j) % P
+            gp = tl.load(rg_row + rows * srg_p, mask=on, other=0.0)
+            H = tl.cumsum(gp, axis=0)
+            last = tl.sum(gp, axis=0)
+            kp = tl.load(rk_row + rows[:, None] * srk_p + kc[None, :], mask=on[:, None] & mask_c[None, :], other=0.0)
+            up = tl.load(ru_row + rows[None, :] * sru_p + offs_v[:, None], mask=on[None, :] & mask_v[:, None],
+                         other=0.0)  # u^T [BV, BT]
+            St = tl.dot(up, kp * tl.exp(last - H)[:, None], St * tl.exp(last), input_precision=PRECISION)
+        tl.store(s_ptrs, St, mask=mask_s & (h > fold_after))
+        tc = mask_t[:, None] & mask_c[None, :]
+        KS = _dot_exact_b(St, tl.trans(tl.load(k_rows + kc[None, :], mask=tc, other=0.0).to(tl.float32)), KS,
+                          EXACT_QK, PRECISION)
+        QS = _dot_exact_b(St, tl.trans(tl.load(q_rows + kc[None, :], mask=tc, other=0.0).to(tl.float32)), QS,
+                          EXACT_QK, PRECISION)
+    KS = KS * rk[None, :]
+    QS = QS * rq[None, :]
+    tv = mask_v[:, None] & mask_t[None, :]  # [BV, BT]
+    Vt = tl.load(v_ptr + b64 * sv_b + offs_t[None, :] * sv_t + hv * sv_h + offs_v[:, None], mask=tv,
+                 other=0.0).to(tl.float32)
     g = tl.load(g_ptr + b64 * sg_b + offs_t * sg_t + hv * sg_h, mask=mask_t, other=0.0).to(tl.float32)
     beta = tl.load(beta_ptr + b64 * sbeta_b + offs_t * sbeta_t + hv * sbeta_h, mask=mask_t, other=0.0)
     if RAW_GATES:
@@ -345,19 +391,19 @@ def _gdn_verify_chunk_kernel(
     causal = offs_t[:, None] >= offs_t[None, :]
     D = tl.where(causal, tl.exp(tl.where(causal, G[:, None] - G[None, :], 0.0)), 0.0)
     A = tl.where(offs_t[:, None] > offs_t[None, :], beta[:, None] * D * KK, 0.0)
-    R = beta[:, None] * (V.to(tl.float32) - tl.exp(G)[:, None] * KS)
+    Rt = beta[None, :] * (Vt - tl.exp(G)[None, :] * KS)
     # (I + A)^-1 by forward substitution, one row at a time on the [BT, BT] tile: row t = e_t - sum_i<t A[t, i] row i
     eye = (offs_t[:, None] == offs_t[None, :]).to(tl.float32)
     inv = eye
     for t in tl.static_range(1, BT):
         a_t = tl.sum(tl.where(offs_t[:, None] == t, A, 0.0), axis=0)
         inv = tl.where(offs_t[:, None] == t, eye - tl.sum(a_t[:, None] * inv, axis=0)[None, :], inv)
-    U = tl.dot(inv, R, input_precision="ieee")
-    O = tl.exp(G)[:, None] * QS + tl.dot(D * QK, U, input_precision="ieee")
-    O = tl.where(live, O, 0.0)
-    tl.store(o_ptr + b64 * so_b + offs_t[:, None] * so_t + hv * so_h + offs_v[None, :],
-             cast_rtne(O, o_ptr.dtype.element_ty), mask=tv)
-    tl.store(ru_row + rows_t[:, None] * sru_p + offs_v[None, :], U, mask=tv & live)
+    Ut = tl.dot(Rt, tl.trans(inv), input_precision=PRECISION)  # U^T = R^T (I + A)^-T
+    Ot = tl.dot(Ut, tl.trans(D * QK), tl.exp(G)[None, :] * QS, input_precision=PRECISION)
+    Ot = tl.where(live, Ot, 0.0)
+    tl.store(o_ptr + b64 * so_b + offs_t[None, :] * so_t + hv * so_h + offs_v[:, None],
+             cast_rtne(Ot, o_ptr.dtype.element_ty), mask=tv)
+    tl.store(ru_row + rows_t[None, :] * sru_p + offs_v[:, None], Ut, mask=tv & live)
     tl.store(rg_row + rows_t * srg_p, g, mask=mask_t & live & (vt == 0))
 
 
@@ -367,6 +413,8 @@ FOLD_CHUNK = 1  # pending tokens whose loads are issued together (a launch optio
 # state and output have plain decoding's bits. The fold has no reductions: two warps per tile was fastest.
 VERIFY_BLOCK_V, VERIFY_WARPS = DECODE_BLOCK_V, DECODE_WARPS
 FOLD_BLOCK_V, FOLD_WARPS = 32, 2
+# The chunk form's launch and its products' precision (tl.dot input_precision; docs/decisions.md).
+CHUNK_BLOCK_V, CHUNK_BLOCK_K, CHUNK_WARPS, CHUNK_PRECISION = 128, 32, 8, "tf32x3"
 
 
 def _block_v(dv: int, block_v, default: int) -> int:
@@ -408,17 +456,17 @@ def gdn_verify_triton(q, k, v, g, beta, state, state_idx, ring, fold_after=0, sc
 
 
 def gdn_verify_chunk_triton(q, k, v, g, beta, state, state_idx, ring, fold_after=0, scale=None, raw_gates=None,
-                            out=None, block_v=None, num_warps=None, fold_chunk=FOLD_CHUNK,
-                            fused_reductions=FUSED_REDUCTIONS):
-    """gdn_verify_triton's contract, the block solved with matrix products (_gdn_verify_chunk_kernel): the same
-    values to fp32 rounding, not bit for bit. 8 warps: 40 registers at the 4B shape, where 4 spill
-    (kernels/compile_check.py)."""
+                            out=None, block_v=None, block_k=None, num_warps=None, precision=CHUNK_PRECISION):
+    """gdn_verify_triton's contract, the pending tokens and the block solved with matrix products
+    (_gdn_verify_chunk_kernel): the same values to fp32 rounding, not bit for bit. precision: tl.dot's
+    input_precision ("tf32x3": three tf32 tensor-core products, about fp32's accuracy; "ieee": fp32 multiply-adds)."""
     T, dk = q.shape[1], q.shape[-1]
-    BK = max(16, next_pow2(dk))
-    return _launch_verify(_gdn_verify_chunk_kernel, block_v or 16, q, k, v, g, beta, state, state_idx, ring,
-                          fold_after, scale, raw_gates, out, num_warps or 8, BK=BK,
-                          BT=max(16, next_pow2(T)), FOLD_CHUNK=fold_chunk,  # BT: tl.dot's smallest side
-                          FUSED=fused_reductions)  # the pending tokens' fold only
+    BV = max(16, _block_v(v.shape[-1], block_v, CHUNK_BLOCK_V))  # 16: tl.dot's smallest side
+    return _launch_verify(_gdn_verify_chunk_kernel, BV, q, k, v, g, beta,
+                          state, state_idx, ring, fold_after, scale, raw_gates, out, num_warps or CHUNK_WARPS,
+                          BK=max(16, next_pow2(dk)), BKC=min(block_k or CHUNK_BLOCK_K, max(16, next_pow2(dk))),
+                          BT=max(16, next_pow2(T)), PRECISION=precision,  # 16: tl.dot's smallest side
+                          EXACT_QK=q.dtype in (torch.bfloat16, torch.float16) and k.dtype == q.dtype)
 
 
 def gdn_ring_advance_triton(ring_pos, state_idx, num_accepted, fold_after, P):
@@ -453,8 +501,8 @@ def gdn_verify(q, k, v, g, beta, state, state_idx, ring, fold_after=0, scale=Non
     ring_g [slots, P, Hv] fp32, ring_pos [slots, 2] int32) receives the block's normalised keys, corrections and log
     decays after the pending rows; a row with more than fold_after pending tokens writes its folded state back
     (gdn_ring_advance then drops them). `chunk`: solved with matrix products (Triton only; equal to fp32
-    rounding). `launch`: block_v, num_warps, unroll and fused_reductions (token by token only), fold_chunk
-    (Triton)."""
+    rounding). `launch`: block_v, num_warps (Triton); unroll, fused_reductions and
+    fold_chunk (token by token), precision (chunk form)."""
     if use_triton(q):
         fn = gdn_verify_chunk_triton if chunk else gdn_verify_triton
         return fn(q, k, v, g, beta, state, state_idx, ring, fold_after, scale, raw_gates, out, **launch)

@@ -131,7 +131,7 @@ def oracle_engine(text_ckpt, drafter, plain, static=True, **opts):
     the engine runs them unless enforce_eager; else the eager step."""
     eng = Engine.from_checkpoint(text_ckpt, dtype="float32", max_num_seqs=4, block_size=8, drafter=str(drafter),
                                  **opts)
-    oracle = Oracle(eng.runner, eng.spec.drafter, eng.spec.T, 4)
+    oracle = Oracle(eng.runner, eng.spec.drafter, eng.spec.T, 4, chunk_verify=opts.get("spec_chunk_verify", False))
     oracle.reference = plain
     if static:
         oracle.graphs = SpecGraphs(oracle, 4, eng.runner.cache.max_blocks_per_seq, eng.runner.scratch_slot,
@@ -232,11 +232,15 @@ def test_drafter_for_another_target_is_refused(text_ckpt, tmp_path):
         Engine.from_checkpoint(text_ckpt, dtype="float32", num_blocks=16, drafter=str(d))
 
 
-def test_oracle_drafter_on_the_triton_kernels(text_ckpt, drafter, plain, monkeypatch):
-    """The same through the Triton kernels (interpreter): GDN verify with its ring, advance and fold, paged
-    attention, KV stores."""
+@pytest.mark.parametrize("chunk_verify", [False, True])
+def test_oracle_drafter_on_the_triton_kernels(text_ckpt, drafter, plain, monkeypatch, chunk_verify, request):
+    """The same through the Triton kernels (interpreter): GDN verify with its ring (token by token, or in the chunk
+    form: spec_chunk_verify), advance and fold, paged attention, KV stores."""
+    if chunk_verify and request.node.callspec.params["drafter"] != "dflash2":
+        pytest.skip("the verify form is the target's: one drafter kind covers it")
     monkeypatch.setenv("OCRIA_FORCE_TRITON", "1")
-    eng = oracle_engine(text_ckpt, drafter, plain, num_blocks=64, spec_fold_after=2)
+    eng = oracle_engine(text_ckpt, drafter, plain, num_blocks=64, spec_fold_after=2, spec_chunk_verify=chunk_verify)
+    assert all(layer.verify_chunk == chunk_verify for layer in eng.runner.gdn_layers)
     reqs = requests()[:2]
     outs = run_with_arrivals(eng, reqs, [0, 3])
     for r in reqs:

@@ -48,7 +48,7 @@ def clone_ring(ring):
     return tuple(t.clone() for t in ring)
 
 
-@pytest.mark.parametrize("form", ["steps", "steps unrolled", "steps fused", "chunk"])
+@pytest.mark.parametrize("form", ["steps", "steps unrolled", "steps fused", "chunk", "chunk, narrow tiles"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("T,dk,dv,aligned", [(5, 24, 40, False), (1, 24, 24, False), (7, 24, 17, False),
                                             (16, 20, 17, False), (11, 64, 72, False), (16, 24, 40, True)])
@@ -63,7 +63,10 @@ def test_verify_advance_and_fold_triton_match_ref(form, dtype, T, dk, dv, aligne
                       "steps unrolled": (_gdn_verify_kernel, lambda *a, **k: gdn_verify_triton(*a, unroll=True, **k)),
                       "steps fused": (_gdn_verify_kernel,
                                       lambda *a, **k: gdn_verify_triton(*a, fused_reductions=True, **k)),
-                      "chunk": (_gdn_verify_chunk_kernel, gdn_verify_chunk_triton)}[form]
+                      "chunk": (_gdn_verify_chunk_kernel, gdn_verify_chunk_triton),
+                      "chunk, narrow tiles": (
+                          _gdn_verify_chunk_kernel,
+                          lambda *a, **k: gdn_verify_chunk_triton(*a, block_v=16, block_k=16, **k))}[form]
     require_interpreted(kernel)
     require_interpreted(_gdn_fold_kernel)
     require_interpreted(_ring_advance_kernel)
@@ -113,6 +116,32 @@ def test_verify_advance_and_fold_triton_match_ref(form, dtype, T, dk, dv, aligne
     assert torch.equal(s_tri[0], x["state"][0]), "a slot with nothing pending keeps its state"
     untouched = [s for s in range(NUM_SLOTS) if s not in STATE_IDX]
     assert torch.equal(s_tri[untouched], x["state"][untouched])
+
+
+@pytest.mark.parametrize("block_v,block_k", [(None, None), (16, 16)])
+def test_chunk_verify_folds_more_pending_tokens_than_a_block(block_v, block_k):
+    """The chunk form folds pending tokens a block's worth at a time: 21 and 17 pending (two batches each, the first
+    wrapping past the ring's last row; 21 > fold_after = 18: written back, 17 not) against the reference, with bf16
+    inputs (its split products) and fp32 (plain ones); the key dim in one slice or two (dk = 24)."""
+    require_interpreted(_gdn_verify_chunk_kernel)
+    T, Hk, Hv, dk, dv, fold_after = 4, 2, 6, 24, 40, 18
+    P = fold_after + 2 * T
+    for dtype in (torch.bfloat16, torch.float32):
+        x = inputs(T=T, dk=dk, dv=dv, dtype=dtype, seed=7)
+        ring_ref = make_ring(P, Hk, dk, Hv, dv, {4: (P - 5, 21), 2: (3, 17)}, seed=3)
+        ring_tri = clone_ring(ring_ref)
+        idx = torch.tensor(STATE_IDX, dtype=torch.int32)
+        args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
+        s_ref, s_tri = x["state"].clone(), x["state"].clone()
+        raw = (x["A_log"], x["dt_bias"])
+        o_ref = gdn_verify_ref(*args, s_ref, idx, ring_ref, fold_after, raw_gates=raw)
+        o_tri = gdn_verify_chunk_triton(*args, s_tri, idx, ring_tri, fold_after, raw_gates=raw, block_v=block_v,
+                                        block_k=block_k)
+        assert_close(o_tri, o_ref, dtype)
+        assert_close(s_tri, s_ref, torch.float32)
+        assert not torch.equal(s_tri[4], x["state"][4]) and torch.equal(s_tri[2], x["state"][2])
+        for a, b in zip(ring_tri[:3], ring_ref[:3]):
+            assert_close(a.nan_to_num(7.0), b.nan_to_num(7.0), torch.float32)
 
 
 def test_verify_dispatches_to_the_chunk_form_when_asked(monkeypatch):

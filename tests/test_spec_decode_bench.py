@@ -18,15 +18,17 @@ def test_spec_decode_bench_smoke(tiny_checkpoint, tmp_path):
     out = tmp_path / "spec.json"
     load_bench("spec_decode_bench").main(["--device", "cpu", "--smoke", "--checkpoint", str(tiny_checkpoint),
                                           "--drafter", str(drafter), "--pages", str(pages), "--out", str(out),
-                                          "--profile", "[0.9, 0.9, 0.9]", "--eager-batches", "1"])
+                                          "--profile", "[0.9, 0.9, 0.9]", "--eager-batches", "1",
+                                          "--verify-forms", "steps", "chunk:2"])
     res = json.loads(out.read_text())
     models = [r["model"] for r in res["rows"]]
-    assert models == ["ocria-tiny"] * 2 + ["tiny-shape"] * 6
+    assert models == ["ocria-tiny"] * 2 + ["tiny-shape"] * 12
     # the toy 4B shape: part 1's measured profile, then the given one; steps through the static buffers (as captured
-    # on CUDA), batch 1 also eagerly
-    assert [(r["batch"], r["profile"], r["spec_step"]) for r in res["rows"][2:]] == [
-        (1, "ocria-tiny measured", "graphs"), (1, "ocria-tiny measured", "eager"), (1, "given 0", "graphs"),
-        (1, "given 0", "eager"), (2, "ocria-tiny measured", "graphs"), (2, "given 0", "graphs")]
+    # on CUDA), batch 1 also eagerly; each GDN verify form (the chunk form with a write-back threshold) in turn
+    assert [(r["gdn_verify"], r["batch"], r["profile"], r["spec_step"]) for r in res["rows"][2:]] == [
+        (form, *row) for form in ("steps", "chunk:2") for row in (
+            (1, "ocria-tiny measured", "graphs"), (1, "ocria-tiny measured", "eager"), (1, "given 0", "graphs"),
+            (1, "given 0", "eager"), (2, "ocria-tiny measured", "graphs"), (2, "given 0", "graphs"))]
     for r in res["rows"]:
         assert {"model", "batch", "block_size", "tau", "tok_s_per_seq", "tok_s_per_seq_plain", "speedup",
                 "method"} <= set(r) and r["tau"] >= 1.0 and r["tok_s_per_seq"] > 0
