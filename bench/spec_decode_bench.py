@@ -13,7 +13,8 @@ Two parts, each written to the results file as soon as it is done (`rows`, `note
    per step from an acceptance profile (per block position, the chance a draft is accepted given the ones before it
    were): part 1's measured profile, then each --profile. Method "acceptance drawn from a profile". tok/s per
    sequence and total at batch 1, 8, 32, 64, 128 against plain decode, timed once per batch on the same requests
-   that every block size then runs; --verify-forms times the GDN verify's forms (and write-back thresholds).
+   that every block size then runs.
+Both parts time each GDN verify form of --verify-forms (and its write-back threshold) at each block size.
 The step's kernels alone, each launch configuration against the torch reference, fla and the rooflines:
 bench/spec_kernels_bench.py.
 
@@ -128,8 +129,10 @@ def tiny_rows(args, device, dtype, record) -> None:
     max_b = max(args.batches)
     common = dict(device=device, dtype=dtype, max_num_seqs=max_b, enforce_eager=args.device == "cpu")
     plain_engine = Engine.from_checkpoint(args.checkpoint, **common)
-    for block in args.block_sizes:
-        spec_engine = Engine.from_checkpoint(args.checkpoint, drafter=args.drafter, spec_block_size=block, **common)
+    for block, form in ((block, form) for block in args.block_sizes for form in args.verify_forms):
+        chunk, fold_after = verify_form(form)
+        spec_engine = Engine.from_checkpoint(args.checkpoint, drafter=args.drafter, spec_block_size=block,
+                                             spec_chunk_verify=chunk, spec_fold_after=fold_after, **common)
         for batch in args.batches:
             reqs = [dict(request_id=f"b{batch}-{i}", image=images[i % len(images)], prompt=args.prompt,
                          sampling=SamplingParams(max_tokens=args.max_tokens)) for i in range(batch)]
@@ -147,6 +150,7 @@ def tiny_rows(args, device, dtype, record) -> None:
                                 "identical": [a.output_token_ids == b.output_token_ids
                                               for a, b in zip(plain, spec)].count(True),
                                 "divergences": divergences(plain_engine, reqs, plain, spec), "spec_step": path,
+                                "gdn_verify": form,
                                 "method": f"ocria-tiny, drafter {Path(args.drafter).name}, greedy, {str(dtype)[6:]}"})
         del spec_engine
 
@@ -260,7 +264,7 @@ def main(argv=None) -> None:
                         "2; may be given more than once. Part 2 runs part 1's measured profile first when part 1 ran, "
                         "the given ones after it, 0.9 everywhere when there is neither")
     p.add_argument("--verify-forms", nargs="+", default=["steps"],
-                   help="part 2: the GDN verify's form at each block, steps (token by token) or chunk (matrix "
+                   help="the GDN verify's form at each block, steps (token by token) or chunk (matrix "
                         "products: EngineOptions.spec_chunk_verify), each with an optional :N for spec_fold_after")
     p.add_argument("--page-image-tokens", type=int, default=1300)
     p.add_argument("--page-gen", type=int, default=256)

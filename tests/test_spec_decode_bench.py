@@ -22,19 +22,21 @@ def test_spec_decode_bench_smoke(tiny_checkpoint, tmp_path):
                                           "--verify-forms", "steps", "chunk:2"])
     res = json.loads(out.read_text())
     models = [r["model"] for r in res["rows"]]
-    assert models == ["ocria-tiny"] * 2 + ["tiny-shape"] * 12
+    assert models == ["ocria-tiny"] * 4 + ["tiny-shape"] * 12
+    assert [(r["gdn_verify"], r["batch"]) for r in res["rows"][:4]] == [("steps", 1), ("steps", 2), ("chunk:2", 1),
+                                                                       ("chunk:2", 2)]
     # the toy 4B shape: part 1's measured profile, then the given one; steps through the static buffers (as captured
     # on CUDA), batch 1 also eagerly; each GDN verify form (the chunk form with a write-back threshold) in turn
-    assert [(r["gdn_verify"], r["batch"], r["profile"], r["spec_step"]) for r in res["rows"][2:]] == [
+    assert [(r["gdn_verify"], r["batch"], r["profile"], r["spec_step"]) for r in res["rows"][4:]] == [
         (form, *row) for form in ("steps", "chunk:2") for row in (
             (1, "ocria-tiny measured", "graphs"), (1, "ocria-tiny measured", "eager"), (1, "given 0", "graphs"),
             (1, "given 0", "eager"), (2, "ocria-tiny measured", "graphs"), (2, "given 0", "graphs"))]
     for r in res["rows"]:
         assert {"model", "batch", "block_size", "tau", "tok_s_per_seq", "tok_s_per_seq_plain", "speedup",
                 "method"} <= set(r) and r["tau"] >= 1.0 and r["tok_s_per_seq"] > 0
-    assert all(r["identical"] == r["batch"] for r in res["rows"][:2])
+    assert all(r["identical"] == r["batch"] for r in res["rows"][:4])
     # acceptance follows the profile: 9 in 10 per position (tau 3.4 expected with 3 drafts, less where max_tokens
     # cuts a block) against the random drafter's of part 1
-    given = [r["tau"] for r in res["rows"][2:] if r["profile"] == "given 0"]
-    measured = [r["tau"] for r in res["rows"][2:] if r["profile"] == "ocria-tiny measured"]
+    given = [r["tau"] for r in res["rows"][4:] if r["profile"] == "given 0"]
+    measured = [r["tau"] for r in res["rows"][4:] if r["profile"] == "ocria-tiny measured"]
     assert min(given) > 2.0 and max(measured) < 1.5, (given, measured)
