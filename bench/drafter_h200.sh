@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Train ocria-tiny's drafter on one GPU and measure its tau, in one command (the device tool's machine; CPU for a
 # dry run with DEVICE=cpu DTYPE=float32 and small PAGES / TRAIN_S):
-#   bash bench/drafter_h200.sh OUT        # carry .drafter (synth pool + fonts, held-out and corpus blocks) and .whl/gen
+#   bash bench/drafter_h200.sh OUT        # carry .drafter/synth and .whl/gen (bench/device_inputs.sh makes them and
+#                                         # says what to leave out of the tree for the 64 MiB carry limit)
 # 1. training block images: PAGES synthetic pages of the train pool, drawn the job's way (research/ocria_tiny/
 #    drafter_pages.py; on the GPU machine with the PyMuPDF wheel carried in .whl/gen);
 # 2. jobs/train_drafter.py on them (the target answers them, the drafter learns its answers) for TRAIN_S seconds;

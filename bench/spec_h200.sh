@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Speculative decoding on one GPU, in one command (the device tool's machine; carry .whl/bench for pydantic and fla):
+# Speculative decoding on one GPU, in one command (the device tool's machine; carry .whl/bench for pydantic and fla,
+# made with .drafter by bench/device_inputs.sh):
 #   PARTS="kernels profile gemv" bash bench/spec_h200.sh OUT # ~6 min
 #   PARTS="4b tiny" bash bench/spec_h200.sh OUT              # ~6 min (tiny: carry .drafter/heldout too)
 # kernels: bench/spec_kernels_bench.py (every launch configuration of the step's kernels, graph-timed; ~4.5 min);
