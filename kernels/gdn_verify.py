@@ -17,10 +17,13 @@ then h += n_b: the accepted tokens become pending, the rejected ones are forgott
 gdn_fold: state[s] <- S with every pending token folded in, h <- 0; run before anything else reads the state
 (plain decode, prefill; a copy of a slot with nothing pending carries its ring position instead).
 
+The chunk form (gdn_verify(chunk=True), _gdn_verify_chunk_kernel) computes the same with matrix products: the pending
+tokens folded BT at a time, the block solved at once (equal to fp32 rounding, not bit for bit).
+
 So a verify step reads the state once and writes it once every few steps (fold_after = 0: at every step that has
 pending tokens, still one read and one write fewer than verifying and then committing), where writing every token's
-state (vLLM's spec path) costs T writes; and the state folded is the same, op for op, as n plain decode steps would
-have left. P >= fold_after + 2 T: the block's rows never overlap the pending rows that other programs of the same
+state (vLLM's spec path) costs T writes; and the state folded token by token is the same, op for op, as n plain
+decode steps would have left. P >= fold_after + 2 T: the block's rows never overlap the pending rows that other programs of the same
 launch still read. The layered forms (a leading layer axis on state and ring) serve every layer in one launch.
 
 The conv1d half: verify convolves the block with the conv state without shifting it (and, given `keep`, stores the
