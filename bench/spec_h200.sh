@@ -16,13 +16,13 @@
 # gemv:    bench/small_m_linear_bench.py at M = 16 (a verify block's rows at batch 1 go through the decode GEMV,
 #          which was only measured at M = 1 and 8 against cuBLAS);
 # tiny:    part 1, ocria-tiny with models/ocria-tiny-drafter on the held-out blocks, speculation on vs off, blocks of
-#          16 and 8, each timing the median of 3 runs (each GDN verify form of VERIFY_FORMS: its answers against
+#          16 and 8 (TINY_BLOCKS), each timing the median of 3 runs (each GDN verify form of VERIFY_FORMS: its answers against
 #          plain decoding's are the paired accuracy check of the chunk form).
 # OUT gets one JSON per part and log.txt; a summary table is printed at the end.
 set -euo pipefail
 OUT=${1:?usage: spec_h200.sh OUT}
 PARTS=${PARTS:-kernels profile} PY=${PY:-python3} BLOCKS_4B=${BLOCKS_4B:-16 8 4} BATCHES_4B=${BATCHES_4B:-1 8 64}
-VERIFY_FORMS=${VERIFY_FORMS:-steps}
+VERIFY_FORMS=${VERIFY_FORMS:-steps} TINY_BLOCKS=${TINY_BLOCKS:-16 8}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/log.txt") 2>&1
 if compgen -G ".whl/bench/*.whl" >/dev/null; then
@@ -48,7 +48,7 @@ for part in $PARTS; do
           --profile "$MEASURED" --profile "uniform 0.9=[$(printf '0.9,%.0s' {1..14})0.9]" \
           --out "$OUT/h200_spec_decode_4b.json" ;;
     tiny) timeout 420 $PY bench/spec_decode_bench.py --parts tiny --drafter models/ocria-tiny-drafter \
-            --pages .drafter/heldout --max-tokens 256 --block-sizes 16 8 --batches 1 8 32 128 --repeats 3 \
+            --pages .drafter/heldout --max-tokens 256 --block-sizes $TINY_BLOCKS --batches 1 8 32 128 --repeats 3 \
             --verify-forms $VERIFY_FORMS \
             --out "$OUT/h200_spec_decode_tiny.json" ;;
     *) echo "unknown part $part" && exit 2 ;;
