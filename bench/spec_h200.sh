@@ -16,8 +16,8 @@
 # gemv:    bench/small_m_linear_bench.py at M = 16 (a verify block's rows at batch 1 go through the decode GEMV,
 #          which was only measured at M = 1 and 8 against cuBLAS);
 # tiny:    part 1, ocria-tiny with models/ocria-tiny-drafter on the held-out blocks, speculation on vs off, blocks of
-#          16 and 8 (TINY_BLOCKS), each timing the median of 3 runs (each GDN verify form of VERIFY_FORMS: its answers against
-#          plain decoding's are the paired accuracy check of the chunk form).
+#          16 and 8 (TINY_BLOCKS), each timing the median of 3 runs (each GDN verify form of VERIFY_FORMS: its
+#          answers against plain decoding's are the paired accuracy check of the chunk form).
 # OUT gets one JSON per part and log.txt; a summary table is printed at the end.
 set -euo pipefail
 OUT=${1:?usage: spec_h200.sh OUT}
