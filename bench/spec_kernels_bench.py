@@ -95,9 +95,10 @@ def max_diff(a, b) -> float:
 
 
 # the chunk form's launches: ((value tile, key slice, tl.dot input precision), warps); "tf32" (one tensor-core product
-# of rounded operands, ~1e-3) only as the bound the exact splits are paying for
+# of rounded operands, ~1e-3) only as the bound the exact splits are paying for. A 64-wide tile at 8 warps made an
+# illegal memory access on the H100 (triton 3.6), so it is not swept
 CHUNK_LAUNCHES = [((bv, bk, "tf32x3"), w) for bv, bk, w in ((128, 32, 8), (128, 64, 8), (64, 32, 4), (64, 64, 4),
-                                                           (64, 32, 8), (32, 32, 4))] + \
+                                                           (32, 32, 4))] + \
                  [((bv, 32, "tf32"), w) for bv, w in ((128, 8), (64, 4))] + [((64, 32, "ieee"), 4)]
 
 

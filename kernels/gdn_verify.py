@@ -417,7 +417,7 @@ FOLD_CHUNK = 1  # pending tokens whose loads are issued together (a launch optio
 VERIFY_BLOCK_V, VERIFY_WARPS = DECODE_BLOCK_V, DECODE_WARPS
 FOLD_BLOCK_V, FOLD_WARPS = 32, 2
 # The chunk form's launch and its products' precision (tl.dot input_precision; docs/decisions.md).
-CHUNK_BLOCK_V, CHUNK_BLOCK_K, CHUNK_WARPS, CHUNK_PRECISION = 128, 32, 8, "tf32x3"
+CHUNK_BLOCK_V, CHUNK_BLOCK_K, CHUNK_WARPS, CHUNK_PRECISION = 64, 64, 4, "tf32x3"
 
 
 def _block_v(dv: int, block_v, default: int) -> int:
