@@ -23,8 +23,9 @@ tokens folded BT at a time, the block solved at once (equal to fp32 rounding, no
 So a verify step reads the state once and writes it once every few steps (fold_after = 0: at every step that has
 pending tokens, still one read and one write fewer than verifying and then committing), where writing every token's
 state (vLLM's spec path) costs T writes; and the state folded token by token is the same, op for op, as n plain
-decode steps would have left. P >= fold_after + 2 T: the block's rows never overlap the pending rows that other programs of the same
-launch still read. The layered forms (a leading layer axis on state and ring) serve every layer in one launch.
+decode steps would have left. P >= fold_after + 2 T: the block's rows never overlap the pending rows that other
+programs of the same launch still read. The layered forms (a leading layer axis on state and ring) serve every
+layer in one launch.
 
 The conv1d half: verify convolves the block with the conv state without shifting it (and, given `keep`, stores the
 block's pre-conv inputs x [B, T, C] there in the same launch); commit shifts in the first n_b of those inputs. One
@@ -165,6 +166,16 @@ def _ring_fold(S, rk_row, ru_row, rg_row, start, h, P, srk_p, sru_p, srg_p, offs
 
 
 @triton.jit
+def _slot_ring(pos_ptr, rk_ptr, ru_ptr, rg_ptr, slot, hv, hk, live, srk_n, srk_h, sru_n, sru_h, srg_n):
+    """A verify program's slot in the ring: (row of its oldest pending token, pending count, its ring at this head:
+    k, u, g pointers); a padding row reads nothing and has nothing pending."""
+    start = tl.load(pos_ptr + slot * 2, mask=live, other=0)
+    h = tl.load(pos_ptr + slot * 2 + 1, mask=live, other=0)
+    return (start, h, rk_ptr + slot * srk_n + hk * srk_h, ru_ptr + slot * sru_n + hv * sru_h,
+            rg_ptr + slot * srg_n + hv)
+
+
+@triton.jit
 def _pending_folded(state_ptr, pos_ptr, rk_ptr, ru_ptr, rg_ptr, slot, hv, hk, live, P, fold_after,
                     ss_n, ss_h, ss_k, srk_n, srk_p, srk_h, sru_n, sru_p, sru_h, srg_n, srg_p,
                     offs_k, offs_v, mask_k, mask_v, FOLD_CHUNK: tl.constexpr, FUSED: tl.constexpr):
@@ -173,10 +184,8 @@ def _pending_folded(state_ptr, pos_ptr, rk_ptr, ru_ptr, rg_ptr, slot, hv, hk, li
     g pointers)."""
     mask_s = mask_k[:, None] & mask_v[None, :] & live
     s_ptrs = state_ptr + slot * ss_n + hv * ss_h + offs_k[:, None] * ss_k + offs_v[None, :]
-    start = tl.load(pos_ptr + slot * 2, mask=live, other=0)
-    h = tl.load(pos_ptr + slot * 2 + 1, mask=live, other=0)
-    rk_row, ru_row = rk_ptr + slot * srk_n + hk * srk_h, ru_ptr + slot * sru_n + hv * sru_h
-    rg_row = rg_ptr + slot * srg_n + hv
+    start, h, rk_row, ru_row, rg_row = _slot_ring(pos_ptr, rk_ptr, ru_ptr, rg_ptr, slot, hv, hk, live, srk_n, srk_h,
+                                                  sru_n, sru_h, srg_n)
     S = _ring_fold(tl.load(s_ptrs, mask=mask_s, other=0.0), rk_row, ru_row, rg_row, start, h, P, srk_p, sru_p, srg_p,
                    offs_k, offs_v, mask_k, mask_v, FOLD_CHUNK, FUSED)
     tl.store(s_ptrs, S, mask=mask_s & (h > fold_after))
@@ -332,10 +341,8 @@ def _gdn_verify_chunk_kernel(
     mask_k = offs_k < DK
     mask_v = offs_v < DV
     b64 = b.to(tl.int64)
-    start = tl.load(pos_ptr + slot * 2, mask=live, other=0)
-    h = tl.load(pos_ptr + slot * 2 + 1, mask=live, other=0)
-    rk_row, ru_row = rk_ptr + slot * srk_n + hk * srk_h, ru_ptr + slot * sru_n + hv * sru_h
-    rg_row = rg_ptr + slot * srg_n + hv
+    start, h, rk_row, ru_row, rg_row = _slot_ring(pos_ptr, rk_ptr, ru_ptr, rg_ptr, slot, hv, hk, live, srk_n, srk_h,
+                                                  sru_n, sru_h, srg_n)
     # the block's q, k as given: products of them are taken first and scaled by their l2 norms' inverses after
     tk = mask_t[:, None] & mask_k[None, :]
     q_rows = q_ptr + b64 * sq_b + offs_t[:, None] * sq_t + hk * sq_h
@@ -462,11 +469,12 @@ def gdn_verify_chunk_triton(q, k, v, g, beta, state, state_idx, ring, fold_after
                             out=None, block_v=None, block_k=None, num_warps=None, precision=CHUNK_PRECISION):
     """gdn_verify_triton's contract, the pending tokens and the block solved with matrix products
     (_gdn_verify_chunk_kernel): the same values to fp32 rounding, not bit for bit. precision: tl.dot's
-    input_precision ("tf32x3": three tf32 tensor-core products, about fp32's accuracy; "ieee": fp32 multiply-adds)."""
+    input_precision ("tf32x3": three tf32 tensor-core products, about fp32's accuracy; "ieee": fp32
+    multiply-adds)."""
     T, dk = q.shape[1], q.shape[-1]
     BV = max(16, _block_v(v.shape[-1], block_v, CHUNK_BLOCK_V))  # 16: tl.dot's smallest side
-    return _launch_verify(_gdn_verify_chunk_kernel, BV, q, k, v, g, beta,
-                          state, state_idx, ring, fold_after, scale, raw_gates, out, num_warps or CHUNK_WARPS,
+    return _launch_verify(_gdn_verify_chunk_kernel, BV, q, k, v, g, beta, state, state_idx, ring, fold_after, scale,
+                          raw_gates, out, num_warps or CHUNK_WARPS,
                           BK=max(16, next_pow2(dk)), BKC=min(block_k or CHUNK_BLOCK_K, max(16, next_pow2(dk))),
                           BT=max(16, next_pow2(T)), PRECISION=precision,  # 16: tl.dot's smallest side
                           EXACT_QK=q.dtype in (torch.bfloat16, torch.float16) and k.dtype == q.dtype)
@@ -504,8 +512,8 @@ def gdn_verify(q, k, v, g, beta, state, state_idx, ring, fold_after=0, scale=Non
     ring_g [slots, P, Hv] fp32, ring_pos [slots, 2] int32) receives the block's normalised keys, corrections and log
     decays after the pending rows; a row with more than fold_after pending tokens writes its folded state back
     (gdn_ring_advance then drops them). `chunk`: solved with matrix products (Triton only; equal to fp32
-    rounding). `launch`: block_v, num_warps (Triton); unroll, fused_reductions and
-    fold_chunk (token by token), precision (chunk form)."""
+    rounding). `launch`: block_v, num_warps (Triton); unroll, fused_reductions and fold_chunk (token by token);
+    block_k and precision (chunk form)."""
     if use_triton(q):
         fn = gdn_verify_chunk_triton if chunk else gdn_verify_triton
         return fn(q, k, v, g, beta, state, state_idx, ring, fold_after, scale, raw_gates, out, **launch)
