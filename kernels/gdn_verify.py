@@ -311,6 +311,27 @@ def _dot_exact_b(a, b, acc, EXACT_B: tl.constexpr, PRECISION: tl.constexpr, EXAC
 
 
 @triton.jit
+def _unit_lower_inverse(A, offs_t, BT: tl.constexpr, PRECISION: tl.constexpr):
+    """(I + A)^-1 for A [BT, BT] strictly lower triangular (BT a power of two >= 16), with matrix products only: a
+    chain of row-by-row substitution steps would pay a cross-warp reduction per row. The 4 x 4 diagonal blocks N of
+    A first: N^4 = 0, so (I + N)^-1 = (I - N)(I + N^2). Then the diagonal blocks double: with X the inverse of the
+    finer blocks and L the part of A that joins two of them (below the diagonal), (I + A_2s)^-1 = X - X L X exactly
+    (L X L = 0). Every intermediate is an inverse of a diagonal block of I + A itself, so where forward substitution
+    is stable so is this, unlike the series I - A + A^2 - ... whose terms grow as binomial coefficients where keys
+    are nearly parallel."""
+    r = offs_t[:, None]
+    c = offs_t[None, :]
+    eye = (r == c).to(tl.float32)
+    N = tl.where((r >> 2) == (c >> 2), A, 0.0)
+    X = tl.dot(eye - N, eye + tl.dot(N, N, input_precision=PRECISION), input_precision=PRECISION)
+    for level in tl.static_range(3, 8):  # blocks of 2^level: up to BT = 128
+        if (1 << level) <= BT:
+            L = tl.where(((r >> level) == (c >> level)) & ((r >> (level - 1)) != (c >> (level - 1))), A, 0.0)
+            X = X - tl.dot(tl.dot(X, L, input_precision=PRECISION), X, input_precision=PRECISION)
+    return X
+
+
+@triton.jit
 def _gdn_verify_chunk_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, state_ptr, idx_ptr, rk_ptr, ru_ptr, rg_ptr, pos_ptr, alog_ptr,
     dtb_ptr, T, P, fold_after, scale,
@@ -331,8 +352,7 @@ def _gdn_verify_chunk_kernel(
     # is streamed BKC rows of dk at a time, never held whole: each slice gets the pending tokens folded in BT at a
     # time (with H the running sum of their log decays, S <- exp(H_last) S + sum_j exp(H_last - H_j) k_j u_j^T),
     # is written back past fold_after, and adds its part of K S and Q S. A is strictly lower triangular: (I + A)^-1
-    # by forward substitution (stable where keys are nearly parallel and the series I - A + A^2 - ... would cancel
-    # huge terms).
+    # from its diagonal blocks up (_unit_lower_inverse).
     b, hv, vt, hk, slot, live = state_program(idx_ptr, GROUP)
     offs_t = tl.arange(0, BT)
     offs_k = tl.arange(0, BK)
@@ -402,12 +422,7 @@ def _gdn_verify_chunk_kernel(
     D = tl.where(causal, tl.exp(tl.where(causal, G[:, None] - G[None, :], 0.0)), 0.0)
     A = tl.where(offs_t[:, None] > offs_t[None, :], beta[:, None] * D * KK, 0.0)
     Rt = beta[None, :] * (Vt - tl.exp(G)[None, :] * KS)
-    # (I + A)^-1 by forward substitution, one row at a time on the [BT, BT] tile: row t = e_t - sum_i<t A[t, i] row i
-    eye = (offs_t[:, None] == offs_t[None, :]).to(tl.float32)
-    inv = eye
-    for t in tl.static_range(1, BT):
-        a_t = tl.sum(tl.where(offs_t[:, None] == t, A, 0.0), axis=0)
-        inv = tl.where(offs_t[:, None] == t, eye - tl.sum(a_t[:, None] * inv, axis=0)[None, :], inv)
+    inv = _unit_lower_inverse(A, offs_t, BT, PRECISION)
     Ut = tl.dot(Rt, tl.trans(inv), input_precision=PRECISION)  # U^T = R^T (I + A)^-T
     Ot = tl.dot(Ut, tl.trans(D * QK), tl.exp(G)[None, :] * QS, input_precision=PRECISION)
     Ot = tl.where(live, Ot, 0.0)
@@ -472,6 +487,7 @@ def gdn_verify_chunk_triton(q, k, v, g, beta, state, state_idx, ring, fold_after
     input_precision ("tf32x3": three tf32 tensor-core products, about fp32's accuracy; "ieee": fp32
     multiply-adds)."""
     T, dk = q.shape[1], q.shape[-1]
+    check(T <= 128, f"the chunk form solves blocks of up to 128 tokens, got {T}")  # _unit_lower_inverse's levels
     BV = max(16, _block_v(v.shape[-1], block_v, CHUNK_BLOCK_V))  # 16: tl.dot's smallest side
     return _launch_verify(_gdn_verify_chunk_kernel, BV, q, k, v, g, beta, state, state_idx, ring, fold_after, scale,
                           raw_gates, out, num_warps or CHUNK_WARPS,
