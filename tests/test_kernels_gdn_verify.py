@@ -51,7 +51,8 @@ def clone_ring(ring):
 @pytest.mark.parametrize("form", ["steps", "steps unrolled", "steps fused", "chunk", "chunk, narrow tiles"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("T,dk,dv,aligned", [(5, 24, 40, False), (1, 24, 24, False), (7, 24, 17, False),
-                                            (16, 20, 17, False), (11, 64, 72, False), (16, 24, 40, True)])
+                                            (16, 20, 17, False), (11, 64, 72, False), (16, 24, 40, True),
+                                            (20, 24, 17, True)])
 def test_verify_advance_and_fold_triton_match_ref(form, dtype, T, dk, dv, aligned):
     """Every verify kernel (token by token, looped or unrolled, and the chunk form with matrix products) against
     the token-by-token reference, from rings whose pending tokens wrap past the last row: outputs, the state written
