@@ -145,6 +145,16 @@ def test_chunk_verify_folds_more_pending_tokens_than_a_block(block_v, block_k):
             assert_close(a.nan_to_num(7.0), b.nan_to_num(7.0), torch.float32)
 
 
+def test_chunk_verify_refuses_a_block_past_its_solve():
+    """The chunk form's solve doubles its diagonal blocks up to 128 tokens: a longer block is refused by name, not
+    solved in part."""
+    x = inputs(B=1, T=129, Hv=2)
+    ring = make_ring(2 * 129 + 1, 2, 24, 2, 40, {})
+    with pytest.raises(ValueError, match="up to 128 tokens, got 129"):
+        gdn_verify_chunk_triton(x["q"], x["k"], x["v"], x["g"], x["beta"], x["state"],
+                                torch.tensor([0], dtype=torch.int32), ring)
+
+
 def test_verify_dispatches_to_the_chunk_form_when_asked(monkeypatch):
     from kernels.gdn_verify import gdn_verify
     from kernels.testing import assert_dispatches_to_triton
