@@ -332,43 +332,35 @@ def _unit_lower_inverse(A, offs_t, BT: tl.constexpr, PRECISION: tl.constexpr):
 
 
 @triton.jit
-def _gdn_verify_chunk_kernel(
-    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, state_ptr, idx_ptr, rk_ptr, ru_ptr, rg_ptr, pos_ptr, alog_ptr,
-    dtb_ptr, T, P, fold_after, scale,
-    sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h,
-    sg_b, sg_t, sg_h, sbeta_b, sbeta_t, sbeta_h, so_b, so_t, so_h,
-    ss_n, ss_h, ss_k, srk_n, srk_p, srk_h, sru_n, sru_p, sru_h, srg_n, srg_p,
-    GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    BKC: tl.constexpr, BT: tl.constexpr, RAW_GATES: tl.constexpr, PRECISION: tl.constexpr,
-    EXACT_QK: tl.constexpr,
+def _gdn_verify_chunk_prep_kernel(
+    q_ptr, k_ptr, g_ptr, beta_ptr, idx_ptr, rk_ptr, rg_ptr, pos_ptr, alog_ptr, dtb_ptr, w_ptr, T, P, scale,
+    sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sg_b, sg_t, sg_h, sbeta_b, sbeta_t, sbeta_h,
+    srk_n, srk_p, srk_h, srg_n, srg_p, sw_b, sw_h,
+    GROUP: tl.constexpr, DK: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr, RAW_GATES: tl.constexpr,
+    PRECISION: tl.constexpr, EXACT_QK: tl.constexpr,
 ):
-    # One program = (sequence, value head, dv tile) as in _gdn_verify_kernel, every step a matrix product (tensor
-    # cores where PRECISION allows) instead of a chain of dependent token steps. The block's T tokens are solved
-    # together in the delta rule's chunk form:
+    # The chunk form's first launch, one program per (sequence, value head): everything that does not read the
+    # state. The delta rule's chunk form over the block's T tokens:
     #   G = cumsum(g), D[t, i] = exp(G_t - G_i) for i <= t,
     #   (I + A) U = beta * (V - exp(G) * K S),  A[t, i] = beta_t D[t, i] (k_t . k_i) for i < t,
-    #   O = exp(G) * Q S + (D * Q K^T) U,
-    # in the transposed orientation (S^T [BV, dk] the products' left side: the tall operand, M = BV), and the state
-    # is streamed BKC rows of dk at a time, never held whole: each slice gets the pending tokens folded in BT at a
-    # time (with H the running sum of their log decays, S <- exp(H_last) S + sum_j exp(H_last - H_j) k_j u_j^T),
-    # is written back past fold_after, and adds its part of K S and Q S. A is strictly lower triangular: (I + A)^-1
-    # from its diagonal blocks up (_unit_lower_inverse).
-    b, hv, vt, hk, slot, live = state_program(idx_ptr, GROUP)
+    #   O = exp(G) * Q S + (D * Q K^T) U.
+    # This program leaves in its w row (_chunk_w_layout) (I + A)^-1 (_unit_lower_inverse), D * Q K^T, exp(G),
+    # beta and the l2 norms' inverses of q and k (q's times the scale), and writes the block's ring rows of k (one
+    # program per key head) and g.
+    b, hv, _, hk, slot, live = state_program(idx_ptr, GROUP)
     offs_t = tl.arange(0, BT)
     offs_k = tl.arange(0, BK)
-    offs_v = vt * BV + tl.arange(0, BV)
     mask_t = offs_t < T
     mask_k = offs_k < DK
-    mask_v = offs_v < DV
     b64 = b.to(tl.int64)
-    start, h, rk_row, ru_row, rg_row = _slot_ring(pos_ptr, rk_ptr, ru_ptr, rg_ptr, slot, hv, hk, live, srk_n, srk_h,
-                                                  sru_n, sru_h, srg_n)
+    start, h, rk_row, _, rg_row = _slot_ring(pos_ptr, rk_ptr, rk_ptr, rg_ptr, slot, hv, hk, live, srk_n, srk_h,
+                                             srk_n, srk_h, srg_n)
     # the block's q, k as given: products of them are taken first and scaled by their l2 norms' inverses after
     tk = mask_t[:, None] & mask_k[None, :]
-    q_rows = q_ptr + b64 * sq_b + offs_t[:, None] * sq_t + hk * sq_h
-    k_rows = k_ptr + b64 * sk_b + offs_t[:, None] * sk_t + hk * sk_h
-    Q = tl.load(q_rows + offs_k[None, :], mask=tk, other=0.0).to(tl.float32)
-    K = tl.load(k_rows + offs_k[None, :], mask=tk, other=0.0).to(tl.float32)
+    Q = tl.load(q_ptr + b64 * sq_b + offs_t[:, None] * sq_t + hk * sq_h + offs_k[None, :], mask=tk,
+                other=0.0).to(tl.float32)
+    K = tl.load(k_ptr + b64 * sk_b + offs_t[:, None] * sk_t + hk * sk_h + offs_k[None, :], mask=tk,
+                other=0.0).to(tl.float32)
     rq = tl.rsqrt(tl.sum(Q * Q, axis=1) + 1e-6) * scale
     rk = tl.rsqrt(tl.sum(K * K, axis=1) + 1e-6)
     Kt = tl.trans(K)
@@ -376,19 +368,76 @@ def _gdn_verify_chunk_kernel(
     KK = _dot_exact_b(K, Kt, zero, EXACT_QK, PRECISION, EXACT_QK) * (rk[:, None] * rk[None, :])
     QK = _dot_exact_b(Q, Kt, zero, EXACT_QK, PRECISION, EXACT_QK) * (rq[:, None] * rk[None, :])
     rows_t = (start + h + offs_t) % P  # the block's ring rows, after the pending ones
-    first_of_key = (hv % GROUP == 0) & (vt == 0) & live  # one program writes each key head's k
-    tl.store(rk_row + rows_t[:, None] * srk_p + offs_k[None, :], K * rk[:, None], mask=tk & first_of_key)
-    # S^T streamed in slices of BKC keys: fold, write back, K S and Q S (transposed, [BV, BT])
+    tl.store(rk_row + rows_t[:, None] * srk_p + offs_k[None, :], K * rk[:, None],
+             mask=tk & (hv % GROUP == 0) & live)
+    g = tl.load(g_ptr + b64 * sg_b + offs_t * sg_t + hv * sg_h, mask=mask_t, other=0.0).to(tl.float32)
+    beta = tl.load(beta_ptr + b64 * sbeta_b + offs_t * sbeta_t + hv * sbeta_h, mask=mask_t, other=0.0)
+    if RAW_GATES:
+        g, beta = gates_from_raw_tl(g, beta, -tl.exp(tl.load(alog_ptr + hv).to(tl.float32)),
+                                    tl.load(dtb_ptr + hv).to(tl.float32))
+    g = tl.where(mask_t, g, 0.0)  # tokens past T change nothing
+    beta = tl.where(mask_t, beta.to(tl.float32), 0.0)
+    G = tl.cumsum(g, axis=0)
+    causal = offs_t[:, None] >= offs_t[None, :]
+    D = tl.where(causal, tl.exp(tl.where(causal, G[:, None] - G[None, :], 0.0)), 0.0)
+    A = tl.where(offs_t[:, None] > offs_t[None, :], beta[:, None] * D * KK, 0.0)
+    w = w_ptr + b64 * sw_b + hv * sw_h
+    square = offs_t[:, None] * BT + offs_t[None, :]
+    tl.store(w + square, _unit_lower_inverse(A, offs_t, BT, PRECISION))
+    tl.store(w + BT * BT + square, D * QK)
+    tl.store(w + 2 * BT * BT + offs_t, tl.exp(G))
+    tl.store(w + 2 * BT * BT + BT + offs_t, beta)
+    tl.store(w + 2 * BT * BT + 2 * BT + offs_t, rk)
+    tl.store(w + 2 * BT * BT + 3 * BT + offs_t, rq)
+    tl.store(rg_row + rows_t * srg_p, g, mask=mask_t & live)
+
+
+@triton.jit
+def _gdn_verify_chunk_kernel(
+    q_ptr, k_ptr, v_ptr, o_ptr, state_ptr, idx_ptr, rk_ptr, ru_ptr, rg_ptr, pos_ptr, w_ptr, T, P, fold_after,
+    sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h, so_b, so_t, so_h,
+    ss_n, ss_h, ss_k, srk_n, srk_p, srk_h, sru_n, sru_p, sru_h, srg_n, srg_p, sw_b, sw_h,
+    GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    BKC: tl.constexpr, BT: tl.constexpr, PRECISION: tl.constexpr, EXACT_QK: tl.constexpr, PREFETCH: tl.constexpr,
+):
+    # The chunk form's second launch, one program per (sequence, value head, dv tile) as in _gdn_verify_kernel: the
+    # state, in the transposed orientation (S^T [BV, dk] the products' left side: the tall operand, M = BV),
+    # streamed BKC rows of dk at a time, never held whole: each slice gets the pending tokens folded in BT at a time
+    # (with H the running sum of their log decays, S <- exp(H_last) S + sum_j exp(H_last - H_j) k_j u_j^T), is
+    # written back past fold_after, and adds its part of K S and Q S; then U and O from the first launch's w row.
+    # Apart from the solve, so that a program is little more than its state loads and few enough registers let
+    # several share an SM. PREFETCH: each slice's load issued before the last slice's products.
+    b, hv, vt, hk, slot, live = state_program(idx_ptr, GROUP)
+    offs_t = tl.arange(0, BT)
+    offs_v = vt * BV + tl.arange(0, BV)
+    mask_t = offs_t < T
+    mask_v = offs_v < DV
+    b64 = b.to(tl.int64)
+    start, h, rk_row, ru_row, rg_row = _slot_ring(pos_ptr, rk_ptr, ru_ptr, rg_ptr, slot, hv, hk, live, srk_n, srk_h,
+                                                  sru_n, sru_h, srg_n)
+    q_rows = q_ptr + b64 * sq_b + offs_t[:, None] * sq_t + hk * sq_h
+    k_rows = k_ptr + b64 * sk_b + offs_t[:, None] * sk_t + hk * sk_h
     offs_c = tl.arange(0, BKC)
     offs_j = tl.arange(0, BT)
     KS = tl.zeros((BV, BT), dtype=tl.float32)
     QS = tl.zeros((BV, BT), dtype=tl.float32)
+    s_cols = state_ptr + slot * ss_n + hv * ss_h + offs_v[:, None]
+    St_next = tl.zeros((BV, BKC), dtype=tl.float32)
+    if PREFETCH:
+        St_next = tl.load(s_cols + offs_c[None, :] * ss_k, mask=mask_v[:, None] & (offs_c < DK)[None, :] & live,
+                          other=0.0)
     for c0 in range(0, BK, BKC):
         kc = c0 + offs_c
         mask_c = kc < DK
         mask_s = mask_v[:, None] & mask_c[None, :] & live
-        s_ptrs = state_ptr + slot * ss_n + hv * ss_h + kc[None, :] * ss_k + offs_v[:, None]
-        St = tl.load(s_ptrs, mask=mask_s, other=0.0)  # [BV, BKC]
+        s_ptrs = s_cols + kc[None, :] * ss_k
+        if PREFETCH:
+            St = St_next
+            kn = kc + BKC
+            St_next = tl.load(s_cols + kn[None, :] * ss_k, mask=mask_v[:, None] & (kn < DK)[None, :] & live,
+                              other=0.0)
+        else:
+            St = tl.load(s_ptrs, mask=mask_s, other=0.0)  # [BV, BKC]
         for j0 in range(0, h, BT):
             on = j0 + offs_j < h
             rows = (start + j0 + offs_j) % P
@@ -405,31 +454,29 @@ def _gdn_verify_chunk_kernel(
                           EXACT_QK, PRECISION)
         QS = _dot_exact_b(St, tl.trans(tl.load(q_rows + kc[None, :], mask=tc, other=0.0).to(tl.float32)), QS,
                           EXACT_QK, PRECISION)
-    KS = KS * rk[None, :]
-    QS = QS * rq[None, :]
+    w = w_ptr + b64 * sw_b + hv * sw_h
+    square = offs_t[:, None] * BT + offs_t[None, :]
+    eG = tl.load(w + 2 * BT * BT + offs_t)
+    beta = tl.load(w + 2 * BT * BT + BT + offs_t)
+    KS = KS * tl.load(w + 2 * BT * BT + 2 * BT + offs_t)[None, :]
+    QS = QS * tl.load(w + 2 * BT * BT + 3 * BT + offs_t)[None, :]
     tv = mask_v[:, None] & mask_t[None, :]  # [BV, BT]
     Vt = tl.load(v_ptr + b64 * sv_b + offs_t[None, :] * sv_t + hv * sv_h + offs_v[:, None], mask=tv,
                  other=0.0).to(tl.float32)
-    g = tl.load(g_ptr + b64 * sg_b + offs_t * sg_t + hv * sg_h, mask=mask_t, other=0.0).to(tl.float32)
-    beta = tl.load(beta_ptr + b64 * sbeta_b + offs_t * sbeta_t + hv * sbeta_h, mask=mask_t, other=0.0)
-    if RAW_GATES:
-        g, beta = gates_from_raw_tl(g, beta, -tl.exp(tl.load(alog_ptr + hv).to(tl.float32)),
-                                    tl.load(dtb_ptr + hv).to(tl.float32))
-    g = tl.where(mask_t, g, 0.0)  # tokens past T change nothing
-    beta = tl.where(mask_t, beta.to(tl.float32), 0.0)
-    G = tl.cumsum(g, axis=0)
-    causal = offs_t[:, None] >= offs_t[None, :]
-    D = tl.where(causal, tl.exp(tl.where(causal, G[:, None] - G[None, :], 0.0)), 0.0)
-    A = tl.where(offs_t[:, None] > offs_t[None, :], beta[:, None] * D * KK, 0.0)
-    Rt = beta[None, :] * (Vt - tl.exp(G)[None, :] * KS)
-    inv = _unit_lower_inverse(A, offs_t, BT, PRECISION)
-    Ut = tl.dot(Rt, tl.trans(inv), input_precision=PRECISION)  # U^T = R^T (I + A)^-T
-    Ot = tl.dot(Ut, tl.trans(D * QK), tl.exp(G)[None, :] * QS, input_precision=PRECISION)
+    Rt = beta[None, :] * (Vt - eG[None, :] * KS)
+    Ut = tl.dot(Rt, tl.trans(tl.load(w + square)), input_precision=PRECISION)  # U^T = R^T (I + A)^-T
+    Ot = tl.dot(Ut, tl.trans(tl.load(w + BT * BT + square)), eG[None, :] * QS, input_precision=PRECISION)
     Ot = tl.where(live, Ot, 0.0)
+    rows_t = (start + h + offs_t) % P
     tl.store(o_ptr + b64 * so_b + offs_t[None, :] * so_t + hv * so_h + offs_v[:, None],
              cast_rtne(Ot, o_ptr.dtype.element_ty), mask=tv)
     tl.store(ru_row + rows_t[None, :] * sru_p + offs_v[:, None], Ut, mask=tv & live)
-    tl.store(rg_row + rows_t * srg_p, g, mask=mask_t & live & (vt == 0))
+
+
+def _chunk_w_layout(BT: int) -> int:
+    """Floats of a chunk-form w row: (I + A)^-1 and D * Q K^T [BT, BT] each, then exp(G), beta, k's and q's l2 norm
+    inverses [BT] each."""
+    return 2 * BT * BT + 4 * BT
 
 
 FOLD_CHUNK = 1  # pending tokens whose loads are issued together (a launch option; docs/decisions.md: why 1)
@@ -440,23 +487,31 @@ VERIFY_BLOCK_V, VERIFY_WARPS = DECODE_BLOCK_V, DECODE_WARPS
 FOLD_BLOCK_V, FOLD_WARPS = 32, 2
 # The chunk form's launch and its products' precision (tl.dot input_precision; docs/decisions.md).
 CHUNK_BLOCK_V, CHUNK_BLOCK_K, CHUNK_WARPS, CHUNK_PRECISION = 64, 64, 4, "tf32x3"
+CHUNK_PREFETCH, CHUNK_PREP_WARPS = False, 4
 
 
 def _block_v(dv: int, block_v, default: int) -> int:
     return block_v or min(next_pow2(dv), default)
 
 
+def _checked_call(q, k, v, g, beta, state, state_idx, ring, fold_after, scale, raw_gates, out):
+    """Check a verify call -> (its shapes (B, T, Hk, dk, Hv, dv, P), the scale, the output o)."""
+    shapes = _verify_shapes(q, k, v, g, beta, state, state_idx, ring, fold_after, raw_gates)
+    for name, t in (("q", q), ("k", k), ("v", v), ("ring_k", ring[0]), ("ring_u", ring[1]), ("ring_g", ring[2]),
+                    ("ring_pos", ring[3])):
+        require_last_dim_contiguous(name, t)
+    check(state.stride(-1) == 1, "state: last dimension (dv) must be contiguous")
+    o = output(out, v.shape, v.dtype, v.device)
+    require_last_dim_contiguous("out", o)
+    return shapes, shapes[3] ** -0.5 if scale is None else float(scale), o
+
+
 def _launch_verify(kernel, BV, q, k, v, g, beta, state, state_idx, ring, fold_after, scale, raw_gates, out,
                    num_warps, **meta):
     """Check a verify call, then launch `kernel` over (sequence, value head, dv tile of BV) -> o."""
-    B, T, Hk, dk, Hv, dv, P = _verify_shapes(q, k, v, g, beta, state, state_idx, ring, fold_after, raw_gates)
+    (B, T, Hk, dk, Hv, dv, P), scale, o = _checked_call(q, k, v, g, beta, state, state_idx, ring, fold_after, scale,
+                                                        raw_gates, out)
     rk, ru, rg, pos = ring
-    for name, t in (("q", q), ("k", k), ("v", v), ("ring_k", rk), ("ring_u", ru), ("ring_g", rg), ("ring_pos", pos)):
-        require_last_dim_contiguous(name, t)
-    check(state.stride(-1) == 1, "state: last dimension (dv) must be contiguous")
-    scale = dk ** -0.5 if scale is None else float(scale)
-    o = output(out, v.shape, v.dtype, v.device)
-    require_last_dim_contiguous("out", o)
     kernel[(B, Hv, cdiv(dv, BV))](
         q, k, v, g, beta, o, state, state_idx, rk, ru, rg, pos,
         *(raw_gates if raw_gates is not None else (g, g)), T, P, fold_after, scale,
@@ -481,19 +536,33 @@ def gdn_verify_triton(q, k, v, g, beta, state, state_idx, ring, fold_after=0, sc
 
 
 def gdn_verify_chunk_triton(q, k, v, g, beta, state, state_idx, ring, fold_after=0, scale=None, raw_gates=None,
-                            out=None, block_v=None, block_k=None, num_warps=None, precision=CHUNK_PRECISION):
-    """gdn_verify_triton's contract, the pending tokens and the block solved with matrix products
-    (_gdn_verify_chunk_kernel): the same values to fp32 rounding, not bit for bit. precision: tl.dot's
-    input_precision ("tf32x3": three tf32 tensor-core products, about fp32's accuracy; "ieee": fp32
-    multiply-adds)."""
-    T, dk = q.shape[1], q.shape[-1]
+                            out=None, block_v=None, block_k=None, num_warps=None, precision=CHUNK_PRECISION,
+                            prefetch=CHUNK_PREFETCH):
+    """gdn_verify_triton's contract, the pending tokens and the block solved with matrix products in two launches
+    (_gdn_verify_chunk_prep_kernel, then _gdn_verify_chunk_kernel over the state): the same values to fp32
+    rounding, not bit for bit. precision: tl.dot's input_precision ("tf32x3": three tf32 tensor-core products,
+    about fp32's accuracy; "ieee": fp32 multiply-adds)."""
+    (B, T, Hk, dk, Hv, dv, P), scale, o = _checked_call(q, k, v, g, beta, state, state_idx, ring, fold_after, scale,
+                                                        raw_gates, out)
     check(T <= 128, f"the chunk form solves blocks of up to 128 tokens, got {T}")  # _unit_lower_inverse's levels
-    BV = max(16, _block_v(v.shape[-1], block_v, CHUNK_BLOCK_V))  # 16: tl.dot's smallest side
-    return _launch_verify(_gdn_verify_chunk_kernel, BV, q, k, v, g, beta, state, state_idx, ring, fold_after, scale,
-                          raw_gates, out, num_warps or CHUNK_WARPS,
-                          BK=max(16, next_pow2(dk)), BKC=min(block_k or CHUNK_BLOCK_K, max(16, next_pow2(dk))),
-                          BT=max(16, next_pow2(T)), PRECISION=precision,  # 16: tl.dot's smallest side
-                          EXACT_QK=q.dtype in (torch.bfloat16, torch.float16) and k.dtype == q.dtype)
+    rk, ru, rg, pos = ring
+    BT, BK = max(16, next_pow2(T)), max(16, next_pow2(dk))  # 16: tl.dot's smallest side
+    BV = max(16, _block_v(dv, block_v, CHUNK_BLOCK_V))
+    w = torch.empty(B, Hv, _chunk_w_layout(BT), dtype=torch.float32, device=q.device)
+    exact = q.dtype in (torch.bfloat16, torch.float16) and k.dtype == q.dtype
+    gates = raw_gates if raw_gates is not None else (g, g)
+    _gdn_verify_chunk_prep_kernel[(B, Hv, 1)](
+        q, k, g, beta, state_idx, rk, rg, pos, *gates, w, T, P, scale,
+        *q.stride()[:3], *k.stride()[:3], *g.stride(), *beta.stride(), *rk.stride()[:3], *rg.stride()[:2],
+        *w.stride()[:2], GROUP=Hv // Hk, DK=dk, BK=BK, BT=BT, RAW_GATES=raw_gates is not None, PRECISION=precision,
+        EXACT_QK=exact, num_warps=CHUNK_PREP_WARPS)
+    _gdn_verify_chunk_kernel[(B, Hv, cdiv(dv, BV))](
+        q, k, v, o, state, state_idx, rk, ru, rg, pos, w, T, P, fold_after,
+        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3], *state.stride()[:3], *rk.stride()[:3],
+        *ru.stride()[:3], *rg.stride()[:2], *w.stride()[:2], GROUP=Hv // Hk, DK=dk, DV=dv, BK=BK, BV=BV,
+        BKC=min(block_k or CHUNK_BLOCK_K, BK), BT=BT, PRECISION=precision, EXACT_QK=exact, PREFETCH=prefetch,
+        num_warps=num_warps or CHUNK_WARPS)
+    return o
 
 
 def gdn_ring_advance_triton(ring_pos, state_idx, num_accepted, fold_after, P):
