@@ -17,8 +17,10 @@ then h += n_b: the accepted tokens become pending, the rejected ones are forgott
 gdn_fold: state[s] <- S with every pending token folded in, h <- 0; run before anything else reads the state
 (plain decode, prefill; a copy of a slot with nothing pending carries its ring position instead).
 
-The chunk form (gdn_verify(chunk=True), _gdn_verify_chunk_kernel) computes the same with matrix products: the pending
-tokens folded BT at a time, the block solved at once (equal to fp32 rounding, not bit for bit).
+The chunk form (gdn_verify(chunk=True)) computes the same with matrix products, in two launches: the block's solve and
+all else that does not read the state (_gdn_verify_chunk_prep_kernel), then the state streamed with the pending tokens
+folded BT at a time and the block applied at once (_gdn_verify_chunk_kernel); equal to fp32 rounding, not bit for
+bit.
 
 So a verify step reads the state once and writes it once every few steps (fold_after = 0: at every step that has
 pending tokens, still one read and one write fewer than verifying and then committing), where writing every token's
