@@ -407,8 +407,8 @@ def _gdn_verify_chunk_kernel(
     # streamed BKC rows of dk at a time, never held whole: each slice gets the pending tokens folded in BT at a time
     # (with H the running sum of their log decays, S <- exp(H_last) S + sum_j exp(H_last - H_j) k_j u_j^T), is
     # written back past fold_after, and adds its part of K S and Q S; then U and O from the first launch's w row.
-    # Apart from the solve, so that a program is little more than its state loads and few enough registers let
-    # several share an SM. PREFETCH: each slice's load issued before the last slice's products.
+    # The solve is the first launch's, so that a program here is little more than its state loads, with registers
+    # few enough for several to share an SM. PREFETCH: each slice's load issued before the last slice's products.
     b, hv, vt, hk, slot, live = state_program(idx_ptr, GROUP)
     offs_t = tl.arange(0, BT)
     offs_v = vt * BV + tl.arange(0, BV)
