@@ -32,7 +32,8 @@ fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 # ocria-tiny's conditional acceptance by block position with its shipped drafter, measured at block 16 on the 85
 # held-out blocks in bf16 on the GPU (bench/results/h100_drafter_dflash2_tau_d.json; the 4B rows in
-# h200_spec_decode.json ran with the drafter before it: [0.675,0.600,0.618,0.613,...], h100_drafter_dflash2_tau_c.json)
+# h200_spec_decode.json ran with the drafter before it: [0.675,0.600,0.618,0.613,...],
+# h100_drafter_dflash2_tau_c.json)
 MEASURED='ocria-tiny measured=[0.692,0.659,0.658,0.633,0.701,0.709,0.737,0.739,0.732,0.630,0.700,0.669,0.667,0.703,0.654]'
 for part in $PARTS; do
   t=$(date +%s)
@@ -70,8 +71,9 @@ if (f := out / "h200_spec_kernels.json").exists():
             best[key] = r
     print(f"{'kernel (best configuration)':80} {'seqs':>4} {'us':>8} {'roof':>7}")
     for (k, n, *_), r in sorted(best.items()):
-        cfg = ", ".join(f"{c}={r[c]}" for c in ("fold_after", "fold_chunk", "pending", "block_v", "block_k", "precision", "prefetch", "block_c",
-                                                 "num_warps", "rows_per_seq", "tile") if r.get(c) is not None)
+        cfg = ", ".join(f"{c}={r[c]}" for c in ("fold_after", "fold_chunk", "pending", "block_v", "block_k",
+                                                 "precision", "prefetch", "block_c", "num_warps", "rows_per_seq", "tile")
+                        if r.get(c) is not None)
         print(f"{r['kernel'] + ' ' + cfg:80.80} {n:4d} {r['us']:8.1f} {r['roofline_us']:7.1f}")
 if (f := out / "profile_spec" / "decode_profile.json").exists():
     for r in json.loads(f.read_text())["runs"]:

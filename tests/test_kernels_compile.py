@@ -38,5 +38,6 @@ def test_all_kernels_compile_for_sm90_without_spills():
     pdl_kernels = {r["kernel"] for r in rows if r["griddepcontrol"]}
     no_pdl = {"_store_kvcache_kernel", "_silu_mul_kernel", "_copy_rows_kernel", "_quant_rows_kernel",
               "_quant_gemv_kernel", "_split_k_reduce_kernel", "_gdn_verify_kernel", "_gdn_verify_chunk_kernel",
-              "_gdn_verify_chunk_prep_kernel", "_gdn_fold_kernel", "_ring_advance_kernel", "_conv_verify_kernel", "_conv_commit_kernel"}
+              "_gdn_verify_chunk_prep_kernel", "_gdn_fold_kernel", "_ring_advance_kernel", "_conv_verify_kernel",
+              "_conv_commit_kernel"}
     assert pdl_kernels == kernels - no_pdl, pdl_kernels
