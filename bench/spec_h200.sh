@@ -72,7 +72,7 @@ if (f := out / "h200_spec_kernels.json").exists():
     print(f"{'kernel (best configuration)':80} {'seqs':>4} {'us':>8} {'roof':>7}")
     for (k, n, *_), r in sorted(best.items()):
         cfg = ", ".join(f"{c}={r[c]}" for c in ("fold_after", "fold_chunk", "pending", "block_v", "block_k",
-                                                 "precision", "prefetch", "block_c", "num_warps", "rows_per_seq", "tile")
+                                                 "precision", "block_c", "num_warps", "rows_per_seq", "tile")
                         if r.get(c) is not None)
         print(f"{r['kernel'] + ' ' + cfg:80.80} {n:4d} {r['us']:8.1f} {r['roofline_us']:7.1f}")
 if (f := out / "profile_spec" / "decode_profile.json").exists():

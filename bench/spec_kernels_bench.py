@@ -94,13 +94,12 @@ def max_diff(a, b) -> float:
     return float((a.float() - b.float()).abs().max())
 
 
-# the chunk form's launches: ((value tile, key slice, tl.dot input precision, prefetch), warps); "tf32" (one
-# tensor-core product of rounded operands, ~1e-3) only as the bound the exact splits are paying for; prefetch: each
-# key slice of the state loaded before the last one's products. A 64-wide tile at 8 warps made an illegal memory
-# access on the H100 (triton 3.6), so it is not swept
-CHUNK_LAUNCHES = [((bv, bk, "tf32x3", pf), w) for bv, bk, w in ((128, 32, 8), (128, 64, 8), (64, 32, 4), (64, 64, 4),
-                                                               (32, 32, 4)) for pf in (False, True)] + \
-                 [((bv, 32, "tf32", False), w) for bv, w in ((128, 8), (64, 4))] + [((64, 32, "ieee", False), 4)]
+# the chunk form's launches: ((value tile, key slice, tl.dot input precision), warps); "tf32" (one tensor-core product
+# of rounded operands, ~1e-3) only as the bound the exact splits are paying for. A 64-wide tile at 8 warps made an
+# illegal memory access on the H100 (triton 3.6), so it is not swept
+CHUNK_LAUNCHES = [((bv, bk, "tf32x3"), w) for bv, bk, w in ((128, 32, 8), (128, 64, 8), (64, 32, 4), (64, 64, 4),
+                                                           (32, 32, 4))] + \
+                 [((bv, 32, "tf32"), w) for bv, w in ((128, 8), (64, 4))] + [((64, 32, "ieee"), 4)]
 
 
 def ring_bytes(S, T, Hk, Hv, dk, dv, rows) -> int:
@@ -206,14 +205,14 @@ def gdn_rows(shape, device, bw, record, smoke: bool, short: bool = False) -> Non
     configs += [("steps, fused reductions", bv, w, False) for bv, w in ((32, 1), (16, 1), (32, 2), (64, 2))]
     if smoke:
         configs = [("steps", 8, 1, False), ("steps", 16, 4, True), ("steps, fused reductions", 8, 1, False),
-                   ("chunk", (16, 16, "tf32x3", True), 4, False)]
+                   ("chunk", (16, 16, "tf32x3"), 4, False)]
     for n in sorted({1, S}):
         want = gv.gdn_verify_triton(q[:n], k[:n], v[:n], a[:n], b[:n], state, idx[:n], ring, raw_gates=raw)
         for form, bv, w, unroll in configs:
             fn = gv.gdn_verify_chunk_triton if form == "chunk" else gv.gdn_verify_triton
             extra = {"unroll": True} if unroll else {}
             if form == "chunk":  # (value tile, key slice, products' precision)
-                bv, extra["block_k"], extra["precision"], extra["prefetch"] = bv
+                bv, extra["block_k"], extra["precision"] = bv
             else:
                 extra["fused_reductions"] = "fused" in form
 
@@ -222,7 +221,7 @@ def gdn_rows(shape, device, bw, record, smoke: bool, short: bool = False) -> Non
                           num_warps=w, **extra)
             got = call()
             record({"kernel": f"gdn verify ({form}{', unrolled' if unroll else ''})", "block_v": bv, "num_warps": w,
-                    **{k: extra[k] for k in ("block_k", "precision", "prefetch") if k in extra},
+                    **{k: extra[k] for k in ("block_k", "precision") if k in extra},
                     "sequences": n, "block": T, "pending": 0, **timing(graph_us(call, device)),
                     "roofline_us": round(verify_roof * n / S, 2), "max_diff_vs_default": max_diff(got, want)})
     # fixed against per-token cost: the default verify over the block's first t tokens, nothing pending, and the

@@ -400,7 +400,7 @@ def _gdn_verify_chunk_kernel(
     sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h, so_b, so_t, so_h,
     ss_n, ss_h, ss_k, srk_n, srk_p, srk_h, sru_n, sru_p, sru_h, srg_n, srg_p, sw_b, sw_h,
     GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    BKC: tl.constexpr, BT: tl.constexpr, PRECISION: tl.constexpr, EXACT_QK: tl.constexpr, PREFETCH: tl.constexpr,
+    BKC: tl.constexpr, BT: tl.constexpr, PRECISION: tl.constexpr, EXACT_QK: tl.constexpr,
 ):
     # The chunk form's second launch, one program per (sequence, value head, dv tile) as in _gdn_verify_kernel: the
     # state, in the transposed orientation (S^T [BV, dk] the products' left side: the tall operand, M = BV),
@@ -408,7 +408,8 @@ def _gdn_verify_chunk_kernel(
     # (with H the running sum of their log decays, S <- exp(H_last) S + sum_j exp(H_last - H_j) k_j u_j^T), is
     # written back past fold_after, and adds its part of K S and Q S; then U and O from the first launch's w row.
     # The solve is the first launch's, so that a program here is little more than its state loads, with registers
-    # few enough for several to share an SM. PREFETCH: each slice's load issued before the last slice's products.
+    # few enough for several to share an SM. (Issuing each slice's load before the last slice's products was no
+    # faster: docs/decisions.md.)
     b, hv, vt, hk, slot, live = state_program(idx_ptr, GROUP)
     offs_t = tl.arange(0, BT)
     offs_v = vt * BV + tl.arange(0, BV)
@@ -423,23 +424,12 @@ def _gdn_verify_chunk_kernel(
     offs_j = tl.arange(0, BT)
     KS = tl.zeros((BV, BT), dtype=tl.float32)
     QS = tl.zeros((BV, BT), dtype=tl.float32)
-    s_cols = state_ptr + slot * ss_n + hv * ss_h + offs_v[:, None]
-    St_next = tl.zeros((BV, BKC), dtype=tl.float32)
-    if PREFETCH:
-        St_next = tl.load(s_cols + offs_c[None, :] * ss_k, mask=mask_v[:, None] & (offs_c < DK)[None, :] & live,
-                          other=0.0)
     for c0 in range(0, BK, BKC):
         kc = c0 + offs_c
         mask_c = kc < DK
         mask_s = mask_v[:, None] & mask_c[None, :] & live
-        s_ptrs = s_cols + kc[None, :] * ss_k
-        if PREFETCH:
-            St = St_next
-            kn = kc + BKC
-            St_next = tl.load(s_cols + kn[None, :] * ss_k, mask=mask_v[:, None] & (kn < DK)[None, :] & live,
-                              other=0.0)
-        else:
-            St = tl.load(s_ptrs, mask=mask_s, other=0.0)  # [BV, BKC]
+        s_ptrs = state_ptr + slot * ss_n + hv * ss_h + kc[None, :] * ss_k + offs_v[:, None]
+        St = tl.load(s_ptrs, mask=mask_s, other=0.0)  # [BV, BKC]
         for j0 in range(0, h, BT):
             on = j0 + offs_j < h
             rows = (start + j0 + offs_j) % P
@@ -489,7 +479,7 @@ VERIFY_BLOCK_V, VERIFY_WARPS = DECODE_BLOCK_V, DECODE_WARPS
 FOLD_BLOCK_V, FOLD_WARPS = 32, 2
 # The chunk form's launch and its products' precision (tl.dot input_precision; docs/decisions.md).
 CHUNK_BLOCK_V, CHUNK_BLOCK_K, CHUNK_WARPS, CHUNK_PRECISION = 64, 64, 4, "tf32x3"
-CHUNK_PREFETCH, CHUNK_PREP_WARPS = False, 4
+CHUNK_PREP_WARPS = 4
 
 
 def _block_v(dv: int, block_v, default: int) -> int:
@@ -538,8 +528,7 @@ def gdn_verify_triton(q, k, v, g, beta, state, state_idx, ring, fold_after=0, sc
 
 
 def gdn_verify_chunk_triton(q, k, v, g, beta, state, state_idx, ring, fold_after=0, scale=None, raw_gates=None,
-                            out=None, block_v=None, block_k=None, num_warps=None, precision=CHUNK_PRECISION,
-                            prefetch=CHUNK_PREFETCH):
+                            out=None, block_v=None, block_k=None, num_warps=None, precision=CHUNK_PRECISION):
     """gdn_verify_triton's contract, the pending tokens and the block solved with matrix products in two launches
     (_gdn_verify_chunk_prep_kernel, then _gdn_verify_chunk_kernel over the state): the same values to fp32
     rounding, not bit for bit. precision: tl.dot's input_precision ("tf32x3": three tf32 tensor-core products,
@@ -562,7 +551,7 @@ def gdn_verify_chunk_triton(q, k, v, g, beta, state, state_idx, ring, fold_after
         q, k, v, o, state, state_idx, rk, ru, rg, pos, w, T, P, fold_after,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3], *state.stride()[:3], *rk.stride()[:3],
         *ru.stride()[:3], *rg.stride()[:2], *w.stride()[:2], GROUP=Hv // Hk, DK=dk, DV=dv, BK=BK, BV=BV,
-        BKC=min(block_k or CHUNK_BLOCK_K, BK), BT=BT, PRECISION=precision, EXACT_QK=exact, PREFETCH=prefetch,
+        BKC=min(block_k or CHUNK_BLOCK_K, BK), BT=BT, PRECISION=precision, EXACT_QK=exact,
         num_warps=num_warps or CHUNK_WARPS)
     return o
 

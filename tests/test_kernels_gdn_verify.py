@@ -8,7 +8,7 @@ from kernels.testing import assert_close, poisoned, require_interpreted  # sets 
 from kernels.conv1d_update import causal_conv1d_update_ref, causal_conv1d_update_triton
 from kernels.gdn_recurrent import gdn_recurrent_ref, l2norm_ref
 from kernels.gdn_verify import (
-    CHUNK_PREFETCH, FOLD_CHUNK, _conv_commit_kernel, _conv_verify_kernel, _gdn_fold_kernel,
+    FOLD_CHUNK, _conv_commit_kernel, _conv_verify_kernel, _gdn_fold_kernel,
     _gdn_verify_chunk_kernel, _gdn_verify_kernel, _ring_advance_kernel, causal_conv1d_verify, causal_conv1d_verify_ref,
     causal_conv1d_verify_triton, conv_state_commit, conv_state_commit_ref, conv_state_commit_triton, gdn_fold_ref,
     gdn_fold_triton, gdn_ring_advance, gdn_ring_advance_triton, gdn_verify_chunk_triton, gdn_verify_ref,
@@ -65,10 +65,9 @@ def test_verify_advance_and_fold_triton_match_ref(form, dtype, T, dk, dv, aligne
                       "steps fused": (_gdn_verify_kernel,
                                       lambda *a, **k: gdn_verify_triton(*a, fused_reductions=True, **k)),
                       "chunk": (_gdn_verify_chunk_kernel, gdn_verify_chunk_triton),
-                      "chunk, narrow tiles": (  # the key slices' prefetch the other way than its default
+                      "chunk, narrow tiles": (
                           _gdn_verify_chunk_kernel,
-                          lambda *a, **k: gdn_verify_chunk_triton(*a, block_v=16, block_k=16,
-                                                                  prefetch=not CHUNK_PREFETCH, **k))}[form]
+                          lambda *a, **k: gdn_verify_chunk_triton(*a, block_v=16, block_k=16, **k))}[form]
     require_interpreted(kernel)
     require_interpreted(_gdn_fold_kernel)
     require_interpreted(_ring_advance_kernel)
@@ -120,12 +119,11 @@ def test_verify_advance_and_fold_triton_match_ref(form, dtype, T, dk, dv, aligne
     assert torch.equal(s_tri[untouched], x["state"][untouched])
 
 
-@pytest.mark.parametrize("block_v,block_k,prefetch", [(None, None, False), (16, 16, False), (16, 16, True)])
-def test_chunk_verify_folds_more_pending_tokens_than_a_block(block_v, block_k, prefetch):
+@pytest.mark.parametrize("block_v,block_k", [(None, None), (16, 16)])
+def test_chunk_verify_folds_more_pending_tokens_than_a_block(block_v, block_k):
     """The chunk form folds pending tokens a block's worth at a time: 21 and 17 pending (two batches each, the first
     wrapping past the ring's last row; 21 > fold_after = 18: written back, 17 not) against the reference, with bf16
-    inputs (its split products) and fp32 (plain ones); the key dim in one slice or two (dk = 24), the second
-    loaded before the first one's products or after."""
+    inputs (its split products) and fp32 (plain ones); the key dim in one slice or two (dk = 24)."""
     require_interpreted(_gdn_verify_chunk_kernel)
     T, Hk, Hv, dk, dv, fold_after = 4, 2, 6, 24, 40, 18
     P = fold_after + 2 * T
@@ -139,7 +137,7 @@ def test_chunk_verify_folds_more_pending_tokens_than_a_block(block_v, block_k, p
         raw = (x["A_log"], x["dt_bias"])
         o_ref = gdn_verify_ref(*args, s_ref, idx, ring_ref, fold_after, raw_gates=raw)
         o_tri = gdn_verify_chunk_triton(*args, s_tri, idx, ring_tri, fold_after, raw_gates=raw, block_v=block_v,
-                                        block_k=block_k, prefetch=prefetch)
+                                        block_k=block_k)
         assert_close(o_tri, o_ref, dtype)
         assert_close(s_tri, s_ref, torch.float32)
         assert not torch.equal(s_tri[4], x["state"][4]) and torch.equal(s_tri[2], x["state"][2])
