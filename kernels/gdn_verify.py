@@ -334,6 +334,15 @@ def _unit_lower_inverse(A, offs_t, BT: tl.constexpr, PRECISION: tl.constexpr):
 
 
 @triton.jit
+def _chunk_w_row(w, offs_t, BT: tl.constexpr):
+    """Where the chunk form's first launch leaves its results for the second, in the (sequence, value head) row w:
+    pointers to (I + A)^-1 and D * Q K^T [BT, BT], then exp(G), beta, k's and q's l2 norm inverses [BT]."""
+    square = offs_t[:, None] * BT + offs_t[None, :]
+    vec = w + 2 * BT * BT + offs_t
+    return w + square, w + BT * BT + square, vec, vec + BT, vec + 2 * BT, vec + 3 * BT
+
+
+@triton.jit
 def _gdn_verify_chunk_prep_kernel(
     q_ptr, k_ptr, g_ptr, beta_ptr, idx_ptr, rk_ptr, rg_ptr, pos_ptr, alog_ptr, dtb_ptr, w_ptr, T, P, scale,
     sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sg_b, sg_t, sg_h, sbeta_b, sbeta_t, sbeta_h,
@@ -346,7 +355,7 @@ def _gdn_verify_chunk_prep_kernel(
     #   G = cumsum(g), D[t, i] = exp(G_t - G_i) for i <= t,
     #   (I + A) U = beta * (V - exp(G) * K S),  A[t, i] = beta_t D[t, i] (k_t . k_i) for i < t,
     #   O = exp(G) * Q S + (D * Q K^T) U.
-    # This program leaves in its w row (_chunk_w_layout) (I + A)^-1 (_unit_lower_inverse), D * Q K^T, exp(G),
+    # This program leaves in its w row (_chunk_w_row) (I + A)^-1 (_unit_lower_inverse), D * Q K^T, exp(G),
     # beta and the l2 norms' inverses of q and k (q's times the scale), and writes the block's ring rows of k (one
     # program per key head) and g.
     b, hv, _, hk, slot, live = state_program(idx_ptr, GROUP)
@@ -383,14 +392,13 @@ def _gdn_verify_chunk_prep_kernel(
     causal = offs_t[:, None] >= offs_t[None, :]
     D = tl.where(causal, tl.exp(tl.where(causal, G[:, None] - G[None, :], 0.0)), 0.0)
     A = tl.where(offs_t[:, None] > offs_t[None, :], beta[:, None] * D * KK, 0.0)
-    w = w_ptr + b64 * sw_b + hv * sw_h
-    square = offs_t[:, None] * BT + offs_t[None, :]
-    tl.store(w + square, _unit_lower_inverse(A, offs_t, BT, PRECISION))
-    tl.store(w + BT * BT + square, D * QK)
-    tl.store(w + 2 * BT * BT + offs_t, tl.exp(G))
-    tl.store(w + 2 * BT * BT + BT + offs_t, beta)
-    tl.store(w + 2 * BT * BT + 2 * BT + offs_t, rk)
-    tl.store(w + 2 * BT * BT + 3 * BT + offs_t, rq)
+    w_inv, w_dqk, w_eg, w_beta, w_rk, w_rq = _chunk_w_row(w_ptr + b64 * sw_b + hv * sw_h, offs_t, BT)
+    tl.store(w_inv, _unit_lower_inverse(A, offs_t, BT, PRECISION))
+    tl.store(w_dqk, D * QK)
+    tl.store(w_eg, tl.exp(G))
+    tl.store(w_beta, beta)
+    tl.store(w_rk, rk)
+    tl.store(w_rq, rq)
     tl.store(rg_row + rows_t * srg_p, g, mask=mask_t & live)
 
 
@@ -446,18 +454,17 @@ def _gdn_verify_chunk_kernel(
                           EXACT_QK, PRECISION)
         QS = _dot_exact_b(St, tl.trans(tl.load(q_rows + kc[None, :], mask=tc, other=0.0).to(tl.float32)), QS,
                           EXACT_QK, PRECISION)
-    w = w_ptr + b64 * sw_b + hv * sw_h
-    square = offs_t[:, None] * BT + offs_t[None, :]
-    eG = tl.load(w + 2 * BT * BT + offs_t)
-    beta = tl.load(w + 2 * BT * BT + BT + offs_t)
-    KS = KS * tl.load(w + 2 * BT * BT + 2 * BT + offs_t)[None, :]
-    QS = QS * tl.load(w + 2 * BT * BT + 3 * BT + offs_t)[None, :]
+    w_inv, w_dqk, w_eg, w_beta, w_rk, w_rq = _chunk_w_row(w_ptr + b64 * sw_b + hv * sw_h, offs_t, BT)
+    eG = tl.load(w_eg)
+    beta = tl.load(w_beta)
+    KS = KS * tl.load(w_rk)[None, :]
+    QS = QS * tl.load(w_rq)[None, :]
     tv = mask_v[:, None] & mask_t[None, :]  # [BV, BT]
     Vt = tl.load(v_ptr + b64 * sv_b + offs_t[None, :] * sv_t + hv * sv_h + offs_v[:, None], mask=tv,
                  other=0.0).to(tl.float32)
     Rt = beta[None, :] * (Vt - eG[None, :] * KS)
-    Ut = tl.dot(Rt, tl.trans(tl.load(w + square)), input_precision=PRECISION)  # U^T = R^T (I + A)^-T
-    Ot = tl.dot(Ut, tl.trans(tl.load(w + BT * BT + square)), eG[None, :] * QS, input_precision=PRECISION)
+    Ut = tl.dot(Rt, tl.trans(tl.load(w_inv)), input_precision=PRECISION)  # U^T = R^T (I + A)^-T
+    Ot = tl.dot(Ut, tl.trans(tl.load(w_dqk)), eG[None, :] * QS, input_precision=PRECISION)
     Ot = tl.where(live, Ot, 0.0)
     rows_t = (start + h + offs_t) % P
     tl.store(o_ptr + b64 * so_b + offs_t[None, :] * so_t + hv * so_h + offs_v[:, None],
@@ -466,8 +473,7 @@ def _gdn_verify_chunk_kernel(
 
 
 def _chunk_w_layout(BT: int) -> int:
-    """Floats of a chunk-form w row: (I + A)^-1 and D * Q K^T [BT, BT] each, then exp(G), beta, k's and q's l2 norm
-    inverses [BT] each."""
+    """Floats of a chunk-form w row (_chunk_w_row)."""
     return 2 * BT * BT + 4 * BT
 
 
