@@ -31,10 +31,9 @@ if compgen -G ".whl/bench/*.whl" >/dev/null; then
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 # ocria-tiny's conditional acceptance by block position with its shipped drafter, measured at block 16 on the 85
-# held-out blocks in bf16 on the GPU (bench/results/h100_drafter_dflash2_tau_d.json; the 4B rows in
-# h200_spec_decode.json ran with the drafter before it: [0.675,0.600,0.618,0.613,...],
-# h100_drafter_dflash2_tau_c.json)
-MEASURED='ocria-tiny measured=[0.692,0.659,0.658,0.633,0.701,0.709,0.737,0.739,0.732,0.630,0.700,0.669,0.667,0.703,0.654]'
+# held-out blocks in bf16 on the GPU (bench/results/h100_drafter_dflash2_tau_e.json; the drafter before it:
+# [0.692,0.659,0.658,0.633,...], h100_drafter_dflash2_tau_d.json)
+MEASURED='ocria-tiny measured=[0.718,0.681,0.701,0.668,0.695,0.714,0.745,0.714,0.699,0.763,0.752,0.686,0.801,0.624,0.639]'
 for part in $PARTS; do
   t=$(date +%s)
   case $part in
