@@ -8,8 +8,8 @@ from kernels.testing import assert_close, poisoned, require_interpreted  # sets 
 from kernels.conv1d_update import causal_conv1d_update_ref, causal_conv1d_update_triton
 from kernels.gdn_recurrent import gdn_recurrent_ref, l2norm_ref
 from kernels.gdn_verify import (
-    FOLD_CHUNK, _conv_commit_kernel, _conv_verify_kernel, _gdn_fold_kernel,
-    _gdn_verify_chunk_kernel, _gdn_verify_kernel, _ring_advance_kernel, causal_conv1d_verify, causal_conv1d_verify_ref,
+    FOLD_CHUNK, _conv_commit_kernel, _conv_verify_kernel, _gdn_fold_kernel, _gdn_verify_chunk_kernel,
+    _gdn_verify_kernel, _ring_advance_kernel, causal_conv1d_verify, causal_conv1d_verify_ref,
     causal_conv1d_verify_triton, conv_state_commit, conv_state_commit_ref, conv_state_commit_triton, gdn_fold_ref,
     gdn_fold_triton, gdn_ring_advance, gdn_ring_advance_triton, gdn_verify_chunk_triton, gdn_verify_ref,
     gdn_verify_triton)
