@@ -45,6 +45,7 @@ from engine.config import parse_config  # noqa: E402
 from engine.llm_engine import Engine, EngineOptions  # noqa: E402
 from engine.model_runner import resolve_dtype  # noqa: E402
 from engine.models.gdn_prefill import fla_available  # noqa: E402
+from engine.quantize import builtin_plan, quantize_tensors  # noqa: E402
 from engine.sequence import SeqStatus  # noqa: E402
 from jobs import benchmark as bench  # noqa: E402
 
@@ -348,6 +349,8 @@ def print_summary(runs: list[dict]) -> None:
 def main(argv=None):
     ap = bench.model_shape_args(__doc__)
     ap.add_argument("--variants", default="default,fused")
+    ap.add_argument("--precisions", default="bf16",
+                    help="decoder weights: bf16, fp8, nvfp4 (engine/quantize.py's built-in recipes, round to nearest)")
     ap.add_argument("--batch-sizes", default="1,8")
     ap.add_argument("--prompt", type=int, default=None, help="prompt tokens (default 512 as the benchmark, tiny 32)")
     ap.add_argument("--max-model-len", type=int, default=None,
@@ -394,13 +397,20 @@ def main(argv=None):
                 dtype=str(dtype), tiny=args.tiny, torch=torch.__version__, triton=triton.__version__,
                 fla_available=fla_available(), copy_bandwidth_GBps=bw / 1e9, engine_options=opts, args=vars(args))
     ours, runs, rng = our_triton_kernels(), [], np.random.default_rng(0)
-    for variant in variants:
+    for precision, variant in [(p, v) for p in args.precisions.split(",") for v in variants]:
         t = time.perf_counter()
-        engine = Engine(cfg, weights.items(), device=device, dtype=dtype,
+        pcfg, pweights = cfg, weights
+        if precision != "bf16":
+            plan, act_fp8 = builtin_plan(cfg, precision)
+            pweights, qc, _ = quantize_tensors(cfg, weights, plan, act_fp8=act_fp8)
+            pcfg = parse_config(dict(hf_cfg.to_dict(), quantization_config=qc))
+        engine = Engine(pcfg, pweights.items(), device=device, dtype=dtype,
                         options=EngineOptions(**opts, **bench.VARIANTS[names[variant]]))
-        meta[f"engine_build_s_{variant}"] = time.perf_counter() - t
+        del pweights
+        name = variant if precision == "bf16" else f"{precision}:{variant}"
+        meta[f"engine_build_s_{name}"] = time.perf_counter() - t
         for b in batches:
-            runs.append(dict(variant=variant, **profile_batch(engine, b, args, cfg, dtype, bw, rng, ours)))
+            runs.append(dict(variant=name, **profile_batch(engine, b, args, cfg, dtype, bw, rng, ours)))
             print_run(runs[-1], args.top)
             (out / "decode_profile.json").write_text(json.dumps(dict(meta=meta, runs=runs), indent=1))
         del engine  # weights, caches and graph pools go before the next variant's engine is built

@@ -7,10 +7,12 @@
   * prefill tokens/s at page-sized prompts (--page-tokens per sequence, --prefill-batch sequences, one step each);
   * next-token logit error and top-1 agreement of FP8 / NVFP4 against bf16 on page-shaped prompts (an image of
     --page-image-tokens merged tokens + text), and how many of the first --check-tokens greedy tokens agree;
-  * `gemv`: each decode projection shape alone (bf16 kernels/small_m_linear, FP8 W8A8 and NVFP4 kernels/quant_linear
-    GEMVs at 1 and 8 rows), microseconds and the bandwidth its weight bytes imply, against the same copy bandwidth.
+  * `gemv`: each decode projection shape alone at 1-64 rows, default launches (bench/quant_gemv_bench.measure: CUDA
+    graphs, weights rotated out of L2; bf16 small_m_linear and cuBLAS, FP8 ours and torch._scaled_mm, NVFP4 ours);
+  * `quality`: each quantized engine against its dequantized twin (the same quantized weights expanded to bf16:
+    differences are our kernels' and FP8 activation quantization's) and against the original bf16 weights.
 The quantized engines are built from the bf16 weights by engine.quantize.quantize_tensors with the built-in recipes
-(pipeline/quantize.py: fp8 = every projection FP8 W8A8 but the GDN gates; nvfp4 = NVFP4, down_proj FP8),
+(engine/quantize.py BUILTIN_RECIPES: fp8 = every projection FP8 W8A8 but the GDN gates; nvfp4 = NVFP4, down_proj FP8),
 round-to-nearest (random weights have no activations worth calibrating on).
 
     python bench/quantized_decode_bench.py --out bench/results/h200_quantized_decode.json        # H200
@@ -40,9 +42,9 @@ from engine.config import parse_config  # noqa: E402
 from engine.interface import SamplingParams  # noqa: E402
 from engine.llm_engine import Engine, EngineOptions  # noqa: E402
 from engine.models.quant_linear import QuantWeight  # noqa: E402
-from engine.quantize import plan_precisions, quantize_tensors  # noqa: E402
+from engine.quantize import builtin_plan, dequantize_tensors, quantize_tensors  # noqa: E402
+from bench import quant_gemv_bench as quant_gemv  # noqa: E402
 from jobs import benchmark as jb  # noqa: E402
-from pipeline.quantize import BUILTIN  # noqa: E402
 
 PRECISIONS = ("bf16", "fp8", "nvfp4")
 
@@ -55,13 +57,17 @@ def weight_bytes(model) -> int:
     return params + quant + model.head_weight.numel() * model.head_weight.element_size()
 
 
-def build_engine(precision: str, hf_raw: dict, sd: dict, device, dtype, opts: dict) -> Engine:
+def build_engine(precision: str, hf_raw: dict, sd: dict, device, dtype, opts: dict, twin: bool = False) -> Engine:
+    """The engine on `precision` weights quantized from `sd`; twin: on those quantized weights dequantized back to
+    `dtype` (plain projections), the reference that tells our kernels' error from quantization's."""
     if precision == "bf16":
         return Engine(parse_config(hf_raw), sd.items(), device=device, dtype=dtype, options=EngineOptions(**opts))
     cfg = parse_config(hf_raw)
-    recipe = BUILTIN[precision]
-    plan = plan_precisions(cfg, recipe.rule_pairs(), recipe.default)
-    tensors, qc, _ = quantize_tensors(cfg, sd, plan, act_fp8=recipe.fp8_activations == "dynamic")
+    plan, act_fp8 = builtin_plan(cfg, precision)
+    tensors, qc, _ = quantize_tensors(cfg, sd, plan, act_fp8=act_fp8)
+    if twin:
+        tensors = dequantize_tensors(tensors, qc, dtype)
+        return Engine(cfg, tensors.items(), device=device, dtype=dtype, options=EngineOptions(**opts))
     qcfg = parse_config(dict(hf_raw, quantization_config=qc))
     eng = Engine(qcfg, tensors.items(), device=device, dtype=dtype, options=EngineOptions(**opts))
     del tensors
@@ -110,56 +116,27 @@ def page_outputs(engine: Engine, args, cfg) -> list:
     return engine.generate([dict(r, keep_logits=True, ignore_eos=True) for r in reqs])
 
 
-def quality_row(precision: str, got: list, ref: list) -> dict:
+def quality_row(precision: str, against: str, got: list, ref: list) -> dict:
+    """Next-token logits of the first generated position, the greedy prefix shared with `ref`, and at each first
+    divergence the top-2 margin of ref's logits there (a near-tie when small: either token is a fair answer)."""
     a = torch.stack([o.logits[0].float() for o in got])
     b = torch.stack([o.logits[0].float() for o in ref])
-    same = []
+    same, margins = [], []
     for o, r in zip(got, ref):
         n = next((i for i, (x, y) in enumerate(zip(o.output_token_ids, r.output_token_ids)) if x != y),
                  len(r.output_token_ids))
         same.append(n / len(r.output_token_ids))
-    return dict(precision=precision, prompts=len(got), logit_rel_err=float((a - b).norm() / b.norm()),
+        if n < len(r.output_token_ids):
+            top2 = r.logits[n].float().topk(2).values
+            margins.append(float(top2[0] - top2[1]))
+    return dict(precision=precision, against=against, prompts=len(got), logit_rel_err=float((a - b).norm() / b.norm()),
                 logit_max_abs_err=float((a - b).abs().max()),
                 top1_agreement=float((a.argmax(-1) == b.argmax(-1)).float().mean()),
-                greedy_prefix_agreement=float(np.mean(same)))
+                greedy_prefix_agreement=float(np.mean(same)), greedy_identical=sum(x == 1.0 for x in same),
+                divergence_top2_margins=margins)
 
 
-GEMV_SHAPES = {"gate_up": (18432, 2560), "gdn_in_proj": (12352, 2560), "down": (2560, 9216), "out_proj": (2560, 4096)}
-TOY_GEMV_SHAPES = {"gate_up": (256, 64), "down": (64, 128)}
-
-
-def time_us(fn, device, iters: int) -> float:
-    fn()
-    jb.sync(device)
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    jb.sync(device)
-    return (time.perf_counter() - t0) / iters * 1e6
-
-
-def gemv_rows(shapes: dict, device, dtype, bw: float, iters: int) -> list[dict]:
-    from engine import ops
-    from engine.quant_codec import quantize_fp8, quantize_nvfp4
-
-    rows = []
-    gen = torch.Generator(device=device).manual_seed(0)
-    for name, (N, K) in shapes.items():
-        w = torch.randn(N, K, generator=gen, device=device, dtype=torch.float32) * K ** -0.5
-        w8, s8 = quantize_fp8(w)
-        packed, bs, gs = quantize_nvfp4(w)
-        wb, row8, rown = w.to(dtype), s8.reshape(-1).contiguous(), (1 / gs).expand(N).contiguous()
-        for M in (1, 8):
-            x = torch.randn(M, K, generator=gen, device=device, dtype=torch.float32).to(dtype)
-            xq, xs = ops.quant_fp8_per_token(x)
-            cases = {"bf16": (lambda: ops.small_m_linear(x, wb), wb.numel() * wb.element_size()),
-                     "fp8": (lambda: ops.fp8_linear(xq, w8, row8, xs, out_dtype=dtype), w8.numel() + 4 * N),
-                     "nvfp4": (lambda: ops.nvfp4_linear(x, packed, bs, rown), packed.numel() + bs.numel() + 4 * N)}
-            for prec, (fn, nbytes) in cases.items():
-                us = time_us(fn, device, iters)
-                rows.append(dict(shape=name, N=N, K=K, M=M, precision=prec, us=us, weight_bytes=nbytes,
-                                 GBps=nbytes / us / 1e3, roofline_us=nbytes / bw * 1e6))
-    return rows
+GEMV_ROWS = (1, 8, 32, 64)
 
 
 def main(argv=None) -> int:
@@ -208,17 +185,25 @@ def main(argv=None) -> int:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1) + "\n")
 
-    result["gemv"] = gemv_rows(TOY_GEMV_SHAPES if small else GEMV_SHAPES, device, dtype, bw, 3 if small else 100)
+    result["gemv"] = quant_gemv.measure(quant_gemv.TINY_SHAPES if small else quant_gemv.SHAPES, GEMV_ROWS, device,
+                                        sweep=False)
     save()
     ref_pages = None
     rng = np.random.default_rng(0)
     for precision in precisions:
+        if precision != "bf16":
+            twin = build_engine(precision, hf_raw, sd, device, dtype, opts, twin=True)
+            twin_pages = page_outputs(twin, args, cfg)
+            del twin
+            gc.collect()
         engine = build_engine(precision, hf_raw, sd, device, dtype, opts)
         pages = page_outputs(engine, args, cfg)
         if precision == "bf16":
             ref_pages = pages
-        elif ref_pages is not None:
-            result["quality"].append(quality_row(precision, pages, ref_pages))
+        else:
+            result["quality"].append(quality_row(precision, "dequantized twin", pages, twin_pages))
+            if ref_pages is not None:
+                result["quality"].append(quality_row(precision, "bf16", pages, ref_pages))
         result["prefill"].append(prefill_row(engine, precision, args, rng))
         save()
         for b in batches:

@@ -28,6 +28,15 @@ from engine.quant_config import FP8, NVFP4, quant_config_dict
 BF16 = "bf16"
 PRECISIONS = (BF16, FP8, NVFP4)
 ALPHAS = tuple(i / 20 for i in range(20))
+# The built-in recipes (pipeline/quantize.py wraps them for jobs/quantize.py): (rules, default, whether the FP8
+# projections quantize their activations per token; NVFP4 ones are weight-only on Hopper either way).
+# The GDN gates' inputs stay bf16 (their outputs are 2 x value heads wide; published recipes keep them bf16); the
+# NVFP4 mix keeps down_proj in FP8 (llm-compressor's non-uniform example: the most sensitive projection).
+GDN_GATES_BF16 = ("in_proj_[ab]$", BF16)
+BUILTIN_RECIPES = {
+    FP8: ([GDN_GATES_BF16], FP8, True),
+    NVFP4: ([GDN_GATES_BF16, (r"mlp\.down_proj$", FP8)], NVFP4, True),
+}
 # projections reading each norm's output (HF leaf names), and the weight-only pair (up rows scale down's input)
 NORM_GROUPS = {"input_layernorm": (("linear_attn.", ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")),
                                    ("self_attn.", ("q_proj", "k_proj", "v_proj"))),
@@ -44,6 +53,12 @@ def decoder_projections(cfg: ModelConfig) -> list[str]:
         out += [f"{p}layers.{i}.{mixer[0]}{n}" for n in mixer[1]]
         out += [f"{p}layers.{i}.mlp.{n}" for n in ("gate_proj", "up_proj", "down_proj")]
     return out
+
+
+def builtin_plan(cfg: ModelConfig, name: str) -> tuple[dict[str, str], bool]:
+    """A built-in recipe's plan (module -> precision) and whether its FP8 projections quantize activations."""
+    rules, default, act_fp8 = BUILTIN_RECIPES[name]
+    return plan_precisions(cfg, rules, default), act_fp8
 
 
 def plan_precisions(cfg: ModelConfig, rules: list[tuple[str, str]], default: str) -> dict[str, str]:
@@ -199,6 +214,29 @@ def quantize_tensors(cfg: ModelConfig, tensors: dict[str, torch.Tensor], plan: d
     return out, quant_config_dict(cg, ["lm_head", "re:.*visual.*"]), awq
 
 
+def dequantize_tensors(tensors: dict[str, torch.Tensor], quant_config: dict, dtype=None) -> dict[str, torch.Tensor]:
+    """A quantized checkpoint's tensors (HF names) -> a plain checkpoint's holding exactly the weights they encode:
+    every quantized module's weight dequantized (to `dtype`, else fp32), the rest as stored (cast to `dtype` when
+    given). The twin that tells a kernel's error from quantization's."""
+    from engine.quant_config import parse_quant_config
+
+    qc = parse_quant_config(quant_config)
+    by_module: dict[str, dict[str, torch.Tensor]] = {}
+    for name, t in tensors.items():
+        module, _, local = name.rpartition(".")
+        by_module.setdefault(module, {})[local] = t
+    out = {}
+    for module, mine in by_module.items():
+        s = qc.scheme_for(module)
+        if s is None:
+            for local, t in mine.items():
+                out[f"{module}.{local}"] = t if dtype is None else t.to(dtype)
+        else:
+            w = dequantize(mine, s.weights)
+            out[module + ".weight"] = w if dtype is None else w.to(dtype)
+    return out
+
+
 def quantized_info(meta: dict, src: Path, name: str, recipe_note: str, modules: dict) -> dict:
     """The source's ocria_info.json (how the job reads pages with it: glyph size, blocks, ...) for its quantized copy:
     renamed, its note saying what it is, and the source's measured CER kept under a name that says whose it is."""
@@ -244,5 +282,6 @@ def quantize_checkpoint(src: str | Path, out: str | Path, plan: dict[str, str], 
     return {"awq": awq, "modules": modules, "bytes": {"source": nbytes(tensors), "quantized": nbytes(outt)}}
 
 
-__all__ = ["ALPHAS", "BF16", "Calibration", "PRECISIONS", "QUANTIZABLE", "collect_calibration", "decoder_projections",
+__all__ = ["ALPHAS", "BF16", "BUILTIN_RECIPES", "Calibration", "PRECISIONS", "QUANTIZABLE", "builtin_plan",
+           "collect_calibration", "dequantize_tensors", "decoder_projections",
            "plan_precisions", "quantize_checkpoint", "quantize_tensors", "search_scale"]

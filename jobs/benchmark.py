@@ -154,12 +154,16 @@ def gen_len(kind, args):
 # ---------------------------------------------------------------------------------------------------- roofline
 
 def decode_bytes(cfg, model, batch: int, context: float, dtype) -> dict:
-    """Bytes one decode step must move: every text weight once (the tied head once, as the LM head), the KV cache
-    of the attention layers read, and GDN recurrent + conv state read and written, per sequence."""
+    """Bytes one decode step must move: every text weight once in its stored format (the tied head once, as the LM
+    head), the KV cache of the attention layers read, and GDN recurrent + conv state read and written, per
+    sequence."""
+    from engine.models.quant_linear import QuantWeight
+
     t = cfg.text
     elt = torch.finfo(dtype).bits // 8
     text_params = sum(p.numel() * p.element_size() for n, p in model.named_parameters()
                       if n.startswith("language_model.") and "embed_tokens" not in n)
+    text_params += sum(m.nbytes() for m in model.language_model.modules() if isinstance(m, QuantWeight))
     head = model.head_weight.numel() * model.head_weight.element_size()
     n_attn, n_gdn = len(t.full_attention_layers), len(t.linear_attention_layers)
     kv = batch * context * n_attn * 2 * t.num_key_value_heads * t.head_dim * elt

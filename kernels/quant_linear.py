@@ -132,7 +132,8 @@ def _quant_gemv_kernel(
     x_ptr, w_ptr, bs_ptr, rs_ptr, xs_ptr, out_ptr, part_ptr,
     M, N, K, K_PER_SPLIT, sxm, swn, sbn, som,
     M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NVFP4: tl.constexpr,
-    X_SCALE: tl.constexpr, UPCAST_DOT: tl.constexpr, SPLIT: tl.constexpr,
+    X_SCALE: tl.constexpr, UPCAST_DOT: tl.constexpr, SPLIT: tl.constexpr, NIBBLE_DOTS: tl.constexpr,
+    FP8_DOT: tl.constexpr,
 ):
     """NVFP4: w_ptr is packed [N, K/2] uint8, bs_ptr block scales [N, K/16] fp8; else w_ptr is fp8 [N, K].
     X_SCALE: x is fp8 with per-row scales xs_ptr [M]. SPLIT: program (n, s) sums K range s (K_PER_SPLIT, a multiple
@@ -150,27 +151,48 @@ def _quant_gemv_kernel(
     acc = tl.zeros((BLOCK_N, M_PAD), dtype=tl.float32)
     for k in range(k_lo, k_hi, BLOCK_K):
         mask_k = (k + offs_k) < k_hi
-        if NVFP4:
+        if NVFP4 and NIBBLE_DOTS:  # low and high nibbles as two half-K dots against x's even and odd columns
             HALF: tl.constexpr = BLOCK_K // 2
-            GROUPS: tl.constexpr = BLOCK_K // 16
             offs_b = tl.arange(0, HALF)
-            b = tl.load(w_ptr + rows + k // 2 + offs_b[None, :],
-                        mask=mask_n[:, None] & ((k + 2 * offs_b) < k_hi)[None, :], other=0)
-            codes = tl.reshape(tl.join(b & 15, b >> 4), (BLOCK_N, BLOCK_K))
-            offs_g = tl.arange(0, GROUPS)
-            bs = tl.load(bs_ptr + offs_n.to(tl.int64)[:, None] * sbn + k // 16 + offs_g[None, :],
-                         mask=mask_n[:, None] & ((k + 16 * offs_g) < k_hi)[None, :], other=0.0).to(tl.float32)
-            w = tl.reshape(tl.reshape(_e2m1_decode(codes.to(tl.int32)), (BLOCK_N, GROUPS, 16)) * bs[:, :, None],
-                           (BLOCK_N, BLOCK_K))
+            mask_b = mask_n[:, None] & ((k + 2 * offs_b) < k_hi)[None, :]
+            b = tl.load(w_ptr + rows + k // 2 + offs_b[None, :], mask=mask_b, other=0)
+            bs = tl.load(bs_ptr + offs_n.to(tl.int64)[:, None] * sbn + k // 16 + offs_b[None, :] // 8, mask=mask_b,
+                         other=0.0).to(tl.float32)
+            x_even = x_ptr + offs_m[:, None] * sxm + k + 2 * offs_b[None, :]
+            mask_x = mask_m[:, None] & ((k + 2 * offs_b) < k_hi)[None, :]
+            for nib in tl.static_range(2):
+                w = _e2m1_decode(((b >> (4 * nib)) & 15).to(tl.int32)) * bs
+                xk = tl.load(x_even + nib, mask=mask_x, other=0.0)
+                if UPCAST_DOT or x_ptr.dtype.element_ty == tl.float32:
+                    acc = tl.dot(w, tl.trans(xk.to(tl.float32)), acc, input_precision="ieee")
+                else:
+                    acc = tl.dot(w.to(tl.bfloat16), tl.trans(xk.to(tl.bfloat16)), acc)
         else:
-            w = tl.load(w_ptr + rows + k + offs_k[None, :], mask=mask_n[:, None] & mask_k[None, :],
-                        other=0.0).to(tl.float32)
-        xk = tl.load(x_ptr + offs_m[:, None] * sxm + k + offs_k[None, :], mask=mask_m[:, None] & mask_k[None, :],
-                     other=0.0)
-        if UPCAST_DOT or x_ptr.dtype.element_ty == tl.float32:  # fp32 operands, full-precision products
-            acc = tl.dot(w, tl.trans(xk.to(tl.float32)), acc, input_precision="ieee")
-        else:  # bf16 tensor-core MMA: the decoded tile and fp8 / bf16 x are exact in bf16
-            acc = tl.dot(w.to(tl.bfloat16), tl.trans(xk.to(tl.bfloat16)), acc)
+            if NVFP4:
+                HALF: tl.constexpr = BLOCK_K // 2
+                GROUPS: tl.constexpr = BLOCK_K // 16
+                offs_b = tl.arange(0, HALF)
+                b = tl.load(w_ptr + rows + k // 2 + offs_b[None, :],
+                            mask=mask_n[:, None] & ((k + 2 * offs_b) < k_hi)[None, :], other=0)
+                codes = tl.reshape(tl.join(b & 15, b >> 4), (BLOCK_N, BLOCK_K))
+                offs_g = tl.arange(0, GROUPS)
+                bs = tl.load(bs_ptr + offs_n.to(tl.int64)[:, None] * sbn + k // 16 + offs_g[None, :],
+                             mask=mask_n[:, None] & ((k + 16 * offs_g) < k_hi)[None, :], other=0.0).to(tl.float32)
+                w = tl.reshape(tl.reshape(_e2m1_decode(codes.to(tl.int32)), (BLOCK_N, GROUPS, 16)) * bs[:, :, None],
+                               (BLOCK_N, BLOCK_K))
+            else:
+                w = tl.load(w_ptr + rows + k + offs_k[None, :], mask=mask_n[:, None] & mask_k[None, :],
+                            other=0.0)
+                if not FP8_DOT:
+                    w = w.to(tl.float32)
+            xk = tl.load(x_ptr + offs_m[:, None] * sxm + k + offs_k[None, :],
+                         mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+            if UPCAST_DOT or x_ptr.dtype.element_ty == tl.float32:  # fp32 operands, full-precision products
+                acc = tl.dot(w.to(tl.float32), tl.trans(xk.to(tl.float32)), acc, input_precision="ieee")
+            elif FP8_DOT:  # W8A8 on the FP8 tensor cores: both operands as stored
+                acc = tl.dot(w, tl.trans(xk), acc)
+            else:  # bf16 tensor-core MMA: the decoded tile and fp8 / bf16 x are exact in bf16
+                acc = tl.dot(w.to(tl.bfloat16), tl.trans(xk.to(tl.bfloat16)), acc)
     res = tl.trans(acc)  # [M_PAD, BLOCK_N]
     res = res * tl.load(rs_ptr + offs_n, mask=mask_n, other=0.0)[None, :]
     if X_SCALE:
@@ -189,7 +211,8 @@ def default_launch(N: int, K: int, device) -> dict:
     return dict(block_n=block_n, block_k=block_k, split_k=pick_split_k(N, K, block_n, block_k, sm_count(device)))
 
 
-def _launch(x, w, bs, row_scale, x_scale, out, out_dtype, nvfp4, block_n, block_k, split_k, num_warps):
+def _launch(x, w, bs, row_scale, x_scale, out, out_dtype, nvfp4, block_n, block_k, split_k, num_warps, num_stages=3,
+            nibble_dots=False, fp8_dot=False):
     require_last_dim_contiguous("x", x)
     require_last_dim_contiguous("weight", w)
     M = x.shape[0]
@@ -212,7 +235,8 @@ def _launch(x, w, bs, row_scale, x_scale, out, out_dtype, nvfp4, block_n, block_
         M, N, K, k_per_split, x.stride(0), w.stride(0), bs.stride(0) if bs is not None else 0, y.stride(0),
         M_PAD=max(16, next_pow2(M)), BLOCK_N=block_n, BLOCK_K=block_k, NVFP4=nvfp4, X_SCALE=x_scale is not None,
         UPCAST_DOT=not x.is_cuda,  # the CPU interpreter multiplies bf16 tiles as raw integers: give it fp32
-        SPLIT=S > 1, num_warps=num_warps)
+        SPLIT=S > 1, NIBBLE_DOTS=nibble_dots, FP8_DOT=fp8_dot and x_scale is not None and x.is_cuda,
+        num_warps=num_warps, num_stages=num_stages)
     if S > 1:
         block = min(1024, next_pow2(N))
         _split_k_reduce_kernel[(M, cdiv(N, block))](parts, y, M, N, S, y.stride(0), BLOCK=block, num_warps=4)
@@ -220,19 +244,20 @@ def _launch(x, w, bs, row_scale, x_scale, out, out_dtype, nvfp4, block_n, block_
 
 
 def fp8_linear_triton(x, w8, row_scale, x_scale=None, out_dtype=None, out=None, block_n=None, block_k=None,
-                      split_k=None, num_warps=4):
-    """Launch options (default_launch's where None): block_n, block_k, split_k, num_warps."""
+                      split_k=None, num_warps=4, **launch):
+    """Launch options (default_launch's where None): block_n, block_k, split_k, num_warps, num_stages, fp8_dot."""
     _validate_fp8(x, w8, row_scale, x_scale)
     check(x_scale is None or out_dtype is not None, "W8A8 (x_scale given) needs out_dtype")
     return _launch(x, w8, None, row_scale, x_scale, out, out_dtype or x.dtype, False, block_n, block_k, split_k,
-                   num_warps)
+                   num_warps, **launch)
 
 
 def nvfp4_linear_triton(x, packed, block_scale, row_scale, out=None, block_n=None, block_k=None, split_k=None,
-                        num_warps=4):
-    """Launch options as fp8_linear_triton."""
+                        num_warps=4, **launch):
+    """Launch options as fp8_linear_triton, and nibble_dots."""
     _validate_nvfp4(x, packed, block_scale, row_scale)
-    return _launch(x, packed, block_scale, row_scale, None, out, x.dtype, True, block_n, block_k, split_k, num_warps)
+    return _launch(x, packed, block_scale, row_scale, None, out, x.dtype, True, block_n, block_k, split_k, num_warps,
+                   **launch)
 
 
 def fp8_linear(x, w8, row_scale, x_scale=None, out_dtype=None, out=None, **launch):

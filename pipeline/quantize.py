@@ -20,8 +20,9 @@ import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from engine.quantize import BUILTIN_RECIPES
+
 Precision = Literal["bf16", "fp8", "nvfp4"]
-GDN_GATES_BF16 = ("in_proj_[ab]$", "bf16")  # their outputs are 2 x value heads wide; published recipes keep them bf16
 
 
 class Rule(BaseModel):
@@ -43,13 +44,9 @@ class Recipe(BaseModel):
         return [(r.pattern, r.precision) for r in self.rules]
 
 
-BUILTIN = {
-    # every decoder projection FP8 (per-channel weights, dynamic per-token activations) but the GDN gate inputs
-    "fp8": Recipe(name="fp8", default="fp8", rules=[Rule(pattern=GDN_GATES_BF16[0], precision="bf16")]),
-    # NVFP4 weights with down_proj in FP8 (llm-compressor's non-uniform example: the most sensitive projection)
-    "nvfp4": Recipe(name="nvfp4", default="nvfp4", rules=[Rule(pattern=GDN_GATES_BF16[0], precision="bf16"),
-                                                          Rule(pattern=r"mlp\.down_proj$", precision="fp8")]),
-}
+BUILTIN = {name: Recipe(name=name, default=default, rules=[Rule(pattern=p, precision=q) for p, q in rules],
+                        fp8_activations="dynamic" if act_fp8 else "none")
+           for name, (rules, default, act_fp8) in BUILTIN_RECIPES.items()}
 
 
 class RecipeError(ValueError):

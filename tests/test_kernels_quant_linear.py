@@ -61,7 +61,9 @@ def test_nvfp4_gemv_matches_ref(M, N, K, dtype):
     gen = torch.Generator().manual_seed(M * 977 + N + K)
     x = torch.randn(M, K, generator=gen).to(dtype)
     packed, bs, row = nvfp4_weight(N, K, gen)
-    for launch in (dict(block_n=32, block_k=64), dict(block_n=16, block_k=32, split_k=4)):
+    for launch in (dict(block_n=32, block_k=64), dict(block_n=16, block_k=32, split_k=4),
+                   dict(block_n=16, block_k=64, nibble_dots=True), dict(block_n=32, block_k=32, split_k=3,
+                                                                         nibble_dots=True)):
         y = nvfp4_linear_triton(x, packed, bs, row, out=poisoned((M, N), dtype), **launch)
         assert_close(y, nvfp4_linear_ref(x, packed, bs, row), dtype)
     # the reference is x @ dequantized weight

@@ -17,7 +17,7 @@ from engine.llm_engine import Engine
 from engine.models.quant_linear import QuantWeight, SplitWeight
 from engine.quant_codec import dequantize, quantize_fp8, quantize_nvfp4, round_e2m1_codes
 from engine.quant_config import parse_quant_config, quant_config_dict
-from engine.quantize import plan_precisions, quantize_checkpoint
+from engine.quantize import dequantize_tensors, plan_precisions, quantize_checkpoint
 from engine.testing import build_checkpoint
 
 FP8_RULES = [(r"in_proj_[ab]$", "bf16")]
@@ -49,18 +49,8 @@ def dequantized_copy(qdir, out):
     """The quantized checkpoint with every quantized module written back as its fp32 dequantized weight and the
     quantization_config removed: a plain checkpoint holding exactly the weights the quantized one encodes."""
     shutil.copytree(qdir, out)
-    t = load_file(out / "model.safetensors")
     cfg = json.loads((out / "config.json").read_text())
-    qc = parse_quant_config(cfg.pop("quantization_config"))
-    plain = {}
-    for name in list(t):
-        module, _, local = name.rpartition(".")
-        s = qc.scheme_for(module)
-        if s is None:
-            plain[name] = t[name].float()
-        elif local in ("weight", "weight_packed"):
-            mine = {k.rpartition(".")[2]: v for k, v in t.items() if k.rpartition(".")[0] == module}
-            plain[module + ".weight"] = dequantize(mine, s.weights)
+    plain = dequantize_tensors(load_file(out / "model.safetensors"), cfg.pop("quantization_config"))
     save_file(plain, out / "model.safetensors", metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(cfg))
     return out

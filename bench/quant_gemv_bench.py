@@ -1,0 +1,169 @@
+"""Small-M quantized linear layers (kernels/quant_linear) against bf16 and cuBLAS at the Qwen3.5-4B decode shapes.
+
+For each projection (N, K), rows M and precision, timed in CUDA graphs with the weight rotated over enough copies
+(>= 256 MB) that every call streams it from HBM (bench/small_m_linear_bench.graph_us), against the device-to-device
+copy bandwidth measured in the same run:
+  * bf16: kernels/small_m_linear at its default launch, and cuBLAS (F.linear);
+  * fp8 (W8A8, per-token activation scales): our GEMV at its default launch and over a sweep of launches (tiles,
+    split-K, warps, stages, the FP8 tensor-core dot), and cuBLAS's row-wise scaled GEMM (torch._scaled_mm);
+  * nvfp4 (W4A16): our GEMV at its default launch and over a sweep (tiles, split-K, warps, stages, the two decode
+    forms: interleaved tile vs a dot per nibble).
+Each launch is checked against the fp32 reference of the same quantized weight before it is timed. Bytes per call are
+the weight as stored (data + scales) + x + y.
+
+    python3 bench/quant_gemv_bench.py --out $OUT/quant_gemv.json                 # GPU, a few minutes
+    python3 bench/quant_gemv_bench.py --dry-run --out /tmp/qg.json              # CPU interpreter, tiny shapes
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+SHAPES = {"gate_up": (18432, 2560), "gdn_qkvz": (12288, 2560), "attn_qkv": (10240, 2560), "down": (2560, 9216),
+          "out_proj": (2560, 4096)}
+TINY_SHAPES = {"tiny_a": (48, 64), "tiny_b": (130, 224)}
+COLD_BYTES = 256 << 20
+OK_REL_ERR = 1e-2
+
+
+def fp8_configs(N, K):
+    """(name, launch options) around the default; default_launch fills what a config leaves out."""
+    return [("default", {}), ("bk256_st4", dict(block_k=256, num_stages=4)),
+            ("bn64_bk256_st4", dict(block_n=64, block_k=256, num_stages=4)),
+            ("bn64_bk256_w8", dict(block_n=64, block_k=256, num_stages=4, num_warps=8)),
+            ("bn128_bk256_w8", dict(block_n=128, block_k=256, num_stages=3, num_warps=8)),
+            ("bk512_st3", dict(block_k=512, num_stages=3)), ("bn16_bk256_st4", dict(block_n=16, block_k=256,
+                                                                                     num_stages=4)),
+            ("bk256_st4_fp8dot", dict(block_k=256, num_stages=4, fp8_dot=True)),
+            ("bn64_bk256_fp8dot", dict(block_n=64, block_k=256, num_stages=4, fp8_dot=True)),
+            ("bk256_st6", dict(block_k=256, num_stages=6))]
+
+
+def nvfp4_configs(N, K):
+    return [("default", {}), ("nib_default", dict(nibble_dots=True)),
+            ("nib_bk256_st4", dict(block_k=256, num_stages=4, nibble_dots=True)),
+            ("nib_bk512_st4", dict(block_k=512, num_stages=4, nibble_dots=True)),
+            ("nib_bn64_bk512_w8", dict(block_n=64, block_k=512, num_stages=3, num_warps=8, nibble_dots=True)),
+            ("nib_bn16_bk512_st4", dict(block_n=16, block_k=512, num_stages=4, nibble_dots=True)),
+            ("bk512_st3", dict(block_k=512, num_stages=3)),
+            ("bn64_bk256_w8", dict(block_n=64, block_k=256, num_warps=8))]
+
+
+def measure(shapes: dict, rows_m, device, sweep: bool = True, budget_s: float = 300.0, log=print) -> list[dict]:
+    """One entry per (shape, M): every case's rel_err against its fp32 reference and graph-timed us / GB/s / % of
+    the copy bandwidth; sweep: FP8 and NVFP4 launches beyond the default (until budget_s has passed)."""
+    import torch.nn.functional as F
+
+    from bench.kernels_bench import copy_bandwidth
+    from bench.small_m_linear_bench import graph_us
+    from engine.quant_codec import quantize_fp8, quantize_nvfp4
+    from kernels import fp8_quant, quant_linear as ql, small_m_linear as sml
+
+    t0 = time.time()
+    bw = copy_bandwidth(device, (1 << 30) if device.type == "cuda" else (1 << 24))
+    gen = torch.Generator(device=device).manual_seed(0)
+    rows = []
+
+    def rel(y, ref):
+        return float((y.float() - ref).norm() / ref.norm().clamp(min=1e-30))
+
+    for name, (N, K) in shapes.items():
+        w = torch.randn(N, K, generator=gen, device=device) * K ** -0.5
+        wb = w.to(torch.bfloat16)
+        w8, s8 = quantize_fp8(w)
+        row8 = s8.float().reshape(-1).expand(N).contiguous()
+        packed, bsc, gs = quantize_nvfp4(w)
+        rown = (1 / gs.float()).reshape(1).expand(N).contiguous()
+        bytes_w = dict(bf16=N * K * 2, fp8=N * K + 4 * N, nvfp4=N * K // 2 + N * K // 16 + 4 * N)
+        copies = {p: max(1, math.ceil(COLD_BYTES / b)) if device.type == "cuda" else 1 for p, b in bytes_w.items()}
+        pools = dict(bf16=[wb] + [wb.clone() for _ in range(copies["bf16"] - 1)],
+                     fp8=[w8] + [w8.clone() for _ in range(copies["fp8"] - 1)],
+                     nvfp4=[packed] + [packed.clone() for _ in range(copies["nvfp4"] - 1)])
+        ref8_w = ql.dequant_fp8_ref(w8, row8)
+        refn_w = ql.dequant_nvfp4_ref(packed, bsc, rown)
+        for M in rows_m:
+            x = torch.randn(M, K, generator=gen, device=device).to(torch.bfloat16)
+            xq, xs = fp8_quant.quant_fp8_per_token(x)
+            io = (M * K + M * N) * 2
+            refs = dict(bf16=x.float() @ wb.float().T, fp8=(xq.float() @ ref8_w.T) * xs[:, None],
+                        nvfp4=x.float() @ refn_w.T)
+            entry = dict(shape=name, N=N, K=K, M=M, weight_bytes=bytes_w, copies=copies, copy_bandwidth_GBps=bw / 1e9,
+                         cases=[])
+            ws = sml.small_m_linear_workspace(N, device, max_m=max(M, 1), max_split_k=sml.MAX_SPLIT_K)
+            cases = [("bf16", "small_m_linear", "default", None, lambda w, lc: sml.small_m_linear(x, w, workspace=ws)),
+                     ("bf16", "cublas", "cublas", None, lambda w, lc: F.linear(x, w))]
+            if device.type == "cuda":
+                cases.append(("fp8", "cublas", "scaled_mm", None, lambda w, lc: torch._scaled_mm(
+                    xq, w.t(), scale_a=xs[:, None], scale_b=row8[None, :], out_dtype=torch.bfloat16)))
+            cases += [("fp8", "ours", c, lc, lambda w, lc: ql.fp8_linear_triton(
+                xq, w, row8, xs, out_dtype=torch.bfloat16, **lc)) for c, lc in fp8_configs(N, K)[:None if sweep else 1]]
+            cases += [("nvfp4", "ours", c, lc, lambda w, lc: ql.nvfp4_linear_triton(x, w, bsc, rown, **lc))
+                      for c, lc in nvfp4_configs(N, K)[:None if sweep else 1]]
+            for prec, kind, cname, launch, fn in cases:
+                if time.time() - t0 > budget_s and cname not in ("default", "cublas", "scaled_mm"):
+                    continue
+                c = dict(precision=prec, kernel=kind, config=cname, launch=launch)
+                try:
+                    c["rel_err"] = rel(fn(pools[prec][0], launch or {}), refs[prec])
+                    if c["rel_err"] < OK_REL_ERR:
+                        nbytes = bytes_w[prec] + io
+                        us = graph_us([lambda w=w: fn(w, launch or {}) for w in pools[prec]], device, nbytes / 3e12 * 1e6)
+                        c.update(us=us, GBps=nbytes / us / 1e3, pct_copy_bw=100 * nbytes / us / 1e3 / (bw / 1e9))
+                except Exception as e:  # noqa: BLE001 - one launch that fails to compile must not end the run
+                    c["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+                    if device.type == "cuda":
+                        torch.cuda.synchronize()
+                entry["cases"].append(c)
+            rows.append(entry)
+            best = {}
+            for c in entry["cases"]:
+                if "us" in c and (c["precision"] not in best or c["us"] < best[c["precision"]]["us"]):
+                    best[c["precision"]] = c
+            log(f"{name:9s} M={M:<3d} " + "  ".join(f"{p} {b['us']:7.1f}us {b['pct_copy_bw']:4.0f}% {b['config']}"
+                                                   for p, b in best.items()))
+            bad = [f"{c['precision']}:{c['config']} {c.get('error') or c.get('rel_err')}" for c in entry["cases"]
+                   if "us" not in c]
+            if bad:
+                log("    not timed: " + "; ".join(bad))
+        del pools
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return rows
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 8, 16, 32, 64])
+    ap.add_argument("--shapes", nargs="+", default=None)
+    ap.add_argument("--dry-run", action="store_true")
+    ap.add_argument("--no-sweep", action="store_true")
+    ap.add_argument("--budget-s", type=float, default=300.0, help="sweep stops after this; defaults still run")
+    args = ap.parse_args(argv)
+    device = torch.device("cpu" if args.dry_run else "cuda")
+    shapes = TINY_SHAPES if args.dry_run else {k: SHAPES[k] for k in (args.shapes or SHAPES)}
+    t0 = time.time()
+    rows = measure(shapes, args.rows, device, sweep=not args.no_sweep, budget_s=args.budget_s,
+                   log=lambda m: print(m, flush=True))
+    meta = dict(device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu", torch=torch.__version__,
+                cold_bytes=COLD_BYTES, elapsed_s=time.time() - t0, command=" ".join(
+                    ["python3", "bench/quant_gemv_bench.py", *(argv if argv is not None else sys.argv[1:])]))
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(dict(meta=meta, rows=rows), f, indent=1)
+    print(f"wrote {args.out} in {meta['elapsed_s']:.0f} s")
+
+
+if __name__ == "__main__":
+    if "--dry-run" in sys.argv:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    main()
