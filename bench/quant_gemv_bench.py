@@ -7,7 +7,8 @@ copy bandwidth measured in the same run:
   * fp8 (W8A8, per-token activation scales): our GEMV at its default launch and over a sweep of launches (tiles,
     split-K, warps, stages, the FP8 tensor-core dot), and cuBLAS's row-wise scaled GEMM (torch._scaled_mm);
   * nvfp4 (W4A16): our GEMV at its default launch and over a sweep (tiles, split-K, warps, stages, the two decode
-    forms: interleaved tile vs a dot per nibble).
+    forms: interleaved tile vs a dot per nibble), and the weight dequantized by a kernel then cuBLAS (nvfp4_matmul).
+Past 64 rows our GEMVs tile the rows over more programs; these rows tell where each hands over to a GEMM.
 Each launch is checked against the fp32 reference of the same quantized weight before it is timed. Bytes per call are
 the weight as stored (data + scales) + x + y.
 
@@ -99,8 +100,10 @@ def measure(shapes: dict, rows_m, device, sweep: bool = True, budget_s: float = 
             entry = dict(shape=name, N=N, K=K, M=M, weight_bytes=bytes_w, copies=copies, copy_bandwidth_GBps=bw / 1e9,
                          cases=[])
             ws = sml.small_m_linear_workspace(N, device, max_m=max(M, 1), max_split_k=sml.MAX_SPLIT_K)
-            cases = [("bf16", "small_m_linear", "default", None, lambda w, lc: sml.small_m_linear(x, w, workspace=ws)),
-                     ("bf16", "cublas", "cublas", None, lambda w, lc: F.linear(x, w))]
+            cases = [("bf16", "cublas", "cublas", None, lambda w, lc: F.linear(x, w))]
+            if M <= sml.MAX_M:
+                cases.append(("bf16", "small_m_linear", "default", None,
+                              lambda w, lc: sml.small_m_linear(x, w, workspace=ws)))
             if device.type == "cuda":
                 cases.append(("fp8", "cublas", "scaled_mm", None, lambda w, lc: torch._scaled_mm(
                     xq, w.t(), scale_a=xs[:, None], scale_b=row8[None, :], out_dtype=torch.bfloat16)))
@@ -108,8 +111,10 @@ def measure(shapes: dict, rows_m, device, sweep: bool = True, budget_s: float = 
                 xq, w, row8, xs, out_dtype=torch.bfloat16, **lc)) for c, lc in fp8_configs(N, K)[:None if sweep else 1]]
             cases += [("nvfp4", "ours", c, lc, lambda w, lc: ql.nvfp4_linear_triton(x, w, bsc, rown, **lc))
                       for c, lc in nvfp4_configs(N, K)[:None if sweep else 1]]
+            cases.append(("nvfp4", "dequant+cublas", "dequant_cublas", None,
+                          lambda w, lc: ql.nvfp4_matmul(x, w, bsc, rown)))
             for prec, kind, cname, launch, fn in cases:
-                if time.time() - t0 > budget_s and cname not in ("default", "cublas", "scaled_mm"):
+                if time.time() - t0 > budget_s and cname not in ("default", "cublas", "scaled_mm", "dequant_cublas"):
                     continue
                 c = dict(precision=prec, kernel=kind, config=cname, launch=launch)
                 try:
@@ -143,7 +148,7 @@ def measure(shapes: dict, rows_m, device, sweep: bool = True, budget_s: float = 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--rows", type=int, nargs="+", default=[1, 8, 16, 32, 64])
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 8, 32, 64, 128, 256])
     ap.add_argument("--shapes", nargs="+", default=None)
     ap.add_argument("--dry-run", action="store_true")
     ap.add_argument("--no-sweep", action="store_true")

@@ -10,7 +10,7 @@ from kernels.gated_rmsnorm import gated_rmsnorm
 from kernels.gdn_recurrent import gates_from_raw, gdn_recurrent, l2norm_ref
 from kernels.gdn_verify import causal_conv1d_verify, conv_state_commit, gdn_fold, gdn_ring_advance, gdn_verify
 from kernels.paged_attention import paged_decode_attention, store_kvcache
-from kernels.quant_linear import MAX_M as MAX_QUANT_GEMV_M  # noqa: F401 (a number: not in __all__)
+from kernels.quant_linear import FP8_GEMV_MAX_M, NVFP4_GEMV_MAX_M  # noqa: F401 (numbers: not in __all__)
 from kernels.quant_linear import (
     dequant_fp8_ref, dequant_nvfp4_ref, fp8_linear, fp8_matmul, nvfp4_linear, nvfp4_matmul)
 from kernels.rmsnorm import rmsnorm
@@ -18,7 +18,7 @@ from kernels.silu_mul import silu_mul
 from kernels.small_m_linear import MAX_M  # noqa: F401 (a number: not in __all__)
 from kernels.small_m_linear import SplitKWorkspace, default_launch, linear_silu_mul, small_m_linear, split_ranges
 
-# The ops (callables); the row bounds MAX_M and MAX_QUANT_GEMV_M are numbers, imported by name.
+# The ops (callables); the row bounds MAX_M, FP8_GEMV_MAX_M and NVFP4_GEMV_MAX_M are numbers, imported by name.
 __all__ = ["SplitKWorkspace", "causal_conv1d_update", "causal_conv1d_verify", "conv_state_commit", "copy_rows",
            "default_launch", "dequant_fp8_ref", "dequant_nvfp4_ref", "fp8_linear", "fp8_matmul",
            "fused_attn_decode_inputs", "fused_gdn_decode", "gated_rmsnorm", "gates_from_raw", "gdn_fold",

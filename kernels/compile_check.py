@@ -288,14 +288,14 @@ def quant_cases(batch_sizes, fp8_quant, quant_linear):
                                                                   residual=torch.empty(B, hidden, dtype=bf16))),
                   (f"silu_mul_quant_fp8 N={B}", fp8_quant,
                    lambda B=B: fp8_quant.silu_mul_quant_fp8_triton(torch.empty(B, 2 * inter, dtype=bf16)))]
-        if B > quant_linear.MAX_M:
+        if B > quant_linear.NVFP4_GEMV_MAX_M:
             continue
         for N, K_in in ((2 * inter, hidden), (12352, hidden), (hidden, inter), (hidden, 4096)):
             cases += [(f"fp8_linear W8A8 M={B} {N}x{K_in}", quant_linear,
                        lambda B=B, N=N, K_in=K_in: quant_linear.fp8_linear_triton(
                            torch.empty(B, K_in, dtype=fp8), torch.empty(N, K_in, dtype=fp8), torch.empty(N, dtype=f32),
-                           torch.empty(B, dtype=f32), out_dtype=bf16)),
-                      (f"nvfp4_linear M={B} {N}x{K_in}", quant_linear,
+                           torch.empty(B, dtype=f32), out_dtype=bf16))] if B <= quant_linear.FP8_GEMV_MAX_M else []
+            cases += [(f"nvfp4_linear M={B} {N}x{K_in}", quant_linear,
                        lambda B=B, N=N, K_in=K_in: quant_linear.nvfp4_linear_triton(
                            torch.empty(B, K_in, dtype=bf16), torch.empty(N, K_in // 2, dtype=u8),
                            torch.empty(N, K_in // 16, dtype=fp8), torch.empty(N, dtype=f32)))]

@@ -31,10 +31,12 @@ from kernels._common import (
     cast_rtne, cdiv, check, next_pow2, output, require_last_dim_contiguous, sm_count, use_triton)
 from kernels.small_m_linear import MAX_SPLIT_K, _split_k_reduce_kernel, pick_split_k, split_ranges
 
-MAX_M = 64  # rows through the GEMV (more: prefill GEMMs). Above 16 the bf16 path hands over to cuBLAS; with 1-byte
-# or half-byte weights the GEMV keeps the weight-streaming advantage longer (Marlin: ~4x up to 16-32 rows), and
-# cuBLAS's row-wise FP8 is slower than bf16 at 1-64 rows. bench/quantized_decode_bench.py at batch 32 / 64 on the
-# H200 is what should confirm or move this bound.
+MAX_M = 64  # rows of x one program multiplies (its MMA's N side); more rows take more programs along the grid's m axis
+# Rows up to which the GEMV serves (more: the GEMMs of fp8_matmul / nvfp4_matmul). FP8 hands over to the FP8 tensor
+# cores of torch._scaled_mm; NVFP4 has no tensor-core GEMM reading packed weights here, so its GEMV serves decode
+# batches as far as a dequantize-then-cuBLAS GEMM (which writes and rereads a bf16 copy of the weight) is slower.
+FP8_GEMV_MAX_M = 64
+NVFP4_GEMV_MAX_M = 256
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
 E2M1_MAX = 6.0
@@ -138,13 +140,14 @@ def _quant_gemv_kernel(
     """NVFP4: w_ptr is packed [N, K/2] uint8, bs_ptr block scales [N, K/16] fp8; else w_ptr is fp8 [N, K].
     X_SCALE: x is fp8 with per-row scales xs_ptr [M]. SPLIT: program (n, s) sums K range s (K_PER_SPLIT, a multiple
     of BLOCK_K) and stores its scaled fp32 partial to part_ptr [S, M, N]; a second kernel adds them in split order."""
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
+    pid_m = tl.program_id(0)  # the fastest-varying axis: a weight tile's row blocks run together and share it in L2
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
     k_lo = pid_k * K_PER_SPLIT
     k_hi = tl.minimum(K, k_lo + K_PER_SPLIT)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
-    offs_m = tl.arange(0, M_PAD)
+    offs_m = pid_m * M_PAD + tl.arange(0, M_PAD)
     mask_m = offs_m < M
     offs_k = tl.arange(0, BLOCK_K)
     rows = offs_n.to(tl.int64)[:, None] * swn
@@ -218,7 +221,6 @@ def _launch(x, w, bs, row_scale, x_scale, out, out_dtype, nvfp4, block_n, block_
     M = x.shape[0]
     N = w.shape[0]
     K = w.shape[1] * (2 if nvfp4 else 1)
-    check(M <= MAX_M, f"quantized GEMV handles M <= {MAX_M} rows, got M={M}")
     y = output(out, (M, N), out_dtype, x.device)
     if M == 0 or N == 0:
         return y
@@ -230,10 +232,11 @@ def _launch(x, w, bs, row_scale, x_scale, out, out_dtype, nvfp4, block_n, block_
     check(isinstance(split, int) and 1 <= split <= MAX_SPLIT_K, f"split_k must be an int in [1, {MAX_SPLIT_K}]")
     k_per_split, S = split_ranges(K, block_k, split)
     parts = torch.empty(S * M * N if S > 1 else 1, dtype=torch.float32, device=x.device)
-    _quant_gemv_kernel[(cdiv(N, block_n), S)](
+    m_pad = min(MAX_M, max(16, next_pow2(M)))
+    _quant_gemv_kernel[(cdiv(M, m_pad), cdiv(N, block_n), S)](
         x, w, bs if bs is not None else row_scale, row_scale, x_scale if x_scale is not None else row_scale, y, parts,
         M, N, K, k_per_split, x.stride(0), w.stride(0), bs.stride(0) if bs is not None else 0, y.stride(0),
-        M_PAD=max(16, next_pow2(M)), BLOCK_N=block_n, BLOCK_K=block_k, NVFP4=nvfp4, X_SCALE=x_scale is not None,
+        M_PAD=m_pad, BLOCK_N=block_n, BLOCK_K=block_k, NVFP4=nvfp4, X_SCALE=x_scale is not None,
         UPCAST_DOT=not x.is_cuda,  # the CPU interpreter multiplies bf16 tiles as raw integers: give it fp32
         SPLIT=S > 1, NIBBLE_DOTS=nibble_dots, FP8_DOT=fp8_dot and x_scale is not None and x.is_cuda,
         num_warps=num_warps, num_stages=num_stages)
@@ -261,15 +264,15 @@ def nvfp4_linear_triton(x, packed, block_scale, row_scale, out=None, block_n=Non
 
 
 def fp8_linear(x, w8, row_scale, x_scale=None, out_dtype=None, out=None, **launch):
-    """Small-M FP8-weight linear: Triton on CUDA (M <= MAX_M), else the torch reference (see fp8_linear_ref)."""
-    if use_triton(x) and x.shape[0] <= MAX_M:
+    """Small-M FP8-weight linear: Triton on CUDA (M <= FP8_GEMV_MAX_M), else the torch reference (fp8_linear_ref)."""
+    if use_triton(x) and x.shape[0] <= FP8_GEMV_MAX_M:
         return fp8_linear_triton(x, w8, row_scale, x_scale, out_dtype, out, **launch)
     return fp8_linear_ref(x, w8, row_scale, x_scale, out_dtype, out)
 
 
 def nvfp4_linear(x, packed, block_scale, row_scale, out=None, **launch):
-    """Small-M NVFP4-weight linear (W4A16): Triton on CUDA (M <= MAX_M), else the torch reference."""
-    if use_triton(x) and x.shape[0] <= MAX_M:
+    """Small-M NVFP4-weight linear (W4A16): Triton on CUDA (M <= NVFP4_GEMV_MAX_M), else the torch reference."""
+    if use_triton(x) and x.shape[0] <= NVFP4_GEMV_MAX_M:
         return nvfp4_linear_triton(x, packed, block_scale, row_scale, out, **launch)
     return nvfp4_linear_ref(x, packed, block_scale, row_scale, out)
 
@@ -290,10 +293,40 @@ def fp8_matmul(x8, x_scale, w8, row_scale, out_dtype):
     return fp8_linear_ref(x8, w8, row_scale, x_scale, out_dtype)
 
 
+@triton.jit
+def _dequant_nvfp4_kernel(w_ptr, bs_ptr, rs_ptr, out_ptr, N, K, swn, sbn, son,
+                          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """out [N, K] = e2m1(packed) * block_scale * row_scale, rounded once to out's dtype; program = a [BN, BK] tile."""
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    HALF: tl.constexpr = BLOCK_K // 2
+    offs_b = tl.program_id(1) * HALF + tl.arange(0, HALF)
+    mask = (offs_n < N)[:, None] & (offs_b < K // 2)[None, :]
+    rows = offs_n.to(tl.int64)[:, None]
+    b = tl.load(w_ptr + rows * swn + offs_b[None, :], mask=mask, other=0)
+    scale = tl.load(bs_ptr + rows * sbn + offs_b[None, :] // 8, mask=mask, other=0.0).to(tl.float32) * \
+        tl.load(rs_ptr + offs_n, mask=offs_n < N, other=0.0)[:, None]
+    for nib in tl.static_range(2):
+        w = _e2m1_decode(((b >> (4 * nib)) & 15).to(tl.int32)) * scale
+        tl.store(out_ptr + rows * son + 2 * offs_b[None, :] + nib, cast_rtne(w, out_ptr.dtype.element_ty), mask=mask)
+
+
+def dequant_nvfp4_triton(packed, block_scale, row_scale, dtype, out=None):
+    """[N, K] weight of an NVFP4 tensor in `dtype` (the reference: dequant_nvfp4_ref, rounded once)."""
+    _validate_nvfp4(torch.empty(0, packed.shape[1] * 2, dtype=dtype, device=packed.device), packed, block_scale,
+                    row_scale)
+    N, K = packed.shape[0], packed.shape[1] * 2
+    y = output(out, (N, K), dtype, packed.device)
+    block_n, block_k = 32, 256
+    _dequant_nvfp4_kernel[(cdiv(N, block_n), cdiv(K, block_k))](
+        packed, block_scale, row_scale, y, N, K, packed.stride(0), block_scale.stride(0), y.stride(0),
+        BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4)
+    return y
+
+
 def nvfp4_matmul(x, packed, block_scale, row_scale):
-    """NVFP4-weight linear of any M (prefill). CUDA: the weight dequantized to x's dtype, then cuBLAS (a correct,
-    weight-only fallback that moves 4x the bytes; a W4A16 tensor-core GEMM reading the packed weight is left out);
+    """NVFP4-weight linear of any M (prefill): on CUDA the weight dequantized to x's dtype by one kernel, then cuBLAS
+    (moves the bf16 weight twice more than a W4A16 tensor-core GEMM reading the packed one would, which is left out);
     elsewhere the reference."""
-    if x.is_cuda:
-        return torch.nn.functional.linear(x, dequant_nvfp4_ref(packed, block_scale, row_scale).to(x.dtype))
+    if use_triton(x):
+        return torch.nn.functional.linear(x, dequant_nvfp4_triton(packed, block_scale, row_scale, x.dtype))
     return nvfp4_linear_ref(x, packed, block_scale, row_scale)

@@ -9,8 +9,8 @@ import torch
 from kernels.testing import assert_close, poisoned, require_interpreted  # sets TRITON_INTERPRET first
 from kernels import fp8_quant as fq  # noqa: I001
 from kernels.quant_linear import (
-    FP8, E2M1_VALUES, _quant_gemv_kernel, dequant_nvfp4_ref, fp8_linear_ref, fp8_linear_triton, fp8_matmul,
-    nvfp4_linear_ref, nvfp4_linear_triton, unpack_e2m1,
+    FP8, E2M1_VALUES, _quant_gemv_kernel, dequant_nvfp4_ref, dequant_nvfp4_triton, fp8_linear_ref, fp8_linear_triton,
+    fp8_matmul, nvfp4_linear_ref, nvfp4_linear_triton, unpack_e2m1,
 )
 
 
@@ -55,7 +55,8 @@ def test_unpack_e2m1_codes():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("M,N,K", [(1, 40, 48), (3, 130, 208), (16, 33, 96), (7, 100, 400), (45, 70, 80)])
+@pytest.mark.parametrize("M,N,K", [(1, 40, 48), (3, 130, 208), (16, 33, 96), (7, 100, 400), (45, 70, 80),
+                                   (131, 36, 48)])
 def test_nvfp4_gemv_matches_ref(M, N, K, dtype):
     require_interpreted(_quant_gemv_kernel)
     gen = torch.Generator().manual_seed(M * 977 + N + K)
@@ -73,7 +74,7 @@ def test_nvfp4_gemv_matches_ref(M, N, K, dtype):
 
 @pytest.mark.parametrize("act", ["w8a16", "w8a8"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("M,N,K", [(1, 40, 48), (5, 130, 200), (16, 33, 96), (64, 50, 72)])
+@pytest.mark.parametrize("M,N,K", [(1, 40, 48), (5, 130, 200), (16, 33, 96), (64, 50, 72), (100, 24, 40)])
 def test_fp8_gemv_matches_ref(M, N, K, dtype, act):
     gen = torch.Generator().manual_seed(M * 131 + N + K)
     x = torch.randn(M, K, generator=gen).to(dtype)
@@ -89,6 +90,16 @@ def test_fp8_gemv_matches_ref(M, N, K, dtype, act):
     # W8A8 stays close to the exact product of the unquantized activation (per-token FP8 error ~2^-4 relative)
     exact = x.float() @ (w8.float() * row[:, None]).T
     assert (want.float() - exact).norm() / exact.norm() < 0.06
+
+
+@pytest.mark.parametrize("N,K", [(40, 48), (33, 544)])
+def test_nvfp4_dequantize_kernel_matches_ref(N, K):
+    """The prefill path's weight expansion: e2m1 x block scale x row scale, rounded once to bf16."""
+    gen = torch.Generator().manual_seed(N + K)
+    packed, bs, row = nvfp4_weight(N, K, gen)
+    want = dequant_nvfp4_ref(packed, bs, row).to(torch.bfloat16)
+    out = poisoned((N, K), torch.bfloat16)
+    assert torch.equal(dequant_nvfp4_triton(packed, bs, row, torch.bfloat16, out=out), want)
 
 
 @pytest.mark.parametrize("R,D", [(1, 48), (5, 200), (3, 1000)])
@@ -169,8 +180,6 @@ def test_fp8_matmul_cpu_falls_back_to_ref():
                                  torch.zeros(3, 2, dtype=FP8), torch.ones(3)), "divisible by 16"),
     (lambda: nvfp4_linear_triton(torch.zeros(2, 32), torch.zeros(3, 16, dtype=torch.uint8),
                                  torch.zeros(3, 1, dtype=FP8), torch.ones(3)), "block_scale must be"),
-    (lambda: nvfp4_linear_triton(torch.zeros(65, 32), torch.zeros(3, 16, dtype=torch.uint8),
-                                 torch.zeros(3, 2, dtype=FP8), torch.ones(3)), "M <= 64"),
     (lambda: fp8_linear_triton(torch.zeros(2, 32), torch.zeros(3, 32), torch.ones(3)), "float8_e4m3fn"),
     (lambda: fp8_linear_triton(torch.zeros(2, 32), torch.zeros(3, 32, dtype=FP8), torch.ones(3), torch.ones(2)),
      "x must be float8"),

@@ -5,9 +5,9 @@ A projection module's `.weight` is normally a bf16 [N, K] parameter; in a quanti
     keeps its own scale per row, so shards with different global scales fuse exactly), or
   * SplitWeight: row blocks of different kinds, e.g. the GDN in_proj [qkv | z | b | a] with qkv and z in FP8 and the
     small b and a (gates) in bf16; the product is the blocks' products side by side.
-quant_linear(x, weight) runs one: decode-sized inputs (M <= 64) on CUDA through the in-register-dequantizing GEMVs
-(kernels/quant_linear), prefill through torch._scaled_mm (FP8) or a dequantize-then-GEMM fallback (NVFP4), and the
-torch references on CPU. FP8 W8A8 quantizes activations per token on the fly (kernels/fp8_quant), or takes them
+quant_linear(x, weight) runs one: decode-sized inputs on CUDA through the in-register-dequantizing GEMVs
+(kernels/quant_linear; FP8 up to FP8_GEMV_MAX_M rows, NVFP4 up to NVFP4_GEMV_MAX_M), larger ones through
+torch._scaled_mm (FP8) or a dequantize-then-GEMM (NVFP4), and the torch references on CPU. FP8 W8A8 quantizes activations per token on the fly (kernels/fp8_quant), or takes them
 already quantized from a fused producer (x_fp8).
 """
 from __future__ import annotations
@@ -107,13 +107,13 @@ def quant_linear(x: torch.Tensor | None, weight, x_fp8: tuple[torch.Tensor, torc
     if isinstance(weight, PlainWeight):
         return torch.nn.functional.linear(x, weight.weight)
     if weight.kind == NVFP4:
-        if x.shape[0] <= ops.MAX_QUANT_GEMV_M:
+        if x.shape[0] <= ops.NVFP4_GEMV_MAX_M:
             return ops.nvfp4_linear(x, weight.data, weight.block_scale, weight.row_scale)
         return ops.nvfp4_matmul(x, weight.data, weight.block_scale, weight.row_scale)
     if not weight.act_fp8:
         return ops.fp8_linear(x, weight.data, weight.row_scale)
     xq, xs = x_fp8 if x_fp8 is not None else ops.quant_fp8_per_token(x)
-    if xq.shape[0] <= ops.MAX_QUANT_GEMV_M:
+    if xq.shape[0] <= ops.FP8_GEMV_MAX_M:
         return ops.fp8_linear(xq, weight.data, weight.row_scale, xs, out_dtype=out_dtype)
     return ops.fp8_matmul(xq, xs, weight.data, weight.row_scale, out_dtype)
 
