@@ -94,6 +94,9 @@ class RequestOutput:
         return (self.output_tokens - 1) / self.decode_s if self.decode_s > 0 else 0.0
 
 
+STATE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
 @dataclass(frozen=True)
 class EngineOptions:
     max_num_seqs: int = 64
@@ -112,6 +115,9 @@ class EngineOptions:
     decode_pdl: bool = True  # programmatic dependent launch (sm_90+): each kernel starts as the one before finishes
     swiglu_epilogue: bool = True  # the gate_up GEMV applies SwiGLU to its own output: no SwiGLU kernel, no [M, 2I]
     text_only: bool = False
+    # the GDN recurrent state pool (50 MB a sequence at the 4B shape in fp32, read and written by every decode step);
+    # "bfloat16" halves that traffic and memory, the state stepped in fp32 and rounded once a step
+    gdn_state_dtype: str = "float32"
     # speculative decoding: a DFlash drafter folder (engine/models/dflash.py; None or "none": off), the verify
     # block length (None: the drafter's block_size), and the largest decode batch that speculates (None: any); a
     # larger one decodes plainly, one step ahead of the device (a verify pass multiplies the batch's rows by the
@@ -144,6 +150,8 @@ class EngineOptions:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f"{name}={value!r}: give an integer >= {least} ({meaning})")
+        if self.gdn_state_dtype not in STATE_DTYPES:
+            raise ValueError(f"gdn_state_dtype={self.gdn_state_dtype!r}: give one of {', '.join(STATE_DTYPES)}")
 
     def decode_path(self) -> DecodePath:
         return DecodePath(fused_decode=self.fused_decode, fused_attention_decode=self.fused_attention_decode,
@@ -180,7 +188,8 @@ class Engine:
                                   gpu_memory_utilization=opts.gpu_memory_utilization,
                                   use_cuda_graphs=not opts.enforce_eager, compile_glue=opts.compile,
                                   decode=opts.decode_path(), drafter=drafter,
-                                  spec_ring=(block, opts.spec_fold_after) if drafter is not None else None)
+                                  spec_ring=(block, opts.spec_fold_after) if drafter is not None else None,
+                                  state_dtype=STATE_DTYPES[opts.gdn_state_dtype])
         self.block_manager = BlockManager(self.runner.cache.num_blocks, opts.block_size)
         self.spec = None
         if drafter is not None:

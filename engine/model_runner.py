@@ -66,7 +66,8 @@ class ModelRunner:
                  max_num_seqs: int, max_model_len: int, max_num_batched_tokens: int, block_size: int = 16,
                  num_blocks: int | None = None, kv_cache_memory_gb: float | None = None,
                  gpu_memory_utilization: float = 0.9, use_cuda_graphs: bool = True, compile_glue: bool = True,
-                 *, decode: DecodePath, drafter=None, spec_ring: tuple[int, int] | None = None):
+                 *, decode: DecodePath, drafter=None, spec_ring: tuple[int, int] | None = None,
+                 state_dtype: torch.dtype = torch.float32):
         self.model, self.cfg, self.device, self.dtype = model, cfg, device, dtype
         # a speculative drafter (engine/models/dflash.DFlashDrafter): its context KV shares the target's block tables
         # and is written by every target forward from the tapped hidden states
@@ -91,7 +92,7 @@ class ModelRunner:
         # there (engine/spec_graphs)
         self.scratch_slot = max_num_seqs if drafter is not None else None
         slots = max_num_seqs + (drafter is not None)
-        self._alloc_states(slots)
+        self._alloc_states(slots, state_dtype)
         # speculative steps' pending GDN updates, (block size, fold_after) -> engine/gdn_ring.GdnRing; allocated
         # before the KV cache takes what memory is left
         self.gdn_ring = GdnRing(self, *spec_ring) if spec_ring is not None else None
@@ -184,13 +185,13 @@ class ModelRunner:
         drafter = self.drafter.kv_bytes_per_block(self.block_size, self.dtype) if self.drafter is not None else 0
         return 2 * len(self.attn_layers) * self.block_size * t.num_key_value_heads * t.head_dim * elt + drafter
 
-    def _alloc_states(self, slots: int) -> None:
+    def _alloc_states(self, slots: int, state_dtype: torch.dtype) -> None:
         t = self.cfg.text
         n = len(self.gdn_layers)
         self.conv_state = torch.zeros(n, slots, t.gdn_conv_dim, t.linear_conv_kernel_dim - 1, dtype=self.dtype,
                                       device=self.device)
         self.ssm_state = torch.zeros(n, slots, t.linear_num_value_heads, t.linear_key_head_dim,
-                                     t.linear_value_head_dim, dtype=torch.float32, device=self.device)
+                                     t.linear_value_head_dim, dtype=state_dtype, device=self.device)
         for i, layer in enumerate(self.gdn_layers):
             layer.conv_state, layer.ssm_state = self.conv_state[i], self.ssm_state[i]
 

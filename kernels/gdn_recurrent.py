@@ -3,8 +3,9 @@
 Per value head, with the key head shared by Hv // Hk consecutive value heads:
     q, k <- l2norm(q), l2norm(k) in fp32;  q <- q * scale
     S <- exp(g) * S;  delta = beta * (v - S^T k);  S <- S + k delta^T;  o = S^T q
-The state S [dk, dv] lives in a fp32 pool `state[num_slots, Hv, dk, dv]`; row `state_idx[b]` is read and written
-back in place. A negative state_idx marks a padding row: its state is left untouched and its output is zero.
+The state S [dk, dv] lives in a pool `state[num_slots, Hv, dk, dv]` of fp32 or bf16 (half the bytes a decode step
+moves for it; engine option gdn_state_dtype); row `state_idx[b]` is read and written back in place, stepped in fp32
+in between (a bf16 pool is rounded once per step, to nearest even). A negative state_idx marks a padding row: its state is left untouched and its output is zero.
 
 raw_gates=(A_log, dt_bias): g and beta are passed as the raw projections a and b, and the gates are computed on load
 (g = -exp(A_log) * softplus(a + dt_bias) in fp32, beta = sigmoid(b) rounded to b's dtype), as the model's glue would
@@ -19,6 +20,7 @@ from kernels._common import (
     cast_rtne, cdiv, check, next_pow2, output, pdl_enter, pdl_launch, require_last_dim_contiguous, use_triton)
 
 L2NORM_EPS = 1e-6
+STATE_DTYPES = (torch.float32, torch.bfloat16)
 # Launch defaults from the graph-timed sweep at the 4B shape (docs/decisions.md): one warp per (sequence, value head,
 # 32-wide dv tile) keeps each token's reductions over dk inside a warp, and the fused step takes both from one pass
 # over the tile. The verify and fold kernels (kernels/gdn_verify.py) and the fused decode kernel step the same way:
@@ -37,7 +39,7 @@ def _validate(q, k, v, g, beta, state, state_idx):
     check(beta.shape == (B, T, Hv), f"beta must be [B, T, Hv] = {(B, T, Hv)}, got {tuple(beta.shape)}")
     check(state.dim() == 4 and state.shape[1:] == (Hv, dk, dv),
           f"state must be [num_slots, Hv={Hv}, dk={dk}, dv={dv}], got {tuple(state.shape)}")
-    check(state.dtype == torch.float32, f"state must be float32, got {state.dtype}")
+    check(state.dtype in STATE_DTYPES, f"state must be float32 or bfloat16, got {state.dtype}")
     check(state_idx.shape == (B,) and not state_idx.is_floating_point(),
           f"state_idx must be an integer tensor of shape [B={B}], got {state_idx.dtype} {tuple(state_idx.shape)}")
 
@@ -71,7 +73,7 @@ def gdn_recurrent_ref(q, k, v, g, beta, state, state_idx, scale=None, out=None, 
     vf, gf, bf = v.float(), g.float(), beta.float()
 
     live = state_idx >= 0
-    S = state[state_idx.long().clamp(min=0)].clone()  # [B, Hv, dk, dv]
+    S = state[state_idx.long().clamp(min=0)].float()  # [B, Hv, dk, dv]
     o = torch.empty(v.shape, dtype=torch.float32, device=v.device)
     for t in range(T):
         S = S * gf[:, t].exp()[..., None, None]
@@ -79,7 +81,7 @@ def gdn_recurrent_ref(q, k, v, g, beta, state, state_idx, scale=None, out=None, 
         delta = bf[:, t, :, None] * (vf[:, t] - kv)
         S = S + kf[:, t, :, :, None] * delta[:, :, None, :]
         o[:, t] = torch.einsum("bhkv,bhk->bhv", S, qf[:, t])
-    state[state_idx[live].long()] = S[live]
+    state[state_idx[live].long()] = S[live].to(state.dtype)
     o[~live] = 0.0
     out = output(out, v.shape, v.dtype, v.device)
     out.copy_(o)
@@ -196,7 +198,7 @@ def _gdn_recurrent_kernel(
     mask_v = offs_v < DV
     mask_s = mask_k[:, None] & mask_v[None, :] & live
     s_ptrs = state_ptr + slot * ss_n + hv * ss_h + offs_k[:, None] * ss_k + offs_v[None, :]
-    S = tl.load(s_ptrs, mask=mask_s, other=0.0)
+    S = tl.load(s_ptrs, mask=mask_s, other=0.0).to(tl.float32)
 
     b64 = b.to(tl.int64)
     neg_decay_rate = 0.0
@@ -213,7 +215,8 @@ def _gdn_recurrent_kernel(
         tl.store(o_ptr + b64 * so_b + t * so_t + hv * so_h + offs_v, cast_rtne(o, o_ptr.dtype.element_ty), mask=mask_v)
     # the tile's pointers formed again rather than kept from the load: at one warp a [128, 32] tile of 64-bit
     # pointers held across the steps spills
-    tl.store(state_ptr + (slot * ss_n + hv * ss_h) + (offs_k[:, None] * ss_k + offs_v[None, :]), S, mask=mask_s)
+    tl.store(state_ptr + (slot * ss_n + hv * ss_h) + (offs_k[:, None] * ss_k + offs_v[None, :]),
+             cast_rtne(S, state_ptr.dtype.element_ty), mask=mask_s)
 
 
 def gdn_recurrent_triton(q, k, v, g, beta, state, state_idx, scale=None, out=None, raw_gates=None, block_v=None,

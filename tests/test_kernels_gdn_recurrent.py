@@ -172,9 +172,30 @@ def test_dispatch(monkeypatch):
 def test_bad_inputs_raise_clear_errors():
     q, k, v, g, beta, state = make_inputs()
     idx = torch.tensor(STATE_IDX, dtype=torch.int32)
-    with pytest.raises(ValueError, match="state must be float32"):
-        gdn_recurrent_triton(q, k, v, g, beta, state.to(torch.bfloat16), idx)
+    with pytest.raises(ValueError, match="state must be float32 or bfloat16"):
+        gdn_recurrent_triton(q, k, v, g, beta, state.to(torch.float16), idx)
     with pytest.raises(ValueError, match="multiple of key heads"):
         gdn_recurrent_ref(q, k, v[:, :, :5], g[:, :, :5], beta[:, :, :5], state[:, :5], idx)
     with pytest.raises(ValueError, match="state_idx"):
         gdn_recurrent_triton(q, k, v, g, beta, state, idx[:2])
+
+
+@pytest.mark.parametrize("T", [1, 3])
+def test_bf16_state_pool(T):
+    """A bf16 state pool (gdn_state_dtype): read into fp32, stepped in fp32, rounded once to nearest even on the
+    write; the kernel and the reference agree on the output and on the stored bits' neighbourhood, and the stepped
+    state stays within bf16 rounding of the fp32 pool's."""
+    require_interpreted(_gdn_recurrent_kernel)
+    q, k, v, g, beta, state = make_inputs(T=T, dtype=torch.bfloat16, seed=40 + T)
+    idx = torch.tensor(STATE_IDX, dtype=torch.int32)
+    s16 = state.to(torch.bfloat16)
+    s_ref, s_tri, s32 = s16.clone(), s16.clone(), s16.float()
+    o_ref = gdn_recurrent_ref(q, k, v, g, beta, s_ref, idx)
+    o_tri = gdn_recurrent_triton(q, k, v, g, beta, s_tri, idx, out=poisoned(v.shape, torch.bfloat16))
+    gdn_recurrent_ref(q, k, v, g, beta, s32, idx)
+    assert s_tri.dtype == torch.bfloat16
+    assert_close(o_tri, o_ref, torch.bfloat16)
+    assert_close(s_tri.float(), s_ref.float(), torch.bfloat16)
+    assert torch.equal(s_ref.float(), s32.to(torch.bfloat16).float())  # one rounding of the fp32 step
+    untouched = [s for s in range(NUM_SLOTS) if s not in STATE_IDX]
+    assert torch.equal(s_tri[untouched], s16[untouched])

@@ -123,7 +123,7 @@ def delta_rule_fla(q, k, v, g, beta, states, cu_seqlens, cu_seqlens_cpu):
 def delta_rule_prefill(q, k, v, g, beta, ssm_state: torch.Tensor, meta: StepMetadata):
     """Packed q, k [N, Hk, dk], v [N, Hv, dv], g, beta [N, Hv] -> o [N, Hv, dv]; updates the step's sequences'
     ssm_state rows (meta.state_idx) in place."""
-    init = ssm_state[meta.state_idx]
+    init = ssm_state[meta.state_idx].float()  # stepped in fp32 whatever the pool's dtype
     if _fla_chunk is not None and q.is_cuda:
         o, final = delta_rule_fla(q, k, v, g, beta, init, meta.cu_seqlens, meta.cu_seqlens_cpu)
     elif use_triton(q):  # GPU path: the whole step in one call, ~1/S of the launches of a call per sequence
