@@ -38,9 +38,10 @@ EVAL_FLAGS = ["--reader", "native",
               "--glyph-px", "32", "--block-lines", "8", "--block-scales", "1", "--corpus-pages", "0"]
 
 
-def run_eval(model: Path, synth: Path, n: int, first: int, batch: int, out: Path) -> dict:
+def run_eval(model: Path, synth: Path, n: int, first: int, batch: int, out: Path, options: list[str] = ()) -> dict:
     cmd = [sys.executable, "-m", EVAL_MODULE, "--config", EVAL_CONFIG, "--model", str(model), "--synth", str(synth), "--heldout", str(n),
-           "--heldout-from", str(first), "--batch", str(batch), "--out", str(out), *EVAL_FLAGS]
+           "--heldout-from", str(first), "--batch", str(batch), "--out", str(out), *EVAL_FLAGS,
+           *(f"--engine-option={o}" for o in options)]
     subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
     return json.loads(out.read_text())
 
@@ -72,7 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     from pipeline.text import levenshtein
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", action="append", required=True, help="NAME=PATH; the first is the baseline")
+    ap.add_argument("--model", action="append", required=True,
+                    help="NAME=PATH[,KEY=VALUE...] (engine options, e.g. gdn_state_dtype=bfloat16); the first is the "
+                         "baseline")
     ap.add_argument("--synth", type=Path, default=Path(".synth"))
     ap.add_argument("--heldout", type=int, default=24)
     ap.add_argument("--heldout-from", type=int, default=2000)
@@ -82,7 +85,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", type=Path, default=None,
                     help="keep each model's eval JSON here and reuse it when it is there (same pages and flags)")
     args = ap.parse_args(argv)
-    models = dict(m.split("=", 1) for m in args.model)
+    specs = {name: rest.split(",") for name, rest in (m.split("=", 1) for m in args.model)}
+    models = {name: parts[0] for name, parts in specs.items()}
+    options = {name: parts[1:] for name, parts in specs.items()}
     results, seconds, read_from = {}, {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         work = args.work or Path(tmp)
@@ -91,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.time()
             cached = work / f"{name}_{args.heldout_from}_{args.heldout}.json"
             full = (json.loads(cached.read_text()) if cached.is_file() else
-                    run_eval(Path(path), args.synth, args.heldout, args.heldout_from, args.batch, cached))
+                    run_eval(Path(path), args.synth, args.heldout, args.heldout_from, args.batch, cached,
+                             options[name]))
             results[name], read_from[name] = full["heldout_synthetic"], full["model"]
             seconds[name] = results[name]["model_text"].get("seconds", round(time.time() - t0, 1))
             print(name, results[name]["model_text"], file=sys.stderr)
@@ -99,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     base = results[base_name]["per_page"]
     rows = {}
     for name, r in results.items():
-        row = {"checkpoint": models[name], "weights_sha256": weights_digest(Path(models[name])), "cer": round(r["model_text"]["cer"], 5), "wer": round(r["model_text"]["wer"], 5),
+        row = {"checkpoint": models[name], "engine_options": options[name], "weights_sha256": weights_digest(Path(models[name])), "cer": round(r["model_text"]["cer"], 5), "wer": round(r["model_text"]["wer"], 5),
                "ref_chars": r["model_text"]["ref_chars"], "pages": r["model_text"]["pages"],
                "block_images_read": r.get("block_images_read"), "wall_s": seconds[name],
                "read_from": read_from[name]}

@@ -48,6 +48,7 @@ VARIANTS = {
     "native_swiglu_unfused": dict(swiglu_epilogue=False),  # ... SwiGLU as its own kernel after the gate_up GEMV
     "native_fused": dict(fused_decode=True),  # the fused GDN decode kernel too
     "native_unfused_attn": dict(fused_attention_decode=False),  # attention inputs by the compiled glue + KV store
+    "native_bf16_state": dict(gdn_state_dtype="bfloat16"),  # the GDN state pool in bf16 (half its traffic)
 }
 
 
@@ -358,6 +359,8 @@ def main(argv=None):
     ap.add_argument("--variants", default="native",
                     help=f"native engine variants, the first is the reference of the output checks: {', '.join(VARIANTS)}")
     ap.add_argument("--fused-decode", action="store_true", help="add the variant native_fused")
+    ap.add_argument("--check-tokens", type=int, default=32,
+                    help="greedy tokens of the output checks between variants (4 text prompts)")
     args = ap.parse_args(argv)
     tiny = args.tiny
     defaults = dict(text_prompt=(40, 512), text_gen=(16, 256), page_image_tokens=(16, 1296), page_gen=(12, 750))
@@ -375,7 +378,7 @@ def main(argv=None):
     hf_cfg = hf_config(tiny)
     cfg = parse_config(hf_cfg.to_dict())
     hf = build_hf_model(hf_cfg, device, dtype)
-    opts = engine_options(max(batches), max(args.text_prompt + args.text_gen,
+    opts = engine_options(max(batches), max(args.text_prompt + max(args.text_gen, args.check_tokens),
                                             args.page_image_tokens + 24 + args.page_gen),
                           device, enforce_eager=args.enforce_eager, compile=not args.no_compile)
     block, max_len = opts["block_size"], opts["max_model_len"]
@@ -403,7 +406,7 @@ def main(argv=None):
     meta["variant_options"] = {v: VARIANTS[v] for v in variants}
     if variants[0] != "native":  # the engine built above is the default one
         engine = None
-    check_reqs = [dict(r, ignore_eos=True, keep_logits=True, sampling=SamplingParams(max_tokens=min(32, args.text_gen)))
+    check_reqs = [dict(r, ignore_eos=True, keep_logits=True, sampling=SamplingParams(max_tokens=args.check_tokens))
                   for r in make_requests("text", 4, args, cfg, np.random.default_rng(1))]
     checks = {}
     for name in variants:
@@ -457,7 +460,12 @@ def compare_outputs(ref, other) -> dict:
         steps = max(1, n)  # the logits of the first differing step are comparable too
         steps = min(steps + 1, a.logits.shape[0], b.logits.shape[0])
         max_diff = max(max_diff, float((a.logits[:steps].float() - b.logits[:steps].float()).abs().max()))
-    return dict(tokens=[o.output_tokens for o in ref], leading_tokens_equal=agree,
+    margins = []  # ref's top-2 logit margin where the two first differ: a near-tie when small
+    for a, n in zip(ref, agree):
+        if n < a.logits.shape[0] and n < a.output_tokens:
+            top2 = a.logits[n].float().topk(2).values
+            margins.append(float(top2[0] - top2[1]))
+    return dict(tokens=[o.output_tokens for o in ref], leading_tokens_equal=agree, divergence_top2_margins=margins,
                 all_equal=all(a.output_token_ids == b.output_token_ids for a, b in zip(ref, other)),
                 max_abs_logit_diff=max_diff)
 

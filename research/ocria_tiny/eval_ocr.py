@@ -171,11 +171,11 @@ class EnginePageReader:
 
     def __init__(self, model_dir: Path, device: str = "cpu", num_beams: int = 1, batch: int = 8,
                  dtype: str = "auto", loop_stop_tokens: int = 0, loop_drop_tokens: int = 0,
-                 loop_ban_next: bool = False):
+                 loop_ban_next: bool = False, engine_options: dict | None = None):
         from engine.backends import load_backend
 
         self.backend = load_backend("native", str(model_dir), device=device, dtype=dtype,
-                                    max_batch_size=batch * num_beams)
+                                    max_batch_size=batch * num_beams, **(engine_options or {}))
         self.processor = self.backend.engine.processor.image_processor
         self.num_beams = num_beams
         self.loop_stop_tokens = loop_stop_tokens
@@ -517,6 +517,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--block-scales", type=float, nargs="+", default=[1.0],
                     help="with --block-lines: read each block at these sizes (the first the main read) and keep the "
                          "reads' character vote (pipeline.vote; the job's model.block_scales)")
+    ap.add_argument("--engine-option", action="append", default=[], metavar="KEY=VALUE",
+                    help="native reader: an EngineOptions field given as a string (e.g. gdn_state_dtype=bfloat16)")
     ap.add_argument("--no-model", action="store_true")
     ap.add_argument("--no-tesseract", action="store_true")
     ap.add_argument("--device", default="cpu")
@@ -536,7 +538,8 @@ def main(argv: list[str] | None = None) -> int:
                "native": lambda: EnginePageReader(args.model, args.device, args.num_beams, args.batch, args.dtype,
                                                   loop_stop_tokens=args.loop_stop_tokens,
                                                   loop_drop_tokens=args.loop_drop_tokens,
-                                                  loop_ban_next=args.loop_ban_next)}
+                                                  loop_ban_next=args.loop_ban_next,
+                                                  engine_options=dict(o.split("=", 1) for o in args.engine_option))}
     reader = None if args.no_model else readers[args.reader]()
     if reader is not None and args.block_lines:
         reader = BlockReader(reader, args.block_lines, args.block_tolerance, tuple(args.block_scales))

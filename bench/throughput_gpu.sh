@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# #60's engine measurements in one device call (no carried wheels): the engine alone at page load (1,296 image
+# tokens + scaffolding in, 750 out, random 4B weights) per variant and batch, decode step against its roofline, and
+# the greedy/logit agreement of each variant with the first over CHECK_TOKENS tokens. Results under $1 (default $OUT).
+#   VARIANTS=native,native_bf16_state BATCHES=128,256 bash bench/throughput_gpu.sh $OUT
+set -uo pipefail
+out=${1:-$OUT}
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+gpu=$(python3 -c "import torch; n=torch.cuda.get_device_name(); print('h200' if 'H200' in n else 'h100')")
+t0=$SECONDS
+timeout ${ENGINE_S:-540} python3 jobs/benchmark.py --device cuda --scenarios page --skip-transformers \
+  --variants ${VARIANTS:-native,native_bf16_state} --batch-sizes ${BATCHES:-128,256} \
+  --check-tokens ${CHECK_TOKENS:-750} --out "$out/engine" 2>&1 | grep -v -i warn | tail -n 30
+echo "== rc ${PIPESTATUS[0]} in $((SECONDS - t0)) s"
+cp "$out/engine/benchmark.json" "$out/${gpu}_engine_page_load.json" 2>/dev/null
+cp "$out/engine/benchmark.png" "$out/${gpu}_engine_page_load.png" 2>/dev/null
+rm -rf "$out/engine"
