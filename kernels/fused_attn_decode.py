@@ -13,7 +13,7 @@ import triton.language as tl
 
 from kernels._common import (
     cast_rtne, check, next_pow2, output, pdl_enter, pdl_launch, require_last_dim_contiguous, use_triton)
-from kernels.paged_attention import store_kvcache_ref
+from kernels.paged_attention import _validate_scales, store_kv_row, store_kvcache_ref
 from kernels.rmsnorm import rmsnorm_ref
 
 
@@ -41,14 +41,15 @@ def _rotate(x, cos, sin):
 
 
 def fused_attn_decode_inputs_ref(qkv, q_norm_w, k_norm_w, cos, sin, eps, nh, nkv, hd, k_cache, v_cache,
-                                 slot_mapping, out=None):
+                                 slot_mapping, out=None, scales=None):
     """The reference ops in sequence: per-head rmsnorm_ref, rotary, store_kvcache_ref. Returns q [N, nh, hd]."""
     _validate(qkv, q_norm_w, k_norm_w, cos, sin, nh, nkv, hd, k_cache, v_cache, slot_mapping)
+    _validate_scales(k_cache, scales)
     N = qkv.shape[0]
     qg, k, v = qkv.split([nh * 2 * hd, nkv * hd, nkv * hd], dim=-1)
     q = _rotate(rmsnorm_ref(qg.reshape(N, nh, 2 * hd)[..., :hd], q_norm_w, eps), cos, sin)
     k = _rotate(rmsnorm_ref(k.reshape(N, nkv, hd), k_norm_w, eps), cos, sin)
-    store_kvcache_ref(k, v.reshape(N, nkv, hd), k_cache, v_cache, slot_mapping)
+    store_kvcache_ref(k, v.reshape(N, nkv, hd), k_cache, v_cache, slot_mapping, scales)
     out = output(out, (N, nh, hd), qkv.dtype, qkv.device)
     out.copy_(q)
     return out
@@ -56,11 +57,11 @@ def fused_attn_decode_inputs_ref(qkv, q_norm_w, k_norm_w, cos, sin, eps, nh, nkv
 
 @triton.jit
 def _fused_attn_inputs_kernel(
-    qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_ptr, kc_ptr, vc_ptr, slot_ptr,
+    qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, slot_ptr,
     block_size, eps,
-    s_qkv, s_cos, s_sin, sq_n, sq_h, skc_blk, skc_off, skc_h, svc_blk, svc_off, svc_h,
+    s_qkv, s_cos, s_sin, sq_n, sq_h, skc_blk, skc_off, skc_h, svc_blk, svc_off, svc_h, ss_blk, ss_off,
     NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr, RD: tl.constexpr, BLOCK_D: tl.constexpr,
-    PDL: tl.constexpr,
+    PDL: tl.constexpr, FP8_CACHE: tl.constexpr,
 ):
     pdl_enter(PDL)
     # One program = (token, head); heads [0, NH) are query heads, [NH, NH + NKV) key/value heads.
@@ -100,16 +101,19 @@ def _fused_attn_inputs_kernel(
         blk = tl.maximum(slot, 0) // block_size
         off = tl.maximum(slot, 0) % block_size
         store = mask & (slot >= 0)
-        tl.store(kc_ptr + blk * skc_blk + off * skc_off + kh * skc_h + offs, cast_rtne(y, kc_ptr.dtype.element_ty),
-                 mask=store)
+        row_s = blk * ss_blk + off * ss_off + kh
+        # k as the model dtype holds it (what store_kvcache would be given), then in the cache's format
+        store_kv_row(kc_ptr + blk * skc_blk + off * skc_off + kh * skc_h + offs, ks_ptr + row_s,
+                     cast_rtne(y, dt).to(tl.float32), store, FP8_CACHE)
         v = tl.load(qkv_ptr + n * s_qkv + 2 * NH * HD + NKV * HD + kh * HD + offs, mask=mask, other=0.0)
-        tl.store(vc_ptr + blk * svc_blk + off * svc_off + kh * svc_h + offs,
-                 cast_rtne(v.to(tl.float32), vc_ptr.dtype.element_ty), mask=store)
+        store_kv_row(vc_ptr + blk * svc_blk + off * svc_off + kh * svc_h + offs, vs_ptr + row_s, v.to(tl.float32),
+                     store, FP8_CACHE)
 
 
 def fused_attn_decode_inputs_triton(qkv, q_norm_w, k_norm_w, cos, sin, eps, nh, nkv, hd, k_cache, v_cache,
-                                    slot_mapping, out=None, num_warps=None, pdl=False):
+                                    slot_mapping, out=None, num_warps=None, pdl=False, scales=None):
     _validate(qkv, q_norm_w, k_norm_w, cos, sin, nh, nkv, hd, k_cache, v_cache, slot_mapping)
+    _validate_scales(k_cache, scales)
     pdl_args = pdl_launch(pdl)
     for name, t in (("qkv", qkv), ("cos", cos), ("sin", sin), ("q_norm_w", q_norm_w), ("k_norm_w", k_norm_w),
                     ("k_cache", k_cache), ("v_cache", v_cache)):
@@ -119,23 +123,25 @@ def fused_attn_decode_inputs_triton(qkv, q_norm_w, k_norm_w, cos, sin, eps, nh, 
     require_last_dim_contiguous("out", q)
     if N == 0:
         return q
+    ks, vs = scales if scales is not None else (q, q)
     _fused_attn_inputs_kernel[(N, nh + nkv)](
-        qkv, q_norm_w, k_norm_w, cos, sin, q, k_cache, v_cache, slot_mapping,
+        qkv, q_norm_w, k_norm_w, cos, sin, q, k_cache, v_cache, ks, vs, slot_mapping,
         k_cache.shape[1], float(eps),
         qkv.stride(0), cos.stride(0), sin.stride(0), q.stride(0), q.stride(1),
-        *k_cache.stride()[:3], *v_cache.stride()[:3],
-        NH=nh, NKV=nkv, HD=hd, RD=cos.shape[1], BLOCK_D=next_pow2(hd), **pdl_args,
+        *k_cache.stride()[:3], *v_cache.stride()[:3], *(ks.stride()[:2] if scales is not None else (0, 0)),
+        NH=nh, NKV=nkv, HD=hd, RD=cos.shape[1], BLOCK_D=next_pow2(hd), **pdl_args, FP8_CACHE=scales is not None,
         num_warps=num_warps or 4,
     )
     return q
 
 
 def fused_attn_decode_inputs(qkv, q_norm_w, k_norm_w, cos, sin, eps, nh, nkv, hd, k_cache, v_cache, slot_mapping,
-                             out=None, **launch):
+                             out=None, scales=None, **launch):
     """q [N, nh, hd] in qkv.dtype (normed + rotated; written to `out` if given); k (normed + rotated) and v are
-    written into k_cache / v_cache at slot_mapping. `launch`: num_warps, pdl (Triton only)."""
+    written into k_cache / v_cache at slot_mapping (an FP8 cache with its scales, kernels/paged_attention).
+    `launch`: num_warps, pdl (Triton only)."""
     if use_triton(qkv):
         return fused_attn_decode_inputs_triton(qkv, q_norm_w, k_norm_w, cos, sin, eps, nh, nkv, hd, k_cache,
-                                               v_cache, slot_mapping, out, **launch)
+                                               v_cache, slot_mapping, out, scales=scales, **launch)
     return fused_attn_decode_inputs_ref(qkv, q_norm_w, k_norm_w, cos, sin, eps, nh, nkv, hd, k_cache, v_cache,
-                                        slot_mapping, out)
+                                        slot_mapping, out, scales)

@@ -6,7 +6,8 @@ import torch
 from kernels.testing import assert_close, poisoned, require_interpreted  # sets TRITON_INTERPRET first
 from kernels.fused_attn_decode import (_fused_attn_inputs_kernel, fused_attn_decode_inputs,
                                        fused_attn_decode_inputs_ref, fused_attn_decode_inputs_triton)
-from kernels.paged_attention import store_kvcache_ref
+from kernels.paged_attention import dequantize_kv_ref, store_kvcache_ref
+from kernels.quant_linear import FP8
 
 EPS = 1e-6
 
@@ -73,3 +74,24 @@ def test_dispatch_and_bad_input(monkeypatch):
         fused_attn_decode_inputs(qkv[:, 1:], qw, kw, cos, sin, EPS, 2, 1, 16, kc, vc, slots)
     with pytest.raises(ValueError, match="cos, sin"):
         fused_attn_decode_inputs(qkv, qw, kw, cos[:, :3], sin[:, :3], EPS, 2, 1, 16, kc, vc, slots)
+
+
+def test_fp8_cache_rows_and_scales():
+    """An FP8 cache: each stored (token, kv head) row and its scale as store_kvcache_ref's quantization of the same
+    k / v (v bit for bit; k within one E4M3 step of rounding, since k is computed in a different order), padding
+    rows storing nothing."""
+    require_interpreted(_fused_attn_inputs_kernel)
+    N, nh, nkv, hd, rd = 5, 4, 2, 24, 12
+    qkv, qw, kw, cos, sin, kc, _, slots = make_inputs(N, nh, nkv, hd, rd, torch.bfloat16, seed=8)
+    caches = {}
+    for name, fn in (("ref", fused_attn_decode_inputs_ref), ("tri", fused_attn_decode_inputs_triton)):
+        c = [torch.zeros(kc.shape, dtype=FP8) for _ in range(2)]
+        s = tuple(torch.full(kc.shape[:3], -1.0) for _ in range(2))
+        q = fn(qkv, qw, kw, cos, sin, EPS, nh, nkv, hd, *c, slots, scales=s)
+        caches[name] = (q, c, s)
+    (q_r, c_r, s_r), (q_t, c_t, s_t) = caches["ref"], caches["tri"]
+    assert_close(q_t, q_r, torch.bfloat16)
+    assert torch.equal(c_t[1].view(torch.uint8), c_r[1].view(torch.uint8)) and torch.equal(s_t[1], s_r[1])
+    deq = [dequantize_kv_ref(c[0], s[0], torch.float32) for c, s in ((c_r, s_r), (c_t, s_t))]
+    assert_close(deq[1], deq[0], torch.bfloat16, atol=0.07, rtol=0.07)
+    assert (s_t[0] == -1).sum() == (s_r[0] == -1).sum() == kc.shape[0] * kc.shape[1] * nkv - int((slots >= 0).sum()) * nkv

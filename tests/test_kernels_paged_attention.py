@@ -4,9 +4,11 @@ import torch
 import torch.nn.functional as F
 
 from kernels.testing import assert_close, poisoned, require_interpreted  # sets TRITON_INTERPRET first
-from kernels.paged_attention import (_paged_decode_partition_kernel, gather_kv_ref, paged_decode_attention,
-                                     paged_decode_attention_ref, paged_decode_attention_triton, pick_partition_size,
-                                     store_kvcache, store_kvcache_ref, store_kvcache_triton)
+from kernels.paged_attention import (_paged_decode_partition_kernel, dequantize_kv_ref, gather_kv_ref,
+                                     paged_decode_attention, paged_decode_attention_ref, paged_decode_attention_triton,
+                                     pick_partition_size, quantize_kv_ref, store_kvcache, store_kvcache_ref,
+                                     store_kvcache_triton)
+from kernels.quant_linear import FP8
 
 CONTEXT_LENS = [1, 7, 33, 0]  # the last row is CUDA-graph padding
 
@@ -202,3 +204,67 @@ def test_decode_with_a_large_group_at_head_dim_256():
     out = paged_decode_attention_triton(q, k_cache, v_cache, block_tables, lens, 256 ** -0.5,
                                         out=poisoned(q.shape, q.dtype))
     assert_close(out, ref)
+
+
+# ------------------------------------------------------------------------------------------------------ FP8 KV
+
+def fp8_cache(block_size, D, Hq=6, Hkv=2, lens=CONTEXT_LENS, seed=0):
+    """make_cache's bf16 caches quantized row by row (quantize_kv_ref), with their scales."""
+    q, k_cache, v_cache, bt, lens_t = make_cache(block_size, D, Hq, Hkv, lens, torch.bfloat16, seed)
+    (k8, ks), (v8, vs) = (quantize_kv_ref(c.flatten(0, 1)) for c in (k_cache * 3, v_cache))  # k: a wider range
+    shape = k_cache.shape
+    return q, k8.view(shape), v8.view(shape), (ks.view(shape[:3]), vs.view(shape[:3])), bt, lens_t
+
+
+@pytest.mark.parametrize("D,block_size,rows", [(48, 4, 1), (80, 16, 1), (64, 8, 3)])
+def test_fp8_cache_triton_matches_ref(D, block_size, rows):
+    """FP8 rows and their scales: the kernel (decode, and a verify block of 3 rows) against the reference, and the
+    reference against attention over the dequantized rows in fp32 (so the scales are applied where they belong)."""
+    require_interpreted(_paged_decode_partition_kernel)
+    lens = [1, 7, 33, 0] if rows == 1 else [5, 6, 7, 20, 21, 22]
+    q, k8, v8, scales, bt, lens_t = fp8_cache(block_size, D, lens=lens, seed=D)
+    if rows > 1:  # runs of `rows` query rows share their first row's block table
+        bt = bt[::rows].repeat_interleave(rows, dim=0)
+    scale = D ** -0.5
+    ref = paged_decode_attention_ref(q, k8, v8, bt, lens_t, scale, scales=scales)
+    out = paged_decode_attention_triton(q, k8, v8, bt, lens_t, scale, out=poisoned(q.shape, q.dtype), block_n=16,
+                                        partition_size=16, rows_per_seq=rows, scales=scales)
+    assert_close(out, ref, torch.bfloat16)
+    deq = paged_decode_attention_ref(q.float(), dequantize_kv_ref(k8, scales[0], torch.float32),
+                                     dequantize_kv_ref(v8, scales[1], torch.float32), bt, lens_t, scale)
+    assert_close(ref.float(), deq, torch.bfloat16)
+
+
+def test_fp8_store_kernel_matches_ref_and_round_trips():
+    """The writer quantizes each (token, head) row with its own scale: the kernel's bits equal the reference's,
+    padding slots write nothing, and the stored rows come back within E4M3's half-ulp (2^-4 relative) of the input."""
+    require_interpreted(_paged_decode_partition_kernel)
+    gen = torch.Generator().manual_seed(5)
+    N, H, D, blocks, bs = 6, 2, 40, 5, 4
+    k = (torch.randn(N, H, D, generator=gen) * torch.logspace(-3, 2, H)[None, :, None]).to(torch.bfloat16)
+    v = torch.randn(N, H, D, generator=gen).to(torch.bfloat16)
+    slots = torch.tensor([3, -1, 0, 17, 9, 10], dtype=torch.int32)
+    outs = []
+    for store in (store_kvcache_ref, store_kvcache_triton):
+        caches = [torch.zeros(blocks, bs, H, D, dtype=FP8) for _ in range(2)]
+        scales = tuple(torch.full((blocks, bs, H), -1.0) for _ in range(2))
+        store(k, v, *caches, slots, scales=scales)
+        outs.append((caches, scales))
+    (c_ref, s_ref), (c_tri, s_tri) = outs
+    for a, b in zip(c_ref + list(s_ref), c_tri + list(s_tri)):
+        assert torch.equal(a.view(torch.uint8) if a.dtype == FP8 else a, b.view(torch.uint8) if b.dtype == FP8 else b)
+    live = slots >= 0
+    at = (slots[live].long() // bs, slots[live].long() % bs)
+    back = dequantize_kv_ref(c_ref[0][at], s_ref[0][at], torch.float32)
+    want = k[live].float()
+    assert ((back - want).abs() <= want.abs().amax(-1, keepdim=True) * 2 ** -4 + 1e-30).all()
+    assert (s_ref[0] == -1).sum() == (blocks * bs - int(live.sum())) * H  # untouched slots keep their scales
+
+
+def test_fp8_cache_needs_scales_and_plain_cache_refuses_them():
+    q, k8, v8, scales, bt, lens = fp8_cache(4, 16, lens=[3, 2])
+    with pytest.raises(ValueError, match="needs scales"):
+        paged_decode_attention_ref(q, k8, v8, bt, lens, 0.25)
+    q, kc, vc, bt, lens = make_cache(4, 16, lens=[3, 2])
+    with pytest.raises(ValueError, match="scales are for a float8_e4m3fn cache"):
+        paged_decode_attention_ref(q, kc, vc, bt, lens, 0.25, scales=scales)
