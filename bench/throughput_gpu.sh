@@ -9,7 +9,7 @@ export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 gpu=$(python3 -c "import torch; n=torch.cuda.get_device_name(); print('h200' if 'H200' in n else 'h100')")
 t0=$SECONDS
 timeout ${ENGINE_S:-540} python3 jobs/benchmark.py --device cuda --scenarios page --skip-transformers \
-  --variants ${VARIANTS:-native,native_bf16_state} --batch-sizes ${BATCHES:-128,256} \
+  --variants ${VARIANTS:-native,native_bf16_state,native_fp8_kv,native_bf16_state_fp8_kv} --batch-sizes ${BATCHES:-128,256} \
   --check-tokens ${CHECK_TOKENS:-750} --out "$out/engine" 2>&1 | grep -v -i warn | tail -n 30
 echo "== rc ${PIPESTATUS[0]} in $((SECONDS - t0)) s"
 cp "$out/engine/benchmark.json" "$out/${gpu}_engine_page_load.json" 2>/dev/null

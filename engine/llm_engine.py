@@ -95,6 +95,7 @@ class RequestOutput:
 
 
 STATE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+KV_DTYPES = {"auto": None, "fp8": torch.float8_e4m3fn}
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,9 @@ class EngineOptions:
     # the GDN recurrent state pool (50 MB a sequence at the 4B shape in fp32, read and written by every decode step);
     # "bfloat16" halves that traffic and memory, the state stepped in fp32 and rounded once a step
     gdn_state_dtype: str = "float32"
+    # the attention KV cache: "auto" (the model's dtype) or "fp8" (E4M3 rows, a scale per token and kv head: half
+    # the KV bytes a decode step reads and the cache's memory)
+    kv_cache_dtype: str = "auto"
     # speculative decoding: a DFlash drafter folder (engine/models/dflash.py; None or "none": off), the verify
     # block length (None: the drafter's block_size), and the largest decode batch that speculates (None: any); a
     # larger one decodes plainly, one step ahead of the device (a verify pass multiplies the batch's rows by the
@@ -152,6 +156,8 @@ class EngineOptions:
                 raise ValueError(f"{name}={value!r}: give an integer >= {least} ({meaning})")
         if self.gdn_state_dtype not in STATE_DTYPES:
             raise ValueError(f"gdn_state_dtype={self.gdn_state_dtype!r}: give one of {', '.join(STATE_DTYPES)}")
+        if self.kv_cache_dtype not in KV_DTYPES:
+            raise ValueError(f"kv_cache_dtype={self.kv_cache_dtype!r}: give one of {', '.join(KV_DTYPES)}")
 
     def decode_path(self) -> DecodePath:
         return DecodePath(fused_decode=self.fused_decode, fused_attention_decode=self.fused_attention_decode,
@@ -169,6 +175,11 @@ class Engine:
         self._image_processor = processor.image_processor if processor is not None else None
         self.device = torch.device(device)
         self.dtype = resolve_dtype(dtype, self.device)
+        if opts.kv_cache_dtype == "fp8" and self.device.type == "cuda" and \
+                torch.cuda.get_device_capability(self.device) < (8, 9):
+            major, minor = torch.cuda.get_device_capability(self.device)
+            raise ValueError(f"kv_cache_dtype='fp8' needs a GPU with FP8 (sm_89 or newer); this one is sm_{major}{minor}: "
+                             "use kv_cache_dtype: auto")
         self.text_only = opts.text_only or cfg.vision is None
         self.max_model_len = opts.max_model_len or default_max_model_len(cfg.text)
         mnbt = opts.max_num_batched_tokens or (8192 if self.device.type == "cuda" else 2048)
@@ -189,7 +200,8 @@ class Engine:
                                   use_cuda_graphs=not opts.enforce_eager, compile_glue=opts.compile,
                                   decode=opts.decode_path(), drafter=drafter,
                                   spec_ring=(block, opts.spec_fold_after) if drafter is not None else None,
-                                  state_dtype=STATE_DTYPES[opts.gdn_state_dtype])
+                                  state_dtype=STATE_DTYPES[opts.gdn_state_dtype],
+                                  kv_dtype=KV_DTYPES[opts.kv_cache_dtype])
         self.block_manager = BlockManager(self.runner.cache.num_blocks, opts.block_size)
         self.spec = None
         if drafter is not None:

@@ -67,8 +67,10 @@ class ModelRunner:
                  num_blocks: int | None = None, kv_cache_memory_gb: float | None = None,
                  gpu_memory_utilization: float = 0.9, use_cuda_graphs: bool = True, compile_glue: bool = True,
                  *, decode: DecodePath, drafter=None, spec_ring: tuple[int, int] | None = None,
-                 state_dtype: torch.dtype = torch.float32):
+                 state_dtype: torch.dtype = torch.float32, kv_dtype: torch.dtype | None = None):
         self.model, self.cfg, self.device, self.dtype = model, cfg, device, dtype
+        # the attention KV cache's dtype: the model's, or FP8 E4M3 rows with a scale each (kernels/paged_attention)
+        self.kv_dtype = kv_dtype or dtype
         # a speculative drafter (engine/models/dflash.DFlashDrafter): its context KV shares the target's block tables
         # and is written by every target forward from the tapped hidden states
         self.drafter = drafter
@@ -179,11 +181,15 @@ class ModelRunner:
             [self.model.head_weight]
 
     # ------------------------------------------------------------------ caches
+    @property
+    def kv_fp8(self) -> bool:
+        return self.kv_dtype == ops.KV_FP8
+
     def kv_bytes_per_block(self) -> int:
         t = self.cfg.text
-        elt = torch.finfo(self.dtype).bits // 8
+        elt = torch.finfo(self.kv_dtype).bits // 8 + (4 / t.head_dim if self.kv_fp8 else 0)  # + an fp32 scale a row
         drafter = self.drafter.kv_bytes_per_block(self.block_size, self.dtype) if self.drafter is not None else 0
-        return 2 * len(self.attn_layers) * self.block_size * t.num_key_value_heads * t.head_dim * elt + drafter
+        return int(2 * len(self.attn_layers) * self.block_size * t.num_key_value_heads * t.head_dim * elt) + drafter
 
     def _alloc_states(self, slots: int, state_dtype: torch.dtype) -> None:
         t = self.cfg.text
@@ -198,10 +204,13 @@ class ModelRunner:
     def _alloc_kv(self, num_blocks: int) -> None:
         t = self.cfg.text
         shape = (len(self.attn_layers), num_blocks, self.block_size, t.num_key_value_heads, t.head_dim)
-        self.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        self.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.k_cache = torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
+        self.v_cache = torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
+        self.kv_scales = [torch.ones(shape[:4], dtype=torch.float32, device=self.device) for _ in range(2)] \
+            if self.kv_fp8 else None
         for i, layer in enumerate(self.attn_layers):
             layer.k_cache, layer.v_cache = self.k_cache[i], self.v_cache[i]
+            layer.kv_scales = (self.kv_scales[0][i], self.kv_scales[1][i]) if self.kv_fp8 else None
         if self.drafter is not None:
             self.drafter.alloc_kv(num_blocks, self.block_size)
 
@@ -210,8 +219,9 @@ class ModelRunner:
                     dst_blocks: torch.Tensor) -> None:
         """GDN state rows src_slots -> dst_slots and KV blocks src_blocks -> dst_blocks (device index tensors; a
         source may also be a destination: everything is read before anything is written)."""
-        for cache, src, dst in ((self.conv_state, src_slots, dst_slots), (self.ssm_state, src_slots, dst_slots),
-                                (self.k_cache, src_blocks, dst_blocks), (self.v_cache, src_blocks, dst_blocks)):
+        kv = [self.k_cache, self.v_cache] + (self.kv_scales if self.kv_fp8 else [])
+        for cache, src, dst in [(self.conv_state, src_slots, dst_slots), (self.ssm_state, src_slots, dst_slots)] + \
+                [(c.view(torch.uint8) if c.dtype == ops.KV_FP8 else c, src_blocks, dst_blocks) for c in kv]:
             ops.copy_rows(cache, src, dst)  # on the GPU, rows whose source is themselves are not moved
         if self.gdn_ring is not None:  # beams never speculate: a copy carries the source's empty ring
             self.gdn_ring.pos[dst_slots] = self.gdn_ring.pos[src_slots]
@@ -243,10 +253,12 @@ class ModelRunner:
         self.run_prefill([chunk], logits_rows=[T - 1])
         torch.cuda.synchronize(self.device)
         peak = torch.cuda.max_memory_allocated(self.device)
-        kv_tmp = self.k_cache.numel() * self.k_cache.element_size() * 2
+        kv_tmp = sum(c.numel() * c.element_size() for c in [self.k_cache, self.v_cache] + (self.kv_scales or []))
         del self.k_cache, self.v_cache
+        self.kv_scales = None
         for layer in self.attn_layers:
             layer.k_cache = layer.v_cache = torch.empty(0)
+            layer.kv_scales = None
         self.conv_state.zero_()
         self.ssm_state.zero_()
         torch.cuda.empty_cache()

@@ -9,7 +9,8 @@ from kernels.fused_gdn_decode import fused_gdn_decode
 from kernels.gated_rmsnorm import gated_rmsnorm
 from kernels.gdn_recurrent import gates_from_raw, gdn_recurrent, l2norm_ref
 from kernels.gdn_verify import causal_conv1d_verify, conv_state_commit, gdn_fold, gdn_ring_advance, gdn_verify
-from kernels.paged_attention import paged_decode_attention, store_kvcache
+from kernels.paged_attention import dequantize_kv_ref, paged_decode_attention, store_kvcache
+from kernels.quant_linear import FP8 as KV_FP8  # noqa: F401 (a dtype: not in __all__)
 from kernels.quant_linear import FP8_GEMV_MAX_M, NVFP4_GEMV_MAX_M  # noqa: F401 (numbers: not in __all__)
 from kernels.quant_linear import (
     dequant_fp8_ref, dequant_nvfp4_ref, fp8_linear, fp8_matmul, nvfp4_linear, nvfp4_matmul)
@@ -20,7 +21,7 @@ from kernels.small_m_linear import SplitKWorkspace, default_launch, linear_silu_
 
 # The ops (callables); the row bounds MAX_M, FP8_GEMV_MAX_M and NVFP4_GEMV_MAX_M are numbers, imported by name.
 __all__ = ["SplitKWorkspace", "causal_conv1d_update", "causal_conv1d_verify", "conv_state_commit", "copy_rows",
-           "default_launch", "dequant_fp8_ref", "dequant_nvfp4_ref", "fp8_linear", "fp8_matmul",
+           "default_launch", "dequant_fp8_ref", "dequantize_kv_ref", "dequant_nvfp4_ref", "fp8_linear", "fp8_matmul",
            "fused_attn_decode_inputs", "fused_gdn_decode", "gated_rmsnorm", "gates_from_raw", "gdn_fold",
            "gdn_recurrent", "gdn_ring_advance", "gdn_verify", "l2norm_ref", "linear_silu_mul", "nvfp4_linear",
            "nvfp4_matmul", "paged_decode_attention", "pdl_supported", "quant_fp8_per_token", "rmsnorm", "rmsnorm_quant_fp8", "silu_mul",

@@ -49,6 +49,8 @@ VARIANTS = {
     "native_fused": dict(fused_decode=True),  # the fused GDN decode kernel too
     "native_unfused_attn": dict(fused_attention_decode=False),  # attention inputs by the compiled glue + KV store
     "native_bf16_state": dict(gdn_state_dtype="bfloat16"),  # the GDN state pool in bf16 (half its traffic)
+    "native_fp8_kv": dict(kv_cache_dtype="fp8"),  # attention K/V as E4M3 rows with a scale each
+    "native_bf16_state_fp8_kv": dict(gdn_state_dtype="bfloat16", kv_cache_dtype="fp8"),
 }
 
 

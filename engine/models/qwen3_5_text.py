@@ -66,6 +66,7 @@ class GatedAttention(nn.Module):
         self.q_norm = RMSNorm(self.hd, cfg.rms_norm_eps, **factory)
         self.k_norm = RMSNorm(self.hd, cfg.rms_norm_eps, **factory)
         self.k_cache = self.v_cache = torch.empty(0)
+        self.kv_scales = None  # an FP8 cache's (k_scale, v_scale) rows (kernels/paged_attention)
         self.glue = Glue()
         self.proj = DecodeProjections()
 
@@ -78,21 +79,22 @@ class GatedAttention(nn.Module):
         q, k, v, gate = self.glue.attention_inputs(self.proj.linear(x, self.qkv_proj.weight), self.q_norm.weight,
                                                    self.k_norm.weight, cos, sin, self.q_norm.eps, self.nh, self.nkv,
                                                    self.hd)
-        ops.store_kvcache(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
+        ops.store_kvcache(k, v, self.k_cache, self.v_cache, meta.slot_mapping, scales=self.kv_scales)
         if meta.is_prefill:
             o = self._prefill_attention(q, meta)
         else:
             o = ops.paged_decode_attention(q, self.k_cache, self.v_cache, meta.block_tables, meta.context_lens,
-                                           self.scale, pdl=self.pdl, rows_per_seq=meta.verify_len or 1)
+                                           self.scale, pdl=self.pdl, rows_per_seq=meta.verify_len or 1,
+                                           scales=self.kv_scales)
         return self.proj.linear(self.glue.gated_output(o, gate), self.o_proj.weight)
 
     def _fused_decode(self, x, meta: StepMetadata, cos, sin):
         qkv = self.proj.linear(x, self.qkv_proj.weight)
         q = ops.fused_attn_decode_inputs(qkv, self.q_norm.weight, self.k_norm.weight, cos, sin, self.q_norm.eps,
                                          self.nh, self.nkv, self.hd, self.k_cache, self.v_cache, meta.slot_mapping,
-                                         pdl=self.pdl)
+                                         scales=self.kv_scales, pdl=self.pdl)
         o = ops.paged_decode_attention(q, self.k_cache, self.v_cache, meta.block_tables, meta.context_lens, self.scale,
-                                       pdl=self.pdl, rows_per_seq=meta.verify_len or 1)
+                                       pdl=self.pdl, rows_per_seq=meta.verify_len or 1, scales=self.kv_scales)
         gate = qkv[:, :self.nh * 2 * self.hd].view(-1, self.nh, 2 * self.hd)[..., self.hd:]  # a view, no copy
         return self.proj.linear(self.glue.gated_output(o, gate).reshape(qkv.shape[0], -1), self.o_proj.weight)
 
@@ -100,6 +102,9 @@ class GatedAttention(nn.Module):
         """Each sequence's chunk attends causally to its whole cached context (earlier chunks + itself)."""
         k_all = self.k_cache.view(-1, self.nkv, self.hd)[meta.kv_gather_slots]
         v_all = self.v_cache.view(-1, self.nkv, self.hd)[meta.kv_gather_slots]
+        if self.kv_scales is not None:  # FP8 rows back to the model's dtype for SDPA
+            k_all, v_all = (ops.dequantize_kv_ref(c, s.view(-1, self.nkv)[meta.kv_gather_slots], q.dtype)
+                            for c, s in ((k_all, self.kv_scales[0]), (v_all, self.kv_scales[1])))
         outs, qs, ks = [], 0, 0
         for n, kv in zip(meta.query_lens, meta.kv_lens):
             qi = q[qs:qs + n].transpose(0, 1)[None]  # [1, heads, n, D]: 4-D so fused SDPA kernels apply
