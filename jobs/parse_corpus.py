@@ -46,6 +46,8 @@ def _overrides(**flags) -> dict:
 @click.option("--limit", type=int, help="process at most N new documents")
 @click.option("--s3-endpoint", help="S3-compatible endpoint URL")
 @click.option("--s3-region")
+@click.option("--gcs-endpoint", help="GCS-compatible endpoint URL (an emulator; default: STORAGE_EMULATOR_HOST, else "
+              "Google's)")
 @click.option("--backend", type=click.Choice(["native", "transformers"]))
 @click.option("--checkpoint", help="checkpoint folder or object-storage prefix")
 @click.option("--drafter", help="DFlash drafter folder for speculative decoding (native backend), or none")

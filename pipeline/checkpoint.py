@@ -44,7 +44,7 @@ def localize(uri: str, storage: StorageConfig, cache_dir: str) -> str:
             dest.parent.mkdir(parents=True, exist_ok=True)
             pafs.copy_files(f.path, str(dest), source_filesystem=loc.fs, destination_filesystem=pafs.LocalFileSystem())
     except OSError as e:
-        raise CheckpointError(f"cannot copy the checkpoint from {uri}: {explain(uri, e)}") from e
+        raise CheckpointError(f"cannot copy the checkpoint from {uri}: {explain(uri, e, storage)}") from e
     (tmp / ".complete").write_text(uri)
     try:
         os.rename(tmp, target)

@@ -27,6 +27,14 @@ class StorageConfig(Strict):
                                      "http://127.0.0.1:9023; null = STORAGE_EMULATOR_HOST if set, else Google's")
     anonymous: bool = Field(False, description="send no credentials (public buckets); a GCS endpoint taken from "
                             "STORAGE_EMULATOR_HOST is always reached anonymously, as Google's own clients do")
+    # Each object-store call is bounded by these, so a store that does not answer fails the call in seconds
+    # (pipeline/storage.py) instead of retrying for the clients' defaults (15 minutes for GCS).
+    connect_timeout_s: float = Field(5.0, gt=0, le=60, description="S3: seconds to open a connection")
+    request_timeout_s: float = Field(10.0, gt=0, le=300, description="S3: seconds a request may go without "
+                                     "receiving a byte before that try is abandoned (3 tries per request)")
+    retry_time_limit_s: float = Field(10.0, ge=1, le=3600, description="GCS: seconds after which one call stops "
+                                      "retrying errors that may pass (unreachable endpoint, 5xx, throttling); the "
+                                      "backoff under way may take it to about twice that")
 
 
 class InputConfig(Strict):
@@ -188,7 +196,8 @@ class ConfigError(Exception):
 FLAG_KEYS = {
     "input": ("input", "uris"), "include": ("input", "include"), "exclude": ("input", "exclude"),
     "limit": ("input", "limit"), "output": ("output",), "s3_endpoint": ("storage", "s3_endpoint"),
-    "s3_region": ("storage", "s3_region"), "backend": ("model", "backend"), "checkpoint": ("model", "checkpoint"),
+    "s3_region": ("storage", "s3_region"), "gcs_endpoint": ("storage", "gcs_endpoint"),
+    "backend": ("model", "backend"), "checkpoint": ("model", "checkpoint"),
     "drafter": ("model", "drafter"), "device": ("model", "device"), "dtype": ("model", "dtype"),
     "max_tokens": ("model", "max_tokens"), "prompt": ("model", "prompt"), "num_beams": ("model", "num_beams"),
     "loop_stop_tokens": ("model", "loop_stop_tokens"), "loop_drop_tokens": ("model", "loop_drop_tokens"),

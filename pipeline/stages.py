@@ -19,7 +19,7 @@ from pipeline.config import StorageConfig
 from pipeline.isolation import IsolatedRasterizer
 from pipeline.rasterize import DocumentError, PageFailure, RasterOptions, RenderedPage, filetype_for
 from pipeline.schema import PAGE_SCHEMA, RASTER_SCHEMA, empty_row
-from pipeline.storage import read_bytes, resolve
+from pipeline.storage import explain, read_bytes, resolve
 
 
 def _error_row(uri: str, sha256: str | None, kind: str, message: str) -> dict:
@@ -70,7 +70,7 @@ class RasterizeStage:
             try:
                 data = read_bytes(self._filesystem(uri), uri)
             except (OSError, FileNotFoundError) as e:
-                raise DocumentError("unreadable", f"cannot read the file: {type(e).__name__}: {e}") from e
+                raise DocumentError("unreadable", f"cannot read the file: {explain(uri, e, self.storage)}") from e
             sha256 = hashlib.sha256(data).hexdigest()
             for count, total, page in self.renderer.rasterize(data, uri):
                 yield _raster_row(uri, sha256, count, total, page)
