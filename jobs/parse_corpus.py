@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from pipeline.config import FLAG_KEYS, ConfigError, load_config  # noqa: E402
 from pipeline.job import prepare, run  # noqa: E402
 from pipeline.local_ray import RayStartError  # noqa: E402
+from pipeline.redact import install_log_redaction, redact, redacting_excepthook  # noqa: E402
 
 
 def _overrides(**flags) -> dict:
@@ -92,16 +93,19 @@ def _overrides(**flags) -> dict:
 @click.option("-v", "--verbose", is_flag=True)
 def main(config_path, verbose, **flags):
     """Parse every PDF and image under the inputs into Parquet (pages, documents, stats)."""
+    # What this process prints (its lines, log records, a traceback) passes through pipeline.redact first.
+    install_log_redaction()
+    sys.excepthook = redacting_excepthook
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     # A terminated job (SIGTERM: a scheduler, `kill`) unwinds like Ctrl-C, so its local Ray is shut down
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     try:
         cfg = load_config(config_path, _overrides(**flags))
         prepared = prepare(cfg)
-        summary = run(prepared)
+        summary = run(prepared, echo=lambda line: click.echo(redact(line)))
     except (ConfigError, RayStartError) as e:  # a cluster's size is checked once joined: the same one-line answer
-        raise click.ClickException(str(e)) from None
-    click.echo(f"output: {cfg.output}  (pages/, documents/, stats/, runs/{summary['run_id']}.json)")
+        raise click.ClickException(redact(str(e))) from None
+    click.echo(redact(f"output: {cfg.output}  (pages/, documents/, stats/, runs/{summary['run_id']}.json)"))
     sys.exit(1 if summary["documents"] == 0 and prepared.plan.todo else 0)
 
 

@@ -11,6 +11,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from pipeline.blocks import BLOCK_SCALES_RULE, valid_block_scales
+from pipeline.redact import redact
 
 
 class Strict(BaseModel):
@@ -35,6 +36,24 @@ class StorageConfig(Strict):
     retry_time_limit_s: float = Field(10.0, ge=1, le=3600, description="GCS: seconds after which one call stops "
                                       "retrying errors that may pass (unreachable endpoint, 5xx, throttling); the "
                                       "backoff under way may take it to about twice that")
+
+    @field_validator("s3_endpoint", "gcs_endpoint")
+    @classmethod
+    def _endpoint_without_credentials(cls, v: str | None) -> str | None:
+        """An endpoint is a URL without userinfo: credentials in it would be printed wherever the endpoint is."""
+        if v is None:
+            return v
+        if not v.strip():
+            return None
+        scheme, _, rest = v.partition("://") if "://" in v else ("http", "", v)
+        if scheme not in ("http", "https"):
+            raise ValueError(f"{redact(v)!r} is not an http:// or https:// URL (host:port alone means http)")
+        if "@" in rest:  # anywhere: an unencoded '/' in a password would end the host part early
+            host = rest.rsplit("@", 1)[1].split("/", 1)[0]
+            raise ValueError(f"{scheme}://***@{host} carries credentials (user:password@): give the endpoint without "
+                             f"them and the credentials through the environment (AWS_ACCESS_KEY_ID / "
+                             f"AWS_SECRET_ACCESS_KEY for S3, GOOGLE_APPLICATION_CREDENTIALS for GCS)")
+        return v
 
 
 class InputConfig(Strict):
@@ -189,7 +208,11 @@ class JobConfig(Strict):
 
 
 class ConfigError(Exception):
-    """A configuration problem, worded for the person running the job."""
+    """A configuration problem, worded for the person running the job (credentials redacted: it quotes URIs and
+    storage errors as given)."""
+
+    def __init__(self, message: str):
+        super().__init__(redact(message))
 
 
 # The command line's flags (jobs/parse_corpus.py; the option's name, dashes as underscores) and the keys they set.

@@ -308,4 +308,4 @@ def _incomplete_row(prep: Prepared, uri: str, got: int, expected: int) -> dict:
 def _write_stats(prep: Prepared, stats: RunStats) -> None:
     loc = prep.store.loc
     write_parquet_atomic(loc.fs, loc.join("stats", f"{prep.run_id}.parquet"), stats.table())
-    write_text(loc.fs, loc.join("runs", f"{prep.run_id}.json"), stats.to_json())
+    write_text(loc.fs, loc.join("runs", f"{prep.run_id}.json"), redact(stats.to_json()))  # it names the checkpoint

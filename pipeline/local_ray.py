@@ -14,6 +14,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from pipeline.redact import redact
+
 log = logging.getLogger("ocria.ray")
 
 # Ray's notice that token authentication is on (by default since 2.60) on every local start (authentication stays on),
@@ -23,7 +25,10 @@ START_PAUSE_S = 5.0  # between the two attempts: let a busy machine settle
 
 
 class RayStartError(Exception):
-    """The local Ray did not start, worded for the person running the job (one line)."""
+    """The local Ray did not start, worded for the person running the job (one line, credentials redacted)."""
+
+    def __init__(self, message: str):
+        super().__init__(redact(message))
 
 
 @contextmanager

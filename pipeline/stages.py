@@ -18,6 +18,7 @@ from pipeline.checkpoint import localize
 from pipeline.config import StorageConfig
 from pipeline.isolation import IsolatedRasterizer
 from pipeline.rasterize import DocumentError, PageFailure, RasterOptions, RenderedPage, filetype_for
+from pipeline.redact import install_log_redaction
 from pipeline.schema import PAGE_SCHEMA, RASTER_SCHEMA, empty_row
 from pipeline.storage import explain, read_bytes, resolve
 
@@ -47,6 +48,7 @@ class RasterizeStage:
 
     def __init__(self, storage: StorageConfig, opts: RasterOptions, page_timeout_s: float, memory_limit_mb: int,
                  max_lost_pages: int = 2, rows_per_table: int = 8):
+        install_log_redaction()  # an actor is its own process: its log records are redacted there
         self.storage = storage
         self._filesystems: dict[str, object] = {}  # scheme -> filesystem, built once per actor
         self.renderer = IsolatedRasterizer(opts, page_timeout_s, memory_limit_mb, max_lost_pages)
@@ -112,6 +114,7 @@ class ParseStage:
         from engine.backends import load_backend
         from engine.interface import SamplingParams
 
+        install_log_redaction()  # an actor is its own process: its log records are redacted there
         self.run_id, self.prompt, self.fallback = run_id, prompt, fallback_to_text_layer
         self.blocks = block_reading
         self.sampling = SamplingParams(**sampling)
