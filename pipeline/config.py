@@ -180,6 +180,8 @@ class RunConfig(Strict):
     reparse: bool = Field(False, description="parse again the documents whose committed pages another model wrote")
     max_attempts: int = Field(3, ge=1, description="a failing document is retried on reruns up to this many attempts")
     commit_every_docs: int = Field(64, ge=1, description="documents per committed output part")
+    allow_errors: bool = Field(False, description="exit 0 when documents failed (their rows still say why); off: "
+                               "exit 3 when some failed, 4 when all did (docs/outcomes.md)")
     cache_dir: str = "~/.cache/ocria/checkpoints"
 
 
@@ -234,6 +236,7 @@ FLAG_KEYS = {
     "retry_failed": ("run", "retry_failed"), "reparse": ("run", "reparse"), "max_attempts": ("run", "max_attempts"),
     "ray_address": ("run", "ray_address"), "num_cpus": ("run", "num_cpus"),
     "commit_every": ("run", "commit_every_docs"), "usd_per_gpu_hour": ("cost", "usd_per_gpu_hour"),
+    "allow_errors": ("run", "allow_errors"),
 }
 _FLAG_OF_KEY = {".".join(path): "--" + name.replace("_", "-") for name, path in FLAG_KEYS.items()
                 if name != "doc_timeout"}

@@ -206,7 +206,8 @@ def test_ray_job_submit_against_a_started_cluster(tmp_path, tiny_checkpoint):
             [ray_bin, "job", "submit", "--address", f"http://127.0.0.1:{port}", "--working-dir", str(ROOT),
              "--runtime-env-json", '{"excludes": [".venv", "out", ".git", "models", ".synth", ".whl"]}', "--",
              sys.executable, "jobs/parse_corpus.py", "--input", str(SAMPLES), "--output", str(tmp_path / "out"),
-             "--checkpoint", str(ckpt), "--backend", BACKEND, "--device", "cpu", "--max-tokens", "4"],
+             "--checkpoint", str(ckpt), "--backend", BACKEND, "--device", "cpu", "--max-tokens", "4",
+             "--allow-errors"],  # the samples hold a broken file on purpose: the job succeeds all the same
             env=env, capture_output=True, text=True, timeout=300)
         assert sub.returncode == 0, (sub.stdout + sub.stderr)[-3000:]
         assert "pages/s" in sub.stdout and "succeeded" in sub.stdout
@@ -276,7 +277,7 @@ def test_outcomes_through_the_job_and_no_secret_in_anything_it_prints_or_writes(
             "--max-tokens", "8", "--num-cpus", "2", "--page-timeout", "3", "-v"]
     try:
         first = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=500)
-        assert first.returncode == 0, first.stderr[-3000:]
+        assert first.returncode == 3, first.stderr[-3000:]  # some documents failed, as they must
         store = OutputStore(resolve("s3://leak/out", load_config(None, {"input": {"uris": ["x"]}, "storage": {
             "s3_endpoint": s3_server}}).storage))
         docs = {d["uri"].rsplit("/", 1)[1]: d for d in store.documents().to_pylist()}

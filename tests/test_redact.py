@@ -155,7 +155,7 @@ def test_an_endpoint_with_credentials_is_refused_without_printing_them(tmp_path,
         endpoint = f"http://{env['AWS_ACCESS_KEY_ID']}:{env['AWS_SECRET_ACCESS_KEY']}@127.0.0.1:9"
         proc, ray_imported = run_cli("--input", str(SAMPLES), "--output", str(tmp_path / "out"), "--checkpoint",
                                      str(tiny_checkpoint), flag, endpoint)
-        assert proc.returncode != 0 and not ray_imported, proc.stderr
+        assert proc.returncode == 2 and not ray_imported, proc.stderr
         assert "carries credentials" in proc.stderr and "http://***@127.0.0.1:9" in proc.stderr, proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 2, proc.stderr  # the config error's heading and its line
         assert not leaked(env.values(), proc.stdout, proc.stderr)
@@ -173,7 +173,7 @@ def test_a_signed_url_as_input_is_refused_without_its_signature(s3_store, tiny_c
     https = f"https://{b}.s3.amazonaws.com/in/a.pdf?{query}"
     proc, ray_imported = run_cli("--input", https, "--output", str(tmp_path / "out"), "--checkpoint",
                                  str(tiny_checkpoint))
-    assert proc.returncode != 0 and not ray_imported, proc.stderr
+    assert proc.returncode == 2 and not ray_imported, proc.stderr
     assert "unsupported URI scheme" in proc.stderr and "X-Amz-Signature=***" in proc.stderr, proc.stderr
     assert not leaked(needles, proc.stdout, proc.stderr)
     s3 = s3_store.uri(f"{b}/in/a.pdf?{query}")
