@@ -14,7 +14,6 @@ failed); 1 an unexpected error; 2 the run could not start; 3 some documents fail
 from __future__ import annotations
 
 import logging
-import signal
 import sys
 from pathlib import Path
 
@@ -22,6 +21,7 @@ import click
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
+from pipeline import terminate  # noqa: E402
 from pipeline.config import FLAG_KEYS, ConfigError, load_config  # noqa: E402
 from pipeline.job import prepare, run  # noqa: E402
 from pipeline.local_ray import RayStartError  # noqa: E402
@@ -107,15 +107,17 @@ def main(config_path, verbose, **flags):
     install_log_redaction()
     sys.excepthook = redacting_excepthook
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    # A terminated job (SIGTERM: a scheduler, `kill`) unwinds like Ctrl-C, so its local Ray is shut down
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    terminate.install()  # SIGTERM (a scheduler, `kill`) unwinds like Ctrl-C: finished documents committed, Ray stopped
     try:
         cfg = load_config(config_path, _overrides(**flags))
+        terminate.set_grace(cfg.run.term_grace_s)
         prepared = prepare(cfg)
         summary = run(prepared, echo=lambda line: click.echo(redact(line)))
     except (ConfigError, RayStartError) as e:  # a cluster's size is checked once joined: the same one-line answer
         click.echo(f"Error: {redact(str(e))}", err=True)
         sys.exit(EXIT_NOT_STARTED)
+    except terminate.Terminated:
+        terminate.exit_after_sigterm()
     except KeyboardInterrupt:
         click.echo("stopped by Ctrl-C: the documents finished before it are committed; run the same command again "
                    "to parse the rest", err=True)

@@ -182,6 +182,8 @@ class RunConfig(Strict):
     commit_every_docs: int = Field(64, ge=1, description="documents per committed output part")
     allow_errors: bool = Field(False, description="exit 0 when documents failed (their rows still say why); off: "
                                "exit 3 when some failed, 4 when all did (docs/outcomes.md)")
+    term_grace_s: float = Field(20.0, gt=0, le=3600, description="after SIGTERM, seconds to commit the finished "
+                                "documents and stop Ray before the process ends regardless (status 143 either way)")
     cache_dir: str = "~/.cache/ocria/checkpoints"
 
 
