@@ -6,11 +6,14 @@
 Run directly it starts a local Ray; inside `ray job submit` (RAY_ADDRESS set) it joins that cluster.
 Flags override the YAML config; every problem with the config, checkpoint, input or output is reported
 before Ray starts.
+
+Exit status (docs/outcomes.md): 0 every document parsed is ok, or nothing to do (--allow-errors: also when some
+failed); 1 an unexpected error; 2 the run could not start; 3 some documents failed; 4 every document failed;
+130 Ctrl-C; 143 SIGTERM. After 1, 130 and 143 the output is consistent and the same command resumes.
 """
 from __future__ import annotations
 
 import logging
-import signal
 import sys
 from pathlib import Path
 
@@ -18,9 +21,12 @@ import click
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
+from pipeline import terminate  # noqa: E402
 from pipeline.config import FLAG_KEYS, ConfigError, load_config  # noqa: E402
 from pipeline.job import prepare, run  # noqa: E402
 from pipeline.local_ray import RayStartError  # noqa: E402
+from pipeline.outcomes import EXIT_INTERRUPTED, EXIT_NOT_STARTED, EXIT_OK, exit_status  # noqa: E402
+from pipeline.redact import install_log_redaction, redact, redacting_excepthook  # noqa: E402
 
 
 def _overrides(**flags) -> dict:
@@ -46,6 +52,8 @@ def _overrides(**flags) -> dict:
 @click.option("--limit", type=int, help="process at most N new documents")
 @click.option("--s3-endpoint", help="S3-compatible endpoint URL")
 @click.option("--s3-region")
+@click.option("--gcs-endpoint", help="GCS-compatible endpoint URL (an emulator; default: STORAGE_EMULATOR_HOST, else "
+              "Google's)")
 @click.option("--backend", type=click.Choice(["native", "transformers"]))
 @click.option("--checkpoint", help="checkpoint folder or object-storage prefix")
 @click.option("--drafter", help="DFlash drafter folder for speculative decoding (native backend), or none")
@@ -87,20 +95,41 @@ def _overrides(**flags) -> dict:
 @click.option("--num-cpus", type=float, help="CPUs of the local Ray")
 @click.option("--commit-every", type=int, help="documents per committed output part")
 @click.option("--usd-per-gpu-hour", type=float)
+@click.option("--allow-errors", is_flag=True, default=None,
+              help="exit 0 when documents failed (default: 3 when some failed, 4 when all did)")
 @click.option("-v", "--verbose", is_flag=True)
 def main(config_path, verbose, **flags):
-    """Parse every PDF and image under the inputs into Parquet (pages, documents, stats)."""
+    """Parse every PDF and image under the inputs into Parquet (pages, documents, stats).
+
+    Exit status: 0 all parsed documents ok (or nothing to do), 1 an unexpected error, 2 the run could not start, 3
+    some documents failed, 4 all failed, 130 Ctrl-C, 143 SIGTERM (docs/outcomes.md)."""
+    # What this process prints (its lines, log records, a traceback) passes through pipeline.redact first.
+    install_log_redaction()
+    sys.excepthook = redacting_excepthook
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    # A terminated job (SIGTERM: a scheduler, `kill`) unwinds like Ctrl-C, so its local Ray is shut down
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    terminate.install()  # SIGTERM (a scheduler, `kill`) unwinds like Ctrl-C: finished documents committed, Ray stopped
     try:
         cfg = load_config(config_path, _overrides(**flags))
+        terminate.set_grace(cfg.run.term_grace_s)
         prepared = prepare(cfg)
-        summary = run(prepared)
+        summary = run(prepared, echo=lambda line: click.echo(redact(line)))
     except (ConfigError, RayStartError) as e:  # a cluster's size is checked once joined: the same one-line answer
-        raise click.ClickException(str(e)) from None
-    click.echo(f"output: {cfg.output}  (pages/, documents/, stats/, runs/{summary['run_id']}.json)")
-    sys.exit(1 if summary["documents"] == 0 and prepared.plan.todo else 0)
+        click.echo(f"Error: {redact(str(e))}", err=True)
+        sys.exit(EXIT_NOT_STARTED)
+    except terminate.Terminated:
+        terminate.exit_after_sigterm()
+    except KeyboardInterrupt:
+        click.echo("stopped by Ctrl-C: the documents finished before it are committed; run the same command again "
+                   "to parse the rest", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    click.echo(redact(f"output: {cfg.output}  (pages/, documents/, stats/, runs/{summary['run_id']}.json)"))
+    planned = len(prepared.plan.todo)
+    status = exit_status(planned, summary["documents"], summary["documents_error"], cfg.run.allow_errors)
+    if status != EXIT_OK:
+        failed = summary["documents_error"] + max(0, planned - summary["documents"])
+        click.echo(f"{failed} of {planned} document(s) failed: exit status {status} (docs/outcomes.md; "
+                   f"--allow-errors exits 0)", err=True)
+    sys.exit(status)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from pipeline.page_reading import block_reading, raster_options
 from pipeline.plan import Plan, plan_run
 from pipeline.progress import PageProgress
 from pipeline.rasterize import RasterOptions
+from pipeline.redact import redact
 from pipeline.schema import DOC_TASK_SCHEMA, PAGE_SCHEMA, empty_row
 from pipeline.stats import RunStats, format_table
 from pipeline.storage import Location, check_writable, explain, list_documents, resolve, write_parquet_atomic, write_text
@@ -74,7 +75,7 @@ def prepare(cfg: JobConfig) -> Prepared:
     try:
         report = store.reconcile()
     except (OSError, ValueError) as e:
-        raise ConfigError(f"--output {cfg.output!r} is not usable: {explain(cfg.output, e)}") from None
+        raise ConfigError(f"--output {cfg.output!r} is not usable: {explain(cfg.output, e, cfg.storage)}") from None
     if report.orphan_parts_removed or report.superseded_documents:
         log.info("output repaired: %s", report)
     listed = {}
@@ -83,7 +84,7 @@ def prepare(cfg: JobConfig) -> Prepared:
             for f in list_documents(uri, cfg.storage, cfg.input.include, cfg.input.exclude):
                 listed[f.uri] = f
         except (OSError, ValueError) as e:
-            raise ConfigError(f"cannot list input {uri!r}: {explain(uri, e)}") from None
+            raise ConfigError(f"cannot list input {uri!r}: {explain(uri, e, cfg.storage)}") from None
     plan = plan_run(list(listed.values()), store.documents(), cfg.run.retry_failed, cfg.run.max_attempts,
                     cfg.input.limit, model_id, store.page_models(), cfg.run.reparse)
     if plan.other_model:
@@ -112,8 +113,8 @@ def writable_output(cfg: JobConfig) -> Location:
                               f"prefix) for the pages/, documents/ and stats/ tables")
         check_writable(loc)
     except (OSError, ValueError) as e:
-        reason = explain(cfg.output, e) if isinstance(e, OSError) else str(e)
-        if reason == str(e):
+        reason = explain(cfg.output, e, cfg.storage) if isinstance(e, OSError) else str(e)
+        if reason == redact(str(e)):  # nothing more specific known: a local folder's or the store's own words
             reason = f"{_first_line(e)}: choose a folder you can write to, or fix its permissions"
         raise ConfigError(f"--output {cfg.output!r} cannot be written: {reason}") from None
     return loc
@@ -307,4 +308,4 @@ def _incomplete_row(prep: Prepared, uri: str, got: int, expected: int) -> dict:
 def _write_stats(prep: Prepared, stats: RunStats) -> None:
     loc = prep.store.loc
     write_parquet_atomic(loc.fs, loc.join("stats", f"{prep.run_id}.parquet"), stats.table())
-    write_text(loc.fs, loc.join("runs", f"{prep.run_id}.json"), stats.to_json())
+    write_text(loc.fs, loc.join("runs", f"{prep.run_id}.json"), redact(stats.to_json()))  # it names the checkpoint

@@ -39,3 +39,38 @@ def is_retryable(kind: str | None) -> bool:
     """Whether a later run parses a document that failed with `kind` again (up to run.max_attempts). An unknown
     kind (a row written by an older version) is retried: only known facts about a file stop a retry."""
     return kind not in PERMANENT_KINDS
+
+
+# The command line's exit status (jobs/parse_corpus.py), for a cron job or an orchestrator to act on; docs/outcomes.md
+# has the same table (tests/test_outcomes.py keeps the two in step).
+EXIT_OK = 0
+EXIT_CRASHED = 1  # Python's own status for an uncaught exception
+EXIT_NOT_STARTED = 2  # click's status for a bad flag, too
+EXIT_SOME_FAILED = 3
+EXIT_ALL_FAILED = 4
+EXIT_INTERRUPTED = 130  # SIGINT (Ctrl-C)
+EXIT_TERMINATED = 143  # SIGTERM (pipeline.terminate)
+EXIT_STATUSES = {
+    EXIT_OK: "the run finished and every document it parsed is ok, or there was nothing to parse; with "
+             "--allow-errors, also when documents failed",
+    EXIT_CRASHED: "the run stopped on an unexpected error (its traceback is printed); the documents committed before "
+                  "it are kept, and the same command resumes",
+    EXIT_NOT_STARTED: "the run could not start: a flag, the config, the checkpoint, an input, the output, the object "
+                      "store or the Ray cluster is not usable (one line says what to fix); nothing was parsed",
+    EXIT_SOME_FAILED: "the run finished, and some of its documents failed while others are ok: their rows say why, "
+                      "and a rerun retries those whose kind is retryable",
+    EXIT_ALL_FAILED: "the run finished, and every document it had to parse failed (or none came back): most likely "
+                     "a problem of the run (storage, the engine), not of the files",
+    EXIT_INTERRUPTED: "stopped by Ctrl-C (SIGINT): as for 143",
+    EXIT_TERMINATED: "stopped by SIGTERM: whole documents finished before it are committed, the output is "
+                     "consistent, and the same command resumes",
+}
+
+
+def exit_status(planned: int, documents: int, documents_error: int, allow_errors: bool = False) -> int:
+    """The status of a run that finished: `planned` documents to parse, `documents` came back, `documents_error` of
+    them failed. A planned document that never came back counts as failed."""
+    failed = documents_error + max(0, planned - documents)
+    if not failed or allow_errors:
+        return EXIT_OK
+    return EXIT_ALL_FAILED if failed >= max(planned, documents) else EXIT_SOME_FAILED

@@ -13,6 +13,7 @@ import numpy as np
 import pymupdf
 
 from pipeline.diagnose import classify_page_failure, classify_unopened, out_of_memory, warnings_text, what_it_looks_like
+from pipeline.redact import redact
 
 # File types PyMuPDF opens by content; the extension only picks the parser.
 FILETYPES = {".pdf": "pdf", ".png": "png", ".jpg": "jpeg", ".jpeg": "jpeg", ".tif": "tiff", ".tiff": "tiff"}
@@ -23,7 +24,7 @@ class DocumentError(Exception):
     means and whether a later run retries it)."""
 
     def __init__(self, kind: str, message: str):
-        super().__init__(message)
+        super().__init__(redact(message))  # the message becomes a row of the output
         self.kind = kind
 
 

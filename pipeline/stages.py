@@ -18,8 +18,9 @@ from pipeline.checkpoint import localize
 from pipeline.config import StorageConfig
 from pipeline.isolation import IsolatedRasterizer
 from pipeline.rasterize import DocumentError, PageFailure, RasterOptions, RenderedPage, filetype_for
+from pipeline.redact import install_log_redaction
 from pipeline.schema import PAGE_SCHEMA, RASTER_SCHEMA, empty_row
-from pipeline.storage import read_bytes, resolve
+from pipeline.storage import explain, read_bytes, resolve
 
 
 def _error_row(uri: str, sha256: str | None, kind: str, message: str) -> dict:
@@ -47,6 +48,7 @@ class RasterizeStage:
 
     def __init__(self, storage: StorageConfig, opts: RasterOptions, page_timeout_s: float, memory_limit_mb: int,
                  max_lost_pages: int = 2, rows_per_table: int = 8):
+        install_log_redaction()  # an actor is its own process: its log records are redacted there
         self.storage = storage
         self._filesystems: dict[str, object] = {}  # scheme -> filesystem, built once per actor
         self.renderer = IsolatedRasterizer(opts, page_timeout_s, memory_limit_mb, max_lost_pages)
@@ -70,7 +72,7 @@ class RasterizeStage:
             try:
                 data = read_bytes(self._filesystem(uri), uri)
             except (OSError, FileNotFoundError) as e:
-                raise DocumentError("unreadable", f"cannot read the file: {type(e).__name__}: {e}") from e
+                raise DocumentError("unreadable", f"cannot read the file: {explain(uri, e, self.storage)}") from e
             sha256 = hashlib.sha256(data).hexdigest()
             for count, total, page in self.renderer.rasterize(data, uri):
                 yield _raster_row(uri, sha256, count, total, page)
@@ -112,6 +114,7 @@ class ParseStage:
         from engine.backends import load_backend
         from engine.interface import SamplingParams
 
+        install_log_redaction()  # an actor is its own process: its log records are redacted there
         self.run_id, self.prompt, self.fallback = run_id, prompt, fallback_to_text_layer
         self.blocks = block_reading
         self.sampling = SamplingParams(**sampling)

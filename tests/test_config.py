@@ -145,7 +145,7 @@ def test_every_listed_mistake_fails_before_ray_in_two_lines_naming_the_fix(tmp_p
     env_gpu = "cuda-without-gpu" == case
     proc, ray_imported = run_cli("--input", str(ROOT / "samples"), "--checkpoint", str(tiny_checkpoint), *args,
                                  env={"CUDA_VISIBLE_DEVICES": ""} if env_gpu else None)
-    assert proc.returncode != 0 and not ray_imported
+    assert proc.returncode == 2 and not ray_imported  # the documented status of a run that could not start
     assert re.search(says, proc.stderr), proc.stderr
     assert len(proc.stderr.strip().splitlines()) <= 2 and "Traceback" not in proc.stderr, proc.stderr
     assert "Started a local Ray" not in proc.stderr + proc.stdout
