@@ -122,10 +122,6 @@ class EngineOptions:
     # accepted tokens whose GDN updates stay pending (engine/gdn_ring) before a verify writes the state back; 0:
     # written back at every verify that has any
     spec_fold_after: int = 0
-    # the speculative GDN verify as matrix products (kernels/gdn_verify, chunk form: tensor cores) instead of token by
-    # token as plain decode steps; equal to fp32 rounding, so greedy answers may differ from plain decoding's at
-    # near-ties where token by token gives the same bits
-    spec_chunk_verify: bool = False
     # new prompts start only when this many can start together (or all that wait) while others decode: fewer, larger
     # prefill steps where each step's host cost is fixed (eager drafter collection); 1: as soon as a seat is free
     prefill_min_seqs: int = 1
@@ -185,7 +181,7 @@ class Engine:
         self.spec = None
         if drafter is not None:
             most = min(opts.max_num_seqs, opts.spec_max_batch or opts.max_num_seqs)  # sequences a spec step holds
-            self.spec = SpecDecoder(self.runner, drafter, block, most, chunk_verify=opts.spec_chunk_verify)
+            self.spec = SpecDecoder(self.runner, drafter, block, most)
             if not opts.enforce_eager:  # greedy steps from static buffers, as CUDA graphs where there is CUDA
                 self.spec.graphs = SpecGraphs(self.spec, most, self.runner.cache.max_blocks_per_seq,
                                               self.runner.scratch_slot, capture=True)

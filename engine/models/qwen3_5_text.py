@@ -145,7 +145,6 @@ class GatedDeltaNet(nn.Module):
         self.kept_x = None
         self.ring = None
         self.fold_after = 0
-        self.verify_chunk = False  # kernels/gdn_verify's chunk form (EngineOptions.spec_chunk_verify)
 
     fused_decode = False  # decode: one fused kernel from conv to gated norm (TextModel.set_fused_decode)
     pdl = False  # decode kernels launched with programmatic dependent launch (TextModel.set_pdl)
@@ -194,8 +193,7 @@ class GatedDeltaNet(nn.Module):
         ba = ba.view(S, T, 2 * self.hv)
         o = ops.gdn_verify(q.reshape(S, T, self.hk, self.dk), k.reshape(S, T, self.hk, self.dk),
                            v.reshape(S, T, self.hv, self.dv), ba[..., self.hv:], ba[..., :self.hv], self.ssm_state,
-                           meta.state_idx, self.ring, self.fold_after, raw_gates=(self.A_log, self.dt_bias),
-                           chunk=self.verify_chunk)
+                           meta.state_idx, self.ring, self.fold_after, raw_gates=(self.A_log, self.dt_bias))
         return o.view(S * T, self.hv, self.dv)
 
 
