@@ -347,7 +347,7 @@ def print_summary(runs: list[dict]) -> None:
 
 def main(argv=None):
     ap = bench.model_shape_args(__doc__)
-    ap.add_argument("--variants", default="default,fused")
+    ap.add_argument("--variants", default="default")
     ap.add_argument("--batch-sizes", default="1,8")
     ap.add_argument("--prompt", type=int, default=None, help="prompt tokens (default 512 as the benchmark, tiny 32)")
     ap.add_argument("--max-model-len", type=int, default=None,

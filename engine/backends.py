@@ -55,6 +55,8 @@ def load_backend(
 # engine options that no longer exist -> what a config that still sets one should know (docs/decisions.md has why)
 REMOVED_OPTIONS = {
     "spec_chunk_verify": "the GDN verify runs token by token only (the chunk form was no faster in the 4B step)",
+    "fused_decode": "the attention layers' fused decode is fused_attention_decode (on by default); the GDN layers "
+                    "decode through their per-op kernels (the fused GDN decode kernel was slower)",
 }
 
 

@@ -106,7 +106,6 @@ class EngineOptions:
     enforce_eager: bool = False  # no CUDA graphs
     compile: bool = True  # torch.compile the element-wise glue ops (CUDA only)
     # Each decode-path switch below is on where it made decode steps faster; docs/decisions.md has the measurements.
-    fused_decode: bool = False  # every fused decode kernel (kernels/fused_*.py); the fused GDN one is the slower
     fused_attention_decode: bool = True  # q/k norm + rotary + KV store in one launch
     decode_gemv: bool = True  # projections of <= 16 rows through kernels/small_m_linear instead of cuBLAS
     decode_pdl: bool = True  # programmatic dependent launch (sm_90+): each kernel starts as the one before finishes
@@ -142,8 +141,8 @@ class EngineOptions:
                 raise ValueError(f"{name}={value!r}: give an integer >= {least} ({meaning})")
 
     def decode_path(self) -> DecodePath:
-        return DecodePath(fused_decode=self.fused_decode, fused_attention_decode=self.fused_attention_decode,
-                          gemv=self.decode_gemv, pdl=self.decode_pdl, swiglu_epilogue=self.swiglu_epilogue)
+        return DecodePath(fused_attention_decode=self.fused_attention_decode, gemv=self.decode_gemv,
+                          pdl=self.decode_pdl, swiglu_epilogue=self.swiglu_epilogue)
 
 
 
