@@ -13,9 +13,10 @@ instrumented.
 
 The model is the tiny config with the 4B's layer stack (32 layers, 24 GDN + 8 attention) and the benchmark's context
 size, so the attention split into partitions matches the 4B shape too. Prints a table per layer kind for each
-variant (jobs.benchmark.variant_short_names; by default the EngineOptions defaults and fused_decode=True).
+variant (jobs.benchmark.variant_short_names; by default the EngineOptions defaults and the attention inputs through
+the compiled glue and a KV store instead of their fused kernel).
 
-    python bench/decode_kernel_count.py [--batch 1] [--variants default,fused,...] [--json OUT.json] [--inductor]
+    python bench/decode_kernel_count.py [--batch 1] [--variants default,unfused_attn,...] [--json OUT.json] [--inductor]
 """
 from __future__ import annotations
 
@@ -280,7 +281,7 @@ def main(argv=None):
     ap.add_argument("--layers", type=int, default=32, help="decoder layers (every 4th is attention, as in the 4B)")
     ap.add_argument("--glue-kernels", type=int, default=1, help="launches per compiled glue call (lower bound 1)")
     ap.add_argument("--inductor", action="store_true", help="measure launches per glue call with inductor (CPU)")
-    ap.add_argument("--variants", default="default,fused",
+    ap.add_argument("--variants", default="default,unfused_attn",
                     help="names from jobs.benchmark.variant_short_names, the first the baseline")
     ap.add_argument("--spec", type=int, default=0, metavar="BLOCK",
                     help="count one greedy speculative step (draft + verify + accept + commit) at this block instead")

@@ -348,7 +348,7 @@ def print_summary(runs: list[dict]) -> None:
 
 def main(argv=None):
     ap = bench.model_shape_args(__doc__)
-    ap.add_argument("--variants", default="default,fused")
+    ap.add_argument("--variants", default="default")
     ap.add_argument("--precisions", default="bf16",
                     help="decoder weights: bf16, fp8, nvfp4 (engine/quantize.py's built-in recipes, round to nearest)")
     ap.add_argument("--batch-sizes", default="1,8")

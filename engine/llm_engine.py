@@ -110,7 +110,6 @@ class EngineOptions:
     enforce_eager: bool = False  # no CUDA graphs
     compile: bool = True  # torch.compile the element-wise glue ops (CUDA only)
     # Each decode-path switch below is on where it made decode steps faster; docs/decisions.md has the measurements.
-    fused_decode: bool = False  # every fused decode kernel (kernels/fused_*.py); the fused GDN one is the slower
     fused_attention_decode: bool = True  # q/k norm + rotary + KV store in one launch
     decode_gemv: bool = True  # projections of <= 16 rows through kernels/small_m_linear instead of cuBLAS
     decode_pdl: bool = True  # programmatic dependent launch (sm_90+): each kernel starts as the one before finishes
@@ -132,10 +131,6 @@ class EngineOptions:
     # accepted tokens whose GDN updates stay pending (engine/gdn_ring) before a verify writes the state back; 0:
     # written back at every verify that has any
     spec_fold_after: int = 0
-    # the speculative GDN verify as matrix products (kernels/gdn_verify, chunk form: tensor cores) instead of token by
-    # token as plain decode steps; equal to fp32 rounding, so greedy answers may differ from plain decoding's at
-    # near-ties where token by token gives the same bits
-    spec_chunk_verify: bool = False
     # new prompts start only when this many can start together (or all that wait) while others decode: fewer, larger
     # prefill steps where each step's host cost is fixed (eager drafter collection); 1: as soon as a seat is free
     prefill_min_seqs: int = 1
@@ -160,8 +155,8 @@ class EngineOptions:
             raise ValueError(f"kv_cache_dtype={self.kv_cache_dtype!r}: give one of {', '.join(KV_DTYPES)}")
 
     def decode_path(self) -> DecodePath:
-        return DecodePath(fused_decode=self.fused_decode, fused_attention_decode=self.fused_attention_decode,
-                          gemv=self.decode_gemv, pdl=self.decode_pdl, swiglu_epilogue=self.swiglu_epilogue)
+        return DecodePath(fused_attention_decode=self.fused_attention_decode, gemv=self.decode_gemv,
+                          pdl=self.decode_pdl, swiglu_epilogue=self.swiglu_epilogue)
 
 
 
@@ -206,7 +201,7 @@ class Engine:
         self.spec = None
         if drafter is not None:
             most = min(opts.max_num_seqs, opts.spec_max_batch or opts.max_num_seqs)  # sequences a spec step holds
-            self.spec = SpecDecoder(self.runner, drafter, block, most, chunk_verify=opts.spec_chunk_verify)
+            self.spec = SpecDecoder(self.runner, drafter, block, most)
             if not opts.enforce_eager:  # greedy steps from static buffers, as CUDA graphs where there is CUDA
                 self.spec.graphs = SpecGraphs(self.spec, most, self.runner.cache.max_blocks_per_seq,
                                               self.runner.scratch_slot, capture=True)

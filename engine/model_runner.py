@@ -42,8 +42,7 @@ def graph_batch_sizes(max_batch: int) -> list[int]:
 @dataclass(frozen=True)
 class DecodePath:
     """Which kernels decode steps run: EngineOptions.decode_path(), where the defaults are and why."""
-    fused_decode: bool  # every layer kind through kernels/fused_*.py
-    fused_attention_decode: bool  # the attention layers only
+    fused_attention_decode: bool  # the attention layers' inputs through kernels/fused_attn_decode
     gemv: bool  # projections of <= 16 rows through kernels/small_m_linear (DecodeProjections)
     pdl: bool  # where the GPU has it (sm_90+)
     swiglu_epilogue: bool
@@ -74,9 +73,7 @@ class ModelRunner:
         # a speculative drafter (engine/models/dflash.DFlashDrafter): its context KV shares the target's block tables
         # and is written by every target forward from the tapped hidden states
         self.drafter = drafter
-        model.language_model.set_fused_decode(decode.fused_decode)
-        if decode.fused_attention_decode:
-            model.language_model.set_fused_decode(True, kinds=("full_attention",))
+        model.language_model.set_fused_attention_decode(decode.fused_attention_decode)
         pdl = decode.pdl and ops.pdl_supported(device)
         if decode.gemv:
             model.set_projections(DecodeProjections.for_model(self._projection_weights(), pdl, decode.swiglu_epilogue))

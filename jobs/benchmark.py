@@ -11,7 +11,7 @@ move (weights + KV read + GDN state read/write) over the device-to-device copy b
     python jobs/benchmark.py --device cpu --tiny --out /tmp/bench      # tiny shapes on CPU (exercises the code)
     --variants native,native_cublas,...: the native engine once per variant (VARIANTS: EngineOptions overrides), so
     each change is timed against its baseline in the same run; the greedy tokens / logits of every other variant are
-    compared with the first on a few requests ("output_checks" in meta). --fused-decode adds "native_fused".
+    compared with the first on a few requests ("output_checks" in meta).
 
 Writes <out>/benchmark.json and <out>/benchmark.png.
 """
@@ -46,7 +46,6 @@ VARIANTS = {
     "native_cublas": dict(decode_gemv=False),  # ... on cuBLAS
     "native_no_pdl": dict(decode_pdl=False),  # ... without programmatic dependent launch
     "native_swiglu_unfused": dict(swiglu_epilogue=False),  # ... SwiGLU as its own kernel after the gate_up GEMV
-    "native_fused": dict(fused_decode=True),  # the fused GDN decode kernel too
     "native_unfused_attn": dict(fused_attention_decode=False),  # attention inputs by the compiled glue + KV store
     "native_bf16_state": dict(gdn_state_dtype="bfloat16"),  # the GDN state pool in bf16 (half its traffic)
     "native_fp8_kv": dict(kv_cache_dtype="fp8"),  # attention K/V as E4M3 rows with a scale each
@@ -360,7 +359,6 @@ def main(argv=None):
     ap.add_argument("--no-compile", action="store_true", help="native engine without torch.compile'd glue ops")
     ap.add_argument("--variants", default="native",
                     help=f"native engine variants, the first is the reference of the output checks: {', '.join(VARIANTS)}")
-    ap.add_argument("--fused-decode", action="store_true", help="add the variant native_fused")
     ap.add_argument("--check-tokens", type=int, default=32,
                     help="greedy tokens of the output checks between variants (4 text prompts)")
     args = ap.parse_args(argv)
@@ -401,7 +399,7 @@ def main(argv=None):
         print(json.dumps({k: v for k, v in r.items() if k != "roofline_bytes"}), flush=True)
         (out / "benchmark.json").write_text(json.dumps(dict(meta=meta, results=results), indent=2))
 
-    variants = args.variants.split(",") + (["native_fused"] if args.fused_decode else [])
+    variants = args.variants.split(",")
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         raise SystemExit(f"unknown --variants {unknown}; choose from {list(VARIANTS)}")

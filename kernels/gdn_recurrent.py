@@ -23,8 +23,8 @@ L2NORM_EPS = 1e-6
 STATE_DTYPES = (torch.float32, torch.bfloat16)
 # Launch defaults from the graph-timed sweep at the 4B shape (docs/decisions.md): one warp per (sequence, value head,
 # 32-wide dv tile) keeps each token's reductions over dk inside a warp, and the fused step takes both from one pass
-# over the tile. The verify and fold kernels (kernels/gdn_verify.py) and the fused decode kernel step the same way:
-# plain and speculative decoding must round alike.
+# over the tile. The verify and fold kernels (kernels/gdn_verify.py) step the same way: plain and speculative decoding
+# must round alike.
 DECODE_BLOCK_V, DECODE_WARPS = 32, 1
 FUSED_REDUCTIONS = True
 
@@ -92,7 +92,7 @@ def gdn_recurrent_ref(q, k, v, g, beta, state, state_idx, scale=None, out=None, 
 def delta_rule_step(S, k, v, g, beta):
     """One token of the gated delta rule on a [BK, BV] fp32 state tile (k normalised, g the log decay): the decay,
     the correction u = beta (v - S^T k) and the rank-1 update S + k u^T. Returns (S, u); shared by every kernel that
-    steps the state (decode, fused decode, speculative verify)."""
+    steps the state (decode, speculative verify)."""
     S = S * tl.exp(g)
     u = beta * (v - tl.sum(S * k[:, None], axis=0))
     return S + k[:, None] * u[None, :], u

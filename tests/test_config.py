@@ -120,12 +120,14 @@ def test_shipped_configs_are_valid():
 
 
 @pytest.mark.parametrize("case", ["output-unwritable", "output-is-a-file", "too-many-engines", "cuda-without-gpu",
-                                  "misspelled-key", "misspelled-engine-option", "bad-engine-option-value"])
+                                  "misspelled-key", "misspelled-engine-option", "bad-engine-option-value",
+                                  "removed-engine-option"])
 def test_every_listed_mistake_fails_before_ray_in_two_lines_naming_the_fix(tmp_path, tiny_checkpoint, case):
     (tmp_path / "a-file").write_text("not a folder")
     (tmp_path / "typo.yaml").write_text("input: {uris: [samples]}\nparse: {num_actor: 2}\n")
     (tmp_path / "option.yaml").write_text("input: {uris: [samples]}\nmodel: {options: {spec_max_batchs: 8}}\n")
     (tmp_path / "value.yaml").write_text("input: {uris: [samples]}\nmodel: {options: {spec_fold_after: -1}}\n")
+    (tmp_path / "removed.yaml").write_text("input: {uris: [samples]}\nmodel: {options: {spec_chunk_verify: true}}\n")
     args, says = {
         "output-unwritable": (["--output", "/proc/no-such/out"], r"--output '/proc/no-such/out' cannot be written"),
         "output-is-a-file": (["--output", str(tmp_path / "a-file")], r"is an existing file: give a folder"),
@@ -139,6 +141,8 @@ def test_every_listed_mistake_fails_before_ray_in_two_lines_naming_the_fix(tmp_p
                                      r"\(did you mean spec_max_batch\?\)"),
         "bad-engine-option-value": (["--config", str(tmp_path / "value.yaml")],
                                     r"model.options.spec_fold_after=-1: give an integer >= 0"),
+        "removed-engine-option": (["--config", str(tmp_path / "removed.yaml")],
+                                  r"model.options.spec_chunk_verify was removed: the GDN verify runs token by token"),
     }[case]
     if "--output" not in args:
         args += ["--output", str(tmp_path / "out")]
@@ -150,6 +154,22 @@ def test_every_listed_mistake_fails_before_ray_in_two_lines_naming_the_fix(tmp_p
     assert len(proc.stderr.strip().splitlines()) <= 2 and "Traceback" not in proc.stderr, proc.stderr
     assert "Started a local Ray" not in proc.stderr + proc.stdout
     assert not (tmp_path / "out" / "documents").exists()
+
+
+def test_every_removed_engine_option_is_refused_in_one_line_saying_so():
+    """A key of model.options that named a removed engine option fails with what became of it, not as a typo."""
+    import dataclasses
+
+    from engine.backends import REMOVED_OPTIONS, check_options
+    from engine.llm_engine import EngineOptions
+
+    fields = {f.name for f in dataclasses.fields(EngineOptions)}
+    for key, why in REMOVED_OPTIONS.items():
+        assert key not in fields
+        with pytest.raises(ValueError) as e:
+            check_options("native", {"spec_max_batch": 8, key: True})
+        assert str(e.value) == f"model.options.{key} was removed: {why}; delete the key"
+        assert "\n" not in why
 
 
 def test_bad_drafter_fails_before_ray(tmp_path, tiny_checkpoint):

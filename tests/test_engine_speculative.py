@@ -131,7 +131,7 @@ def oracle_engine(text_ckpt, drafter, plain, static=True, **opts):
     the engine runs them unless enforce_eager; else the eager step."""
     eng = Engine.from_checkpoint(text_ckpt, dtype="float32", max_num_seqs=4, block_size=8, drafter=str(drafter),
                                  **opts)
-    oracle = Oracle(eng.runner, eng.spec.drafter, eng.spec.T, 4, chunk_verify=opts.get("spec_chunk_verify", False))
+    oracle = Oracle(eng.runner, eng.spec.drafter, eng.spec.T, 4)
     oracle.reference = plain
     if static:
         oracle.graphs = SpecGraphs(oracle, 4, eng.runner.cache.max_blocks_per_seq, eng.runner.scratch_slot,
@@ -232,27 +232,16 @@ def test_drafter_for_another_target_is_refused(text_ckpt, tmp_path):
         Engine.from_checkpoint(text_ckpt, dtype="float32", num_blocks=16, drafter=str(d))
 
 
-def oracle_on_the_triton_kernels(text_ckpt, drafter, plain, monkeypatch, chunk_verify: bool) -> None:
+def test_oracle_drafter_on_the_triton_kernels(text_ckpt, drafter, plain, monkeypatch):
+    """The same through the Triton kernels (interpreter): GDN verify token by token with its ring, advance and
+    fold, paged attention, KV stores."""
     monkeypatch.setenv("OCRIA_FORCE_TRITON", "1")
-    eng = oracle_engine(text_ckpt, drafter, plain, num_blocks=64, spec_fold_after=2, spec_chunk_verify=chunk_verify)
-    assert all(layer.verify_chunk == chunk_verify for layer in eng.runner.gdn_layers)
+    eng = oracle_engine(text_ckpt, drafter, plain, num_blocks=64, spec_fold_after=2)
     reqs = requests()[:2]
     outs = run_with_arrivals(eng, reqs, [0, 3])
     for r in reqs:
         o = outs[r["request_id"]]
         assert o.output_token_ids == plain[r["request_id"]] and o.spec_tau > 2.0
-
-
-def test_oracle_drafter_on_the_triton_kernels(text_ckpt, drafter, plain, monkeypatch):
-    """The same through the Triton kernels (interpreter): GDN verify token by token with its ring, advance and
-    fold, paged attention, KV stores."""
-    oracle_on_the_triton_kernels(text_ckpt, drafter, plain, monkeypatch, chunk_verify=False)
-
-
-@pytest.mark.parametrize("drafter", ["dflash2"], indirect=True)  # the verify form is the target's: one kind will do
-def test_oracle_drafter_on_the_chunk_verify(text_ckpt, drafter, plain, monkeypatch):
-    """The same with the GDN verify in the chunk form (spec_chunk_verify): its pending tokens folded as products."""
-    oracle_on_the_triton_kernels(text_ckpt, drafter, plain, monkeypatch, chunk_verify=True)
 
 
 def test_sampling_with_speculation_runs_seeded(text_ckpt, drafter, plain):

@@ -8,11 +8,10 @@ from kernels.testing import assert_close, poisoned, require_interpreted  # sets 
 from kernels.conv1d_update import causal_conv1d_update_ref, causal_conv1d_update_triton
 from kernels.gdn_recurrent import gdn_recurrent_ref, l2norm_ref
 from kernels.gdn_verify import (
-    FOLD_CHUNK, _conv_commit_kernel, _conv_verify_kernel, _gdn_fold_kernel, _gdn_verify_chunk_kernel,
-    _gdn_verify_kernel, _ring_advance_kernel, causal_conv1d_verify, causal_conv1d_verify_ref,
-    causal_conv1d_verify_triton, conv_state_commit, conv_state_commit_ref, conv_state_commit_triton, gdn_fold_ref,
-    gdn_fold_triton, gdn_ring_advance, gdn_ring_advance_triton, gdn_verify_chunk_triton, gdn_verify_ref,
-    gdn_verify_triton)
+    FOLD_CHUNK, _conv_commit_kernel, _conv_verify_kernel, _gdn_fold_kernel, _gdn_verify_kernel, _ring_advance_kernel,
+    causal_conv1d_verify, causal_conv1d_verify_ref, causal_conv1d_verify_triton, conv_state_commit,
+    conv_state_commit_ref, conv_state_commit_triton, gdn_fold_ref, gdn_fold_triton, gdn_ring_advance,
+    gdn_ring_advance_triton, gdn_verify_ref, gdn_verify_triton)
 
 NUM_SLOTS = 6
 STATE_IDX = [4, -1, 0, 2]  # the second row is padding
@@ -48,26 +47,21 @@ def clone_ring(ring):
     return tuple(t.clone() for t in ring)
 
 
-@pytest.mark.parametrize("form", ["steps", "steps unrolled", "steps fused", "chunk", "chunk, narrow tiles"])
+@pytest.mark.parametrize("form", ["steps", "steps unrolled", "steps fused"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("T,dk,dv,aligned", [(5, 24, 40, False), (1, 24, 24, False), (7, 24, 17, False),
                                             (16, 20, 17, False), (11, 64, 72, False), (16, 24, 40, True),
                                             (20, 24, 17, True)])
 def test_verify_advance_and_fold_triton_match_ref(form, dtype, T, dk, dv, aligned):
-    """Every verify kernel (token by token, looped or unrolled, and the chunk form with matrix products) against
-    the token-by-token reference, from rings whose pending tokens wrap past the last row: outputs, the state written
-    back where more than fold_after tokens were pending (and nowhere else), the block's k / u / g in the rows after
-    the pending ones (and nowhere else), then the advance and the fold. `aligned`: nearly parallel keys, beta near 1
-    and almost no decay, where the chunk form's triangular system is ill-conditioned and every row of its solve
-    matters (with random keys a missing row would pass)."""
+    """Every verify kernel form (looped or unrolled) against the token-by-token reference, from rings whose pending
+    tokens wrap past the last row: outputs, the state written back where more than fold_after tokens were pending
+    (and nowhere else), the block's k / u / g in the rows after the pending ones (and nowhere else), then the advance
+    and the fold. `aligned`: nearly parallel keys, beta near 1 and almost no decay, where rounding errors of the
+    token steps grow fastest."""
     kernel, verify = {"steps": (_gdn_verify_kernel, gdn_verify_triton),
                       "steps unrolled": (_gdn_verify_kernel, lambda *a, **k: gdn_verify_triton(*a, unroll=True, **k)),
                       "steps fused": (_gdn_verify_kernel,
-                                      lambda *a, **k: gdn_verify_triton(*a, fused_reductions=True, **k)),
-                      "chunk": (_gdn_verify_chunk_kernel, gdn_verify_chunk_triton),
-                      "chunk, narrow tiles": (
-                          _gdn_verify_chunk_kernel,
-                          lambda *a, **k: gdn_verify_chunk_triton(*a, block_v=16, block_k=16, **k))}[form]
+                                      lambda *a, **k: gdn_verify_triton(*a, fused_reductions=True, **k))}[form]
     require_interpreted(kernel)
     require_interpreted(_gdn_fold_kernel)
     require_interpreted(_ring_advance_kernel)
@@ -119,43 +113,7 @@ def test_verify_advance_and_fold_triton_match_ref(form, dtype, T, dk, dv, aligne
     assert torch.equal(s_tri[untouched], x["state"][untouched])
 
 
-@pytest.mark.parametrize("block_v,block_k", [(None, None), (16, 16)])
-def test_chunk_verify_folds_more_pending_tokens_than_a_block(block_v, block_k):
-    """The chunk form folds pending tokens a block's worth at a time: 21 and 17 pending (two batches each, the first
-    wrapping past the ring's last row; 21 > fold_after = 18: written back, 17 not) against the reference, with bf16
-    inputs (its split products) and fp32 (plain ones); the key dim in one slice or two (dk = 24)."""
-    require_interpreted(_gdn_verify_chunk_kernel)
-    T, Hk, Hv, dk, dv, fold_after = 4, 2, 6, 24, 40, 18
-    P = fold_after + 2 * T
-    for dtype in (torch.bfloat16, torch.float32):
-        x = inputs(T=T, dk=dk, dv=dv, dtype=dtype, seed=7)
-        ring_ref = make_ring(P, Hk, dk, Hv, dv, {4: (P - 5, 21), 2: (3, 17)}, seed=3)
-        ring_tri = clone_ring(ring_ref)
-        idx = torch.tensor(STATE_IDX, dtype=torch.int32)
-        args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
-        s_ref, s_tri = x["state"].clone(), x["state"].clone()
-        raw = (x["A_log"], x["dt_bias"])
-        o_ref = gdn_verify_ref(*args, s_ref, idx, ring_ref, fold_after, raw_gates=raw)
-        o_tri = gdn_verify_chunk_triton(*args, s_tri, idx, ring_tri, fold_after, raw_gates=raw, block_v=block_v,
-                                        block_k=block_k)
-        assert_close(o_tri, o_ref, dtype)
-        assert_close(s_tri, s_ref, torch.float32)
-        assert not torch.equal(s_tri[4], x["state"][4]) and torch.equal(s_tri[2], x["state"][2])
-        for a, b in zip(ring_tri[:3], ring_ref[:3]):
-            assert_close(a.nan_to_num(7.0), b.nan_to_num(7.0), torch.float32)
-
-
-def test_chunk_verify_refuses_a_block_past_its_solve():
-    """The chunk form's solve doubles its diagonal blocks up to 128 tokens: a longer block is refused by name, not
-    solved in part."""
-    x = inputs(B=1, T=129, Hv=2)
-    ring = make_ring(2 * 129 + 1, 2, 24, 2, 40, {})
-    with pytest.raises(ValueError, match="up to 128 tokens, got 129"):
-        gdn_verify_chunk_triton(x["q"], x["k"], x["v"], x["g"], x["beta"], x["state"],
-                                torch.tensor([0], dtype=torch.int32), ring)
-
-
-def test_verify_dispatches_to_the_chunk_form_when_asked(monkeypatch):
+def test_verify_dispatches_to_triton(monkeypatch):
     from kernels.gdn_verify import gdn_verify
     from kernels.testing import assert_dispatches_to_triton
 
@@ -163,8 +121,6 @@ def test_verify_dispatches_to_the_chunk_form_when_asked(monkeypatch):
     ring = make_ring(10, 2, 24, 6, 40, {})
     idx = torch.tensor(STATE_IDX, dtype=torch.int32)
     args = (x["q"], x["k"], x["v"], x["g"], x["beta"], x["state"], idx, ring)
-    assert_dispatches_to_triton(monkeypatch, "kernels.gdn_verify.gdn_verify_chunk_triton",
-                                lambda *a: gdn_verify(*a, chunk=True), *args)
     assert_dispatches_to_triton(monkeypatch, "kernels.gdn_verify.gdn_verify_triton", gdn_verify, *args)
 
 
