@@ -14,7 +14,7 @@ Two parts, each written to the results file as soon as it is done (`rows`, `note
    were): part 1's measured profile, then each --profile. Method "acceptance drawn from a profile". tok/s per
    sequence and total at batch 1, 8, 32, 64, 128 against plain decode, timed once per batch on the same requests
    that every block size then runs.
-Both parts time each GDN write-back threshold of --fold-after (EngineOptions.spec_fold_after) at each block size.
+Both parts time each GDN write-back threshold of --fold-after (DecodeTuning.spec_fold_after) at each block size.
 The step's kernels alone, each launch configuration against the torch reference, fla and the rooflines:
 bench/spec_kernels_bench.py.
 
@@ -37,7 +37,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from engine.interface import SamplingParams  # noqa: E402
-from engine.llm_engine import Engine, EngineOptions  # noqa: E402
+from engine.llm_engine import Engine  # noqa: E402
+from engine.options import DecodeTuning, EngineOptions  # noqa: E402
 from engine.spec_graphs import SpecGraphs  # noqa: E402
 from engine.speculative import SpecDecoder  # noqa: E402
 from engine.testing import write_random_drafter  # noqa: E402
@@ -131,7 +132,7 @@ def tiny_rows(args, device, dtype, record) -> None:
     plain_engine = Engine.from_checkpoint(args.checkpoint, **common)
     for block, fold_after in ((block, f) for block in args.block_sizes for f in args.fold_after):
         spec_engine = Engine.from_checkpoint(args.checkpoint, drafter=args.drafter, spec_block_size=block,
-                                             spec_fold_after=fold_after, **common)
+                                             tuning=DecodeTuning(spec_fold_after=fold_after), **common)
         for batch in args.batches:
             reqs = [dict(request_id=f"b{batch}-{i}", image=images[i % len(images)], prompt=args.prompt,
                          sampling=SamplingParams(max_tokens=args.max_tokens)) for i in range(batch)]
@@ -185,8 +186,8 @@ def shape_4b_rows(args, device, dtype, record, profiles) -> None:
                              num_taps=2 if args.smoke else 5, block_size=block, dtype=dtype)
         # built without graphs: the decoder below is the one whose steps are captured
         spec_engine = Engine(cfg, weights, device=device, dtype=dtype,
-                             options=EngineOptions(**dict(opts, enforce_eager=True), drafter=str(drafter_dir),
-                                                   spec_fold_after=fold_after))
+                             options=EngineOptions(**dict(opts, enforce_eager=True), drafter=str(drafter_dir)),
+                             tuning=DecodeTuning(spec_fold_after=fold_after))
         forced = ProfiledAcceptance(spec_engine.runner, spec_engine.spec.drafter, block, max_b)
         forced.graphs = SpecGraphs(forced, max_b, spec_engine.runner.cache.max_blocks_per_seq,
                                    spec_engine.runner.scratch_slot, capture=True)  # captured on CUDA only
@@ -254,7 +255,7 @@ def main(argv=None) -> None:
                         "2; may be given more than once. Part 2 runs part 1's measured profile first when part 1 ran, "
                         "the given ones after it, 0.9 everywhere when there is neither")
     p.add_argument("--fold-after", type=int, nargs="+", default=[0],
-                   help="EngineOptions.spec_fold_after values to time at each block (accepted GDN updates kept "
+                   help="DecodeTuning.spec_fold_after values to time at each block (accepted GDN updates kept "
                         "pending before a verify writes the state back)")
     p.add_argument("--page-image-tokens", type=int, default=1300)
     p.add_argument("--page-gen", type=int, default=256)

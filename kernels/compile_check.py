@@ -182,7 +182,7 @@ def decode_cases(batch_sizes=(1, 64)):
             cases.append((f"linear_silu_mul M={B} split", small_m_linear,  # ... with the in-kernel split-K reduction
                           lambda B=B: small_m_linear.linear_silu_mul_triton(
                               torch.empty(B, hidden, dtype=bf16), torch.empty(512, hidden, dtype=bf16))))
-            # programmatic dependent launch (EngineOptions.decode_pdl) for every kernel of the decode step
+            # programmatic dependent launch (engine/options.DecodeTuning.pdl) for every kernel of the decode step
             pdl = dict(pdl=True)
             cases += [
                 (f"rmsnorm+residual N={B} pdl", rmsnorm, lambda B=B: rmsnorm.rmsnorm_triton(

@@ -43,7 +43,7 @@ before is still finishing, prefetch their first `prefetch_lines` 128-byte lines 
 weights do not depend on that kernel), then wait for it (griddepcontrol.wait) before reading any input; each then
 lets the next PDL launch start (kernels/_common.pdl_enter). In a chain of GEMVs (out_proj -> gate_up -> down -> the
 next in_proj) this overlaps each one's ramp-up with the tail of the one before. Needs a GPU (the interpreter has no
-inline PTX). With every decode kernel launched this way (the engine's default, EngineOptions.decode_pdl) it took
+inline PTX). With every decode kernel launched this way (the engine's default, DecodeTuning.pdl) it took
 0.08-0.10 ms off a 4B decode step at b1 and b8 (h200_decode_pdl.json).
 
 CUDA graphs: no host syncs and allocation from shapes only. Split-K needs a workspace (fp32 partials + int32

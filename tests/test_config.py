@@ -121,13 +121,14 @@ def test_shipped_configs_are_valid():
 
 @pytest.mark.parametrize("case", ["output-unwritable", "output-is-a-file", "too-many-engines", "cuda-without-gpu",
                                   "misspelled-key", "misspelled-engine-option", "bad-engine-option-value",
-                                  "removed-engine-option"])
+                                  "removed-engine-option", "internal-tuning-option"])
 def test_every_listed_mistake_fails_before_ray_in_two_lines_naming_the_fix(tmp_path, tiny_checkpoint, case):
     (tmp_path / "a-file").write_text("not a folder")
     (tmp_path / "typo.yaml").write_text("input: {uris: [samples]}\nparse: {num_actor: 2}\n")
     (tmp_path / "option.yaml").write_text("input: {uris: [samples]}\nmodel: {options: {spec_max_batchs: 8}}\n")
-    (tmp_path / "value.yaml").write_text("input: {uris: [samples]}\nmodel: {options: {spec_fold_after: -1}}\n")
+    (tmp_path / "value.yaml").write_text("input: {uris: [samples]}\nmodel: {options: {spec_max_batch: 0}}\n")
     (tmp_path / "removed.yaml").write_text("input: {uris: [samples]}\nmodel: {options: {spec_chunk_verify: true}}\n")
+    (tmp_path / "tuning.yaml").write_text("input: {uris: [samples]}\nmodel: {options: {decode_gemv: false}}\n")
     args, says = {
         "output-unwritable": (["--output", "/proc/no-such/out"], r"--output '/proc/no-such/out' cannot be written"),
         "output-is-a-file": (["--output", str(tmp_path / "a-file")], r"is an existing file: give a folder"),
@@ -140,9 +141,11 @@ def test_every_listed_mistake_fails_before_ray_in_two_lines_naming_the_fix(tmp_p
                                      r"model.options.spec_max_batchs is not an option of the native backend "
                                      r"\(did you mean spec_max_batch\?\)"),
         "bad-engine-option-value": (["--config", str(tmp_path / "value.yaml")],
-                                    r"model.options.spec_fold_after=-1: give an integer >= 0"),
+                                    r"model.options.spec_max_batch=0: give an integer >= 1"),
         "removed-engine-option": (["--config", str(tmp_path / "removed.yaml")],
                                   r"model.options.spec_chunk_verify was removed: the GDN verify runs token by token"),
+        "internal-tuning-option": (["--config", str(tmp_path / "tuning.yaml")],
+                                   r"model.options.decode_gemv was removed: decode-path tuning is internal"),
     }[case]
     if "--output" not in args:
         args += ["--output", str(tmp_path / "out")]

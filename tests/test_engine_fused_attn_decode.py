@@ -1,4 +1,4 @@
-"""EngineOptions(fused_attention_decode=True), the default: decode steps whose attention inputs come from
+"""DecodeTuning(fused_attention_decode=True), the default: decode steps whose attention inputs come from
 kernels/fused_attn_decode give the same greedy tokens (and logits within the exactness tolerance) as transformers and
 as the per-op path; with every kernel forced to Triton (interpreter) and with decode batches padded as for CUDA
 graphs, so padding rows go through the fused kernel. Also the decode step's kernel counts."""
@@ -8,6 +8,7 @@ import torch
 
 from engine.interface import SamplingParams
 from engine.llm_engine import Engine
+from engine.options import DecodeTuning
 from engine.model_runner import graph_batch_sizes
 from engine.testing import build_checkpoint
 
@@ -28,7 +29,7 @@ def requests():
 
 def run(ckpt, fused: bool, padded: bool):
     eng = Engine.from_checkpoint(ckpt, dtype="float32", max_num_seqs=4, num_blocks=48, block_size=16,
-                                 fused_attention_decode=fused)
+                                 tuning=DecodeTuning(fused_attention_decode=fused))
     if padded:
         eng.runner.decode_sizes = graph_batch_sizes(4)  # 3 sequences decode as a batch of 4: one padding row
     return eng.generate(requests())
@@ -120,7 +121,7 @@ def test_kernel_count_script_speculative_step():
 
 
 def test_fused_attention_decode_only(ckpt, monkeypatch):
-    """EngineOptions(fused_attention_decode=True), the default: the attention layers decode through their fused
+    """DecodeTuning(fused_attention_decode=True), the default: the attention layers decode through their fused
     kernel, the GDN layers keep the per-op path; greedy outputs as the fully unfused path's."""
     unfused = run(ckpt, fused=False, padded=False)
     monkeypatch.setenv("OCRIA_FORCE_TRITON", "1")
@@ -132,7 +133,7 @@ def test_fused_attention_decode_only(ckpt, monkeypatch):
         fn = getattr(mod, name)
         monkeypatch.setattr(mod, name, lambda *a, _fn=fn, _n=name, **k: (calls.append(_n), _fn(*a, **k))[1])
     eng = Engine.from_checkpoint(ckpt, dtype="float32", max_num_seqs=4, num_blocks=48, block_size=16,
-                                 fused_attention_decode=True)
+                                 tuning=DecodeTuning(fused_attention_decode=True))
     outs = eng.generate(requests())
     assert set(calls) == {"fused_attn_decode_inputs_triton", "gdn_recurrent_triton"}
     for a, b in zip(outs, unfused):
