@@ -233,7 +233,7 @@ def run(prep: Prepared, echo=print) -> dict:
     if note:
         echo(f"model {cfg.model.checkpoint}: {short_note(note)}")
     engines, gpus = cfg.parse.num_actors or 1, 0
-    stats = RunStats(prep.run_id, engines, gpus, cfg.cost.usd_per_gpu_hour)
+    stats = RunStats(prep.run_id, engines, gpus, cfg.cost.usd_per_gpu_hour, usd_per_cpu_hour=cfg.cost.usd_per_cpu_hour)
     t0 = time.perf_counter()
     if prep.plan.todo:
         with ray_session(ray_address(cfg), local_cpus(cfg)) as ray:
@@ -241,6 +241,7 @@ def run(prep: Prepared, echo=print) -> dict:
             pools = size_pools(cfg, res.get("CPU", 1.0), int(res.get("GPU", 0)))
             stats.engine_actors, stats.gpus = pools.engines, pools.engines * pools.gpus_per_engine
             stats.raster_actors = pools.raster_max
+            stats.cpus = pools.engines * pools.engine_cpus + pools.raster_max * pools.raster_cpus
             echo(f"engines: {pools.engines} x {'GPU' if pools.gpus_per_engine else 'CPU'}; "
                  f"rasterizers: up to {pools.raster_max} x {pools.raster_cpus:.2f} CPU")
             t0, stats.stream_started_unix = time.perf_counter(), time.time()
