@@ -108,6 +108,11 @@ def writable_output(cfg: JobConfig) -> Location:
     written there and deleted, so a bad --output fails now, not in the first commit after parsing."""
     try:
         loc = resolve(cfg.output, cfg.storage)
+        if loc.scheme == "file" and inside_ray_job_submit() and not _absolute(cfg.output):
+            raise ConfigError(f"--output {cfg.output!r} is relative, and inside `ray job submit` that is a folder in "
+                              f"the copy of --working-dir Ray made for this job ({os.getcwd()}), which Ray may delete "
+                              f"once the job is over: give an absolute path on storage every node shares, or an "
+                              f"s3:// / gs:// prefix")
         if loc.fs.get_file_info(loc.path).type == pafs.FileType.File:
             raise ConfigError(f"--output {cfg.output!r} is an existing file: give a folder (or an object-storage "
                               f"prefix) for the pages/, documents/ and stats/ tables")
@@ -118,6 +123,16 @@ def writable_output(cfg: JobConfig) -> Location:
             reason = f"{_first_line(e)}: choose a folder you can write to, or fix its permissions"
         raise ConfigError(f"--output {cfg.output!r} cannot be written: {reason}") from None
     return loc
+
+
+def inside_ray_job_submit() -> bool:
+    """Whether this driver is the entrypoint of `ray job submit` (Ray's job supervisor sets this variable for it)."""
+    return bool(os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR"))
+
+
+def _absolute(path: str) -> bool:
+    local = path[7:] if path.startswith("file://") else path
+    return local.startswith(("/", "~"))
 
 
 def ray_address(cfg: JobConfig) -> str | None:
