@@ -21,7 +21,7 @@ from pipeline.page_reading import block_reading, raster_options
 from pipeline.plan import Plan, plan_run
 from pipeline.progress import PageProgress
 from pipeline.rasterize import RasterOptions
-from pipeline.redact import redact
+from pipeline.redact import install_log_redaction, redact
 from pipeline.schema import DOC_TASK_SCHEMA, PAGE_SCHEMA, empty_row
 from pipeline.stats import RunStats, format_table
 from pipeline.storage import Location, check_writable, explain, list_documents, resolve, write_parquet_atomic, write_text
@@ -59,6 +59,7 @@ class Prepared:
 
 def prepare(cfg: JobConfig) -> Prepared:
     """Fails fast, with a message saying what to fix, on a bad checkpoint, input or output."""
+    install_log_redaction()  # a process that runs the job logs no credential, whoever called it
     try:
         checkpoint_dir = localize(cfg.model.checkpoint, cfg.storage, cfg.run.cache_dir)
         model_id = validate(checkpoint_dir)
