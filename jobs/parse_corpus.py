@@ -95,6 +95,7 @@ def _overrides(**flags) -> dict:
 @click.option("--num-cpus", type=float, help="CPUs of the local Ray")
 @click.option("--commit-every", type=int, help="documents per committed output part")
 @click.option("--usd-per-gpu-hour", type=float)
+@click.option("--usd-per-cpu-hour", type=float, help="the price of a CPU run: per CPU its actors hold")
 @click.option("--allow-errors", is_flag=True, default=None,
               help="exit 0 when documents failed (default: 3 when some failed, 4 when all did)")
 @click.option("-v", "--verbose", is_flag=True)

@@ -171,6 +171,9 @@ class ParseConfig(Strict):
 
 class CostConfig(Strict):
     usd_per_gpu_hour: float = Field(2.69, ge=0, description="H100 on-demand price used by olmOCR's figures")
+    usd_per_cpu_hour: float = Field(0.045, ge=0, description="what one CPU core costs an hour: a CPU-only run is "
+                                    "priced by the CPUs its actors hold at this rate (about one vCPU of a cloud "
+                                    "general-purpose instance on demand)")
 
 
 class RunConfig(Strict):
@@ -238,7 +241,7 @@ FLAG_KEYS = {
     "retry_failed": ("run", "retry_failed"), "reparse": ("run", "reparse"), "max_attempts": ("run", "max_attempts"),
     "ray_address": ("run", "ray_address"), "num_cpus": ("run", "num_cpus"),
     "commit_every": ("run", "commit_every_docs"), "usd_per_gpu_hour": ("cost", "usd_per_gpu_hour"),
-    "allow_errors": ("run", "allow_errors"),
+    "allow_errors": ("run", "allow_errors"), "usd_per_cpu_hour": ("cost", "usd_per_cpu_hour"),
 }
 _FLAG_OF_KEY = {".".join(path): "--" + name.replace("_", "-") for name, path in FLAG_KEYS.items()
                 if name != "doc_timeout"}

@@ -7,19 +7,24 @@ docs/outcomes.md says the same for users; tests/test_outcomes.py keeps the two i
 """
 from __future__ import annotations
 
-# Page rows: `ok` (read by the model), `blank` (nothing drawn on the page: not sent to the model), `fallback` (the
-# engine failed and the page's text layer stands in), `error` (see the kinds below).
+# Page rows: `ok` (read by the model), `blank` (nothing drawn on the page: not sent to the model; `error` holds
+# MuPDF's warnings when it drew blank over content that failed to decode), `fallback` (the engine failed and the
+# page's text layer stands in), `error` (see the kinds below).
 PAGE_STATUSES = ("ok", "blank", "fallback", "error")
 
 PERMANENT_KINDS = {
     "unsupported": "the file's extension is not one the job reads (pdf, png, jpg, jpeg, tif, tiff)",
-    "empty": "the file has 0 bytes, or it is an intact PDF whose page tree holds no pages",
-    "not_pdf": "named .pdf, but no %PDF- marker in its first 1024 bytes (an HTML error page, text, a failed download)",
-    "truncated": "the file stops before its end: no startxref/%%EOF in its last 1024 bytes, or its xref points past "
-                 "its last byte, and MuPDF could not recover its pages",
-    "damaged": "the cross-reference table or trailer is broken beyond MuPDF's repair (the file does not open, or "
-               "repair finds no pages)",
-    "page_tree": "the page tree is broken (a cycle, a wrong page count, a page that cannot be loaded)",
+    "empty": "the file has 0 bytes, or it is an intact PDF (nothing repaired or warned, its trailer, catalog and page "
+             "tree as an empty document's are) whose page tree holds no pages",
+    "not_pdf": "named .pdf, but no %PDF- marker in its first 1024 bytes (an HTML error page, text, a failed download); "
+               "a file that starts %PDF- is never this",
+    "truncated": "the file stops before its end (no startxref/%%EOF in its last 1024 bytes), and MuPDF could not "
+                 "recover its pages",
+    "damaged": "the cross-reference table, trailer or objects are broken: the file does not open, MuPDF repaired it "
+               "(or warned that its structure is broken) and found no pages, or it ends as a PDF does but its xref "
+               "points past its objects",
+    "page_tree": "the page tree is broken (a cycle, a wrong page count, a page that cannot be loaded, a catalog "
+                 "without one, kids that are missing or not pages)",
     "encrypted": "the document needs a user password",
     "page_damaged": "one page whose content MuPDF cannot draw (the document's other pages are parsed)",
     "too_large": "drawing the page (or decoding an image document) ran out of the render process's memory cap "

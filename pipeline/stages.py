@@ -28,6 +28,15 @@ def _error_row(uri: str, sha256: str | None, kind: str, message: str) -> dict:
                      status="error", error_kind=kind, error=message, raster_s=0.0)
 
 
+def blank_note(page: RenderedPage) -> str | None:
+    """A blank page drawn while MuPDF warned (a JBIG2 image or a content stream that did not decode) is not plainly
+    blank: its row's `error` says so, with MuPDF's words. None for a plain blank page and for a page with ink."""
+    if not (page.blank and page.warnings):
+        return None
+    return (f"drawn blank, but MuPDF reported problems while drawing it, so content may have failed to draw: "
+            f"{page.warnings}")
+
+
 def _raster_row(uri: str, sha256: str, count: int, total: int, page: RenderedPage | PageFailure) -> dict:
     """A drawn page's row (status ok, or blank: the model skips it), or a page that failed its error row."""
     if isinstance(page, PageFailure):
@@ -36,7 +45,8 @@ def _raster_row(uri: str, sha256: str, count: int, total: int, page: RenderedPag
     h, w, _ = page.image.shape
     return empty_row(
         RASTER_SCHEMA, uri=uri, sha256=sha256, page_index=page.index, page_count=count, total_pages=total,
-        status="blank" if page.blank else "ok", image=None if page.blank else page.image.tobytes(), image_height=h,
+        status="blank" if page.blank else "ok", error=blank_note(page),
+        image=None if page.blank else page.image.tobytes(), image_height=h,
         image_width=w, text_layer=page.text_layer, raster_s=page.render_s,
         views=[] if page.blank else [{"image": v.tobytes(), "height": v.shape[0], "width": v.shape[1]}
                                      for v in page.views],

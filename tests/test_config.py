@@ -229,3 +229,21 @@ def test_a_drafter_given_as_a_storage_uri_fails_before_ray(tmp_path, tiny_checkp
                                  "--checkpoint", str(tiny_checkpoint), "--drafter", "s3://bucket/drafter")
     assert proc.returncode != 0 and not ray_imported
     assert "local folder present on every node" in proc.stderr and "--drafter none" in proc.stderr, proc.stderr
+
+
+def test_a_relative_output_inside_ray_job_submit_is_refused(tmp_path, monkeypatch):
+    """Inside `ray job submit` the driver runs in Ray's copy of --working-dir, deleted with the job: a relative
+    --output would land there. Refused in one line naming the way out; an absolute one (or outside a submitted job,
+    a relative one) is used."""
+    from pipeline.job import writable_output
+
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(None, {"input": {"uris": ["x"]}, "output": "out"})
+    assert writable_output(cfg).path == str(tmp_path / "out")  # a plain run: relative to where it was started
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps({"runtime_env": {"working_dir": "gcs://_ray_pkg"}}))
+    for relative in ("out", "file://out"):
+        with pytest.raises(ConfigError, match=rf"--output '{relative}' is relative, and inside `ray job submit`.*"
+                                              r"give an absolute path on storage every node shares, or an s3://"):
+            writable_output(load_config(None, {"input": {"uris": ["x"]}, "output": relative}))
+    assert writable_output(load_config(None, {"input": {"uris": ["x"]}, "output": str(tmp_path / "abs")})).path == \
+        str(tmp_path / "abs")
