@@ -19,11 +19,11 @@ def _paragraph(rng: random.Random, words: int) -> str:
     return " ".join(out).capitalize() + "."
 
 
-def make_corpus(folder: Path, n_docs: int, pages_per_doc: int, seed: int = 0, total_pages: int | None = None
-                ) -> list[Path]:
+def make_corpus(folder: Path, n_docs: int, pages_per_doc: int, seed: int = 0, total_pages: int | None = None,
+                paragraphs: int = 7) -> list[Path]:
     """n_docs US-letter PDFs of pages_per_doc pages each (the last one shorter where total_pages, the corpus's pages,
-    asks for fewer): a heading and dense paragraphs of deterministic text (~450 words a page, like a report page).
-    Same arguments -> same files."""
+    asks for fewer): a heading and `paragraphs` dense paragraphs of deterministic text (7: ~450 words a page, like a
+    report page). Same arguments -> same files."""
     import pymupdf
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -35,7 +35,7 @@ def make_corpus(folder: Path, n_docs: int, pages_per_doc: int, seed: int = 0, to
         for p in range(min(pages_per_doc, left)):
             page = doc.new_page(width=LETTER[0], height=LETTER[1])
             page.insert_text((72, 80), f"Report {d:05d} - section {p + 1}", fontsize=16)
-            body = "\n\n".join(_paragraph(rng, rng.randint(50, 90)) for _ in range(7))
+            body = "\n\n".join(_paragraph(rng, rng.randint(50, 90)) for _ in range(paragraphs))
             page.insert_textbox(pymupdf.Rect(72, 100, LETTER[0] - 72, LETTER[1] - 60), body, fontsize=9.5)
         left -= doc.page_count
         path = folder / f"doc{d:05d}.pdf"
