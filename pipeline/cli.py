@@ -3,8 +3,9 @@ takes exactly the job's flags (each a config key, pipeline.config.FLAG_KEYS) and
 from __future__ import annotations
 
 import click
+import yaml
 
-from pipeline.config import FLAG_KEYS
+from pipeline.config import FLAG_KEYS, ConfigError
 
 JOB_OPTIONS = [
     click.option("--input", multiple=True, help="input URI or path; repeatable"),
@@ -89,3 +90,27 @@ def overrides(**flags) -> dict:
             node = node.setdefault(p, {})
         node[leaf] = list(value) if isinstance(value, tuple) else value
     return out
+
+
+def engine_options(pairs: tuple[str, ...]) -> dict:
+    """--engine-option KEY=VALUE pairs -> model.options, each value read as YAML (true, 256, bfloat16)."""
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--engine-option {pair!r}: give KEY=VALUE, e.g. gdn_state_dtype=bfloat16")
+        try:
+            out[key.strip()] = yaml.safe_load(value)
+        except yaml.YAMLError:
+            out[key.strip()] = value
+    return out
+
+
+class OneLineErrors(click.Command):
+    """A usage error (an unknown flag, a bad value) in one line that names it, not click's usage block."""
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except click.UsageError as e:
+            raise click.ClickException(f"{e.format_message()} (--help lists the flags)") from None
