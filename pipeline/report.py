@@ -25,7 +25,7 @@ STEADY_WINDOW = (
     "from the job's warm-up mark (every engine has started, loaded its model, captured its graphs and returned a "
     "first batch: stats warmup_s) to the start of the last engine call (after it no new page joins an engine and the "
     "engines drain); steady rates count the pages whose engine call ended inside the window, over its length; the "
-    "steady busy share spreads each page's engine time evenly over its call")
+    "steady busy share spreads each page's engine time evenly over its call, capped at 1 an engine")
 
 # The metrics a comparison lists, in this order; all are in report["metrics"].
 COMPARED = ("pages", "pages_per_s_steady", "pages_per_s", "gpu_busy_steady", "gpu_busy", "warmup_s",
@@ -70,7 +70,9 @@ def _overlap(a0: float, a1: float, b0: float, b1: float) -> float:
 
 
 def _busy_in(pages: list[dict], t0: float, t1: float) -> float:
-    """Engine seconds inside [t0, t1]: each page's engine time spread evenly over its engine call."""
+    """Engine seconds inside [t0, t1]: each page's engine time spread evenly over its engine call. A call's pages
+    hold the engine time accrued since the previous call on that engine returned (pipeline.stages), which overlapping
+    calls do not split evenly, so a short span can read a little over 1 engine: shares are capped at 1 (busy_share)."""
     busy = 0.0
     for p in pages:
         s, e, eng = p["parse_started_unix"], p["parse_ended_unix"], p["engine_s"] or 0.0
@@ -101,9 +103,14 @@ def timeline(summary: dict, timed: list[dict], engines: int, bins: int = 40) -> 
         i = min(n - 1, max(0, int((p["parse_ended_unix"] - t0) // width)))
         pages[i] += 1
         tokens[i] += p["output_tokens"] or 0
-    busy = [_busy_in(timed, t0 + i * width, t0 + (i + 1) * width) / width / max(engines, 1) for i in range(n)]
+    busy = [busy_share(timed, t0 + i * width, t0 + (i + 1) * width, engines) for i in range(n)]
     return {"bin_s": width, "t_s": [(i + 0.5) * width for i in range(n)], "pages_per_s": list(pages / width),
-            "output_tokens_per_s": list(tokens / width), "gpu_busy": busy}
+            "pages_done": list(np.cumsum(pages)), "output_tokens_per_s": list(tokens / width), "gpu_busy": busy}
+
+
+def busy_share(pages: list[dict], t0: float, t1: float, engines: int) -> float:
+    """The engines' busy share of [t0, t1], at most 1 (_busy_in)."""
+    return min(1.0, _busy_in(pages, t0, t1) / max(t1 - t0, 1e-9) / max(engines, 1))
 
 
 def _latency(values: list[float]) -> dict:
@@ -135,7 +142,7 @@ def build_report(summary: dict, pages: list[dict], setup: dict | None = None, co
         steady.update(start_s=w0 - t0, end_s=w1 - t0, seconds=span, pages=len(inside))
         pages_steady = len(inside) / span
         tokens_steady = sum(p["output_tokens"] or 0 for p in inside) / span
-        busy_steady = _busy_in(timed, w0, w1) / span / engines
+        busy_steady = busy_share(timed, w0, w1, engines)
     usd_per_s = summary["usd_per_gpu_hour"] * billed / 3600
     raster = [p["raster_s"] or 0.0 for p in parsed]
     engine = [p["engine_s"] or 0.0 for p in timed]
@@ -372,7 +379,11 @@ def plot(report: dict, path: Path, baseline: dict | None = None) -> Path:
         b = baseline["timeline"]
         a.step(b["t_s"], b["pages_per_s"], where="mid", color="0.4", ls=":", label="baseline pages/s")
     a.set(title="pages/s over time", xlabel="s since streaming started", ylabel="pages/s")
-    a.legend(fontsize=8)
+    a.legend(fontsize=8, loc="upper left")
+    done = a.twinx()  # a page counts when its engine call returns: the running total reads better than the steps
+    done.step(tl["t_s"], tl["pages_done"], where="mid", color="tab:red", lw=1, label="pages done")
+    done.set_ylabel("pages done", color="tab:red")
+    done.set_ylim(0, max(tl["pages_done"] or [0]) * 1.05 + 1)
 
     a = ax[0][1]
     shade(a)

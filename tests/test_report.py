@@ -63,6 +63,19 @@ def test_steady_window_rates_and_busy_share_from_known_page_times():
     assert lat["p50"] <= lat["p90"] <= lat["p99"] <= lat["max"] and sum(lat["histogram"]["counts"]) == 24
 
 
+def test_busy_share_is_capped_at_one_engine():
+    """The call that returns first claims the engine time of both overlapping calls (pipeline.stages), so spreading
+    it over its own span can count more than the engine had: the share says 1, not more."""
+    from pipeline.report import _busy_in, busy_share
+
+    rows = [dict(p, engine_s=p["engine_s"] * 2 if p["uri"] == "doc0.pdf" else 0.0) for p in _pages(CALLS[:2])]
+    assert _busy_in(rows, 1002, 1010) / 8 == pytest.approx(1.0)  # call 1: all 8 s of engine time over its 8 s
+    rows += [dict(p, uri="x.pdf", engine_s=1.0) for p in _pages([(4, 8)])]  # 4 s more over [4, 8]
+    assert _busy_in(rows, 1004, 1008) / 4 == pytest.approx(2.0)
+    assert busy_share(rows, 1004, 1008, engines=1) == 1.0 and busy_share(rows, 1004, 1008, engines=2) == 1.0
+    assert busy_share(rows, 1002, 1004, engines=2) == pytest.approx(0.5)
+
+
 def test_a_run_too_short_for_a_steady_window_says_so():
     rep = build_report(_summary(pages=8, wall_s=13.0), _pages(CALLS[:2]), {})
     m = rep["metrics"]
