@@ -43,7 +43,8 @@ from pipeline.report import plan_benchmark, run_benchmark  # noqa: E402
 def main(config_path, out, baseline, results, pages, pages_per_doc, paragraphs, engine_option, overwrite, verbose,
          **flags):
     """Run the parse job on a corpus and report its throughput, busy share, latency and cost."""
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))  # unwind so the local Ray is shut down
     try:
         over = overrides(**flags)

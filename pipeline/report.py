@@ -509,9 +509,11 @@ def plan_benchmark(config_path: str | None, overrides: dict, out: str, *, baseli
         raise ConfigError(str(e)) from None
     if generated:
         gpus = local_gpus(cfg)
+        # a joined cluster's GPUs are not seen from here: --device cuda counts as one GPU at least
+        on_gpu = gpus > 0 or cfg.model.device == "cuda"
         # on a GPU, 1,000 report-like pages per GPU (minutes at issue 60's rates); a CPU reads few, short pages
-        n = pages or (1000 * gpus if gpus else 24)
-        para = paragraphs or (7 if gpus else 1)
+        n = pages or (1000 * max(gpus, 1) if on_gpu else 24)
+        para = paragraphs or (7 if on_gpu else 1)
         corpus = {"generated": {"pages": n, "pages_per_doc": pages_per_doc, "paragraphs": para}}
     else:
         corpus = {"input": list(cfg.input.uris)}

@@ -163,6 +163,21 @@ def _cli(*args, timeout=120, probe=False):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
 
 
+def test_generated_corpus_defaults_by_device(tmp_path):
+    from pipeline.job import local_gpus
+    from pipeline.report import plan_benchmark
+
+    cpu = plan_benchmark(None, {"model": {"device": "cpu"}}, str(tmp_path / "a"))
+    gpu = plan_benchmark(None, {"model": {"device": "cuda"}}, str(tmp_path / "b"))  # a cluster's GPUs, unseen here
+    mine = plan_benchmark(None, {"input": {"uris": ["samples"]}}, str(tmp_path / "c"))
+    assert cpu.corpus == {"generated": {"pages": 24, "pages_per_doc": 8, "paragraphs": 1}}
+    pages = 1000 * max(local_gpus(gpu.cfg), 1)
+    assert gpu.corpus == {"generated": {"pages": pages, "pages_per_doc": 8, "paragraphs": 7}}
+    assert mine.corpus == {"input": ["samples"]}
+    assert cpu.cfg.input.uris == [str(tmp_path / "a" / "corpus")] and cpu.cfg.output == str(tmp_path / "a" / "output")
+    assert not any(p.exists() for p in (tmp_path / "a", tmp_path / "b", tmp_path / "c"))  # nothing made yet
+
+
 @pytest.mark.parametrize("args,message", [
     (["--bogus"], "No such option '--bogus'"),
     (["--pages", "0"], "--pages must be at least 1, got 0"),
