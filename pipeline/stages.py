@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import time
 from typing import Iterator
 
 import numpy as np
@@ -136,6 +137,7 @@ class ParseStage:
     def __call__(self, batch: pa.Table) -> pa.Table:
         from engine.interface import PageRequest
 
+        started = time.time()
         rows = batch.to_pylist()
         todo = [i for i, r in enumerate(rows) if r["status"] == "ok"]
         images = {i: np.frombuffer(rows[i]["image"], np.uint8).reshape(rows[i]["image_height"], rows[i]["image_width"], 3)
@@ -147,12 +149,14 @@ class ParseStage:
         results = dict(zip(whole, self.backend.parse(requests))) if requests else {}
         share = self._engine_time() / max(len(todo), 1)  # each page's part of the engine time
         out = [self._page_row(r) for r in rows]
+        ended = time.time()
         for i in todo:
             row, res, blocks = out[i], results.get(i), by_blocks.get(i)
             read = res or blocks
             row.update(prompt_tokens=read.prompt_tokens, output_tokens=read.output_tokens,
                        finish_reason=read.finish_reason, loop_dropped_tokens=read.loop_dropped_tokens,
                        ttft_s=read.ttft_s, decode_s=read.decode_s, parse_s=read.total_s or share, engine_s=share,
+                       parse_started_unix=started, parse_ended_unix=ended,
                        **spec_columns([r for r in (res, blocks) if r is not None]))
             if res is None:  # read in blocks only
                 row.update(status="ok", text=blocks.text, read_by="blocks")
