@@ -163,8 +163,8 @@ def test_every_removed_engine_option_is_refused_in_one_line_saying_so():
     """A key of model.options that named a removed engine option fails with what became of it, not as a typo."""
     import dataclasses
 
-    from engine.backends import REMOVED_OPTIONS, check_options
-    from engine.llm_engine import EngineOptions
+    from engine.backends import check_options
+    from engine.options import REMOVED_OPTIONS, EngineOptions
 
     fields = {f.name for f in dataclasses.fields(EngineOptions)}
     for key, why in REMOVED_OPTIONS.items():

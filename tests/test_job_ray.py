@@ -236,13 +236,7 @@ def test_sigterm_midway_exits_143_with_the_output_consistent_and_resumable(tmp_p
     listed = list_documents(str(tmp_path / "in"), StorageConfig(), ["*.pdf"], [])
     plan = plan_run(listed, store.documents(), retry_failed=False, max_attempts=3)
     assert set(plan.todo) == {f.uri for f in listed} - done
-    deadline = time.time() + 30
-    while time.time() < deadline:
-        alive = {pid: cmd for pid, (started, cmd) in helpers.items() if psutil.pid_exists(pid)
-                 and _started(pid) == started and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE}
-        if not alive:
-            break
-        time.sleep(0.5)
+    alive = _still_running(helpers, 30)
     assert helpers and not alive, f"still running 30 s after the job exited on SIGTERM: {alive or 'no helpers seen'}"
 
 
@@ -403,14 +397,21 @@ def test_a_killed_driver_leaves_no_ray_process_behind(tmp_path, tiny_checkpoint)
     finally:
         proc.kill()
         proc.wait()
-    deadline = time.time() + 30
-    while time.time() < deadline:
+    alive = _still_running(helpers, 30)
+    assert not alive, f"still running 30 s after the driver was killed: {alive}"
+
+
+def _still_running(helpers: dict, seconds: float) -> dict:
+    """The helpers ({pid: (create time, command)}) still running after up to `seconds` (a reused pid is not one)."""
+    import psutil
+
+    deadline = time.time() + seconds
+    while True:
         alive = {pid: cmd for pid, (started, cmd) in helpers.items() if psutil.pid_exists(pid)
                  and _started(pid) == started and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE}
-        if not alive:
-            break
+        if not alive or time.time() >= deadline:
+            return alive
         time.sleep(0.5)
-    assert not alive, f"still running 30 s after the driver was killed: {alive}"
 
 
 def _started(pid):
