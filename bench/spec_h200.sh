@@ -6,7 +6,7 @@
 # kernels: bench/spec_kernels_bench.py (every launch configuration of the step's kernels, graph-timed; ~4.5 min);
 # kernels-short: the same with --short (each default launch against a few others, no attention rows; ~1 min);
 # decode-kernels: bench/kernels_bench.py at batch 1-256 (plain decode's kernels and their launch sweeps: the GDN
-#          decode kernel's tiles and warps with the two-pass and the fused token step);
+#          decode kernel's tiles and warps);
 # profile: bench/decode_profile.py --spec 16 at batch 1 and 32 (where a speculative step's device time goes, against
 #          a plain step of the same engine build);
 # 4b:      bench/spec_decode_bench.py part 2, the 4B shape at ocria-tiny's measured acceptance and at 0.9, blocks of
@@ -64,13 +64,13 @@ if (f := out / "h200_spec_kernels.json").exists():
     best = {}
     for r in rows:
         key = (r["kernel"].split(",")[0], r["sequences"], r.get("fold_after", -1), r.get("pending", -1),
-               "reference" in r["kernel"])  # the best fold_chunk / tile / warps of each form
+               "reference" in r["kernel"])  # the best tile / warps of each form
         if key not in best or r["us"] < best[key]["us"]:
             best[key] = r
     print(f"{'kernel (best configuration)':80} {'seqs':>4} {'us':>8} {'roof':>7}")
     for (k, n, *_), r in sorted(best.items()):
-        cfg = ", ".join(f"{c}={r[c]}" for c in ("fold_after", "fold_chunk", "pending", "block_v", "block_c",
-                                                 "num_warps", "rows_per_seq", "tile")
+        cfg = ", ".join(f"{c}={r[c]}" for c in ("fold_after", "pending", "block_v", "block_c", "num_warps",
+                                                 "rows_per_seq", "tile")
                         if r.get(c) is not None)
         print(f"{r['kernel'] + ' ' + cfg:80.80} {n:4d} {r['us']:8.1f} {r['roofline_us']:7.1f}")
 if (f := out / "profile_spec" / "decode_profile.json").exists():

@@ -253,8 +253,6 @@ def verify_cases(gdn_verify):
 
     return [(f"gdn_verify B={B} T={T} raw gates", gdn_verify,
              lambda: gdn_verify.gdn_verify_triton(*verify_args(), raw_gates=raw)),
-            (f"gdn_verify B={B} T={T} raw gates, two-pass step", gdn_verify,
-             lambda: gdn_verify.gdn_verify_triton(*verify_args(), raw_gates=raw, fused_reductions=False)),
             (f"gdn_fold B={B} P={P}", gdn_verify,
              lambda: gdn_verify.gdn_fold_triton(torch.empty(1, Hv, dk, dv, dtype=f32), idx, ring())),
             (f"gdn ring advance B={B}", gdn_verify,

@@ -39,8 +39,8 @@ import triton.language as tl
 from kernels._common import cast_rtne, cdiv, check, next_pow2, output, require_last_dim_contiguous, use_triton
 from kernels.conv1d_update import conv_program
 from kernels.gdn_recurrent import (
-    DECODE_BLOCK_V, DECODE_WARPS, FUSED_REDUCTIONS, _check_raw_gates, _validate, decay_and_update, gates_from_raw,
-    l2norm_ref, state_program, token_update)
+    DECODE_BLOCK_V, DECODE_WARPS, _check_raw_gates, _validate, decay_and_update, gates_from_raw, l2norm_ref,
+    state_program, token_update)
 
 
 def _check_ring(ring, state, Hk, dk, T=None, fold_after=None):
@@ -146,26 +146,22 @@ def gdn_fold_ref(state, state_idx, ring):
 
 
 @triton.jit
-def _ring_fold(S, rk_row, ru_row, rg_row, start, h, P, srk_p, sru_p, srg_p, offs_k, offs_v, mask_k, mask_v,
-               CHUNK: tl.constexpr, FUSED: tl.constexpr):
+def _ring_fold(S, rk_row, ru_row, rg_row, start, h, P, srk_p, sru_p, srg_p, offs_k, offs_v, mask_k, mask_v):
     """The h pending tokens of a slot (ring rows (start + j) % P, oldest first) folded into its [BK, BV] state tile,
-    as the decode kernel steps it. *_row: the slot's ring at this head. CHUNK tokens at a time, unrolled, so that
-    their loads are in flight together rather than each after the last token's update (a token past h loads
-    g = 0, u = 0: S * 1 + 0, the same bits)."""
-    for j0 in range(0, h, CHUNK):
-        for jj in tl.static_range(CHUNK):
-            on = j0 + jj < h
-            p = (start + j0 + jj) % P
-            k = tl.load(rk_row + p * srk_p + offs_k, mask=mask_k & on, other=0.0)
-            u = tl.load(ru_row + p * sru_p + offs_v, mask=mask_v & on, other=0.0)
-            S = decay_and_update(S, tl.load(rg_row + p * srg_p, mask=on, other=0.0), k, u, FUSED)
+    as the decode kernel steps it. *_row: the slot's ring at this head. One token's loads at a time: issuing a few
+    tokens' loads together was slower (docs/decisions.md)."""
+    for j in range(0, h):
+        p = (start + j) % P
+        k = tl.load(rk_row + p * srk_p + offs_k, mask=mask_k, other=0.0)
+        u = tl.load(ru_row + p * sru_p + offs_v, mask=mask_v, other=0.0)
+        S = decay_and_update(S, tl.load(rg_row + p * srg_p), k, u)
     return S
 
 
 @triton.jit
 def _pending_folded(state_ptr, pos_ptr, rk_ptr, ru_ptr, rg_ptr, slot, hv, hk, live, P, fold_after,
                     ss_n, ss_h, ss_k, srk_n, srk_p, srk_h, sru_n, sru_p, sru_h, srg_n, srg_p,
-                    offs_k, offs_v, mask_k, mask_v, FOLD_CHUNK: tl.constexpr, FUSED: tl.constexpr):
+                    offs_k, offs_v, mask_k, mask_v):
     """A verify program's [BK, BV] state tile with its slot's pending tokens folded in, written back when more than
     fold_after were pending. Returns (tile, ring row of the block's first token, the slot's ring at this head: k, u,
     g pointers). A padding row reads nothing and has nothing pending."""
@@ -177,7 +173,7 @@ def _pending_folded(state_ptr, pos_ptr, rk_ptr, ru_ptr, rg_ptr, slot, hv, hk, li
     ru_row = ru_ptr + slot * sru_n + hv * sru_h
     rg_row = rg_ptr + slot * srg_n + hv
     S = _ring_fold(tl.load(s_ptrs, mask=mask_s, other=0.0), rk_row, ru_row, rg_row, start, h, P, srk_p, sru_p, srg_p,
-                   offs_k, offs_v, mask_k, mask_v, FOLD_CHUNK, FUSED)
+                   offs_k, offs_v, mask_k, mask_v)
     tl.store(s_ptrs, S, mask=mask_s & (h > fold_after))
     return S, start + h, rk_row, ru_row, rg_row
 
@@ -186,12 +182,12 @@ def _pending_folded(state_ptr, pos_ptr, rk_ptr, ru_ptr, rg_ptr, slot, hv, hk, li
 def _verify_token(S, t, p, q_row, k_row, v_row, g_row, beta_row, o_row, ru_row, rk_row, rg_row,
                   sq_t, sk_t, sv_t, sg_t, sbeta_t, so_t, sru_p, srk_p, srg_p,
                   offs_k, offs_v, mask_k, mask_v, live, first_of_key, write_g, scale, neg_decay_rate, dt_bias,
-                  RAW_GATES: tl.constexpr, FUSED: tl.constexpr):
+                  RAW_GATES: tl.constexpr):
     """Token t of the block on the state tile S: output stored, its k / u / g stored at ring row p, the stepped tile
     returned."""
     S, u, o, k, g = token_update(S, q_row + t * sq_t, k_row + t * sk_t, v_row + t * sv_t, g_row + t * sg_t,
                                  beta_row + t * sbeta_t, offs_k, offs_v, mask_k, mask_v, live, scale, neg_decay_rate,
-                                 dt_bias, RAW_GATES, FUSED)
+                                 dt_bias, RAW_GATES)
     tl.store(o_row + t * so_t + offs_v, cast_rtne(o, o_row.dtype.element_ty), mask=mask_v)
     tl.store(ru_row + p * sru_p + offs_v, u, mask=mask_v & live)
     tl.store(rk_row + p * srk_p + offs_k, k, mask=mask_k & first_of_key)
@@ -207,11 +203,11 @@ def _gdn_verify_kernel(
     sg_b, sg_t, sg_h, sbeta_b, sbeta_t, sbeta_h, so_b, so_t, so_h,
     ss_n, ss_h, ss_k, srk_n, srk_p, srk_h, sru_n, sru_p, sru_h, srg_n, srg_p,
     GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    RAW_GATES: tl.constexpr, UNROLL: tl.constexpr, FOLD_CHUNK: tl.constexpr, FUSED: tl.constexpr,
+    RAW_GATES: tl.constexpr,
 ):
     # One program = (sequence, value head, dv tile), as kernels/gdn_recurrent: the state tile is loaded once, the
-    # pending tokens folded in, and carried in registers over the block. UNROLL (= T, or 0 for a loop): the block
-    # unrolled, so that the compiler may issue later tokens' loads and norms while the state chain runs.
+    # pending tokens folded in, and carried in registers over the block, a loop over its tokens (unrolled it was
+    # slower: docs/decisions.md).
     b, hv, vt, hk, slot, live = state_program(idx_ptr, GROUP)
     offs_k = tl.arange(0, BK)
     offs_v = vt * BV + tl.arange(0, BV)
@@ -219,7 +215,7 @@ def _gdn_verify_kernel(
     mask_v = offs_v < DV
     S, base, rk_row, ru_row, rg_row = _pending_folded(
         state_ptr, pos_ptr, rk_ptr, ru_ptr, rg_ptr, slot, hv, hk, live, P, fold_after, ss_n, ss_h, ss_k, srk_n, srk_p,
-        srk_h, sru_n, sru_p, sru_h, srg_n, srg_p, offs_k, offs_v, mask_k, mask_v, FOLD_CHUNK, FUSED)
+        srk_h, sru_n, sru_p, sru_h, srg_n, srg_p, offs_k, offs_v, mask_k, mask_v)
     b64 = b.to(tl.int64)
     first_of_key = (hv % GROUP == 0) & (vt == 0) & live  # one program writes each key head's k
     neg_decay_rate = 0.0
@@ -230,18 +226,10 @@ def _gdn_verify_kernel(
     q_row, k_row = q_ptr + b64 * sq_b + hk * sq_h, k_ptr + b64 * sk_b + hk * sk_h
     v_row, o_row = v_ptr + b64 * sv_b + hv * sv_h, o_ptr + b64 * so_b + hv * so_h
     g_row, beta_row = g_ptr + b64 * sg_b + hv * sg_h, beta_ptr + b64 * sbeta_b + hv * sbeta_h
-    if UNROLL > 0:
-        for t in tl.static_range(UNROLL):
-            S = _verify_token(S, t, (base + t) % P, q_row, k_row, v_row, g_row, beta_row, o_row, ru_row, rk_row,
-                              rg_row, sq_t, sk_t, sv_t, sg_t, sbeta_t, so_t, sru_p, srk_p, srg_p, offs_k, offs_v,
-                              mask_k, mask_v, live, first_of_key, live & (vt == 0), scale, neg_decay_rate, dt_bias,
-                              RAW_GATES, FUSED)
-    else:
-        for t in range(T):
-            S = _verify_token(S, t, (base + t) % P, q_row, k_row, v_row, g_row, beta_row, o_row, ru_row, rk_row,
-                              rg_row, sq_t, sk_t, sv_t, sg_t, sbeta_t, so_t, sru_p, srk_p, srg_p, offs_k, offs_v,
-                              mask_k, mask_v, live, first_of_key, live & (vt == 0), scale, neg_decay_rate, dt_bias,
-                              RAW_GATES, FUSED)
+    for t in range(T):
+        S = _verify_token(S, t, (base + t) % P, q_row, k_row, v_row, g_row, beta_row, o_row, ru_row, rk_row, rg_row,
+                          sq_t, sk_t, sv_t, sg_t, sbeta_t, so_t, sru_p, srk_p, srg_p, offs_k, offs_v, mask_k, mask_v,
+                          live, first_of_key, live & (vt == 0), scale, neg_decay_rate, dt_bias, RAW_GATES)
 
 
 @triton.jit
@@ -249,7 +237,6 @@ def _gdn_fold_kernel(
     state_ptr, idx_ptr, rk_ptr, ru_ptr, rg_ptr, pos_ptr,
     NV, P, ss_l, ss_n, ss_h, ss_k, srk_l, srk_n, srk_p, srk_h, sru_l, sru_n, sru_p, sru_h, srg_l, srg_n, srg_p,
     GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    FOLD_CHUNK: tl.constexpr, FUSED: tl.constexpr,
 ):
     # Grid (sequence, value head, layer x dv tile): every GDN layer's fold in one launch.
     b = tl.program_id(0)
@@ -268,8 +255,7 @@ def _gdn_fold_kernel(
         S = tl.load(s_ptrs, mask=mask_s, other=0.0)
         S = _ring_fold(S, rk_ptr + layer * srk_l + slot * srk_n + (hv // GROUP) * srk_h,
                        ru_ptr + layer * sru_l + slot * sru_n + hv * sru_h, rg_ptr + layer * srg_l + slot * srg_n + hv,
-                       tl.load(pos_ptr + slot * 2), h, P, srk_p, sru_p, srg_p, offs_k, offs_v, mask_k, mask_v,
-                       FOLD_CHUNK, FUSED)
+                       tl.load(pos_ptr + slot * 2), h, P, srk_p, sru_p, srg_p, offs_k, offs_v, mask_k, mask_v)
         tl.store(s_ptrs, S, mask=mask_s)
 
 
@@ -286,7 +272,6 @@ def _ring_advance_kernel(pos_ptr, idx_ptr, n_ptr, B, P, fold_after, BLOCK: tl.co
     tl.store(pos_ptr + slot * 2 + 1, tl.where(flush, 0, h) + n, mask=mask)
 
 
-FOLD_CHUNK = 1  # pending tokens whose loads are issued together (a launch option; docs/decisions.md: why 1)
 # The decode kernel's launch (one warp per (sequence, value head, 32-wide dv tile): the token chain's reductions over
 # dk stay inside a warp; docs/decisions.md): the same tile layout reduces in the same order, so a verified token's
 # state and output have plain decoding's bits. The fold has no reductions: two warps per tile was fastest.
@@ -299,12 +284,7 @@ def _block_v(dv: int, block_v, default: int) -> int:
 
 
 def gdn_verify_triton(q, k, v, g, beta, state, state_idx, ring, fold_after=0, scale=None, raw_gates=None, out=None,
-                      block_v=None, num_warps=None, unroll=False, fold_chunk=FOLD_CHUNK,
-                      fused_reductions=FUSED_REDUCTIONS):
-    """unroll: the block's T tokens unrolled in the kernel (compiled per T) instead of a loop. fold_chunk: pending
-    tokens whose loads are issued together (_ring_fold). fused_reductions: each token (and each pending one folded
-    in) stepped as the decode kernel with the same option steps it (kernels/gdn_recurrent.delta_rule_step_fused);
-    plain decoding must use the same form."""
+                      block_v=None, num_warps=None):
     B, T, Hk, dk, Hv, dv, P = _verify_shapes(q, k, v, g, beta, state, state_idx, ring, fold_after, raw_gates)
     for name, t in (("q", q), ("k", k), ("v", v), ("ring_k", ring[0]), ("ring_u", ring[1]), ("ring_g", ring[2]),
                     ("ring_pos", ring[3])):
@@ -321,7 +301,7 @@ def gdn_verify_triton(q, k, v, g, beta, state, state_idx, ring, fold_after=0, sc
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *g.stride(), *beta.stride(), *o.stride()[:3],
         *state.stride()[:3], *rk.stride()[:3], *ru.stride()[:3], *rg.stride()[:2],
         GROUP=Hv // Hk, DK=dk, DV=dv, BK=next_pow2(dk), BV=BV, RAW_GATES=raw_gates is not None,
-        UNROLL=T if unroll else 0, FOLD_CHUNK=fold_chunk, FUSED=fused_reductions, num_warps=num_warps or VERIFY_WARPS,
+        num_warps=num_warps or VERIFY_WARPS,
     )
     return o
 
@@ -331,8 +311,7 @@ def gdn_ring_advance_triton(ring_pos, state_idx, num_accepted, fold_after, P):
     _ring_advance_kernel[(1,)](ring_pos, state_idx, num_accepted, B, P, fold_after, BLOCK=max(16, next_pow2(B)))
 
 
-def gdn_fold_triton(state, state_idx, ring, block_v=None, num_warps=None, fold_chunk=FOLD_CHUNK,
-                    fused_reductions=FUSED_REDUCTIONS):
+def gdn_fold_triton(state, state_idx, ring, block_v=None, num_warps=None):
     rk, ru, rg, pos = ring
     P = _check_ring(ring, state, rk.shape[-2], rk.shape[-1])
     if state.dim() == 4:  # one layer: a layer axis of length 1
@@ -345,8 +324,7 @@ def gdn_fold_triton(state, state_idx, ring, block_v=None, num_warps=None, fold_c
     _gdn_fold_kernel[(B, Hv, NV * state.shape[0])](
         state, state_idx, rk, ru, rg, pos,
         NV, P, *state.stride()[:4], *rk.stride()[:4], *ru.stride()[:4], *rg.stride()[:3],
-        GROUP=Hv // rk.shape[3], DK=dk, DV=dv, BK=next_pow2(dk), BV=BV, FOLD_CHUNK=fold_chunk,
-        FUSED=fused_reductions, num_warps=num_warps or FOLD_WARPS,
+        GROUP=Hv // rk.shape[3], DK=dk, DV=dv, BK=next_pow2(dk), BV=BV, num_warps=num_warps or FOLD_WARPS,
     )
     pos[state_idx.long()] = 0
 
@@ -357,8 +335,7 @@ def gdn_verify(q, k, v, g, beta, state, state_idx, ring, fold_after=0, scale=Non
     each row's state with its pending tokens folded in; ring = (ring_k [slots, P, Hk, dk], ring_u [slots, P, Hv, dv],
     ring_g [slots, P, Hv] fp32, ring_pos [slots, 2] int32) receives the block's normalised keys, corrections and log
     decays after the pending rows; a row with more than fold_after pending tokens writes its folded state back
-    (gdn_ring_advance then drops them). `launch`: block_v, num_warps, unroll, fused_reductions and fold_chunk
-    (Triton only)."""
+    (gdn_ring_advance then drops them). `launch`: block_v, num_warps (Triton only)."""
     if use_triton(q):
         return gdn_verify_triton(q, k, v, g, beta, state, state_idx, ring, fold_after, scale, raw_gates, out,
                                  **launch)
