@@ -150,6 +150,7 @@ def test_every_object_store_client_is_built_with_bounded_time():
     assert default.retry_time_limit_s < 60 and 3 * (default.connect_timeout_s + default.request_timeout_s) < 60
 
 
+@pytest.mark.slow  # the job's command line against a closed port: up to its retry limit
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("where", ["s3-output", "gcs-input"])
 def test_an_unreachable_endpoint_fails_in_one_line_naming_it(where, tiny_checkpoint, tmp_path):

@@ -3,9 +3,11 @@ interpreter and gives its default configuration's output."""
 import kernels.testing  # noqa: F401  (sets TRITON_INTERPRET before any kernel module is compiled)
 import json
 
+import pytest
 from conftest import load_bench
 
 
+@pytest.mark.slow  # the whole benchmark in the interpreter
 def test_spec_kernels_bench_smoke(tmp_path):
     out = tmp_path / "k.json"
     load_bench("spec_kernels_bench").main(["--smoke", "--out", str(out)])
