@@ -20,12 +20,16 @@ def test_quantized_decode_bench_smoke(tmp_path, monkeypatch):
     assert wb["nvfp4"] < wb["fp8"] < wb["bf16"]  # the roofline counts each format's stored bytes
     assert [p["precision"] for p in res["prefill"]] == ["bf16", "fp8", "nvfp4"]
     assert all(p["tokens_per_s"] > 0 for p in res["prefill"])
-    q = {x["precision"]: x for x in res["quality"]}
-    assert set(q) == {"fp8", "nvfp4"}
-    assert 0 < q["fp8"]["logit_rel_err"] < q["nvfp4"]["logit_rel_err"] < 0.5
+    q = {(x["precision"], x["against"]): x for x in res["quality"]}
+    assert set(q) == {(p, a) for p in ("fp8", "nvfp4") for a in ("dequantized twin", "bf16")}
+    assert 0 < q["fp8", "bf16"]["logit_rel_err"] < q["nvfp4", "bf16"]["logit_rel_err"] < 0.5
+    for p in ("fp8", "nvfp4"):  # the twin holds the same quantized weights: what is left is not the weights' noise
+        assert q[p, "dequantized twin"]["logit_rel_err"] < q[p, "bf16"]["logit_rel_err"]
     assert res["meta"]["copy_bandwidth_GBps"] > 0
     gemv = res["gemv"]
-    assert {(g["shape"], g["M"], g["precision"]) for g in gemv} == {
-        (s, m, p) for s in ("gate_up", "down") for m in (1, 8) for p in ("bf16", "fp8", "nvfp4")}
-    by = {(g["shape"], g["M"], g["precision"]): g["weight_bytes"] for g in gemv}
-    assert by[("down", 1, "nvfp4")] < by[("down", 1, "fp8")] < by[("down", 1, "bf16")]
+    assert {(g["shape"], g["M"]) for g in gemv} == {(s, m) for s in ("tiny_a", "tiny_b") for m in (1, 8, 32, 64)}
+    for g in gemv:
+        timed = {c["precision"] for c in g["cases"] if c.get("us", 0) > 0 and c["rel_err"] < 1e-2}
+        assert timed == {"bf16", "fp8", "nvfp4"}, g["cases"]
+        wb = g["weight_bytes"]
+        assert wb["nvfp4"] < wb["fp8"] < wb["bf16"]
