@@ -4,10 +4,12 @@ greedily, and the drafter learns to predict blocks of the target's own answers f
     python jobs/train_drafter.py --checkpoint models/ocria-tiny --pages PAGES --out DRAFTER [--block-size 8]
 
 PAGES: a folder of PNG/JPEG images, or a Parquet file of rendered pages (the raster rows the pipeline writes:
-image (raw RGB bytes), image_height, image_width). Recipe (DFlash; docs/speculative-decoding.md): per step, pages'
-random anchors among their answer tokens; each anchor's block [anchor token, MASK x (B - 1)] sees the context before
-the anchor and its own block; cross-entropy on positions 1 .. B-1 weighted exp(-(k - 1) / gamma), on the target's
-greedy tokens or, with --distill, partly on its own distribution there (soft labels). The target's
+image (raw RGB bytes), image_height, image_width). The target answers the pages greedily through the engine's normal
+path, then its tapped hidden states over each page's prompt + answer come from teacher-forced prefills of many pages
+each (collect). Recipe (DFlash; docs/speculative-decoding.md): per step, pages' random anchors among their answer
+tokens; each anchor's block [anchor token, MASK x (B - 1)] sees the context before the anchor and its own block;
+cross-entropy on positions 1 .. B-1 weighted exp(-(k - 1) / gamma), on the target's greedy tokens or, with --distill,
+partly on its own distribution there (soft labels). The target's
 embedding and LM head are frozen and shared; only the drafter's layers, fc and norms train (with --dflash2 also
 DFlash2's convolutions and candidate selector, whose cross-entropy over the top-k candidates joins the loss). Writes
 DRAFTER/ (config.json + model.safetensors, the public DFlash layout) and DRAFTER/train_log.json (losses; with
@@ -40,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine.interface import DEFAULT_PROMPT, SamplingParams  # noqa: E402
 from engine.llm_engine import Engine  # noqa: E402
 from engine.models.dflash import DFlashConfig, DFlashDrafter, build_target_layer_ids  # noqa: E402
-from engine.step_metadata import to_device  # noqa: E402
+from engine.taps import prefill_taps  # noqa: E402
 
 
 class TrainDrafterConfig(BaseModel):
@@ -51,6 +53,9 @@ class TrainDrafterConfig(BaseModel):
     device: str = "cpu"
     dtype: str = Field("float32", description="the target's dtype while it answers (its taps are kept in it)")
     collect_batch: int = Field(16, ge=1, description="pages the target answers at once")
+    tap_tokens: int | None = Field(None, ge=1, description="tokens of the pages' prompts + answers packed into each "
+                                   "teacher-forced prefill that computes the taps (null: the engine's "
+                                   "max_num_batched_tokens)")
     kv_cache_memory_gb: float | None = Field(None, gt=0, description="the target's KV cache (CUDA; the taps of "
                                              "every page stay on the device beside it)")
     prompt: str = DEFAULT_PROMPT
@@ -99,58 +104,6 @@ class Example:
     soft: tuple[torch.Tensor, torch.Tensor] | None = None  # per answer token: the target's top-k probs, ids [n, k]
 
 
-class TapRecorder:
-    """Stands in the model runner's drafter slot while the target computes: keeps the tapped hidden states of every
-    token it computes (engine/model_runner calls new_taps / write_context on every forward, prefill and eager
-    decode alike), in their dtype and where they were computed, by sequence and token index. A row's sequence is the
-    owner of its KV slot's block among the engine's running sequences (blocks are never shared between them); a
-    token computed again (after a preemption) replaces its first taps. `capacity`: request id -> the most tokens it
-    can have (prompt + max_tokens); all requests share one buffer, each at its offset, so a step's rows are stored
-    with one scatter whatever the batch."""
-
-    def __init__(self, layer_ids, engine: Engine, capacity: dict[str, int]):
-        self.layer_ids = list(layer_ids)
-        self.engine = engine
-        self.offset, total = {}, 0
-        for rid, n in capacity.items():
-            self.offset[rid], total = total, total + n
-        self.total = total
-        self.rows: torch.Tensor | None = None  # [total, taps, H]
-        self.seen: torch.Tensor | None = None  # [total] bool
-
-    def new_taps(self) -> dict:
-        return dict.fromkeys(self.layer_ids)
-
-    def write_context(self, taps, slot_mapping, index) -> None:
-        """Without waiting for the device: the block owners go up through pinned memory, and rows of no running
-        sequence (padding) land in a spare last row instead of being masked out (a boolean mask would sync)."""
-        stacked = torch.stack([taps[lid] for lid in self.layer_ids], dim=1).detach()  # [N, taps, H]
-        dev = stacked.device
-        if self.rows is None:
-            self.rows = stacked.new_zeros((self.total + 1, *stacked.shape[1:]))
-            self.seen = torch.zeros(self.total + 1, dtype=torch.bool, device=dev)
-        blocks, bases = [], []
-        for seq in self.engine.scheduler.running:
-            blocks += seq.block_table
-            bases += [self.offset[seq.request_id]] * len(seq.block_table)
-        base = torch.full((self.engine.block_manager.num_blocks,), -1, dtype=torch.long, device=dev)
-        base[to_device(blocks, torch.long, dev)] = to_device(bases, torch.long, dev)
-        slot = slot_mapping.long()
-        owner = base[slot.clamp(min=0) // self.engine.block_manager.block_size]
-        dest = torch.where((slot >= 0) & (owner >= 0), owner + index, self.total)
-        self.rows.index_copy_(0, dest, stacked.to(self.rows.dtype))
-        self.seen[dest] = True
-
-    def stacked(self, request_id: str, n: int) -> dict[int, torch.Tensor]:
-        """Taps of the request's tokens 0 .. n - 1, in order: {layer id: [n, H]}."""
-        off = self.offset[request_id]
-        seen = self.seen[off:off + n]
-        if not bool(seen.all()):
-            raise RuntimeError(f"{request_id}: the target computed taps for {int(seen.sum())} of tokens "
-                               f"0 .. {n - 1}")
-        return {lid: self.rows[off:off + n, j] for j, lid in enumerate(self.layer_ids)}
-
-
 def load_pages(path: str | Path) -> list[np.ndarray]:
     """RGB uint8 page images from a folder of images or a Parquet of raster rows."""
     from PIL import Image
@@ -171,57 +124,53 @@ def load_pages(path: str | Path) -> list[np.ndarray]:
 
 
 def collect(engine: Engine, images: list[np.ndarray], layer_ids, prompt: str, max_tokens: int,
-            soft_top_k: int = 0, timings: dict | None = None) -> list[Example]:
-    """The target's greedy answers to each page in one batched generate, and the tapped hidden states of every token
-    it computes meanwhile (prompt in prefill, answer in decode). The engine must run eagerly (enforce_eager): a CUDA
-    graph replays its decode without calling the recorder. Each page is preprocessed once, to the uint8 patches the
-    engine expands on its device, as the job does. soft_top_k: also keep the target's distribution at each answer
-    token, its top soft_top_k probabilities renormalised (Example.soft). timings: receives the seconds spent
-    preprocessing pages and generating, and the engine's prefill and decode steps with their host launch, device
-    and waiting seconds."""
-    if engine.device.type == "cuda" and not engine.options.enforce_eager:
-        raise ValueError("collect needs an engine built with enforce_eager=True (CUDA graphs skip the recorder)")
+            soft_top_k: int = 0, timings: dict | None = None, tap_tokens: int | None = None) -> list[Example]:
+    """The target's greedy answers to the pages, then the tapped hidden states over each page's prompt and answer.
+
+    1. The answers: one batched Engine.generate, the engine's normal path (CUDA graphs for decode where it has
+       them); nothing is recorded while it decodes. Each page is preprocessed once, to the uint8 patches the engine
+       expands on its device, as the job does.
+    2. The taps: teacher-forced prefills of the pages' prompt + answer (the last answer token is never fed), many
+       pages packed into each step of `tap_tokens` tokens (engine/taps.prefill_taps; default the engine's
+       max_num_batched_tokens), the forward cut after the last tapped layer. soft_top_k: also the target's
+       distribution at each answer token from the same prefill, its top soft_top_k probabilities renormalised
+       (Example.soft; the forward then runs every layer and the LM head on the answer rows).
+
+    timings: receives the seconds spent preprocessing, answering and tapping, and the answering's prefill and decode
+    steps with their host launch, device and waiting seconds."""
     t0 = time.perf_counter()
     inputs = [engine.processor.page_inputs(image, prompt, compact=True) for image in images]
     t1 = time.perf_counter()
-    rec = TapRecorder(layer_ids, engine, {f"page-{n}": len(ids) + max_tokens for n, (ids, _, _) in enumerate(inputs)})
-    soft = {}
-
-    def reduce_logits(o):  # as each answer ends: its [n, V] rows are not kept while the others run
-        if soft_top_k and o.logits is not None:
-            probs, top = o.logits.float().softmax(-1).topk(min(soft_top_k, o.logits.shape[-1]), -1)
-            soft[o.request_id] = (probs / probs.sum(-1, keepdim=True), top)
-            o.logits = None
-
-    engine.runner.drafter = rec
     recording, log = engine.record_steps, engine.step_log  # the caller's, given back after
     engine.record_steps, engine.step_log = timings is not None, []
     try:
         answers = engine.generate([dict(request_id=f"page-{n}", prompt_token_ids=ids, pixel_values=pixels,
-                                        image_grids=grids, sampling=SamplingParams(max_tokens=max_tokens),
-                                        keep_logits=soft_top_k > 0)
-                                   for n, (ids, pixels, grids) in enumerate(inputs)], on_finish=reduce_logits)
+                                        image_grids=grids, sampling=SamplingParams(max_tokens=max_tokens))
+                                   for n, (ids, pixels, grids) in enumerate(inputs)])
     finally:
-        engine.runner.drafter = None
         engine.record_steps, (steps_run, engine.step_log) = recording, (engine.step_log, log)
-    if timings is not None:  # where generating went: steps of each kind, their host launch and device seconds
-        timings.update(preprocess_s=round(t1 - t0, 1), generate_s=round(time.perf_counter() - t1, 1))
+    t2 = time.perf_counter()
+    kept = []
+    for n, o in enumerate(answers):
+        if o.finish_reason == "error":
+            raise RuntimeError(f"page {n}: {o.error}")
+        if len(o.output_token_ids) >= 2:  # the last answer token is never fed: one token leaves nothing to learn
+            kept.append((o.prompt_token_ids + o.output_token_ids, len(o.prompt_token_ids), inputs[n]))
+    taps = prefill_taps(engine, [dict(token_ids=ids[:-1], pixel_values=pixels, image_grids=grids,
+                                      soft_from=prompt_len - 1) for ids, prompt_len, (_, pixels, grids) in kept],
+                        layer_ids, token_budget=tap_tokens, soft_top_k=soft_top_k)
+    if timings is not None:  # where collecting went: the answers' steps of each kind, their launch and device seconds
+        if engine.device.type == "cuda":
+            torch.cuda.synchronize(engine.device)
+        timings.update(preprocess_s=round(t1 - t0, 1), generate_s=round(t2 - t1, 1),
+                       taps_s=round(time.perf_counter() - t2, 1))
         for kind, prefill in (("prefill", True), ("decode", False)):
             steps = [r for r in steps_run if r.is_prefill == prefill]
             timings.update({f"{kind}_steps": len(steps),
                             f"{kind}_launch_s": round(sum(r.t_launched - r.t_start for r in steps), 1),
                             f"{kind}_device_s": round(sum(r.device_s for r in steps), 1),
                             f"{kind}_wait_s": round(sum(r.wait_s for r in steps), 1)})
-    out = []
-    for n, o in enumerate(answers):
-        if o.finish_reason == "error":
-            raise RuntimeError(f"page {n}: {o.error}")
-        ids = o.prompt_token_ids + o.output_token_ids
-        if len(o.output_token_ids) < 2:  # the last answer token is never fed to the target
-            continue
-        out.append(Example(ids, len(o.prompt_token_ids), rec.stacked(o.request_id, len(ids) - 1),
-                           soft.get(o.request_id)))
-    return out
+    return [Example(ids, prompt_len, t.taps, t.soft) for (ids, prompt_len, _), t in zip(kept, taps)]
 
 
 def page_stream(n: int, rng: random.Random):
@@ -434,10 +383,10 @@ def train(cfg: TrainDrafterConfig, echo=print, collected: list[Example] | None =
         raise click.UsageError(f"--pages {cfg.pages}: {len(images)} pages, all held out (--heldout {cfg.heldout})")
     if cfg.val_pages >= len(train_images):
         raise click.UsageError(f"--val-pages {cfg.val_pages}: {len(train_images)} training pages, none would be left")
-    # eager steps, each with a fixed host cost: prompts start in groups of an eighth of the batch, not one by one as
-    # answers end (which made most prefill steps start only a few pages)
+    # prompts start in groups of an eighth of the batch, not one by one as answers end: prefill steps run eagerly,
+    # each with a fixed host cost (most of them started only a few pages)
     target = Engine.from_checkpoint(cfg.checkpoint, device=cfg.device, dtype=cfg.dtype, max_num_seqs=cfg.collect_batch,
-                                    kv_cache_memory_gb=cfg.kv_cache_memory_gb, enforce_eager=True,
+                                    kv_cache_memory_gb=cfg.kv_cache_memory_gb,
                                     prefill_min_seqs=max(1, cfg.collect_batch // 8))
     t = target.cfg.text
     layer_ids = build_target_layer_ids(t.num_hidden_layers, cfg.num_taps)
@@ -462,7 +411,7 @@ def train(cfg: TrainDrafterConfig, echo=print, collected: list[Example] | None =
     t0, timings = time.perf_counter(), {}
     examples = list(collected) if collected is not None else collect(
         target, train_images, layer_ids, cfg.prompt, cfg.max_tokens,
-        soft_top_k=cfg.distill_top_k if cfg.distill > 0 else 0, timings=timings)
+        soft_top_k=cfg.distill_top_k if cfg.distill > 0 else 0, timings=timings, tap_tokens=cfg.tap_tokens)
     echo(f"collected {len(examples)} answers ({sum(len(e.ids) - e.prompt_len for e in examples)} tokens; prompts "
          f"{sum(e.prompt_len for e in examples)} tokens) in {time.perf_counter() - t0:.0f} s "
          f"{timings or ''}")
@@ -564,6 +513,7 @@ def train(cfg: TrainDrafterConfig, echo=print, collected: list[Example] | None =
 @click.option("--device")
 @click.option("--dtype")
 @click.option("--collect-batch", type=int)
+@click.option("--tap-tokens", type=int)
 @click.option("--kv-cache-memory-gb", type=float)
 @click.option("--max-tokens", type=int)
 @click.option("--num-layers", type=int)

@@ -87,12 +87,17 @@ def test_validation_keeps_the_best_drafter(tiny_checkpoint, tmp_path):
     assert abs(tokens / steps - tau[best_step]) < 1e-3
 
 
-def test_collected_taps_equal_packed_teacher_forced_prefills(tiny_checkpoint):
-    """collect() answers the pages in one eager batch and keeps the taps the target computes meanwhile (prompt in
-    prefill, answer token by token in decode); engine/taps.prefill_taps computes them by teacher-forced prefills of
-    the pages' prompt + answer, pages packed into one step and pages longer than a step's token budget cut into
-    chunks. CPU fp32: the same taps within 1e-5 of their layer's largest magnitude (rows computed in other chunks, or
-    in decode, differ by fp32 rounding: ~1e-5 absolute at every element of taps up to ~6), the same distributions."""
+def test_collected_taps_equal_the_eager_recorders(tiny_checkpoint):
+    """collect() answers through the engine's normal path, then computes the taps by teacher-forced prefills of many
+    pages a step (engine/taps.prefill_taps); its answers, taps and soft labels must be those of the eager collection
+    it replaced, whose recorder keeps the taps as the target answers (prompt in prefill, answer token by token in
+    decode; bench/drafter_collect_bench.eager_collect). CPU fp32: the same answers, probabilities within 1e-5 and
+    taps within 1e-5 of their layer's largest magnitude (rows computed in other chunks than the eager run's, or in
+    decode there, differ by fp32 rounding: ~1e-5 absolute at every element of taps up to ~6, so an element near
+    zero can be off by more than 1e-5 of itself), with pages packed into one prefill step and pages longer than a
+    step's token budget cut into chunks."""
+    from conftest import load_bench
+
     from engine.llm_engine import Engine
     from engine.taps import prefill_taps
     from jobs.train_drafter import collect
@@ -100,8 +105,10 @@ def test_collected_taps_equal_packed_teacher_forced_prefills(tiny_checkpoint):
     rng = np.random.default_rng(1)
     images = [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in ((48, 64), (128, 160), (64, 96))]
     layers, budget = [1, 3], 24
-    engine = Engine.from_checkpoint(str(tiny_checkpoint), dtype="float32", max_num_seqs=3, enforce_eager=True)
-    old = collect(engine, images, layers, "Read.", max_tokens=12, soft_top_k=5)
+    eager = Engine.from_checkpoint(str(tiny_checkpoint), dtype="float32", max_num_seqs=3, enforce_eager=True)
+    old = load_bench("drafter_collect_bench").eager_collect(eager, images, layers, "Read.", max_tokens=12,
+                                                             soft_top_k=5)
+    engine = Engine.from_checkpoint(str(tiny_checkpoint), dtype="float32", max_num_seqs=3)
     steps, run = [], engine.runner.run_prefill_taps
 
     def spy(chunks, layer_ids, final=False):
@@ -109,12 +116,9 @@ def test_collected_taps_equal_packed_teacher_forced_prefills(tiny_checkpoint):
         return run(chunks, layer_ids, final)
 
     engine.runner.run_prefill_taps = spy
-    inputs = [engine.processor.page_inputs(im, "Read.", compact=True) for im in images]
-    seqs = [dict(token_ids=e.ids[:-1], pixel_values=p, image_grids=g, soft_from=e.prompt_len - 1)
-            for e, (_, p, g) in zip(old, inputs)]
-    new = prefill_taps(engine, seqs, layers, token_budget=budget, soft_top_k=5)
-    assert len(old) == 3 and max(len(e.ids) - 1 for e in old) > budget
-    assert all(sum(n for *_, n in s) <= budget for s in steps)
+    new = collect(engine, images, layers, "Read.", max_tokens=12, soft_top_k=5, tap_tokens=budget)
+    assert [e.ids for e in new] == [e.ids for e in old] and len(new) == 3
+    assert max(len(e.ids) - 1 for e in new) > budget and all(sum(n for *_, n in s) <= budget for s in steps)
     assert any(len(s) >= 2 for s in steps), steps  # pages packed into one forward
     assert any(start > 0 for s in steps for _, start, _ in s), steps  # a page continued from an earlier step
     for a, b in zip(old, new):
@@ -128,10 +132,12 @@ def test_collected_taps_equal_packed_teacher_forced_prefills(tiny_checkpoint):
     # are those of the whole forward
     ran = []
     engine.model.language_model.layers[3].register_forward_hook(lambda *_: ran.append(3))
-    cut = prefill_taps(engine, seqs, [1], token_budget=budget)
+    inputs = [engine.processor.page_inputs(im, "Read.", compact=True) for im in images]
+    cut = prefill_taps(engine, [dict(token_ids=e.ids[:-1], pixel_values=p, image_grids=g)
+                                for e, (_, p, g) in zip(new, inputs)], [1], token_budget=budget)
     assert not ran and [c.soft for c in cut] == [None] * 3
-    for c, b in zip(cut, new):
-        assert torch.equal(c.taps[1], b.taps[1])
+    for c, e in zip(cut, new):
+        assert torch.equal(c.taps[1], e.taps[1])
     assert engine.block_manager.num_free == engine.block_manager.num_blocks  # the borrowed memory is given back
     assert engine.scheduler.states.num_free == 3
 
