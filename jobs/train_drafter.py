@@ -265,14 +265,22 @@ def collect(engine: Engine, images: list[np.ndarray], layer_ids, prompt: str, ma
 def collect_groups(engine: Engine, images, group: int, layer_ids, prompt: str, max_tokens: int, soft_top_k: int = 0,
                    tap_tokens: int | None = None, timings: dict | None = None) -> tuple[list[Example], int]:
     """collect() over the `images` iterator, `group` pages at a time (a drawn source renders the next group's pages
-    meanwhile) -> (the examples, the pages read). timings: collect's, summed over the groups."""
-    examples, pages = [], 0
-    while part := list(itertools.islice(images, group)):
+    meanwhile) -> (the examples, the pages read). timings: collect's, summed over the groups, and pages_wait_s: the
+    seconds spent waiting for pages (drawn ones not yet drawn; files are all read before)."""
+    examples, pages, waited = [], 0, 0.0
+    while True:
+        t = time.perf_counter()
+        part = list(itertools.islice(images, group))
+        waited += time.perf_counter() - t
+        if not part:
+            break
         part_timings = {} if timings is not None else None
         examples += collect(engine, part, layer_ids, prompt, max_tokens, soft_top_k, part_timings, tap_tokens)
         pages += len(part)
         for k, v in (part_timings or {}).items():
             timings[k] = round(timings.get(k, 0) + v, 1)
+    if timings is not None:
+        timings["pages_wait_s"] = round(waited, 1)
     return examples, pages
 
 
