@@ -8,7 +8,7 @@ export RAY_USAGE_STATS_ENABLED := 0
 export AWS_EC2_METADATA_DISABLED := true
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: run test setup checkpoint clean test-fast research-test deps-check
+.PHONY: run test test-system setup checkpoint clean research-test deps-check
 
 # torch's CPU build, for `make run` and `make test` on a machine without a GPU (docs/install.md). Where the index cannot
 # be reached in 5 s, torch comes from PyPI (its CUDA build, which runs on CPU too) or your pip configuration.
@@ -49,15 +49,18 @@ deps-check: $(STAMP)
 	timeout 600 $(PY) -m pip install --isolated --dry-run --ignore-installed --quiet --report /dev/null -r /dev/stdin
 	@echo "dependencies resolve from PyPI alone"
 
+# The product's tests but the whole-system runs (a real job on Ray, a drafter's training, a whole benchmark)
 test: $(STAMP) deps-check
-	TRITON_INTERPRET=1 timeout 2400 $(PY) -m pytest -q --durations=10 -p no:cacheprovider $(PYTEST_ARGS)
+	TRITON_INTERPRET=1 timeout 1800 $(PY) -m pytest -q --durations=10 -p no:cacheprovider -m "not system" $(PYTEST_ARGS)
+
+# The whole-system runs (pytest marker "system": every test marked ray or slow), CI's second step
+test-system: $(STAMP)
+	TRITON_INTERPRET=1 timeout 2400 $(PY) -m pytest -q --durations=10 -p no:cacheprovider -m system $(PYTEST_ARGS)
 
 # ocria-tiny's training and evaluation code (research/): its own tests, apart from the product's
 research-test: $(STAMP)
 	TRITON_INTERPRET=1 timeout 2400 $(PY) -m pytest -q -p no:cacheprovider research/tests $(PYTEST_ARGS)
 
-test-fast: $(STAMP)
-	TRITON_INTERPRET=1 $(PY) -m pytest -q -m "not ray and not slow" $(PYTEST_ARGS)
 
 clean:
 	rm -rf out $(VENV) models/tiny-random

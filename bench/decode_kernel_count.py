@@ -13,9 +13,10 @@ instrumented.
 
 The model is the tiny config with the 4B's layer stack (32 layers, 24 GDN + 8 attention) and the benchmark's context
 size, so the attention split into partitions matches the 4B shape too. Prints a table per layer kind for each
-variant (jobs.benchmark.variant_short_names; by default the EngineOptions defaults and fused_decode=True).
+variant (jobs.benchmark.variant_short_names; by default the engine's defaults and the attention inputs through
+the compiled glue and a KV store instead of their fused kernel).
 
-    python bench/decode_kernel_count.py [--batch 1] [--variants default,fused,...] [--json OUT.json] [--inductor]
+    python bench/decode_kernel_count.py [--batch 1] [--variants default,unfused_attn,...] [--json OUT.json] [--inductor]
 """
 from __future__ import annotations
 
@@ -147,13 +148,13 @@ def inductor_kernels_per_glue_call(cfg) -> dict:
     return out
 
 
-def build_engine(batch: int, options: dict, layers: int, drafter_dir: str | None = None, block: int = 16):
+def build_engine(batch: int, variant: str, layers: int, drafter_dir: str | None = None, block: int = 16):
     """The tiny config with the 4B's layer stack; with drafter_dir, a random drafter of the shipped drafter's shape
     (4 layers, 4 taps, the given block) written there and loaded."""
     from engine.config import parse_config
-    from engine.llm_engine import Engine, EngineOptions
+    from engine.llm_engine import Engine
     from engine.testing import write_random_drafter
-    from jobs.benchmark import build_hf_model, hf_config
+    from jobs.benchmark import build_hf_model, hf_config, variant_args
 
     hf_cfg = hf_config(tiny=True)
     hf_cfg.text_config.num_hidden_layers = layers
@@ -161,17 +162,18 @@ def build_engine(batch: int, options: dict, layers: int, drafter_dir: str | None
     cfg = parse_config(hf_cfg.to_dict())
     hf = build_hf_model(hf_cfg, "cpu", torch.float32)
     max_len = 2080  # the 4B benchmark's max_model_len: sizes the block tables, hence the attention partitions
+    extra = {}
     if drafter_dir is not None:
         write_random_drafter(drafter_dir, cfg.text, num_layers=4, num_taps=4, block_size=block)
-        options = dict(options, drafter=drafter_dir)
-    opts = EngineOptions(max_num_seqs=max(batch, 1), max_model_len=max_len, block_size=32,
-                         num_blocks=batch * (max_len // 32) + 1, **options)
-    return Engine(cfg, hf.state_dict().items(), device="cpu", dtype=torch.float32, options=opts), cfg
+        extra = dict(drafter=drafter_dir)
+    args = variant_args(variant, max_num_seqs=max(batch, 1), max_model_len=max_len, block_size=32,
+                        num_blocks=batch * (max_len // 32) + 1, **extra)
+    return Engine(cfg, hf.state_dict().items(), device="cpu", dtype=torch.float32, **args), cfg
 
 
-def count_decode_step(batch: int, options: dict, layers: int, glue_kernels: dict) -> tuple[Counter, list[str]]:
+def count_decode_step(batch: int, variant: str, layers: int, glue_kernels: dict) -> tuple[Counter, list[str]]:
     with forced_triton():
-        eng, cfg = build_engine(batch, options, layers)
+        eng, cfg = build_engine(batch, variant, layers)
     runner, lm = eng.runner, eng.model.language_model
     per_seq = runner.cache.max_blocks_per_seq
     ctx = 600  # a context past the first attention partition
@@ -200,7 +202,7 @@ def scope_layers(lm, counter: StepCounter, glue_kernels: dict) -> list:
     return hooks
 
 
-def count_spec_step(batch: int, options: dict, layers: int, glue_kernels: dict, block: int) -> tuple[Counter, list[str]]:
+def count_spec_step(batch: int, variant: str, layers: int, glue_kernels: dict, block: int) -> tuple[Counter, list[str]]:
     """One greedy speculative step (engine/speculative.SpecDecoder.greedy_step on engine/spec_graphs' static
     buffers: what its CUDA graph replays) of `batch` sequences at a context of 600 tokens, every block full."""
     import tempfile
@@ -208,7 +210,7 @@ def count_spec_step(batch: int, options: dict, layers: int, glue_kernels: dict, 
     from engine.speculative import StepTensors
 
     with tempfile.TemporaryDirectory() as tmp, forced_triton():
-        eng, cfg = build_engine(batch, options, layers, drafter_dir=tmp, block=block)
+        eng, cfg = build_engine(batch, variant, layers, drafter_dir=tmp, block=block)
     runner, lm, spec = eng.runner, eng.model.language_model, eng.spec
     per_seq = runner.cache.max_blocks_per_seq
     T, ctx = spec.T, 600
@@ -280,7 +282,7 @@ def main(argv=None):
     ap.add_argument("--layers", type=int, default=32, help="decoder layers (every 4th is attention, as in the 4B)")
     ap.add_argument("--glue-kernels", type=int, default=1, help="launches per compiled glue call (lower bound 1)")
     ap.add_argument("--inductor", action="store_true", help="measure launches per glue call with inductor (CPU)")
-    ap.add_argument("--variants", default="default,fused",
+    ap.add_argument("--variants", default="default,unfused_attn",
                     help="names from jobs.benchmark.variant_short_names, the first the baseline")
     ap.add_argument("--spec", type=int, default=0, metavar="BLOCK",
                     help="count one greedy speculative step (draft + verify + accept + commit) at this block instead")
@@ -307,9 +309,9 @@ def main(argv=None):
         result["spec_block"] = args.spec
     for name in variants:
         if args.spec:
-            counts, kinds = count_spec_step(args.batch, VARIANTS[names[name]], args.layers, glue_kernels, args.spec)
+            counts, kinds = count_spec_step(args.batch, names[name], args.layers, glue_kernels, args.spec)
         else:
-            counts, kinds = count_decode_step(args.batch, VARIANTS[names[name]], args.layers, glue_kernels)
+            counts, kinds = count_decode_step(args.batch, names[name], args.layers, glue_kernels)
         result[name] = summarise(counts, kinds)
         print_table(f"{name} {VARIANTS[names[name]]}, batch {args.batch}", result[name])
     base = result[variants[0]]["step_total"]

@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.op_names import NO_DEVICE_WORK  # noqa: E402
 from engine.config import parse_config  # noqa: E402
-from engine.llm_engine import Engine, EngineOptions  # noqa: E402
+from engine.llm_engine import Engine  # noqa: E402
 from engine.model_runner import resolve_dtype  # noqa: E402
 from engine.models.gdn_prefill import fla_available  # noqa: E402
 from engine.quantize import builtin_plan, quantize_tensors  # noqa: E402
@@ -348,7 +348,7 @@ def print_summary(runs: list[dict]) -> None:
 
 def main(argv=None):
     ap = bench.model_shape_args(__doc__)
-    ap.add_argument("--variants", default="default,fused")
+    ap.add_argument("--variants", default="default")
     ap.add_argument("--precisions", default="bf16",
                     help="decoder weights: bf16, fp8, nvfp4 (engine/quantize.py's built-in recipes, round to nearest)")
     ap.add_argument("--batch-sizes", default="1,8")
@@ -404,8 +404,7 @@ def main(argv=None):
             plan, act_fp8 = builtin_plan(cfg, precision)
             pweights, qc, _ = quantize_tensors(cfg, weights, plan, act_fp8=act_fp8)
             pcfg = parse_config(dict(hf_cfg.to_dict(), quantization_config=qc))
-        engine = Engine(pcfg, pweights.items(), device=device, dtype=dtype,
-                        options=EngineOptions(**opts, **bench.VARIANTS[names[variant]]))
+        engine = Engine(pcfg, pweights.items(), device=device, dtype=dtype, **bench.variant_args(names[variant], **opts))
         del pweights
         name = variant if precision == "bf16" else f"{precision}:{variant}"
         meta[f"engine_build_s_{name}"] = time.perf_counter() - t

@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine.interface import DEFAULT_PROMPT, SamplingParams  # noqa: E402
 from engine.llm_engine import Engine  # noqa: E402
 from engine.models.dflash import build_target_layer_ids  # noqa: E402
+from engine.options import DecodeTuning  # noqa: E402
 from engine.step_metadata import to_device  # noqa: E402
 from jobs.train_drafter import Example, collect, load_pages  # noqa: E402
 
@@ -144,7 +145,7 @@ def main(checkpoint, pages, max_pages, device, dtype, batch, max_tokens, num_tap
          warmup, out):
     images = load_pages(pages)[:max_pages]
     common = dict(device=device, dtype=dtype, max_num_seqs=batch, kv_cache_memory_gb=kv_cache_memory_gb,
-                  prefill_min_seqs=max(1, batch // 8))  # as jobs/train_drafter builds its target
+                  tuning=DecodeTuning(prefill_min_seqs=max(1, batch // 8)))  # as jobs/train_drafter builds its target
     eager = Engine.from_checkpoint(checkpoint, enforce_eager=True, **common)
     layers = build_target_layer_ids(eager.cfg.text.num_hidden_layers, num_taps)
     eager_collect(eager, images[:warmup], layers, DEFAULT_PROMPT, max_tokens)

@@ -70,16 +70,12 @@ def make_cases(batch_sizes, shapes, device, dtype, sweep):
 
         configs = {}
         if sweep and on_gpu:
-            # the two-pass token step (delta_rule_step) at every launch; 16 x 4 was the default before the sweep
-            # that chose one warp per 32-wide tile and the fused step (bench/results/h100_kernels_decode_sweep.json)
+            # value tile x warps around the default (one warp per 32-wide tile; 16 x 4 was the default before the
+            # sweep that chose it, bench/results/h100_kernels_decode_sweep.json)
             for bv, nw in ((8, 1), (8, 2), (16, 1), (16, 2), (16, 4), (32, 1), (32, 2), (32, 4), (32, 8), (64, 2)):
                 configs[f"block_v={bv},warps={nw}"] = (
                     lambda bv=bv, nw=nw, a=gdn_args, st=state, i=idx: gdn_recurrent.gdn_recurrent_triton(
-                        *a, st, i, block_v=bv, num_warps=nw, fused_reductions=False))
-            for bv, nw in ((16, 4), (32, 1), (16, 1)):  # reductions from one pass (delta_rule_step_fused)
-                configs[f"block_v={bv},warps={nw},fused"] = (
-                    lambda bv=bv, nw=nw, a=gdn_args, st=state, i=idx: gdn_recurrent.gdn_recurrent_triton(
-                        *a, st, i, block_v=bv, num_warps=nw, fused_reductions=True))
+                        *a, st, i, block_v=bv, num_warps=nw))
         cases.append(Case("gdn_recurrent", B, nbytes(*gdn_args) + 2 * nbytes(state) + nbytes(v),
                           lambda a=gdn_args, st=state, i=idx, f=run_gdn: f(*a, st, i),
                           lambda a=gdn_args, st=state, i=idx: gdn_recurrent.gdn_recurrent_ref(*a, st, i),

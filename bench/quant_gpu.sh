@@ -17,5 +17,5 @@ step() {
 [[ " $PARTS " == *" gemv "* ]] && step ${GEMV_S:-300} python3 bench/quant_gemv_bench.py --budget-s ${GEMV_BUDGET:-200} \
   --out "$out/${gpu}_quant_gemv.json"
 [[ " $PARTS " == *" bench "* ]] && step ${BENCH_S:-400} python3 bench/quantized_decode_bench.py \
-  --batch-sizes ${BATCHES:-1,8,32,64,128,256} --out "$out/${gpu}_quantized_decode.json"
+  --batch-sizes ${BATCHES:-1,8,32,64,128,256} ${BENCH_FLAGS:-} --out "$out/${gpu}_quantized_decode.json"
 rm -rf "$out/prof"

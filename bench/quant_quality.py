@@ -115,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
             row["vs_" + base_name] = paired(base, r["per_page"])
             moved = sum(levenshtein(a["model_output"], b["model_output"]) for a, b in zip(base, r["per_page"]))
             row["output_cer_vs_" + base_name] = round(moved / max(1, sum(len(b["model_output"]) for b in base)), 5)
-            kind = "fp8" if "fp8" in name and "nvfp4" not in name else "nvfp4" if "nvfp4" in name else None
+            kind = None if options[name] else (  # the weight-precision targets are a checkpoint's
+                "fp8" if "fp8" in name and "nvfp4" not in name else "nvfp4" if "nvfp4" in name else None)
             if kind:
                 row["target_points"] = TARGET_POINTS[kind]
                 row["within_target"] = row["vs_" + base_name]["cer_diff_points"] <= TARGET_POINTS[kind]

@@ -21,7 +21,6 @@ import argparse
 import json
 import math
 import os
-import random
 import sys
 import time
 from pathlib import Path
@@ -30,9 +29,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.gpu_sampler import GpuSampler
+from pipeline.corpus import make_corpus
 
-# US letter in points; at 1312 px on the long side the processor (32 px per merged token) makes it 41 x 32 tokens.
-LETTER = (612.0, 792.0)
+# A US-letter page (pipeline.corpus): at 1312 px on the long side the processor (32 px per merged token) makes it
+# 41 x 32 tokens.
 PAGE_LONGEST_PX = 1312
 GPU_MAX_PIXELS = PAGE_LONGEST_PX * PAGE_LONGEST_PX
 TINY_LONGEST_PX, TINY_MAX_PIXELS = 256, 256 * 256
@@ -49,41 +49,6 @@ def build_checkpoint(out: Path, tiny: bool, seed: int = 0) -> Path:
                                        max_pixels=TINY_MAX_PIXELS, seed=seed, shard_bytes=200_000)
     return write_random_checkpoint(out, REAL_TEXT, REAL_VISION, min_pixels=32 * 32, max_pixels=GPU_MAX_PIXELS,
                                    seed=seed, note="random weights, Qwen3.5-4B shape (bench/scale_out.py)")
-
-
-# ------------------------------------------------------------------------------------------------ corpus
-
-_SYLLABLES = ("ka", "lo", "mi", "ren", "sta", "vo", "den", "qua", "tri", "mon", "pel", "sar", "ul", "bri", "cor", "fen")
-
-
-def _paragraph(rng: random.Random, words: int) -> str:
-    out = []
-    for _ in range(words):
-        w = "".join(rng.choice(_SYLLABLES) for _ in range(rng.randint(1, 4)))
-        out.append(str(rng.randint(10, 9999)) if rng.random() < 0.06 else w)
-    return " ".join(out).capitalize() + "."
-
-
-def make_corpus(folder: Path, n_docs: int, pages_per_doc: int, seed: int = 0) -> list[Path]:
-    """n_docs US-letter PDFs of pages_per_doc pages each: a heading and dense paragraphs of deterministic text
-    (~450 words a page, like a report page), written by PyMuPDF alone. Same arguments -> same files."""
-    import pymupdf
-
-    folder.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for d in range(n_docs):
-        rng = random.Random(seed * 1_000_003 + d)
-        doc = pymupdf.open()
-        for p in range(pages_per_doc):
-            page = doc.new_page(width=LETTER[0], height=LETTER[1])
-            page.insert_text((72, 80), f"Report {d:05d} - section {p + 1}", fontsize=16)
-            body = "\n\n".join(_paragraph(rng, rng.randint(50, 90)) for _ in range(7))
-            page.insert_textbox(pymupdf.Rect(72, 100, LETTER[0] - 72, LETTER[1] - 60), body, fontsize=9.5)
-        path = folder / f"doc{d:05d}.pdf"
-        doc.save(path)
-        doc.close()
-        paths.append(path)
-    return paths
 
 
 # ------------------------------------------------------------------------------------------------ runs

@@ -53,8 +53,8 @@ def _lazy_imports(dry_run):
 
 
 def sweep_configs(N, K, M, dtype, device, limit=12):
-    """Named launch-option dicts around the default: split factor, tile sizes, stages, warps, reduce mode, FMA path.
-    Entries that resolve to the same effective launch are dropped."""
+    """Named launch-option dicts around the default: split factor, tile sizes, stages, warps. Entries that resolve to
+    the same effective launch are dropped."""
     d = sml.default_launch(N, K, dtype, device)
     sms = sml.sm_count(device)
     auto = d["split_k"]
@@ -66,7 +66,6 @@ def sweep_configs(N, K, M, dtype, device, limit=12):
             c["split_k"] = sml.pick_split_k(N, K, c["block_n"], c["block_k"], sms)
         return c
 
-    fma = dict(mma=False, block_n=64, block_k=128) if M <= 2 else dict(mma=False, block_n=16, block_k=64)
     candidates = [
         ("default", dict(d)),
         ("no_split", cfg(split_k=1)),
@@ -78,16 +77,13 @@ def sweep_configs(N, K, M, dtype, device, limit=12):
         ("bkhalf_st6", cfg(block_k=d["block_k"] // 2, num_stages=6)),
         ("st3", cfg(num_stages=3)),
         ("warps8", cfg(num_warps=8)),
-        ("reduce_kernel", cfg(split_k=auto, split_reduce="kernel")),
-        ("fma", cfg(**fma)),
         ("bn128_bk2x_w8_st3", cfg(block_n=128, block_k=2 * d["block_k"], num_warps=8, num_stages=3)),
         ("bn32_st6", cfg(block_n=32, num_stages=6)),
     ]
     seen, out = set(), []
     for name, c in candidates:
         S = sml.split_ranges(K, c["block_k"], c["split_k"])[1]
-        key = (c["block_n"], c["block_k"], S, c["num_warps"], c["num_stages"], c["mma"],
-               c["split_reduce"] if S > 1 else None)
+        key = (c["block_n"], c["block_k"], S, c["num_warps"], c["num_stages"])
         if key not in seen and len(out) < limit:
             seen.add(key)
             out.append((name, c))

@@ -14,7 +14,7 @@ Two parts, each written to the results file as soon as it is done (`rows`, `note
    were): part 1's measured profile, then each --profile. Method "acceptance drawn from a profile". tok/s per
    sequence and total at batch 1, 8, 32, 64, 128 against plain decode, timed once per batch on the same requests
    that every block size then runs.
-Both parts time each GDN verify form of --verify-forms (and its write-back threshold) at each block size.
+Both parts time each GDN write-back threshold of --fold-after (DecodeTuning.spec_fold_after) at each block size.
 The step's kernels alone, each launch configuration against the torch reference, fla and the rooflines:
 bench/spec_kernels_bench.py.
 
@@ -37,7 +37,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from engine.interface import SamplingParams  # noqa: E402
-from engine.llm_engine import Engine, EngineOptions  # noqa: E402
+from engine.llm_engine import Engine  # noqa: E402
+from engine.options import DecodeTuning, EngineOptions  # noqa: E402
 from engine.spec_graphs import SpecGraphs  # noqa: E402
 from engine.speculative import SpecDecoder  # noqa: E402
 from engine.testing import write_random_drafter  # noqa: E402
@@ -129,10 +130,9 @@ def tiny_rows(args, device, dtype, record) -> None:
     max_b = max(args.batches)
     common = dict(device=device, dtype=dtype, max_num_seqs=max_b, enforce_eager=args.device == "cpu")
     plain_engine = Engine.from_checkpoint(args.checkpoint, **common)
-    for block, form in ((block, form) for block in args.block_sizes for form in args.verify_forms):
-        chunk, fold_after = verify_form(form)
+    for block, fold_after in ((block, f) for block in args.block_sizes for f in args.fold_after):
         spec_engine = Engine.from_checkpoint(args.checkpoint, drafter=args.drafter, spec_block_size=block,
-                                             spec_chunk_verify=chunk, spec_fold_after=fold_after, **common)
+                                             tuning=DecodeTuning(spec_fold_after=fold_after), **common)
         for batch in args.batches:
             reqs = [dict(request_id=f"b{batch}-{i}", image=images[i % len(images)], prompt=args.prompt,
                          sampling=SamplingParams(max_tokens=args.max_tokens)) for i in range(batch)]
@@ -150,7 +150,7 @@ def tiny_rows(args, device, dtype, record) -> None:
                                 "identical": [a.output_token_ids == b.output_token_ids
                                               for a, b in zip(plain, spec)].count(True),
                                 "divergences": divergences(plain_engine, reqs, plain, spec), "spec_step": path,
-                                "gdn_verify": form,
+                                "spec_fold_after": fold_after,
                                 "method": f"ocria-tiny, drafter {Path(args.drafter).name}, greedy, {str(dtype)[6:]}"})
         del spec_engine
 
@@ -181,15 +181,14 @@ def shape_4b_rows(args, device, dtype, record, profiles) -> None:
         plain_of[batch] = timed(plain_engine, reqs)
     del plain_engine
     drafter_dir = Path(tempfile.mkdtemp(prefix="drafter4b-"))
-    for block, form in ((block, form) for block in args.block_sizes for form in args.verify_forms):
-        chunk, fold_after = verify_form(form)
+    for block, fold_after in ((block, f) for block in args.block_sizes for f in args.fold_after):
         write_random_drafter(drafter_dir, cfg.text, num_layers=1 if args.smoke else 5,
                              num_taps=2 if args.smoke else 5, block_size=block, dtype=dtype)
         # built without graphs: the decoder below is the one whose steps are captured
         spec_engine = Engine(cfg, weights, device=device, dtype=dtype,
-                             options=EngineOptions(**dict(opts, enforce_eager=True), drafter=str(drafter_dir),
-                                                   spec_fold_after=fold_after, spec_chunk_verify=chunk))
-        forced = ProfiledAcceptance(spec_engine.runner, spec_engine.spec.drafter, block, max_b, chunk_verify=chunk)
+                             options=EngineOptions(**dict(opts, enforce_eager=True), drafter=str(drafter_dir)),
+                             tuning=DecodeTuning(spec_fold_after=fold_after))
+        forced = ProfiledAcceptance(spec_engine.runner, spec_engine.spec.drafter, block, max_b)
         forced.graphs = SpecGraphs(forced, max_b, spec_engine.runner.cache.max_blocks_per_seq,
                                    spec_engine.runner.scratch_slot, capture=True)  # captured on CUDA only
         spec_engine.spec = forced
@@ -210,20 +209,12 @@ def shape_4b_rows(args, device, dtype, record, profiles) -> None:
                                     "tok_s_total": round(tokens / t_spec, 1),
                                     "tok_s_total_plain": round(tokens / t_plain, 1),
                                     "acceptance_by_position": by_pos, "spec_step": path, "profile": name,
-                                    "gdn_verify": form,
+                                    "spec_fold_after": fold_after,
                                     "method": "acceptance drawn from a profile: the target accepts the first a "
                                               "drafts of each block, a drawn per step from the conditional "
                                               f"acceptance {[round(p, 3) for p in profile]} ({name}); random "
                                               f"weights, {str(dtype)[6:]}, real draft and verify passes"})
         del spec_engine
-
-
-def verify_form(form: str) -> tuple[bool, int]:
-    """'steps' or 'chunk', with ':N' for spec_fold_after N (default 0) -> (spec_chunk_verify, spec_fold_after)."""
-    kind, _, fold_after = form.partition(":")
-    if kind not in ("steps", "chunk") or not (fold_after or "0").isdigit():
-        raise SystemExit(f"--verify-forms: {form!r} is not steps or chunk with an optional :N (spec_fold_after)")
-    return kind == "chunk", int(fold_after or 0)
 
 
 def warm_up(engine, reqs) -> None:
@@ -263,9 +254,9 @@ def main(argv=None) -> None:
                    help="[NAME=]JSON list (or a file of one): conditional acceptance per block position for part "
                         "2; may be given more than once. Part 2 runs part 1's measured profile first when part 1 ran, "
                         "the given ones after it, 0.9 everywhere when there is neither")
-    p.add_argument("--verify-forms", nargs="+", default=["steps"],
-                   help="the GDN verify's form at each block, steps (token by token) or chunk (matrix "
-                        "products: EngineOptions.spec_chunk_verify), each with an optional :N for spec_fold_after")
+    p.add_argument("--fold-after", type=int, nargs="+", default=[0],
+                   help="DecodeTuning.spec_fold_after values to time at each block (accepted GDN updates kept "
+                        "pending before a verify writes the state back)")
     p.add_argument("--page-image-tokens", type=int, default=1300)
     p.add_argument("--page-gen", type=int, default=256)
     p.add_argument("--parts", nargs="+", choices=["tiny", "4b"], default=["tiny", "4b"])

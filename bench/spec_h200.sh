@@ -6,23 +6,22 @@
 # kernels: bench/spec_kernels_bench.py (every launch configuration of the step's kernels, graph-timed; ~4.5 min);
 # kernels-short: the same with --short (each default launch against a few others, no attention rows; ~1 min);
 # decode-kernels: bench/kernels_bench.py at batch 1-256 (plain decode's kernels and their launch sweeps: the GDN
-#          decode kernel's tiles and warps with the two-pass and the fused token step);
+#          decode kernel's tiles and warps);
 # profile: bench/decode_profile.py --spec 16 at batch 1 and 32 (where a speculative step's device time goes, against
 #          a plain step of the same engine build);
 # 4b:      bench/spec_decode_bench.py part 2, the 4B shape at ocria-tiny's measured acceptance and at 0.9, blocks of
-#          16, 8 and 4 at batch 1, 8 and 64 (BLOCKS_4B, BATCHES_4B; a long block costs most at batch 64), with
-#          each GDN verify form of VERIFY_FORMS (default steps; e.g. "steps chunk chunk:8": the chunk form, and
-#          with 8 accepted tokens pending before a write-back);
+#          16, 8 and 4 at batch 1, 8 and 64 (BLOCKS_4B, BATCHES_4B; a long block costs most at batch 64), at
+#          each GDN write-back threshold of FOLD_AFTER (default 0; e.g. "0 8": also with 8 accepted tokens pending
+#          before a write-back);
 # gemv:    bench/small_m_linear_bench.py at M = 16 (a verify block's rows at batch 1 go through the decode GEMV,
 #          which was only measured at M = 1 and 8 against cuBLAS);
 # tiny:    part 1, ocria-tiny with models/ocria-tiny-drafter on the held-out blocks, speculation on vs off, blocks of
-#          16 and 8 (TINY_BLOCKS), each timing the median of 3 runs (each GDN verify form of VERIFY_FORMS: its
-#          answers against plain decoding's are the paired accuracy check of the chunk form).
+#          16 and 8 (TINY_BLOCKS), each timing the median of 3 runs, at each threshold of FOLD_AFTER.
 # OUT gets one JSON per part and log.txt; a summary table is printed at the end.
 set -euo pipefail
 OUT=${1:?usage: spec_h200.sh OUT}
 PARTS=${PARTS:-kernels profile} PY=${PY:-python3} BLOCKS_4B=${BLOCKS_4B:-16 8 4} BATCHES_4B=${BATCHES_4B:-1 8 64}
-VERIFY_FORMS=${VERIFY_FORMS:-steps} TINY_BLOCKS=${TINY_BLOCKS:-16 8}
+FOLD_AFTER=${FOLD_AFTER:-0} TINY_BLOCKS=${TINY_BLOCKS:-16 8}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/log.txt") 2>&1
 if compgen -G ".whl/bench/*.whl" >/dev/null; then
@@ -45,12 +44,12 @@ for part in $PARTS; do
     gemv) timeout 150 $PY bench/small_m_linear_bench.py --batch-sizes 16 --budget-s 60 \
             --out "$OUT/h200_small_m_linear_m16.json" ;;
     4b) timeout 480 $PY bench/spec_decode_bench.py --parts 4b --block-sizes $BLOCKS_4B --batches-4b $BATCHES_4B \
-          --verify-forms $VERIFY_FORMS \
+          --fold-after $FOLD_AFTER \
           --profile "$MEASURED" --profile "uniform 0.9=[$(printf '0.9,%.0s' {1..14})0.9]" \
           --out "$OUT/h200_spec_decode_4b.json" ;;
     tiny) timeout 420 $PY bench/spec_decode_bench.py --parts tiny --drafter models/ocria-tiny-drafter \
             --pages .drafter/heldout --max-tokens 256 --block-sizes $TINY_BLOCKS --batches 1 8 32 128 --repeats 3 \
-            --verify-forms $VERIFY_FORMS \
+            --fold-after $FOLD_AFTER \
             --out "$OUT/h200_spec_decode_tiny.json" ;;
     *) echo "unknown part $part" && exit 2 ;;
   esac || echo "$part stopped (rc $?)"
@@ -65,13 +64,13 @@ if (f := out / "h200_spec_kernels.json").exists():
     best = {}
     for r in rows:
         key = (r["kernel"].split(",")[0], r["sequences"], r.get("fold_after", -1), r.get("pending", -1),
-               "reference" in r["kernel"])  # the best fold_chunk / tile / warps of each form
+               "reference" in r["kernel"])  # the best tile / warps of each form
         if key not in best or r["us"] < best[key]["us"]:
             best[key] = r
     print(f"{'kernel (best configuration)':80} {'seqs':>4} {'us':>8} {'roof':>7}")
     for (k, n, *_), r in sorted(best.items()):
-        cfg = ", ".join(f"{c}={r[c]}" for c in ("fold_after", "fold_chunk", "pending", "block_v", "block_k",
-                                                 "precision", "block_c", "num_warps", "rows_per_seq", "tile")
+        cfg = ", ".join(f"{c}={r[c]}" for c in ("fold_after", "pending", "block_v", "block_c", "num_warps",
+                                                 "rows_per_seq", "tile")
                         if r.get(c) is not None)
         print(f"{r['kernel'] + ' ' + cfg:80.80} {n:4d} {r['us']:8.1f} {r['roofline_us']:7.1f}")
 if (f := out / "profile_spec" / "decode_profile.json").exists():
@@ -84,7 +83,7 @@ for name in ("h200_spec_decode_4b.json", "h200_spec_decode_tiny.json"):
     if (f := out / name).exists():
         for r in json.loads(f.read_text())["rows"]:
             print(f"{r['model']:10} b{r['batch']:<4} T{r['block_size']:<3} {r.get('profile', ''):22} "
-                  f"{r.get('spec_step', ''):7} {r.get('gdn_verify', ''):9} tau "
+                  f"{r.get('spec_step', ''):7} fold_after {r.get('spec_fold_after', ''):<3} tau "
                   f"{r['tau']:5.2f} {r['tok_s_per_seq']:8.1f} vs {r['tok_s_per_seq_plain']:8.1f} tok/s/seq "
                   f"-> {r['speedup']:.2f}x" + (f"; total {r['tok_s_total']:.0f} vs {r['tok_s_total_plain']:.0f} tok/s"
                                                if "tok_s_total" in r else ""))

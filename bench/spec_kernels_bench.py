@@ -9,12 +9,11 @@ Kernels (kernels/gdn_verify.py, kernels/paged_attention.py), 32 sequences x a bl
 - A GDN layer's speculative steps as the engine runs them (verify, then the ring's advance), tau tokens accepted a
   step, for fold_after 0, 16 and 48 (the state written back at every step, or once 16 or 48 updates are pending):
   the mean over a run of steps, whose pending counts cycle as the engine's do; the torch reference of the same; and
-  the design it replaced, committing every step (a verify with nothing pending, then a fold of tau tokens); the
-  chunk form (matrix products) at fold_after 0, 8 and 16.
-- GDN verify at 1 and 32 sequences with nothing pending, token by token (block_v x num_warps, looped or unrolled,
-  and with the token step's reductions fused) and in the chunk form (value tile x key slice x products' precision
-  x num_warps); with a block pending and written back (default launch); fla's fused recurrent kernel over the same
-  block when fla imports (it writes the final state instead of keeping the block's updates).
+  the design it replaced, committing every step (a verify with nothing pending, then a fold of tau tokens).
+- GDN verify at 1 and 32 sequences with nothing pending, token by token (block_v x num_warps); with a block
+  pending and written back (default launch); fla's fused
+  recurrent kernel over the same block when fla imports (it writes the final state instead of keeping the block's
+  updates).
 - GDN verify over the block's first 1, 4 and 16 tokens against the decode kernel stepping the same state through them
   (what a verify's fixed cost is, and each token's).
 - GDN fold of all 24 GDN layers in one launch (per layer = the launch / 24), a block pending: what a plain decode
@@ -29,7 +28,6 @@ from the default configuration's output.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import sys
@@ -94,14 +92,6 @@ def max_diff(a, b) -> float:
     return float((a.float() - b.float()).abs().max())
 
 
-# the chunk form's launches: ((value tile, key slice, tl.dot input precision), warps); "tf32" (one tensor-core product
-# of rounded operands, ~1e-3) only as the bound the exact splits are paying for. A 64-wide tile at 8 warps made an
-# illegal memory access on the H100 (triton 3.6), so it is not swept
-CHUNK_LAUNCHES = [((bv, bk, "tf32x3"), w) for bv, bk, w in ((128, 32, 8), (128, 64, 8), (64, 32, 4), (64, 64, 4),
-                                                           (32, 32, 4))] + \
-                 [((bv, 32, "tf32"), w) for bv, w in ((128, 8), (64, 4))] + [((64, 32, "ieee"), 4)]
-
-
 def ring_bytes(S, T, Hk, Hv, dk, dv, rows) -> int:
     """Bytes of `rows` ring rows (k, u, g in fp32) of S sequences' GDN layer."""
     return S * rows * (Hk * dk + Hv * dv + Hv) * 4
@@ -154,30 +144,20 @@ def gdn_rows(shape, device, bw, record, smoke: bool, short: bool = False) -> Non
     tau, steps = (2, 4) if smoke else (3, 20)
     n_acc = torch.full((S,), tau, device=device, dtype=torch.int32)
     impls = {"default launches": (gv.gdn_verify_triton, gv.gdn_ring_advance_triton, gv.gdn_fold_triton),
-             "default launches, two-pass token step": (
-                 functools.partial(gv.gdn_verify_triton, fused_reductions=False), gv.gdn_ring_advance_triton,
-                 functools.partial(gv.gdn_fold_triton, fused_reductions=False)),
-             "chunk form": (gv.gdn_verify_chunk_triton, gv.gdn_ring_advance_triton, gv.gdn_fold_triton),
              "torch reference": (gv.gdn_verify_ref, gv._ring_advance_ref, gv.gdn_fold_ref)}
     for name, (verify, advance, fold) in impls.items():
         ref = "reference" in name
-        # (fold_after, pending tokens whose loads are issued together)
-        for f, chunk in ([(0, None)] if smoke or ref else [(0, 1)] if "two-pass" in name else
-                         [(0, None), (8, None), (16, None)] if name == "chunk form" else
-                         [(0, 1), (16, 1)] if short else
-                         [(0, 1), (0, 4), (16, 1), (16, 4), (16, 8), (48, 4), (48, 8)]):
+        for f in ([0] if smoke or ref else [0, 16] if short else [0, 16, 48]):
             ring, work = empty(new_ring(f + 2 * T)), state.clone()
-            extra = {"fold_chunk": chunk} if chunk else {}
 
-            def step(verify=verify, advance=advance, ring=ring, work=work, f=f, extra=extra):
-                verify(q, k, v, a, b, work, idx, ring, f, raw_gates=raw, **extra)
+            def step(verify=verify, advance=advance, ring=ring, work=work, f=f):
+                verify(q, k, v, a, b, work, idx, ring, f, raw_gates=raw)
                 advance(ring[3], idx, n_acc, f, f + 2 * T)
             t = graph_us(step, device, iters=steps, reps=5)  # the graph replays `steps` steps: their pending cycle
             writes, reads = steady_steps(f, tau, T, steps)
             roof = (state_bytes + io_bytes + block_bytes + writes / steps * state_bytes +
                     ring_bytes(S, T, Hk, Hv, dk, dv, 1) * reads / steps)
-            record({"kernel": f"gdn step: verify + advance ({name})", "fold_after": f, "fold_chunk": chunk,
-                    "accepted_per_step": tau,
+            record({"kernel": f"gdn step: verify + advance ({name})", "fold_after": f, "accepted_per_step": tau,
                     "sequences": S, "block": T, **timing(t), "roofline_us": round(1e6 * roof / bw, 2),
                     "write_backs_per_step": round(writes / steps, 3)})
         # the replaced design: verify against a committed state, then commit the accepted tokens (= a fold)
@@ -195,33 +175,19 @@ def gdn_rows(shape, device, bw, record, smoke: bool, short: bool = False) -> Non
     # verify alone: every launch configuration, nothing pending, at one sequence (latency) and S (throughput)
     ring = empty(new_ring(2 * T))
     # wide value tiles too: a program's token steps are latency-bound, so fewer programs (fewer waves) may win
-    configs = [("steps", bv, w, u) for u in (False, True) for bv in (8, 16, 32) for w in (1, 2, 4)] + \
-              [("steps", bv, w, u) for u in (False, True) for bv, w in ((64, 4), (64, 8), (128, 8))] + \
-              [("chunk", bv, w, False) for bv, w in CHUNK_LAUNCHES]
+    configs = [(bv, w) for bv in (8, 16, 32) for w in (1, 2, 4)] + [(64, 4), (64, 8), (128, 8)]
     if short:  # the default, the launch it replaced and its neighbours
-        configs = [("steps", bv, w, False) for bv, w in ((32, 1), (16, 4), (16, 1), (32, 2), (64, 2))] + \
-                  [("chunk", bv, w, False) for bv, w in CHUNK_LAUNCHES]
-    # the token step's two reductions from one pass over the tile (kernels/gdn_recurrent.delta_rule_step_fused)
-    configs += [("steps, fused reductions", bv, w, False) for bv, w in ((32, 1), (16, 1), (32, 2), (64, 2))]
+        configs = [(32, 1), (16, 4), (16, 1), (32, 2), (64, 2)]
     if smoke:
-        configs = [("steps", 8, 1, False), ("steps", 16, 4, True), ("steps, fused reductions", 8, 1, False),
-                   ("chunk", (16, 16, "tf32x3"), 4, False)]
+        configs = [(8, 1), (16, 4)]
     for n in sorted({1, S}):
         want = gv.gdn_verify_triton(q[:n], k[:n], v[:n], a[:n], b[:n], state, idx[:n], ring, raw_gates=raw)
-        for form, bv, w, unroll in configs:
-            fn = gv.gdn_verify_chunk_triton if form == "chunk" else gv.gdn_verify_triton
-            extra = {"unroll": True} if unroll else {}
-            if form == "chunk":  # (value tile, key slice, products' precision)
-                bv, extra["block_k"], extra["precision"] = bv
-            else:
-                extra["fused_reductions"] = "fused" in form
-
-            def call(fn=fn, bv=bv, w=w, extra=extra, n=n):
-                return fn(q[:n], k[:n], v[:n], a[:n], b[:n], state, idx[:n], ring, raw_gates=raw, block_v=bv,
-                          num_warps=w, **extra)
+        for bv, w in configs:
+            def call(bv=bv, w=w, n=n):
+                return gv.gdn_verify_triton(q[:n], k[:n], v[:n], a[:n], b[:n], state, idx[:n], ring, raw_gates=raw,
+                                            block_v=bv, num_warps=w)
             got = call()
-            record({"kernel": f"gdn verify ({form}{', unrolled' if unroll else ''})", "block_v": bv, "num_warps": w,
-                    **{k: extra[k] for k in ("block_k", "precision") if k in extra},
+            record({"kernel": "gdn verify (steps)", "block_v": bv, "num_warps": w,
                     "sequences": n, "block": T, "pending": 0, **timing(graph_us(call, device)),
                     "roofline_us": round(verify_roof * n / S, 2), "max_diff_vs_default": max_diff(got, want)})
     # fixed against per-token cost: the default verify over the block's first t tokens, nothing pending, and the

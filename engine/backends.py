@@ -53,13 +53,18 @@ def load_backend(
 
 
 def check_options(name: str, options: dict) -> None:
-    """ValueError naming an option the native backend does not take (with the nearest one it does), or an engine
-    option's value no engine can take, so that the mistake fails where the job starts, not in every engine's actor.
-    Other backends are not checked."""
+    """ValueError naming an option the native backend does not take (with the nearest one it does, or what replaced
+    a removed one), or an engine option's value no engine can take, so that the mistake fails where the job starts,
+    not in every engine's actor. Other backends are not checked."""
     if name != "native":
         return
-    from engine.llm_engine import EngineOptions
+    from engine.options import REMOVED_OPTIONS
+
+    for key in options:
+        if key in REMOVED_OPTIONS:
+            raise ValueError(f"model.options.{key} was removed: {REMOVED_OPTIONS[key]}; delete the key")
     from engine.native_backend import NativeBackend
+    from engine.options import EngineOptions
 
     params = inspect.signature(NativeBackend.__init__).parameters
     known = {p for p, v in params.items() if v.kind == v.KEYWORD_ONLY or v.kind == v.POSITIONAL_OR_KEYWORD}
@@ -71,7 +76,7 @@ def check_options(name: str, options: dict) -> None:
             close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
             raise ValueError(f"model.options.{key} is not an option of the native backend"
                              + (f" (did you mean {close[0]}?)" if close else "")
-                             + " (engine.llm_engine.EngineOptions lists the engine's)")
+                             + " (engine.options.EngineOptions lists the engine's)")
     try:
         EngineOptions(**{k: v for k, v in options.items() if k in fields}).check()
     except ValueError as e:

@@ -4,19 +4,21 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 
+from engine import ops
 from engine.beam_search import BeamChoice, BeamGroup, BeamStepper
 from engine.block_manager import BlockManager
 from engine.checkpoint import expected_tensors, inspect_checkpoint, iter_checkpoint_tensors, load_weights
 from engine.config import ModelConfig, default_max_model_len
 from engine.interface import SamplingParams, seed_for_request
-from engine.model_runner import DecodePath, ModelRunner, resolve_dtype
+from engine.model_runner import ModelRunner, resolve_dtype
 from engine.models.dflash import DFlashDrafter
 from engine.models.qwen3_5 import Qwen3_5Model
+from engine.options import DEFAULT_TUNING, KV_DTYPES, STATE_DTYPES, DecodeTuning, EngineOptions, RunnerConfig
 from engine.processor import Processor
 from engine.request_checks import RequestRejected, check_prompt, check_sampling, image_inputs
 from engine.rope import mrope_positions
@@ -94,83 +96,14 @@ class RequestOutput:
         return (self.output_tokens - 1) / self.decode_s if self.decode_s > 0 else 0.0
 
 
-STATE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-KV_DTYPES = {"auto": None, "fp8": torch.float8_e4m3fn}
-
-
-@dataclass(frozen=True)
-class EngineOptions:
-    max_num_seqs: int = 64
-    max_model_len: int | None = None  # default engine.config.default_max_model_len
-    max_num_batched_tokens: int | None = None  # default 8192 on CUDA, 2048 on CPU
-    block_size: int = 32
-    num_blocks: int | None = None  # default: sized from the memory budget
-    kv_cache_memory_gb: float | None = None
-    gpu_memory_utilization: float = 0.9
-    enforce_eager: bool = False  # no CUDA graphs
-    compile: bool = True  # torch.compile the element-wise glue ops (CUDA only)
-    # Each decode-path switch below is on where it made decode steps faster; docs/decisions.md has the measurements.
-    fused_decode: bool = False  # every fused decode kernel (kernels/fused_*.py); the fused GDN one is the slower
-    fused_attention_decode: bool = True  # q/k norm + rotary + KV store in one launch
-    decode_gemv: bool = True  # projections of <= 16 rows through kernels/small_m_linear instead of cuBLAS
-    decode_pdl: bool = True  # programmatic dependent launch (sm_90+): each kernel starts as the one before finishes
-    swiglu_epilogue: bool = True  # the gate_up GEMV applies SwiGLU to its own output: no SwiGLU kernel, no [M, 2I]
-    text_only: bool = False
-    # the GDN recurrent state pool (50 MB a sequence at the 4B shape in fp32, read and written by every decode step);
-    # "bfloat16" halves that traffic and memory, the state stepped in fp32 and rounded once a step
-    gdn_state_dtype: str = "float32"
-    # the attention KV cache: "auto" (the model's dtype) or "fp8" (E4M3 rows, a scale per token and kv head: half
-    # the KV bytes a decode step reads and the cache's memory)
-    kv_cache_dtype: str = "auto"
-    # speculative decoding: a DFlash drafter folder (engine/models/dflash.py; None or "none": off), the verify
-    # block length (None: the drafter's block_size), and the largest decode batch that speculates (None: any); a
-    # larger one decodes plainly, one step ahead of the device (a verify pass multiplies the batch's rows by the
-    # block, which stops paying once the GEMMs are compute-bound)
-    drafter: str | None = None
-    spec_block_size: int | None = None
-    spec_max_batch: int | None = None
-    # accepted tokens whose GDN updates stay pending (engine/gdn_ring) before a verify writes the state back; 0:
-    # written back at every verify that has any
-    spec_fold_after: int = 0
-    # the speculative GDN verify as matrix products (kernels/gdn_verify, chunk form: tensor cores) instead of token by
-    # token as plain decode steps; equal to fp32 rounding, so greedy answers may differ from plain decoding's at
-    # near-ties where token by token gives the same bits
-    spec_chunk_verify: bool = False
-    # new prompts start only when this many can start together (or all that wait) while others decode: fewer, larger
-    # prefill steps where each step's host cost is fixed (eager drafter collection); 1: as soon as a seat is free
-    prefill_min_seqs: int = 1
-
-    def check(self) -> None:
-        """ValueError naming an option whose value no engine can take: the engine checks before it loads anything,
-        the job (engine/backends.check_options) before Ray starts."""
-        # (option, least value, whether None is allowed, what it means)
-        for name, least, optional, meaning in (
-                ("spec_block_size", 2, True, "a verify block needs >= 2 tokens (None: the drafter's)"),
-                ("spec_max_batch", 1, True, "None: every batch speculates"),
-                ("spec_fold_after", 0, False, "0: the state is written back at every verify that has pending updates"),
-                ("prefill_min_seqs", 1, False, "1: a prompt starts as soon as a seat is free")):
-            value = getattr(self, name)
-            if value is None and optional:
-                continue
-            if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                raise ValueError(f"{name}={value!r}: give an integer >= {least} ({meaning})")
-        if self.gdn_state_dtype not in STATE_DTYPES:
-            raise ValueError(f"gdn_state_dtype={self.gdn_state_dtype!r}: give one of {', '.join(STATE_DTYPES)}")
-        if self.kv_cache_dtype not in KV_DTYPES:
-            raise ValueError(f"kv_cache_dtype={self.kv_cache_dtype!r}: give one of {', '.join(KV_DTYPES)}")
-
-    def decode_path(self) -> DecodePath:
-        return DecodePath(fused_decode=self.fused_decode, fused_attention_decode=self.fused_attention_decode,
-                          gemv=self.decode_gemv, pdl=self.decode_pdl, swiglu_epilogue=self.swiglu_epilogue)
-
-
-
 class Engine:
     def __init__(self, cfg: ModelConfig, weights: Iterable[tuple[str, torch.Tensor]], device="cpu", dtype="auto",
                  processor: Processor | None = None, stop_token_ids: Iterable[int] = (), model_id: str = "",
-                 options: EngineOptions | None = None, expected: dict | None = None):
+                 options: EngineOptions | None = None, expected: dict | None = None,
+                 tuning: DecodeTuning = DEFAULT_TUNING):
         opts = options or EngineOptions()
         opts.check()
+        tuning.check()
         self.cfg, self.options, self.model_id, self.processor = cfg, opts, model_id, processor
         self._image_processor = processor.image_processor if processor is not None else None
         self.device = torch.device(device)
@@ -187,31 +120,29 @@ class Engine:
         self.model = Qwen3_5Model(cfg, self.dtype, self.device, text_only=self.text_only)
         load_weights(self.model, cfg, weights, expected=expected)
         drafter, block = None, None
-        if opts.drafter not in (None, "", "none"):
+        if opts.speculates:
             drafter = DFlashDrafter.from_pretrained(opts.drafter, cfg.text, self.dtype, self.device)
             block = opts.spec_block_size or drafter.cfg.block_size
             if block < 2:
                 raise ValueError(f"the drafter's block_size={block}: a verify block needs >= 2 tokens (or no drafter)")
-        self.runner = ModelRunner(self.model, cfg, self.device, self.dtype, max_num_seqs=opts.max_num_seqs,
-                                  max_model_len=self.max_model_len, max_num_batched_tokens=mnbt,
-                                  block_size=opts.block_size, num_blocks=opts.num_blocks,
-                                  kv_cache_memory_gb=opts.kv_cache_memory_gb,
-                                  gpu_memory_utilization=opts.gpu_memory_utilization,
-                                  use_cuda_graphs=not opts.enforce_eager, compile_glue=opts.compile,
-                                  decode=opts.decode_path(), drafter=drafter,
-                                  spec_ring=(block, opts.spec_fold_after) if drafter is not None else None,
-                                  state_dtype=STATE_DTYPES[opts.gdn_state_dtype],
-                                  kv_dtype=KV_DTYPES[opts.kv_cache_dtype])
+        pdl = tuning.pdl and ops.pdl_supported(self.device)
+        self.runner = ModelRunner(self.model, cfg, RunnerConfig(
+            device=self.device, dtype=self.dtype, max_num_seqs=opts.max_num_seqs, max_model_len=self.max_model_len,
+            max_num_batched_tokens=mnbt, block_size=opts.block_size, num_blocks=opts.num_blocks,
+            kv_cache_memory_gb=opts.kv_cache_memory_gb, gpu_memory_utilization=opts.gpu_memory_utilization,
+            cuda_graphs=not opts.enforce_eager, compile_glue=opts.compile,
+            state_dtype=STATE_DTYPES[opts.gdn_state_dtype], kv_dtype=KV_DTYPES[opts.kv_cache_dtype] or self.dtype,
+            spec_block=block, tuning=replace(tuning, pdl=pdl)), drafter)
         self.block_manager = BlockManager(self.runner.cache.num_blocks, opts.block_size)
         self.spec = None
         if drafter is not None:
             most = min(opts.max_num_seqs, opts.spec_max_batch or opts.max_num_seqs)  # sequences a spec step holds
-            self.spec = SpecDecoder(self.runner, drafter, block, most, chunk_verify=opts.spec_chunk_verify)
+            self.spec = SpecDecoder(self.runner, drafter, block, most)
             if not opts.enforce_eager:  # greedy steps from static buffers, as CUDA graphs where there is CUDA
                 self.spec.graphs = SpecGraphs(self.spec, most, self.runner.cache.max_blocks_per_seq,
                                               self.runner.scratch_slot, capture=True)
         self.scheduler = Scheduler(self.block_manager, StatePool(opts.max_num_seqs), opts.max_num_seqs, mnbt,
-                                   decode_len=self._decode_len, min_admit=opts.prefill_min_seqs)
+                                   decode_len=self._decode_len, min_admit=tuning.prefill_min_seqs)
         self.beams = BeamStepper(self.scheduler, self.runner, self.block_manager.block_size, self.device)
         self.sampler = Sampler()
         stops = set(stop_token_ids) | set(cfg.text.eos_token_ids)
@@ -226,12 +157,13 @@ class Engine:
 
     @classmethod
     def from_checkpoint(cls, checkpoint_dir: str | Path, device="cpu", dtype="auto", chat_template_kwargs=None,
-                        **options) -> Engine:
+                        tuning: DecodeTuning = DEFAULT_TUNING, **options) -> Engine:
         opts = EngineOptions(**options)
         info = inspect_checkpoint(checkpoint_dir, text_only=opts.text_only)
         processor = Processor(checkpoint_dir, info.config, chat_template_kwargs)
         return cls(info.config, iter_checkpoint_tensors(info), device, dtype, processor=processor,
-                   model_id=info.model_id, options=opts, expected=expected_tensors(info.config, info.text_only))
+                   model_id=info.model_id, options=opts, expected=expected_tensors(info.config, info.text_only),
+                   tuning=tuning)
 
     # ------------------------------------------------------------------ requests
     def add_request(self, request_id: str, *, prompt: str | None = None, image=None,

@@ -18,6 +18,7 @@ from engine.gdn_ring import GdnRing
 from engine.models.glue import Glue
 from engine.models.layers import DecodeProjections
 from engine.models.qwen3_5 import Qwen3_5Model
+from engine.options import RunnerConfig
 from engine.step_metadata import DecodeInputs, PrefillChunk, build_prefill_metadata, to_device
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -39,16 +40,6 @@ def graph_batch_sizes(max_batch: int) -> list[int]:
     return [s for s in sizes if s < max_batch] + [max_batch]
 
 
-@dataclass(frozen=True)
-class DecodePath:
-    """Which kernels decode steps run: EngineOptions.decode_path(), where the defaults are and why."""
-    fused_decode: bool  # every layer kind through kernels/fused_*.py
-    fused_attention_decode: bool  # the attention layers only
-    gemv: bool  # projections of <= 16 rows through kernels/small_m_linear (DecodeProjections)
-    pdl: bool  # where the GPU has it (sm_90+)
-    swiglu_epilogue: bool
-
-
 @dataclass
 class CacheConfig:
     block_size: int
@@ -62,46 +53,43 @@ class CacheConfig:
 
 
 class ModelRunner:
-    def __init__(self, model: Qwen3_5Model, cfg: ModelConfig, device: torch.device, dtype: torch.dtype,
-                 max_num_seqs: int, max_model_len: int, max_num_batched_tokens: int, block_size: int = 16,
-                 num_blocks: int | None = None, kv_cache_memory_gb: float | None = None,
-                 gpu_memory_utilization: float = 0.9, use_cuda_graphs: bool = True, compile_glue: bool = True,
-                 *, decode: DecodePath, drafter=None, spec_ring: tuple[int, int] | None = None,
-                 state_dtype: torch.dtype = torch.float32, kv_dtype: torch.dtype | None = None):
-        self.model, self.cfg, self.device, self.dtype = model, cfg, device, dtype
+    def __init__(self, model: Qwen3_5Model, cfg: ModelConfig, config: RunnerConfig, drafter=None):
+        """config: the engine's options resolved for the device (engine/options.py); drafter: a speculative
+        DFlashDrafter (engine/models/dflash.py), whose context KV shares the target's block tables and is written by
+        every target forward from the tapped hidden states."""
+        self.model, self.cfg, self.config, self.drafter = model, cfg, config, drafter
+        self.device, self.dtype = config.device, config.dtype
         # the attention KV cache's dtype: the model's, or FP8 E4M3 rows with a scale each (kernels/paged_attention)
-        self.kv_dtype = kv_dtype or dtype
-        # a speculative drafter (engine/models/dflash.DFlashDrafter): its context KV shares the target's block tables
-        # and is written by every target forward from the tapped hidden states
-        self.drafter = drafter
-        model.language_model.set_fused_decode(decode.fused_decode)
-        if decode.fused_attention_decode:
-            model.language_model.set_fused_decode(True, kinds=("full_attention",))
-        pdl = decode.pdl and ops.pdl_supported(device)
-        if decode.gemv:
-            model.set_projections(DecodeProjections.for_model(self._projection_weights(), pdl, decode.swiglu_epilogue))
-        model.language_model.set_pdl(pdl)
-        if compile_glue and device.type == "cuda":
+        self.kv_dtype = config.kv_dtype
+        tuning, device = config.tuning, config.device
+        model.language_model.set_fused_attention_decode(tuning.fused_attention_decode)
+        if tuning.gemv:
+            model.set_projections(DecodeProjections.for_model(self._projection_weights(), tuning.pdl,
+                                                              tuning.swiglu_epilogue))
+        model.language_model.set_pdl(tuning.pdl)
+        if config.compile_glue and device.type == "cuda":
             model.language_model.set_glue(self._compiled_glue())
             if drafter is not None:
                 drafter.glue = self._compiled_draft_glue()
         t = cfg.text
         self.attn_layers = [model.language_model.layers[i].self_attn for i in t.full_attention_layers]
         self.gdn_layers = [model.language_model.layers[i].linear_attn for i in t.linear_attention_layers]
-        self.block_size = block_size
-        self.max_num_batched_tokens = max_num_batched_tokens
+        self.block_size = config.block_size
+        self.max_num_batched_tokens = config.max_num_batched_tokens
+        max_num_seqs = config.max_num_seqs
         # with a drafter, one state slot past max_num_seqs: the padding rows of captured speculative steps write
         # there (engine/spec_graphs)
         self.scratch_slot = max_num_seqs if drafter is not None else None
         slots = max_num_seqs + (drafter is not None)
-        self._alloc_states(slots, state_dtype)
-        # speculative steps' pending GDN updates, (block size, fold_after) -> engine/gdn_ring.GdnRing; allocated
-        # before the KV cache takes what memory is left
-        self.gdn_ring = GdnRing(self, *spec_ring) if spec_ring is not None else None
+        self._alloc_states(slots, config.state_dtype)
+        # speculative steps' pending GDN updates (engine/gdn_ring.GdnRing); allocated before the KV cache takes what
+        # memory is left
+        self.gdn_ring = GdnRing(self, config.spec_block, tuning.spec_fold_after) if drafter is not None else None
+        num_blocks = config.num_blocks
         if num_blocks is None:
-            num_blocks = self._blocks_from_budget(max_num_seqs, max_model_len, kv_cache_memory_gb,
-                                                  gpu_memory_utilization)
-        self.cache = CacheConfig(block_size, num_blocks, max_num_seqs, max_model_len)
+            num_blocks = self._blocks_from_budget(max_num_seqs, config.max_model_len, config.kv_cache_memory_gb,
+                                                  config.gpu_memory_utilization)
+        self.cache = CacheConfig(self.block_size, num_blocks, max_num_seqs, config.max_model_len)
         self._alloc_kv(num_blocks)
         self.decode_inputs = DecodeInputs(max_num_seqs, self.cache.max_blocks_per_seq, device)
         # The last sampled token of every state slot: decode steps read their input ids from here on the device,
@@ -110,7 +98,7 @@ class ModelRunner:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.graph_logits: dict[int, torch.Tensor] = {}
         self.decode_sizes: list[int] = []  # decode batches are padded up to one of these (the captured sizes)
-        if use_cuda_graphs and device.type == "cuda":
+        if config.cuda_graphs and device.type == "cuda":
             try:
                 self.capture_decode_graphs()
             except Exception as e:  # noqa: BLE001  (run eagerly rather than not at all; say so loudly)

@@ -5,7 +5,6 @@ from kernels.conv1d_update import causal_conv1d_update
 from kernels.copy_rows import copy_rows
 from kernels.fp8_quant import quant_fp8_per_token, rmsnorm_quant_fp8, silu_mul_quant_fp8
 from kernels.fused_attn_decode import fused_attn_decode_inputs
-from kernels.fused_gdn_decode import fused_gdn_decode
 from kernels.gated_rmsnorm import gated_rmsnorm
 from kernels.gdn_recurrent import gates_from_raw, gdn_recurrent, l2norm_ref
 from kernels.gdn_verify import causal_conv1d_verify, conv_state_commit, gdn_fold, gdn_ring_advance, gdn_verify
@@ -22,7 +21,7 @@ from kernels.small_m_linear import SplitKWorkspace, default_launch, linear_silu_
 # The ops (callables); the row bounds MAX_M, FP8_GEMV_MAX_M and NVFP4_GEMV_MAX_M are numbers, imported by name.
 __all__ = ["SplitKWorkspace", "causal_conv1d_update", "causal_conv1d_verify", "conv_state_commit", "copy_rows",
            "default_launch", "dequant_fp8_ref", "dequantize_kv_ref", "dequant_nvfp4_ref", "fp8_linear", "fp8_matmul",
-           "fused_attn_decode_inputs", "fused_gdn_decode", "gated_rmsnorm", "gates_from_raw", "gdn_fold",
-           "gdn_recurrent", "gdn_ring_advance", "gdn_verify", "l2norm_ref", "linear_silu_mul", "nvfp4_linear",
-           "nvfp4_matmul", "paged_decode_attention", "pdl_supported", "quant_fp8_per_token", "rmsnorm", "rmsnorm_quant_fp8", "silu_mul",
+           "fused_attn_decode_inputs", "gated_rmsnorm", "gates_from_raw", "gdn_fold", "gdn_recurrent",
+           "gdn_ring_advance", "gdn_verify", "l2norm_ref", "linear_silu_mul", "nvfp4_linear", "nvfp4_matmul",
+           "paged_decode_attention", "pdl_supported", "quant_fp8_per_token", "rmsnorm", "rmsnorm_quant_fp8", "silu_mul",
            "silu_mul_quant_fp8", "small_m_linear", "split_ranges", "store_kvcache", "use_triton"]

@@ -115,7 +115,7 @@ class SpecFlight:
 
 
 class SpecDecoder:
-    def __init__(self, runner, drafter: DFlashDrafter, block_size: int, max_num_seqs: int, chunk_verify: bool = False):
+    def __init__(self, runner, drafter: DFlashDrafter, block_size: int, max_num_seqs: int):
         self.runner, self.drafter, self.T = runner, drafter, block_size
         self.graphs = None  # engine/spec_graphs.SpecGraphs (the engine sets it unless enforce_eager)
         self.mask_token_id = drafter.cfg.mask_token_id
@@ -128,7 +128,6 @@ class SpecDecoder:
                                   dtype=runner.dtype, device=runner.device)
         for i, layer in enumerate(runner.gdn_layers):
             layer.kept_x, layer.ring, layer.fold_after = self.kept_x[i], self.ring.layer(i), self.ring.fold_after
-            layer.verify_chunk = chunk_verify
 
     def block_len(self, seq: Sequence) -> int:
         """Tokens of the block this sequence verifies next step (1 = no drafts)."""

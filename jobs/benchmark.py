@@ -9,9 +9,9 @@ move (weights + KV read + GDN state read/write) over the device-to-device copy b
 
     python jobs/benchmark.py --device cuda --out $OUT/bench            # real Qwen3.5-4B shape, bf16 (H200)
     python jobs/benchmark.py --device cpu --tiny --out /tmp/bench      # tiny shapes on CPU (exercises the code)
-    --variants native,native_cublas,...: the native engine once per variant (VARIANTS: EngineOptions overrides), so
-    each change is timed against its baseline in the same run; the greedy tokens / logits of every other variant are
-    compared with the first on a few requests ("output_checks" in meta). --fused-decode adds "native_fused".
+    --variants native,native_cublas,...: the native engine once per variant (VARIANTS: EngineOptions / DecodeTuning
+    overrides), so each change is timed against its baseline in the same run; the greedy tokens / logits of every
+    other variant are compared with the first on a few requests ("output_checks" in meta).
 
 Writes <out>/benchmark.json and <out>/benchmark.png.
 """
@@ -36,22 +36,31 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.config import parse_config  # noqa: E402
 from engine.interface import SamplingParams  # noqa: E402
-from engine.llm_engine import Engine, EngineOptions  # noqa: E402
+from engine.llm_engine import Engine  # noqa: E402
 from engine.model_runner import resolve_dtype  # noqa: E402
 from engine.models.gdn_prefill import fla_available  # noqa: E402
+from engine.options import DecodeTuning, EngineOptions  # noqa: E402
 
-# native engine variants (EngineOptions overrides): the default, and the paths it replaced
+# native engine variants (EngineOptions overrides; "tuning": DecodeTuning overrides): the default, the paths it
+# replaced, and the lower-precision caches
 VARIANTS = {
-    "native": {},  # decode projections on kernels/small_m_linear (EngineOptions defaults)
-    "native_cublas": dict(decode_gemv=False),  # ... on cuBLAS
-    "native_no_pdl": dict(decode_pdl=False),  # ... without programmatic dependent launch
-    "native_swiglu_unfused": dict(swiglu_epilogue=False),  # ... SwiGLU as its own kernel after the gate_up GEMV
-    "native_fused": dict(fused_decode=True),  # the fused GDN decode kernel too
-    "native_unfused_attn": dict(fused_attention_decode=False),  # attention inputs by the compiled glue + KV store
+    "native": {},  # EngineOptions and DecodeTuning defaults: decode projections on kernels/small_m_linear
+    "native_cublas": dict(tuning=dict(gemv=False)),  # ... on cuBLAS
+    "native_no_pdl": dict(tuning=dict(pdl=False)),  # ... without programmatic dependent launch
+    "native_swiglu_unfused": dict(tuning=dict(swiglu_epilogue=False)),  # ... SwiGLU as its own kernel after gate_up
+    "native_unfused_attn": dict(tuning=dict(fused_attention_decode=False)),  # attention inputs by the glue + KV store
     "native_bf16_state": dict(gdn_state_dtype="bfloat16"),  # the GDN state pool in bf16 (half its traffic)
     "native_fp8_kv": dict(kv_cache_dtype="fp8"),  # attention K/V as E4M3 rows with a scale each
     "native_bf16_state_fp8_kv": dict(gdn_state_dtype="bfloat16", kv_cache_dtype="fp8"),
 }
+
+
+def variant_args(name: str, **options) -> dict:
+    """Engine keyword arguments of a variant: options=EngineOptions(options + its overrides), tuning=DecodeTuning(its
+    tuning overrides: the decode path's internal switches, which benchmarks may set and users do not)."""
+    v = dict(VARIANTS[name])
+    tuning = DecodeTuning(**v.pop("tuning", {}))
+    return dict(options=EngineOptions(**options, **v), tuning=tuning)
 
 
 def variant_short_names() -> dict[str, str]:
@@ -360,7 +369,6 @@ def main(argv=None):
     ap.add_argument("--no-compile", action="store_true", help="native engine without torch.compile'd glue ops")
     ap.add_argument("--variants", default="native",
                     help=f"native engine variants, the first is the reference of the output checks: {', '.join(VARIANTS)}")
-    ap.add_argument("--fused-decode", action="store_true", help="add the variant native_fused")
     ap.add_argument("--check-tokens", type=int, default=32,
                     help="greedy tokens of the output checks between variants (4 text prompts)")
     args = ap.parse_args(argv)
@@ -401,7 +409,7 @@ def main(argv=None):
         print(json.dumps({k: v for k, v in r.items() if k != "roofline_bytes"}), flush=True)
         (out / "benchmark.json").write_text(json.dumps(dict(meta=meta, results=results), indent=2))
 
-    variants = args.variants.split(",") + (["native_fused"] if args.fused_decode else [])
+    variants = args.variants.split(",")
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         raise SystemExit(f"unknown --variants {unknown}; choose from {list(VARIANTS)}")
@@ -413,8 +421,7 @@ def main(argv=None):
     checks = {}
     for name in variants:
         if engine is None:
-            engine = Engine(cfg, hf.state_dict().items(), device=device, dtype=dtype,
-                            options=EngineOptions(**opts, **VARIANTS[name]))
+            engine = Engine(cfg, hf.state_dict().items(), device=device, dtype=dtype, **variant_args(name, **opts))
         if len(variants) > 1:
             checks[name] = engine.generate([dict(r) for r in check_reqs])
         for kind in scenarios:  # warm-up: compiles kernels and autotunes for this scenario's shapes

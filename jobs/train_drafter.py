@@ -45,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine.interface import DEFAULT_PROMPT, SamplingParams  # noqa: E402
 from engine.llm_engine import Engine  # noqa: E402
 from engine.models.dflash import DFlashConfig, DFlashDrafter, build_target_layer_ids  # noqa: E402
+from engine.options import DecodeTuning  # noqa: E402
 from engine.taps import prefill_taps  # noqa: E402
 
 
@@ -500,7 +501,7 @@ def train(cfg: TrainDrafterConfig, echo=print, collected: list[Example] | None =
         # eagerly, each with a fixed host cost (most of them started only a few pages)
         target = Engine.from_checkpoint(cfg.checkpoint, device=cfg.device, dtype=cfg.dtype,
                                         max_num_seqs=cfg.collect_batch, kv_cache_memory_gb=cfg.kv_cache_memory_gb,
-                                        prefill_min_seqs=max(1, cfg.collect_batch // 8))
+                                        tuning=DecodeTuning(prefill_min_seqs=max(1, cfg.collect_batch // 8)))
         t = target.cfg.text
         layer_ids = build_target_layer_ids(t.num_hidden_layers, cfg.num_taps)
         mask = cfg.mask_token_id

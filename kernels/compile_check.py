@@ -182,7 +182,7 @@ def decode_cases(batch_sizes=(1, 64)):
             cases.append((f"linear_silu_mul M={B} split", small_m_linear,  # ... with the in-kernel split-K reduction
                           lambda B=B: small_m_linear.linear_silu_mul_triton(
                               torch.empty(B, hidden, dtype=bf16), torch.empty(512, hidden, dtype=bf16))))
-            # programmatic dependent launch (EngineOptions.decode_pdl) for every kernel of the decode step
+            # programmatic dependent launch (engine/options.DecodeTuning.pdl) for every kernel of the decode step
             pdl = dict(pdl=True)
             cases += [
                 (f"rmsnorm+residual N={B} pdl", rmsnorm, lambda B=B: rmsnorm.rmsnorm_triton(
@@ -232,9 +232,9 @@ def block_attention_cases(paged_attention, configs=((None, None), (64, 8))):
 
 
 def verify_cases(gdn_verify):
-    """Speculative decoding's GDN verify (token by token and chunk form) with its ring of pending updates, the
-    ring's advance and fold, and conv verify / commit (kernels/gdn_verify.py) at the 4B shape: 32 sequences x a
-    block of 16, a ring of 2 blocks, raw gates as the engine passes them."""
+    """Speculative decoding's GDN verify with its ring of pending updates, the ring's advance and fold, and conv
+    verify / commit (kernels/gdn_verify.py) at the 4B shape: 32 sequences x a block of 16, a ring of 2 blocks, raw
+    gates as the engine passes them."""
     bf16, f32, i32 = torch.bfloat16, torch.float32, torch.int32
     B, T, Hk, Hv, dk, dv, P = 32, 16, 16, 32, 128, 128, 32
     C, K = 2 * Hk * dk + Hv * dv, 4  # the conv's channels: q, k and v
@@ -253,10 +253,6 @@ def verify_cases(gdn_verify):
 
     return [(f"gdn_verify B={B} T={T} raw gates", gdn_verify,
              lambda: gdn_verify.gdn_verify_triton(*verify_args(), raw_gates=raw)),
-            (f"gdn_verify B={B} T={T} raw gates, two-pass step", gdn_verify,
-             lambda: gdn_verify.gdn_verify_triton(*verify_args(), raw_gates=raw, fused_reductions=False)),
-            (f"gdn_verify_chunk B={B} T={T} raw gates", gdn_verify,
-             lambda: gdn_verify.gdn_verify_chunk_triton(*verify_args(), raw_gates=raw)),
             (f"gdn_fold B={B} P={P}", gdn_verify,
              lambda: gdn_verify.gdn_fold_triton(torch.empty(1, Hv, dk, dv, dtype=f32), idx, ring())),
             (f"gdn ring advance B={B}", gdn_verify,

@@ -23,10 +23,9 @@ L2NORM_EPS = 1e-6
 STATE_DTYPES = (torch.float32, torch.bfloat16)
 # Launch defaults from the graph-timed sweep at the 4B shape (docs/decisions.md): one warp per (sequence, value head,
 # 32-wide dv tile) keeps each token's reductions over dk inside a warp, and the fused step takes both from one pass
-# over the tile. The verify and fold kernels (kernels/gdn_verify.py) and the fused decode kernel step the same way:
-# plain and speculative decoding must round alike.
+# over the tile. The verify and fold kernels (kernels/gdn_verify.py) step the same way: plain and speculative decoding
+# must round alike.
 DECODE_BLOCK_V, DECODE_WARPS = 32, 1
-FUSED_REDUCTIONS = True
 
 
 def _validate(q, k, v, g, beta, state, state_idx):
@@ -89,60 +88,33 @@ def gdn_recurrent_ref(q, k, v, g, beta, state, state_idx, scale=None, out=None, 
 
 
 @triton.jit
-def delta_rule_step(S, k, v, g, beta):
-    """One token of the gated delta rule on a [BK, BV] fp32 state tile (k normalised, g the log decay): the decay,
-    the correction u = beta (v - S^T k) and the rank-1 update S + k u^T. Returns (S, u); shared by every kernel that
-    steps the state (decode, fused decode, speculative verify)."""
-    S = S * tl.exp(g)
-    u = beta * (v - tl.sum(S * k[:, None], axis=0))
-    return S + k[:, None] * u[None, :], u
-
-
-@triton.jit
-def decay_and_update(S, g, k, u, FUSED: tl.constexpr):
-    """S exp(g) + k u^T on a [BK, BV] tile: one expression in the fused form (as delta_rule_step_fused writes it),
-    else the decay, then the update (as delta_rule_step). The ring fold replays accepted tokens with it, so that a
-    folded state has the bits plain decoding would have given it."""
-    if FUSED:
-        S = S * tl.exp(g) + k[:, None] * u[None, :]
-    else:
-        S = S * tl.exp(g)
-        S = S + k[:, None] * u[None, :]
-    return S
+def decay_and_update(S, g, k, u):
+    """S exp(g) + k u^T on a [BK, BV] tile, in one expression as delta_rule_step_fused writes it. The ring fold
+    replays accepted tokens with it, so that a folded state has the bits plain decoding would have given it."""
+    return S * tl.exp(g) + k[:, None] * u[None, :]
 
 
 @triton.jit
 def delta_rule_step_fused(S, k, q, v, g, beta):
-    """delta_rule_step and the output from one pass over the tile before the step: S^T k and S^T q are independent
-    reductions (instead of a decay pass, then one reduction, the update, then the other), u = beta (v - e S^T k),
-    o = e S^T q + u (k . q), and the decay and rank-1 update in one pass (e = exp(g)). Equal to the two-pass
-    form to fp32 rounding, not bit for bit. Returns (S, u, o)."""
+    """One token of the gated delta rule on a [BK, BV] fp32 state tile (k normalised, g the log decay) and its
+    output S'^T q, from one pass over the tile before the step: S^T k and S^T q are independent reductions (instead
+    of a decay pass, then one reduction, the update, then the other: three passes over the tile instead of four),
+    u = beta (v - e S^T k), o = e S^T q + u (k . q), and the decay and rank-1 update in one pass (e = exp(g)).
+    Returns (S, u, o); every kernel that steps the state calls it, so that all step alike."""
     e = tl.exp(g)
     a = tl.sum(S * k[:, None], axis=0)
     b = tl.sum(S * q[:, None], axis=0)
     u = beta * (v - e * a)
     o = e * b + u * tl.sum(k * q, axis=0)
-    return decay_and_update(S, g, k, u, True), u, o
-
-
-@triton.jit
-def step_and_output(S, k, q, v, g, beta, FUSED: tl.constexpr):
-    """One token's step on a [BK, BV] tile and its output S'^T q: delta_rule_step_fused (FUSED) or delta_rule_step,
-    then the output. Returns (S, u, o); every kernel that steps the state calls it, so that all step alike."""
-    if FUSED:
-        S, u, o = delta_rule_step_fused(S, k, q, v, g, beta)
-    else:
-        S, u = delta_rule_step(S, k, v, g, beta)
-        o = tl.sum(S * q[:, None], axis=0)
-    return S, u, o
+    return decay_and_update(S, g, k, u), u, o
 
 
 @triton.jit
 def token_update(S, q_at, k_at, v_at, g_at, beta_at, offs_k, offs_v, mask_k, mask_v, live, scale, neg_decay_rate,
-                 dt_bias, RAW_GATES: tl.constexpr, FUSED: tl.constexpr):
+                 dt_bias, RAW_GATES: tl.constexpr):
     """One token on a [BK, BV] fp32 state tile from pointers to its q, k (key head), v, g, beta (value head) rows:
     the gates (from the raw projections when RAW_GATES), q and k l2-normalised (q scaled), the delta rule step and
-    the output (FUSED: delta_rule_step_fused). Returns (S, u, o (0 on a padding row), normalised k, g); shared by
+    the output (delta_rule_step_fused). Returns (S, u, o (0 on a padding row), normalised k, g); shared by
     the decode and verify kernels, which must step alike for speculation to stay lossless."""
     q = tl.load(q_at + offs_k, mask=mask_k, other=0.0).to(tl.float32)
     k = tl.load(k_at + offs_k, mask=mask_k, other=0.0).to(tl.float32)
@@ -154,7 +126,7 @@ def token_update(S, q_at, k_at, v_at, g_at, beta_at, offs_k, offs_v, mask_k, mas
     beta = beta.to(tl.float32)
     q = q * (tl.rsqrt(tl.sum(q * q, axis=0) + 1e-6) * scale)
     k = k * tl.rsqrt(tl.sum(k * k, axis=0) + 1e-6)
-    S, u, o = step_and_output(S, k, q, v, g, beta, FUSED)
+    S, u, o = delta_rule_step_fused(S, k, q, v, g, beta)
     return S, u, tl.where(live, o, 0.0), k, g
 
 
@@ -186,7 +158,7 @@ def _gdn_recurrent_kernel(
     sg_b, sg_t, sg_h, sbeta_b, sbeta_t, sbeta_h, so_b, so_t, so_h,
     ss_n, ss_h, ss_k,
     GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    RAW_GATES: tl.constexpr, PDL: tl.constexpr, FUSED: tl.constexpr,
+    RAW_GATES: tl.constexpr, PDL: tl.constexpr,
 ):
     # One program = (sequence, value head, dv tile); the [dk, BV] state tile stays in registers across the T steps.
     pdl_enter(PDL)
@@ -211,7 +183,7 @@ def _gdn_recurrent_kernel(
             S, q_ptr + b64 * sq_b + t * sq_t + hk * sq_h, k_ptr + b64 * sk_b + t * sk_t + hk * sk_h,
             v_ptr + b64 * sv_b + t * sv_t + hv * sv_h, g_ptr + b64 * sg_b + t * sg_t + hv * sg_h,
             beta_ptr + b64 * sbeta_b + t * sbeta_t + hv * sbeta_h, offs_k, offs_v, mask_k, mask_v, live, scale,
-            neg_decay_rate, dt_bias, RAW_GATES, FUSED)
+            neg_decay_rate, dt_bias, RAW_GATES)
         tl.store(o_ptr + b64 * so_b + t * so_t + hv * so_h + offs_v, cast_rtne(o, o_ptr.dtype.element_ty), mask=mask_v)
     # the tile's pointers formed again rather than kept from the load: at one warp a [128, 32] tile of 64-bit
     # pointers held across the steps spills
@@ -220,8 +192,7 @@ def _gdn_recurrent_kernel(
 
 
 def gdn_recurrent_triton(q, k, v, g, beta, state, state_idx, scale=None, out=None, raw_gates=None, block_v=None,
-                         num_warps=None, pdl=False, fused_reductions=FUSED_REDUCTIONS):
-    """fused_reductions: each token stepped by delta_rule_step_fused (else delta_rule_step, then the output)."""
+                         num_warps=None, pdl=False):
     _validate(q, k, v, g, beta, state, state_idx)
     pdl_args = pdl_launch(pdl)
     if raw_gates is not None:
@@ -244,7 +215,7 @@ def gdn_recurrent_triton(q, k, v, g, beta, state, state_idx, scale=None, out=Non
         *g.stride(), *beta.stride(), *o.stride()[:3],
         *state.stride()[:3],
         GROUP=Hv // Hk, DK=dk, DV=dv, BK=BK, BV=BV, RAW_GATES=raw_gates is not None,
-        FUSED=fused_reductions, **pdl_args, num_warps=num_warps or DECODE_WARPS,
+        **pdl_args, num_warps=num_warps or DECODE_WARPS,
     )
     return o
 
@@ -252,7 +223,7 @@ def gdn_recurrent_triton(q, k, v, g, beta, state, state_idx, scale=None, out=Non
 def gdn_recurrent(q, k, v, g, beta, state, state_idx, scale=None, out=None, raw_gates=None, **launch):
     """o [B, T, Hv, dv] (v.dtype, written to `out` if given); updates `state` rows `state_idx` in place.
     raw_gates=(A_log, dt_bias): g, beta are the raw a, b projections (module docstring).
-    `launch`: block_v, num_warps, pdl, fused_reductions (Triton only)."""
+    `launch`: block_v, num_warps, pdl (Triton only)."""
     if use_triton(q):
         return gdn_recurrent_triton(q, k, v, g, beta, state, state_idx, scale, out, raw_gates,
                                     **launch)

@@ -17,11 +17,6 @@ then h += n_b: the accepted tokens become pending, the rejected ones are forgott
 gdn_fold: state[s] <- S with every pending token folded in, h <- 0; run before anything else reads the state
 (plain decode, prefill; a copy of a slot with nothing pending carries its ring position instead).
 
-The chunk form (gdn_verify(chunk=True)) computes the same with matrix products, in two launches: the block's solve and
-all else that does not read the state (_gdn_verify_chunk_prep_kernel), then the state streamed with the pending tokens
-folded BT at a time and the block applied at once (_gdn_verify_chunk_kernel); equal to fp32 rounding, not bit for
-bit.
-
 So a verify step reads the state once and writes it once every few steps (fold_after = 0: at every step that has
 pending tokens, still one read and one write fewer than verifying and then committing), where writing every token's
 state (vLLM's spec path) costs T writes; and the state folded token by token is the same, op for op, as n plain
@@ -44,8 +39,8 @@ import triton.language as tl
 from kernels._common import cast_rtne, cdiv, check, next_pow2, output, require_last_dim_contiguous, use_triton
 from kernels.conv1d_update import conv_program
 from kernels.gdn_recurrent import (
-    DECODE_BLOCK_V, DECODE_WARPS, FUSED_REDUCTIONS, _check_raw_gates, _validate, decay_and_update, gates_from_raw,
-    gates_from_raw_tl, l2norm_ref, state_program, token_update)
+    DECODE_BLOCK_V, DECODE_WARPS, _check_raw_gates, _validate, decay_and_update, gates_from_raw, l2norm_ref,
+    state_program, token_update)
 
 
 def _check_ring(ring, state, Hk, dk, T=None, fold_after=None):
@@ -151,45 +146,34 @@ def gdn_fold_ref(state, state_idx, ring):
 
 
 @triton.jit
-def _ring_fold(S, rk_row, ru_row, rg_row, start, h, P, srk_p, sru_p, srg_p, offs_k, offs_v, mask_k, mask_v,
-               CHUNK: tl.constexpr, FUSED: tl.constexpr):
+def _ring_fold(S, rk_row, ru_row, rg_row, start, h, P, srk_p, sru_p, srg_p, offs_k, offs_v, mask_k, mask_v):
     """The h pending tokens of a slot (ring rows (start + j) % P, oldest first) folded into its [BK, BV] state tile,
-    as the decode kernel steps it. *_row: the slot's ring at this head. CHUNK tokens at a time, unrolled, so that
-    their loads are in flight together rather than each after the last token's update (a token past h loads
-    g = 0, u = 0: S * 1 + 0, the same bits)."""
-    for j0 in range(0, h, CHUNK):
-        for jj in tl.static_range(CHUNK):
-            on = j0 + jj < h
-            p = (start + j0 + jj) % P
-            k = tl.load(rk_row + p * srk_p + offs_k, mask=mask_k & on, other=0.0)
-            u = tl.load(ru_row + p * sru_p + offs_v, mask=mask_v & on, other=0.0)
-            S = decay_and_update(S, tl.load(rg_row + p * srg_p, mask=on, other=0.0), k, u, FUSED)
+    as the decode kernel steps it. *_row: the slot's ring at this head. One token's loads at a time: issuing a few
+    tokens' loads together was slower (docs/decisions.md)."""
+    for j in range(0, h):
+        p = (start + j) % P
+        k = tl.load(rk_row + p * srk_p + offs_k, mask=mask_k, other=0.0)
+        u = tl.load(ru_row + p * sru_p + offs_v, mask=mask_v, other=0.0)
+        S = decay_and_update(S, tl.load(rg_row + p * srg_p), k, u)
     return S
-
-
-@triton.jit
-def _slot_ring(pos_ptr, rk_ptr, ru_ptr, rg_ptr, slot, hv, hk, live, srk_n, srk_h, sru_n, sru_h, srg_n):
-    """A verify program's slot in the ring: (row of its oldest pending token, pending count, its ring at this head:
-    k, u, g pointers); a padding row reads nothing and has nothing pending."""
-    start = tl.load(pos_ptr + slot * 2, mask=live, other=0)
-    h = tl.load(pos_ptr + slot * 2 + 1, mask=live, other=0)
-    return (start, h, rk_ptr + slot * srk_n + hk * srk_h, ru_ptr + slot * sru_n + hv * sru_h,
-            rg_ptr + slot * srg_n + hv)
 
 
 @triton.jit
 def _pending_folded(state_ptr, pos_ptr, rk_ptr, ru_ptr, rg_ptr, slot, hv, hk, live, P, fold_after,
                     ss_n, ss_h, ss_k, srk_n, srk_p, srk_h, sru_n, sru_p, sru_h, srg_n, srg_p,
-                    offs_k, offs_v, mask_k, mask_v, FOLD_CHUNK: tl.constexpr, FUSED: tl.constexpr):
+                    offs_k, offs_v, mask_k, mask_v):
     """A verify program's [BK, BV] state tile with its slot's pending tokens folded in, written back when more than
     fold_after were pending. Returns (tile, ring row of the block's first token, the slot's ring at this head: k, u,
-    g pointers)."""
+    g pointers). A padding row reads nothing and has nothing pending."""
     mask_s = mask_k[:, None] & mask_v[None, :] & live
     s_ptrs = state_ptr + slot * ss_n + hv * ss_h + offs_k[:, None] * ss_k + offs_v[None, :]
-    start, h, rk_row, ru_row, rg_row = _slot_ring(pos_ptr, rk_ptr, ru_ptr, rg_ptr, slot, hv, hk, live, srk_n, srk_h,
-                                                  sru_n, sru_h, srg_n)
+    start = tl.load(pos_ptr + slot * 2, mask=live, other=0)
+    h = tl.load(pos_ptr + slot * 2 + 1, mask=live, other=0)
+    rk_row = rk_ptr + slot * srk_n + hk * srk_h
+    ru_row = ru_ptr + slot * sru_n + hv * sru_h
+    rg_row = rg_ptr + slot * srg_n + hv
     S = _ring_fold(tl.load(s_ptrs, mask=mask_s, other=0.0), rk_row, ru_row, rg_row, start, h, P, srk_p, sru_p, srg_p,
-                   offs_k, offs_v, mask_k, mask_v, FOLD_CHUNK, FUSED)
+                   offs_k, offs_v, mask_k, mask_v)
     tl.store(s_ptrs, S, mask=mask_s & (h > fold_after))
     return S, start + h, rk_row, ru_row, rg_row
 
@@ -198,12 +182,12 @@ def _pending_folded(state_ptr, pos_ptr, rk_ptr, ru_ptr, rg_ptr, slot, hv, hk, li
 def _verify_token(S, t, p, q_row, k_row, v_row, g_row, beta_row, o_row, ru_row, rk_row, rg_row,
                   sq_t, sk_t, sv_t, sg_t, sbeta_t, so_t, sru_p, srk_p, srg_p,
                   offs_k, offs_v, mask_k, mask_v, live, first_of_key, write_g, scale, neg_decay_rate, dt_bias,
-                  RAW_GATES: tl.constexpr, FUSED: tl.constexpr):
+                  RAW_GATES: tl.constexpr):
     """Token t of the block on the state tile S: output stored, its k / u / g stored at ring row p, the stepped tile
     returned."""
     S, u, o, k, g = token_update(S, q_row + t * sq_t, k_row + t * sk_t, v_row + t * sv_t, g_row + t * sg_t,
                                  beta_row + t * sbeta_t, offs_k, offs_v, mask_k, mask_v, live, scale, neg_decay_rate,
-                                 dt_bias, RAW_GATES, FUSED)
+                                 dt_bias, RAW_GATES)
     tl.store(o_row + t * so_t + offs_v, cast_rtne(o, o_row.dtype.element_ty), mask=mask_v)
     tl.store(ru_row + p * sru_p + offs_v, u, mask=mask_v & live)
     tl.store(rk_row + p * srk_p + offs_k, k, mask=mask_k & first_of_key)
@@ -219,11 +203,11 @@ def _gdn_verify_kernel(
     sg_b, sg_t, sg_h, sbeta_b, sbeta_t, sbeta_h, so_b, so_t, so_h,
     ss_n, ss_h, ss_k, srk_n, srk_p, srk_h, sru_n, sru_p, sru_h, srg_n, srg_p,
     GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    RAW_GATES: tl.constexpr, UNROLL: tl.constexpr, FOLD_CHUNK: tl.constexpr, FUSED: tl.constexpr,
+    RAW_GATES: tl.constexpr,
 ):
     # One program = (sequence, value head, dv tile), as kernels/gdn_recurrent: the state tile is loaded once, the
-    # pending tokens folded in, and carried in registers over the block. UNROLL (= T, or 0 for a loop): the block
-    # unrolled, so that the compiler may issue later tokens' loads and norms while the state chain runs.
+    # pending tokens folded in, and carried in registers over the block, a loop over its tokens (unrolled it was
+    # slower: docs/decisions.md).
     b, hv, vt, hk, slot, live = state_program(idx_ptr, GROUP)
     offs_k = tl.arange(0, BK)
     offs_v = vt * BV + tl.arange(0, BV)
@@ -231,7 +215,7 @@ def _gdn_verify_kernel(
     mask_v = offs_v < DV
     S, base, rk_row, ru_row, rg_row = _pending_folded(
         state_ptr, pos_ptr, rk_ptr, ru_ptr, rg_ptr, slot, hv, hk, live, P, fold_after, ss_n, ss_h, ss_k, srk_n, srk_p,
-        srk_h, sru_n, sru_p, sru_h, srg_n, srg_p, offs_k, offs_v, mask_k, mask_v, FOLD_CHUNK, FUSED)
+        srk_h, sru_n, sru_p, sru_h, srg_n, srg_p, offs_k, offs_v, mask_k, mask_v)
     b64 = b.to(tl.int64)
     first_of_key = (hv % GROUP == 0) & (vt == 0) & live  # one program writes each key head's k
     neg_decay_rate = 0.0
@@ -242,18 +226,10 @@ def _gdn_verify_kernel(
     q_row, k_row = q_ptr + b64 * sq_b + hk * sq_h, k_ptr + b64 * sk_b + hk * sk_h
     v_row, o_row = v_ptr + b64 * sv_b + hv * sv_h, o_ptr + b64 * so_b + hv * so_h
     g_row, beta_row = g_ptr + b64 * sg_b + hv * sg_h, beta_ptr + b64 * sbeta_b + hv * sbeta_h
-    if UNROLL > 0:
-        for t in tl.static_range(UNROLL):
-            S = _verify_token(S, t, (base + t) % P, q_row, k_row, v_row, g_row, beta_row, o_row, ru_row, rk_row,
-                              rg_row, sq_t, sk_t, sv_t, sg_t, sbeta_t, so_t, sru_p, srk_p, srg_p, offs_k, offs_v,
-                              mask_k, mask_v, live, first_of_key, live & (vt == 0), scale, neg_decay_rate, dt_bias,
-                              RAW_GATES, FUSED)
-    else:
-        for t in range(T):
-            S = _verify_token(S, t, (base + t) % P, q_row, k_row, v_row, g_row, beta_row, o_row, ru_row, rk_row,
-                              rg_row, sq_t, sk_t, sv_t, sg_t, sbeta_t, so_t, sru_p, srk_p, srg_p, offs_k, offs_v,
-                              mask_k, mask_v, live, first_of_key, live & (vt == 0), scale, neg_decay_rate, dt_bias,
-                              RAW_GATES, FUSED)
+    for t in range(T):
+        S = _verify_token(S, t, (base + t) % P, q_row, k_row, v_row, g_row, beta_row, o_row, ru_row, rk_row, rg_row,
+                          sq_t, sk_t, sv_t, sg_t, sbeta_t, so_t, sru_p, srk_p, srg_p, offs_k, offs_v, mask_k, mask_v,
+                          live, first_of_key, live & (vt == 0), scale, neg_decay_rate, dt_bias, RAW_GATES)
 
 
 @triton.jit
@@ -261,7 +237,6 @@ def _gdn_fold_kernel(
     state_ptr, idx_ptr, rk_ptr, ru_ptr, rg_ptr, pos_ptr,
     NV, P, ss_l, ss_n, ss_h, ss_k, srk_l, srk_n, srk_p, srk_h, sru_l, sru_n, sru_p, sru_h, srg_l, srg_n, srg_p,
     GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    FOLD_CHUNK: tl.constexpr, FUSED: tl.constexpr,
 ):
     # Grid (sequence, value head, layer x dv tile): every GDN layer's fold in one launch.
     b = tl.program_id(0)
@@ -280,8 +255,7 @@ def _gdn_fold_kernel(
         S = tl.load(s_ptrs, mask=mask_s, other=0.0)
         S = _ring_fold(S, rk_ptr + layer * srk_l + slot * srk_n + (hv // GROUP) * srk_h,
                        ru_ptr + layer * sru_l + slot * sru_n + hv * sru_h, rg_ptr + layer * srg_l + slot * srg_n + hv,
-                       tl.load(pos_ptr + slot * 2), h, P, srk_p, sru_p, srg_p, offs_k, offs_v, mask_k, mask_v,
-                       FOLD_CHUNK, FUSED)
+                       tl.load(pos_ptr + slot * 2), h, P, srk_p, sru_p, srg_p, offs_k, offs_v, mask_k, mask_v)
         tl.store(s_ptrs, S, mask=mask_s)
 
 
@@ -298,267 +272,37 @@ def _ring_advance_kernel(pos_ptr, idx_ptr, n_ptr, B, P, fold_after, BLOCK: tl.co
     tl.store(pos_ptr + slot * 2 + 1, tl.where(flush, 0, h) + n, mask=mask)
 
 
-@triton.jit
-def _dot_exact_b(a, b, acc, EXACT_B: tl.constexpr, PRECISION: tl.constexpr, EXACT_A: tl.constexpr = False):
-    """acc + a @ b in fp32. EXACT_B (b's values exact in tf32, as bf16 and fp16 inputs are) with PRECISION "tf32x3":
-    a split into its tf32 head and the rest, two tf32 products (b needs no split: one product fewer than tf32x3,
-    and its operands exact but for the rest's last bits); one tf32 product where a is exact too (EXACT_A)."""
-    if EXACT_B and PRECISION == "tf32x3":
-        if EXACT_A:
-            return tl.dot(a, b, acc, input_precision="tf32")
-        head = (a.to(tl.uint32, bitcast=True) & 0xFFFFE000).to(tl.float32, bitcast=True)
-        acc = tl.dot(head, b, acc, input_precision="tf32")
-        return tl.dot(a - head, b, acc, input_precision="tf32")
-    return tl.dot(a, b, acc, input_precision=PRECISION)
-
-
-@triton.jit
-def _unit_lower_inverse(A, offs_t, BT: tl.constexpr, PRECISION: tl.constexpr):
-    """(I + A)^-1 for A [BT, BT] strictly lower triangular (BT a power of two >= 16), with matrix products only: a
-    chain of row-by-row substitution steps would pay a cross-warp reduction per row. The 4 x 4 diagonal blocks N of
-    A first: N^4 = 0, so (I + N)^-1 = (I - N)(I + N^2). Then the diagonal blocks double: with X the inverse of the
-    finer blocks and L the part of A that joins two of them (below the diagonal), (I + A_2s)^-1 = X - X L X exactly
-    (L X L = 0). Every intermediate is an inverse of a diagonal block of I + A itself, so where forward substitution
-    is stable so is this, unlike the series I - A + A^2 - ... whose terms grow as binomial coefficients where keys
-    are nearly parallel."""
-    r = offs_t[:, None]
-    c = offs_t[None, :]
-    eye = (r == c).to(tl.float32)
-    N = tl.where((r >> 2) == (c >> 2), A, 0.0)
-    X = tl.dot(eye - N, eye + tl.dot(N, N, input_precision=PRECISION), input_precision=PRECISION)
-    for level in tl.static_range(3, 8):  # blocks of 2^level: up to BT = 128
-        if (1 << level) <= BT:
-            L = tl.where(((r >> level) == (c >> level)) & ((r >> (level - 1)) != (c >> (level - 1))), A, 0.0)
-            X = X - tl.dot(tl.dot(X, L, input_precision=PRECISION), X, input_precision=PRECISION)
-    return X
-
-
-@triton.jit
-def _chunk_w_row(w, offs_t, BT: tl.constexpr):
-    """Where the chunk form's first launch leaves its results for the second, in the (sequence, value head) row w:
-    pointers to (I + A)^-1 and D * Q K^T [BT, BT], then exp(G), beta, k's and q's l2 norm inverses [BT]."""
-    square = offs_t[:, None] * BT + offs_t[None, :]
-    vec = w + 2 * BT * BT + offs_t
-    return w + square, w + BT * BT + square, vec, vec + BT, vec + 2 * BT, vec + 3 * BT
-
-
-@triton.jit
-def _gdn_verify_chunk_prep_kernel(
-    q_ptr, k_ptr, g_ptr, beta_ptr, idx_ptr, rk_ptr, rg_ptr, pos_ptr, alog_ptr, dtb_ptr, w_ptr, T, P, scale,
-    sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sg_b, sg_t, sg_h, sbeta_b, sbeta_t, sbeta_h,
-    srk_n, srk_p, srk_h, srg_n, srg_p, sw_b, sw_h,
-    GROUP: tl.constexpr, DK: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr, RAW_GATES: tl.constexpr,
-    PRECISION: tl.constexpr, EXACT_QK: tl.constexpr,
-):
-    # The chunk form's first launch, one program per (sequence, value head): everything that does not read the
-    # state. The delta rule's chunk form over the block's T tokens:
-    #   G = cumsum(g), D[t, i] = exp(G_t - G_i) for i <= t,
-    #   (I + A) U = beta * (V - exp(G) * K S),  A[t, i] = beta_t D[t, i] (k_t . k_i) for i < t,
-    #   O = exp(G) * Q S + (D * Q K^T) U.
-    # This program leaves in its w row (_chunk_w_row) (I + A)^-1 (_unit_lower_inverse), D * Q K^T, exp(G),
-    # beta and the l2 norms' inverses of q and k (q's times the scale), and writes the block's ring rows of k (one
-    # program per key head) and g.
-    b, hv, _, hk, slot, live = state_program(idx_ptr, GROUP)
-    offs_t = tl.arange(0, BT)
-    offs_k = tl.arange(0, BK)
-    mask_t = offs_t < T
-    mask_k = offs_k < DK
-    b64 = b.to(tl.int64)
-    start, h, rk_row, _, rg_row = _slot_ring(pos_ptr, rk_ptr, rk_ptr, rg_ptr, slot, hv, hk, live, srk_n, srk_h,
-                                             srk_n, srk_h, srg_n)
-    # the block's q, k as given: products of them are taken first and scaled by their l2 norms' inverses after
-    tk = mask_t[:, None] & mask_k[None, :]
-    Q = tl.load(q_ptr + b64 * sq_b + offs_t[:, None] * sq_t + hk * sq_h + offs_k[None, :], mask=tk,
-                other=0.0).to(tl.float32)
-    K = tl.load(k_ptr + b64 * sk_b + offs_t[:, None] * sk_t + hk * sk_h + offs_k[None, :], mask=tk,
-                other=0.0).to(tl.float32)
-    rq = tl.rsqrt(tl.sum(Q * Q, axis=1) + 1e-6) * scale
-    rk = tl.rsqrt(tl.sum(K * K, axis=1) + 1e-6)
-    Kt = tl.trans(K)
-    zero = tl.zeros((BT, BT), dtype=tl.float32)
-    KK = _dot_exact_b(K, Kt, zero, EXACT_QK, PRECISION, EXACT_QK) * (rk[:, None] * rk[None, :])
-    QK = _dot_exact_b(Q, Kt, zero, EXACT_QK, PRECISION, EXACT_QK) * (rq[:, None] * rk[None, :])
-    rows_t = (start + h + offs_t) % P  # the block's ring rows, after the pending ones
-    tl.store(rk_row + rows_t[:, None] * srk_p + offs_k[None, :], K * rk[:, None],
-             mask=tk & (hv % GROUP == 0) & live)
-    g = tl.load(g_ptr + b64 * sg_b + offs_t * sg_t + hv * sg_h, mask=mask_t, other=0.0).to(tl.float32)
-    beta = tl.load(beta_ptr + b64 * sbeta_b + offs_t * sbeta_t + hv * sbeta_h, mask=mask_t, other=0.0)
-    if RAW_GATES:
-        g, beta = gates_from_raw_tl(g, beta, -tl.exp(tl.load(alog_ptr + hv).to(tl.float32)),
-                                    tl.load(dtb_ptr + hv).to(tl.float32))
-    g = tl.where(mask_t, g, 0.0)  # tokens past T change nothing
-    beta = tl.where(mask_t, beta.to(tl.float32), 0.0)
-    G = tl.cumsum(g, axis=0)
-    causal = offs_t[:, None] >= offs_t[None, :]
-    D = tl.where(causal, tl.exp(tl.where(causal, G[:, None] - G[None, :], 0.0)), 0.0)
-    A = tl.where(offs_t[:, None] > offs_t[None, :], beta[:, None] * D * KK, 0.0)
-    w_inv, w_dqk, w_eg, w_beta, w_rk, w_rq = _chunk_w_row(w_ptr + b64 * sw_b + hv * sw_h, offs_t, BT)
-    tl.store(w_inv, _unit_lower_inverse(A, offs_t, BT, PRECISION))
-    tl.store(w_dqk, D * QK)
-    tl.store(w_eg, tl.exp(G))
-    tl.store(w_beta, beta)
-    tl.store(w_rk, rk)
-    tl.store(w_rq, rq)
-    tl.store(rg_row + rows_t * srg_p, g, mask=mask_t & live)
-
-
-@triton.jit
-def _gdn_verify_chunk_kernel(
-    q_ptr, k_ptr, v_ptr, o_ptr, state_ptr, idx_ptr, rk_ptr, ru_ptr, rg_ptr, pos_ptr, w_ptr, T, P, fold_after,
-    sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h, so_b, so_t, so_h,
-    ss_n, ss_h, ss_k, srk_n, srk_p, srk_h, sru_n, sru_p, sru_h, srg_n, srg_p, sw_b, sw_h,
-    GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    BKC: tl.constexpr, BT: tl.constexpr, PRECISION: tl.constexpr, EXACT_QK: tl.constexpr,
-):
-    # The chunk form's second launch, one program per (sequence, value head, dv tile) as in _gdn_verify_kernel: the
-    # state, in the transposed orientation (S^T [BV, dk] the products' left side: the tall operand, M = BV),
-    # streamed BKC rows of dk at a time, never held whole: each slice gets the pending tokens folded in BT at a time
-    # (with H the running sum of their log decays, S <- exp(H_last) S + sum_j exp(H_last - H_j) k_j u_j^T), is
-    # written back past fold_after, and adds its part of K S and Q S; then U and O from the first launch's w row.
-    # The solve is the first launch's, so that a program here is little more than its state loads, with registers
-    # few enough for several to share an SM. (Issuing each slice's load before the last slice's products was no
-    # faster: docs/decisions.md.)
-    b, hv, vt, hk, slot, live = state_program(idx_ptr, GROUP)
-    offs_t = tl.arange(0, BT)
-    offs_v = vt * BV + tl.arange(0, BV)
-    mask_t = offs_t < T
-    mask_v = offs_v < DV
-    b64 = b.to(tl.int64)
-    start, h, rk_row, ru_row, rg_row = _slot_ring(pos_ptr, rk_ptr, ru_ptr, rg_ptr, slot, hv, hk, live, srk_n, srk_h,
-                                                  sru_n, sru_h, srg_n)
-    q_rows = q_ptr + b64 * sq_b + offs_t[:, None] * sq_t + hk * sq_h
-    k_rows = k_ptr + b64 * sk_b + offs_t[:, None] * sk_t + hk * sk_h
-    offs_c = tl.arange(0, BKC)
-    offs_j = tl.arange(0, BT)
-    KS = tl.zeros((BV, BT), dtype=tl.float32)
-    QS = tl.zeros((BV, BT), dtype=tl.float32)
-    for c0 in range(0, BK, BKC):
-        kc = c0 + offs_c
-        mask_c = kc < DK
-        mask_s = mask_v[:, None] & mask_c[None, :] & live
-        s_ptrs = state_ptr + slot * ss_n + hv * ss_h + kc[None, :] * ss_k + offs_v[:, None]
-        St = tl.load(s_ptrs, mask=mask_s, other=0.0)  # [BV, BKC]
-        for j0 in range(0, h, BT):
-            on = j0 + offs_j < h
-            rows = (start + j0 + offs_j) % P
-            gp = tl.load(rg_row + rows * srg_p, mask=on, other=0.0)
-            H = tl.cumsum(gp, axis=0)
-            last = tl.sum(gp, axis=0)
-            kp = tl.load(rk_row + rows[:, None] * srk_p + kc[None, :], mask=on[:, None] & mask_c[None, :], other=0.0)
-            up = tl.load(ru_row + rows[None, :] * sru_p + offs_v[:, None], mask=on[None, :] & mask_v[:, None],
-                         other=0.0)  # u^T [BV, BT]
-            St = tl.dot(up, kp * tl.exp(last - H)[:, None], St * tl.exp(last), input_precision=PRECISION)
-        tl.store(s_ptrs, St, mask=mask_s & (h > fold_after))
-        tc = mask_t[:, None] & mask_c[None, :]
-        KS = _dot_exact_b(St, tl.trans(tl.load(k_rows + kc[None, :], mask=tc, other=0.0).to(tl.float32)), KS,
-                          EXACT_QK, PRECISION)
-        QS = _dot_exact_b(St, tl.trans(tl.load(q_rows + kc[None, :], mask=tc, other=0.0).to(tl.float32)), QS,
-                          EXACT_QK, PRECISION)
-    w_inv, w_dqk, w_eg, w_beta, w_rk, w_rq = _chunk_w_row(w_ptr + b64 * sw_b + hv * sw_h, offs_t, BT)
-    eG = tl.load(w_eg)
-    beta = tl.load(w_beta)
-    KS = KS * tl.load(w_rk)[None, :]
-    QS = QS * tl.load(w_rq)[None, :]
-    tv = mask_v[:, None] & mask_t[None, :]  # [BV, BT]
-    Vt = tl.load(v_ptr + b64 * sv_b + offs_t[None, :] * sv_t + hv * sv_h + offs_v[:, None], mask=tv,
-                 other=0.0).to(tl.float32)
-    Rt = beta[None, :] * (Vt - eG[None, :] * KS)
-    Ut = tl.dot(Rt, tl.trans(tl.load(w_inv)), input_precision=PRECISION)  # U^T = R^T (I + A)^-T
-    Ot = tl.dot(Ut, tl.trans(tl.load(w_dqk)), eG[None, :] * QS, input_precision=PRECISION)
-    Ot = tl.where(live, Ot, 0.0)
-    rows_t = (start + h + offs_t) % P
-    tl.store(o_ptr + b64 * so_b + offs_t[None, :] * so_t + hv * so_h + offs_v[:, None],
-             cast_rtne(Ot, o_ptr.dtype.element_ty), mask=tv)
-    tl.store(ru_row + rows_t[None, :] * sru_p + offs_v[:, None], Ut, mask=tv & live)
-
-
-def _chunk_w_layout(BT: int) -> int:
-    """Floats of a chunk-form w row (_chunk_w_row)."""
-    return 2 * BT * BT + 4 * BT
-
-
-FOLD_CHUNK = 1  # pending tokens whose loads are issued together (a launch option; docs/decisions.md: why 1)
 # The decode kernel's launch (one warp per (sequence, value head, 32-wide dv tile): the token chain's reductions over
 # dk stay inside a warp; docs/decisions.md): the same tile layout reduces in the same order, so a verified token's
 # state and output have plain decoding's bits. The fold has no reductions: two warps per tile was fastest.
 VERIFY_BLOCK_V, VERIFY_WARPS = DECODE_BLOCK_V, DECODE_WARPS
 FOLD_BLOCK_V, FOLD_WARPS = 32, 2
-# The chunk form's launch and its products' precision (tl.dot input_precision; docs/decisions.md).
-CHUNK_BLOCK_V, CHUNK_BLOCK_K, CHUNK_WARPS, CHUNK_PRECISION = 64, 64, 4, "tf32x3"
-CHUNK_PREP_WARPS = 4
 
 
 def _block_v(dv: int, block_v, default: int) -> int:
     return block_v or min(next_pow2(dv), default)
 
 
-def _checked_call(q, k, v, g, beta, state, state_idx, ring, fold_after, scale, raw_gates, out):
-    """Check a verify call -> (its shapes (B, T, Hk, dk, Hv, dv, P), the scale, the output o)."""
-    shapes = _verify_shapes(q, k, v, g, beta, state, state_idx, ring, fold_after, raw_gates)
+def gdn_verify_triton(q, k, v, g, beta, state, state_idx, ring, fold_after=0, scale=None, raw_gates=None, out=None,
+                      block_v=None, num_warps=None):
+    B, T, Hk, dk, Hv, dv, P = _verify_shapes(q, k, v, g, beta, state, state_idx, ring, fold_after, raw_gates)
     for name, t in (("q", q), ("k", k), ("v", v), ("ring_k", ring[0]), ("ring_u", ring[1]), ("ring_g", ring[2]),
                     ("ring_pos", ring[3])):
         require_last_dim_contiguous(name, t)
     check(state.stride(-1) == 1, "state: last dimension (dv) must be contiguous")
     o = output(out, v.shape, v.dtype, v.device)
     require_last_dim_contiguous("out", o)
-    return shapes, shapes[3] ** -0.5 if scale is None else float(scale), o
-
-
-def _launch_verify(kernel, BV, q, k, v, g, beta, state, state_idx, ring, fold_after, scale, raw_gates, out,
-                   num_warps, **meta):
-    """Check a verify call, then launch `kernel` over (sequence, value head, dv tile of BV) -> o."""
-    (B, T, Hk, dk, Hv, dv, P), scale, o = _checked_call(q, k, v, g, beta, state, state_idx, ring, fold_after, scale,
-                                                        raw_gates, out)
+    scale = dk ** -0.5 if scale is None else float(scale)
     rk, ru, rg, pos = ring
-    kernel[(B, Hv, cdiv(dv, BV))](
+    BV = _block_v(dv, block_v, VERIFY_BLOCK_V)
+    _gdn_verify_kernel[(B, Hv, cdiv(dv, BV))](
         q, k, v, g, beta, o, state, state_idx, rk, ru, rg, pos,
         *(raw_gates if raw_gates is not None else (g, g)), T, P, fold_after, scale,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *g.stride(), *beta.stride(), *o.stride()[:3],
         *state.stride()[:3], *rk.stride()[:3], *ru.stride()[:3], *rg.stride()[:2],
-        GROUP=Hv // Hk, DK=dk, DV=dv, BV=BV, RAW_GATES=raw_gates is not None, num_warps=num_warps, **meta,
+        GROUP=Hv // Hk, DK=dk, DV=dv, BK=next_pow2(dk), BV=BV, RAW_GATES=raw_gates is not None,
+        num_warps=num_warps or VERIFY_WARPS,
     )
-    return o
-
-
-def gdn_verify_triton(q, k, v, g, beta, state, state_idx, ring, fold_after=0, scale=None, raw_gates=None, out=None,
-                      block_v=None, num_warps=None, unroll=False, fold_chunk=FOLD_CHUNK,
-                      fused_reductions=FUSED_REDUCTIONS):
-    """unroll: the block's T tokens unrolled in the kernel (compiled per T) instead of a loop. fold_chunk: pending
-    tokens whose loads are issued together (_ring_fold). fused_reductions: each token (and each pending one folded
-    in) stepped as the decode kernel with the same option steps it (kernels/gdn_recurrent.delta_rule_step_fused);
-    plain decoding must use the same form."""
-    return _launch_verify(_gdn_verify_kernel, _block_v(v.shape[-1], block_v, VERIFY_BLOCK_V), q, k, v, g, beta, state,
-                          state_idx, ring, fold_after, scale, raw_gates, out, num_warps or VERIFY_WARPS,
-                          BK=next_pow2(q.shape[-1]),
-                          UNROLL=q.shape[1] if unroll else 0, FOLD_CHUNK=fold_chunk, FUSED=fused_reductions)
-
-
-def gdn_verify_chunk_triton(q, k, v, g, beta, state, state_idx, ring, fold_after=0, scale=None, raw_gates=None,
-                            out=None, block_v=None, block_k=None, num_warps=None, precision=CHUNK_PRECISION):
-    """gdn_verify_triton's contract, the pending tokens and the block solved with matrix products in two launches
-    (_gdn_verify_chunk_prep_kernel, then _gdn_verify_chunk_kernel over the state): the same values to fp32
-    rounding, not bit for bit. precision: tl.dot's input_precision ("tf32x3": three tf32 tensor-core products,
-    about fp32's accuracy; "ieee": fp32 multiply-adds)."""
-    (B, T, Hk, dk, Hv, dv, P), scale, o = _checked_call(q, k, v, g, beta, state, state_idx, ring, fold_after, scale,
-                                                        raw_gates, out)
-    check(T <= 128, f"the chunk form solves blocks of up to 128 tokens, got {T}")  # _unit_lower_inverse's levels
-    rk, ru, rg, pos = ring
-    BT, BK = max(16, next_pow2(T)), max(16, next_pow2(dk))  # 16: tl.dot's smallest side
-    BV = max(16, _block_v(dv, block_v, CHUNK_BLOCK_V))
-    w = torch.empty(B, Hv, _chunk_w_layout(BT), dtype=torch.float32, device=q.device)
-    exact = q.dtype in (torch.bfloat16, torch.float16) and k.dtype == q.dtype
-    gates = raw_gates if raw_gates is not None else (g, g)
-    _gdn_verify_chunk_prep_kernel[(B, Hv, 1)](
-        q, k, g, beta, state_idx, rk, rg, pos, *gates, w, T, P, scale,
-        *q.stride()[:3], *k.stride()[:3], *g.stride(), *beta.stride(), *rk.stride()[:3], *rg.stride()[:2],
-        *w.stride()[:2], GROUP=Hv // Hk, DK=dk, BK=BK, BT=BT, RAW_GATES=raw_gates is not None, PRECISION=precision,
-        EXACT_QK=exact, num_warps=CHUNK_PREP_WARPS)
-    _gdn_verify_chunk_kernel[(B, Hv, cdiv(dv, BV))](
-        q, k, v, o, state, state_idx, rk, ru, rg, pos, w, T, P, fold_after,
-        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3], *state.stride()[:3], *rk.stride()[:3],
-        *ru.stride()[:3], *rg.stride()[:2], *w.stride()[:2], GROUP=Hv // Hk, DK=dk, DV=dv, BK=BK, BV=BV,
-        BKC=min(block_k or CHUNK_BLOCK_K, BK), BT=BT, PRECISION=precision, EXACT_QK=exact,
-        num_warps=num_warps or CHUNK_WARPS)
     return o
 
 
@@ -567,8 +311,7 @@ def gdn_ring_advance_triton(ring_pos, state_idx, num_accepted, fold_after, P):
     _ring_advance_kernel[(1,)](ring_pos, state_idx, num_accepted, B, P, fold_after, BLOCK=max(16, next_pow2(B)))
 
 
-def gdn_fold_triton(state, state_idx, ring, block_v=None, num_warps=None, fold_chunk=FOLD_CHUNK,
-                    fused_reductions=FUSED_REDUCTIONS):
+def gdn_fold_triton(state, state_idx, ring, block_v=None, num_warps=None):
     rk, ru, rg, pos = ring
     P = _check_ring(ring, state, rk.shape[-2], rk.shape[-1])
     if state.dim() == 4:  # one layer: a layer axis of length 1
@@ -581,24 +324,21 @@ def gdn_fold_triton(state, state_idx, ring, block_v=None, num_warps=None, fold_c
     _gdn_fold_kernel[(B, Hv, NV * state.shape[0])](
         state, state_idx, rk, ru, rg, pos,
         NV, P, *state.stride()[:4], *rk.stride()[:4], *ru.stride()[:4], *rg.stride()[:3],
-        GROUP=Hv // rk.shape[3], DK=dk, DV=dv, BK=next_pow2(dk), BV=BV, FOLD_CHUNK=fold_chunk,
-        FUSED=fused_reductions, num_warps=num_warps or FOLD_WARPS,
+        GROUP=Hv // rk.shape[3], DK=dk, DV=dv, BK=next_pow2(dk), BV=BV, num_warps=num_warps or FOLD_WARPS,
     )
     pos[state_idx.long()] = 0
 
 
 def gdn_verify(q, k, v, g, beta, state, state_idx, ring, fold_after=0, scale=None, raw_gates=None, out=None,
-               chunk=False, **launch):
+               **launch):
     """q, k [B, T, Hk, dk], v [B, T, Hv, dv], g, beta [B, T, Hv] -> o [B, T, Hv, dv] (v.dtype), verified against
     each row's state with its pending tokens folded in; ring = (ring_k [slots, P, Hk, dk], ring_u [slots, P, Hv, dv],
     ring_g [slots, P, Hv] fp32, ring_pos [slots, 2] int32) receives the block's normalised keys, corrections and log
     decays after the pending rows; a row with more than fold_after pending tokens writes its folded state back
-    (gdn_ring_advance then drops them). `chunk`: solved with matrix products (Triton only; equal to fp32
-    rounding). `launch`: block_v, num_warps (Triton); unroll, fused_reductions and fold_chunk (token by token);
-    block_k and precision (chunk form)."""
+    (gdn_ring_advance then drops them). `launch`: block_v, num_warps (Triton only)."""
     if use_triton(q):
-        fn = gdn_verify_chunk_triton if chunk else gdn_verify_triton
-        return fn(q, k, v, g, beta, state, state_idx, ring, fold_after, scale, raw_gates, out, **launch)
+        return gdn_verify_triton(q, k, v, g, beta, state, state_idx, ring, fold_after, scale, raw_gates, out,
+                                 **launch)
     return gdn_verify_ref(q, k, v, g, beta, state, state_idx, ring, fold_after, scale, raw_gates, out)
 
 

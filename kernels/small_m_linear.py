@@ -6,17 +6,16 @@ The kernel is therefore built around streaming the weight:
     so each thread loads 16-byte vectors along K;
   * the chunk of all M rows of x is loaded next to it (a few KB, L2-resident) and the partial products are
     accumulated in fp32;
-  * MMA path (default): tl.dot(w_chunk [BLOCK_N, BLOCK_K], x_chunk^T [BLOCK_K, 16]) with x padded to 16 rows
-    ("swap AB": the weight tile is the MMA's M side, so BLOCK_N=64 fits Hopper's m64 shapes). Tensor-core work is
-    wasted on the padding but is far below the memory time; what matters is that Triton software-pipelines the
-    weight loads of a dot (num_stages), keeping several chunks in flight per program;
-  * FMA path (mma=False, meant for M = 1..2): an fp32 [M_pad, BLOCK_N, BLOCK_K] register accumulator updated by
-    plain FMAs and reduced over K once at the end (no reduction in the loop); costs M_pad*BLOCK_N*BLOCK_K/threads
-    registers, so only small tiles are sensible.
+  * tl.dot(w_chunk [BLOCK_N, BLOCK_K], x_chunk^T [BLOCK_K, 16]) with x padded to 16 rows ("swap AB": the weight
+    tile is the MMA's M side, so BLOCK_N=64 fits Hopper's m64 shapes). Tensor-core work is wasted on the padding
+    but is far below the memory time; what matters is that Triton software-pipelines the weight loads of a dot
+    (num_stages), keeping several chunks in flight per program. (Plain FMAs into a register accumulator were slower
+    at every decode shape, M = 1 included: docs/decisions.md.)
   * split-K (split_k > 1): programs [N tiles x K splits]. Every program writes its fp32 partial [M, BLOCK_N] to a
-    workspace; with split_reduce="fused" (default) the last program of a tile to finish (an atomic per-tile
-    counter, release/acquire) sums the partials in fixed split order (deterministic), writes y and re-arms the
-    counter to 0; split_reduce="kernel" leaves the sum to a second small kernel instead (like cuBLAS's splitKreduce).
+    workspace; the last program of a tile to finish (an atomic per-tile counter, release/acquire) sums the partials
+    in fixed split order (deterministic), writes y and re-arms the counter to 0. (A second small kernel summing them
+    instead, like cuBLAS's splitKreduce, was slower at the shapes that split; kernels/quant_linear sums its partials
+    that way.)
 
 Fused output epilogue:
   * linear_silu_mul: the weight is a fused [gate | up] projection [2N, K] and the output is silu(x @ gate.T) *
@@ -31,8 +30,8 @@ No input prologues (SiLU-mul, RMSNorm, gated RMSNorm computed while loading x): 
 MMA tile in every K step, mostly padding rows at decode sizes, and costs more than the kernels it removes. No early
 PDL trigger either. docs/decisions.md has the timings behind each of these.
 
-Default launch (default_launch): BLOCK_N=32, BLOCK_K = 256 bytes of a weight row (128 bf16), 4 warps, 4 stages,
-MMA path; no split of K when the N tiles alone give every SM a program, otherwise splits of MIN_CHUNKS_PER_SPLIT
+Default launch (default_launch): BLOCK_N=32, BLOCK_K = 256 bytes of a weight row (128 bf16), 4 warps, 4 stages;
+no split of K when the N tiles alone give every SM a program, otherwise splits of MIN_CHUNKS_PER_SPLIT
 BLOCK_K chunks. It depends on (N, K, dtype, SM count) only, never on M, so a row's result does not change with the
 batch size. The rule is the winner of a sweep at the 4B decode shapes (bench/results/h200_small_m_linear.json): no
 split with narrow tiles where N is large (gate_up, in_proj, lm_head), splits of ~8 chunks where it is small (down,
@@ -43,11 +42,11 @@ before is still finishing, prefetch their first `prefetch_lines` 128-byte lines 
 weights do not depend on that kernel), then wait for it (griddepcontrol.wait) before reading any input; each then
 lets the next PDL launch start (kernels/_common.pdl_enter). In a chain of GEMVs (out_proj -> gate_up -> down -> the
 next in_proj) this overlaps each one's ramp-up with the tail of the one before. Needs a GPU (the interpreter has no
-inline PTX). With every decode kernel launched this way (the engine's default, EngineOptions.decode_pdl) it took
+inline PTX). With every decode kernel launched this way (the engine's default, DecodeTuning.pdl) it took
 0.08-0.10 ms off a 4B decode step at b1 and b8 (h200_decode_pdl.json).
 
 CUDA graphs: no host syncs and allocation from shapes only. Split-K needs a workspace (fp32 partials + int32
-counters that must start at 0; the fused path leaves them at 0 again). Without one, each call allocates partials and
+counters that must start at 0; the kernel leaves them at 0 again). Without one, each call allocates partials and
 zeroes counters (an extra memset kernel); callers that care (the engine, graphs) pass a preallocated
 `small_m_linear_workspace(...)`, one per stream: two launches that may overlap must not share a workspace.
 The engine uses it for every decode-time projection with M <= 16 rows (engine/models/layers.DecodeProjections).
@@ -126,7 +125,7 @@ def default_launch(N, K, dtype, device) -> dict:
     """The launch options used when none are given (see the module docstring). Independent of M on purpose."""
     block_n, block_k = 32, 256 // dtype.itemsize
     return dict(block_n=block_n, block_k=block_k, split_k=pick_split_k(N, K, block_n, block_k, sm_count(device)),
-                num_warps=4, num_stages=4, mma=True, split_reduce="fused")
+                num_warps=4, num_stages=4)
 
 
 @triton.jit(do_not_specialize=["M"])  # M=1 and M=8 share one binary (the JIT would specialise M == 1)
@@ -135,11 +134,10 @@ def _small_m_linear_kernel(
     M, N, K, K_PER_SPLIT,
     sxm, swn, som,
     M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-    USE_MMA: tl.constexpr, SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr,
+    SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr,
     PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr, SWIGLU: tl.constexpr,
 ):
-    """SPLIT: 0 = one program per N tile writes y; 1 = split-K, the last program of a tile reduces; 2 = split-K,
-    partials only (a second kernel reduces). SWIGLU: N is the number of output columns and the weight has 2N rows
+    """SPLIT: False = one program per N tile writes y; True = split-K, the last program of a tile reduces. SWIGLU: N is the number of output columns and the weight has 2N rows
     [gate | up]; tile row r < BLOCK_N/2 is gate row j, the others up row N + j (j = the output column)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -172,10 +170,7 @@ def _small_m_linear_kernel(
 
     w_ptrs = w_ptr + offs_n.to(tl.int64)[:, None] * swn + (k_lo + offs_k)[None, :]
     x_ptrs = x_ptr + offs_m[:, None] * sxm + (k_lo + offs_k)[None, :]
-    if USE_MMA:
-        acc = tl.zeros((BLOCK_N, M_PAD), dtype=tl.float32)
-    else:
-        acc = tl.zeros((M_PAD, BLOCK_N, BLOCK_K), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_N, M_PAD), dtype=tl.float32)
     for k in range(k_lo, k_hi, BLOCK_K):
         if EVEN_K:  # K_PER_SPLIT and K are multiples of BLOCK_K: no mask along K, the loads stay vectorised
             w = tl.load(w_ptrs, mask=mask_n[:, None], other=0.0)
@@ -184,38 +179,31 @@ def _small_m_linear_kernel(
             mask_k = (k + offs_k) < K
             w = tl.load(w_ptrs, mask=mask_n[:, None] & mask_k[None, :], other=0.0)
             xk = tl.load(x_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
-        if USE_MMA:
-            if UPCAST_DOT:  # the CPU interpreter multiplies bf16 tiles as raw integers: feed it fp32
-                w = w.to(tl.float32)
-                xk = xk.to(tl.float32)
-            acc = tl.dot(w, tl.trans(xk), acc, input_precision=DOT_PRECISION)
-        else:
-            acc += w.to(tl.float32)[None, :, :] * xk.to(tl.float32)[:, None, :]
+        if UPCAST_DOT:  # the CPU interpreter multiplies bf16 tiles as raw integers: feed it fp32
+            w = w.to(tl.float32)
+            xk = xk.to(tl.float32)
+        acc = tl.dot(w, tl.trans(xk), acc, input_precision=DOT_PRECISION)
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
-    if USE_MMA:
-        res = tl.trans(acc)  # [M_PAD, BLOCK_N]
-    else:
-        res = tl.sum(acc, axis=2)
+    res = tl.trans(acc)  # [M_PAD, BLOCK_N]
 
     mask = mask_m[:, None] & mask_n[None, :]
-    if SPLIT == 0:
-        _store_output(out_ptr, res, offs_m, offs_n, mask_m, pid_n, N, som, BLOCK_N, SWIGLU)
-    else:
+    if SPLIT:
         p_ptrs = part_ptr + offs_m[:, None] * W_ROWS + offs_n[None, :]  # partials [S, M, W_ROWS] fp32
         tl.store(p_ptrs + pid_k * M * W_ROWS, res, mask=mask)
-        if SPLIT == 1:
-            # All of this program's partial stores happen before the counter increment (barrier, then a release
-            # atomic); the program that sees count == S-1 acquires them all and reduces in split order.
-            tl.debug_barrier()
-            count = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
-            S = tl.num_programs(1)
-            if count == S - 1:
-                total = tl.zeros((M_PAD, BLOCK_N), dtype=tl.float32)
-                for s in range(S):  # .cg: read L2, where the other SMs' stores are, never a stale L1 line
-                    total += tl.load(p_ptrs + s * M * W_ROWS, mask=mask, other=0.0, cache_modifier=".cg")
-                _store_output(out_ptr, total, offs_m, offs_n, mask_m, pid_n, N, som, BLOCK_N, SWIGLU)
-                tl.store(count_ptr + pid_n, 0)  # re-arm for the next launch (kernel boundaries order it)
+        # All of this program's partial stores happen before the counter increment (barrier, then a release
+        # atomic); the program that sees count == S-1 acquires them all and reduces in split order.
+        tl.debug_barrier()
+        count = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+        S = tl.num_programs(1)
+        if count == S - 1:
+            total = tl.zeros((M_PAD, BLOCK_N), dtype=tl.float32)
+            for s in range(S):  # .cg: read L2, where the other SMs' stores are, never a stale L1 line
+                total += tl.load(p_ptrs + s * M * W_ROWS, mask=mask, other=0.0, cache_modifier=".cg")
+            _store_output(out_ptr, total, offs_m, offs_n, mask_m, pid_n, N, som, BLOCK_N, SWIGLU)
+            tl.store(count_ptr + pid_n, 0)  # re-arm for the next launch (kernel boundaries order it)
+    else:
+        _store_output(out_ptr, res, offs_m, offs_n, mask_m, pid_n, N, som, BLOCK_N, SWIGLU)
 
 
 @triton.jit
@@ -239,6 +227,7 @@ def _store_output(out_ptr, res, offs_m, offs_n, mask_m, pid_n, N, som, BLOCK_N: 
 
 @triton.jit
 def _split_k_reduce_kernel(part_ptr, out_ptr, M, N, S, som, BLOCK: tl.constexpr):
+    """y[m] = the sum over S split-K partials [S, M, N] fp32, in split order: kernels/quant_linear's reduction."""
     m = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < N
@@ -250,21 +239,20 @@ def _split_k_reduce_kernel(part_ptr, out_ptr, M, N, S, som, BLOCK: tl.constexpr)
 
 def small_m_linear_triton(x, weight, out=None, **launch):
     """Launch options (default_launch's values where None): block_n, block_k, split_k (rounded to whole BLOCK_K
-    chunks per split: the effective number of splits may be lower), num_warps, num_stages, mma, split_reduce;
-    workspace: a SplitKWorkspace, used when split_k > 1."""
+    chunks per split: the effective number of splits may be lower), num_warps, num_stages; workspace: a
+    SplitKWorkspace, used when split_k > 1."""
     _validate(x, weight)
     return _launch(x, weight, out, **launch)
 
 
 def linear_silu_mul_triton(x, weight, out=None, **launch):
-    """Launch options as small_m_linear_triton; block_n counts weight rows (half gate, half up), and split-K reduces
-    in the kernel only (split_reduce "fused")."""
+    """Launch options as small_m_linear_triton; block_n counts weight rows (half gate, half up)."""
     _validate_swiglu(x, weight)
     return _launch(x, weight, out, swiglu=True, **launch)
 
 
-def _launch(x, weight, out, block_n=None, block_k=None, split_k=None, num_warps=None, num_stages=None, mma=None,
-            split_reduce=None, workspace=None, pdl=False, prefetch_lines=8, swiglu=False):
+def _launch(x, weight, out, block_n=None, block_k=None, split_k=None, num_warps=None, num_stages=None, workspace=None,
+            pdl=False, prefetch_lines=8, swiglu=False):
     require_last_dim_contiguous("x", x)
     require_last_dim_contiguous("weight", weight)
     M = x.shape[0]
@@ -279,11 +267,8 @@ def _launch(x, weight, out, block_n=None, block_k=None, split_k=None, num_warps=
     d = default_launch(W_ROWS, K, x.dtype, x.device)
     BLOCK_N = block_n or d["block_n"]
     BLOCK_K = block_k or d["block_k"]
-    use_mma = d["mma"] if mma is None else bool(mma)
-    reduce_mode = split_reduce or d["split_reduce"]
     check(BLOCK_N >= 16 and BLOCK_N == next_pow2(BLOCK_N), f"block_n must be a power of two >= 16, got {BLOCK_N}")
     check(BLOCK_K >= 16 and BLOCK_K == next_pow2(BLOCK_K), f"block_k must be a power of two >= 16, got {BLOCK_K}")
-    check(reduce_mode in ("fused", "kernel"), f"split_reduce must be 'fused' or 'kernel', got {reduce_mode!r}")
     pdl_args = pdl_launch(pdl)
     check(prefetch_lines >= 1 and prefetch_lines == next_pow2(prefetch_lines),
           f"prefetch_lines must be a power of two, got {prefetch_lines}")
@@ -292,9 +277,7 @@ def _launch(x, weight, out, block_n=None, block_k=None, split_k=None, num_warps=
     check(isinstance(split, int) and 1 <= split <= MAX_SPLIT_K,
           f"split_k must be an int in [1, {MAX_SPLIT_K}], got {split!r}")
     k_per_split, S = split_ranges(K, BLOCK_K, split)
-    mode = 0 if S == 1 else (1 if reduce_mode == "fused" else 2)
-    check(not (swiglu and mode == 2), "linear_silu_mul reduces split-K partials in the kernel: split_reduce='fused'")
-    if mode:
+    if S > 1:
         n_parts = S * M * W_ROWS
         if workspace is None:
             workspace = SplitKWorkspace(torch.empty(n_parts, dtype=torch.float32, device=x.device),
@@ -310,21 +293,17 @@ def _launch(x, weight, out, block_n=None, block_k=None, split_k=None, num_warps=
         parts, counters = y, y  # unused
     _small_m_linear_kernel[(n_tiles, S)](
         x, weight, y, parts, counters, M, N, K, k_per_split, x.stride(0), weight.stride(0), y.stride(0),
-        M_PAD=max(16, next_pow2(M)) if use_mma else next_pow2(M), BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
-        EVEN_K=K % BLOCK_K == 0, USE_MMA=use_mma, SPLIT=mode,
+        M_PAD=max(16, next_pow2(M)), BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, EVEN_K=K % BLOCK_K == 0, SPLIT=S > 1,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", UPCAST_DOT=not x.is_cuda,
         PREFETCH_LINES=prefetch_lines, SWIGLU=bool(swiglu), num_warps=num_warps or d["num_warps"],
         num_stages=num_stages or d["num_stages"], **pdl_args,
     )
-    if mode == 2:
-        block = min(1024, next_pow2(N))
-        _split_k_reduce_kernel[(M, cdiv(N, block))](parts, y, M, N, S, y.stride(0), BLOCK=block, num_warps=4)
     return y
 
 
 def small_m_linear(x, weight, out=None, **launch):
     """x @ weight.T -> [M, N] in x.dtype (written to `out` if given); x [M <= 16, K], weight [N, K] of x's dtype.
-    `launch` (Triton only): block_n, block_k, split_k, num_warps, num_stages, mma, split_reduce, workspace."""
+    `launch` (Triton only): block_n, block_k, split_k, num_warps, num_stages, workspace."""
     if use_triton(x):
         return small_m_linear_triton(x, weight, out, **launch)
     return small_m_linear_ref(x, weight, out)
@@ -332,7 +311,7 @@ def small_m_linear(x, weight, out=None, **launch):
 
 def linear_silu_mul(x, weight, out=None, **launch):
     """silu(x @ gate.T) * (x @ up.T) -> [M, N] for x [M <= 16, K] and a fused weight [gate | up] [2N, K]; `launch` as
-    small_m_linear (split_reduce "fused" only)."""
+    small_m_linear."""
     if use_triton(x):
         return linear_silu_mul_triton(x, weight, out, **launch)
     return linear_silu_mul_ref(x, weight, out)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow.fs as pafs
 
+from pipeline.redact import redact
 from pipeline.storage import explain, resolve
 
 if TYPE_CHECKING:  # annotations only: the research evaluation reads checkpoints here on machines without pydantic
@@ -19,7 +20,10 @@ if TYPE_CHECKING:  # annotations only: the research evaluation reads checkpoints
 
 
 class CheckpointError(Exception):
-    pass
+    """A checkpoint that cannot be used, worded for the person running the job (credentials redacted)."""
+
+    def __init__(self, message: str):
+        super().__init__(redact(message))
 
 
 def localize(uri: str, storage: StorageConfig, cache_dir: str) -> str:
@@ -44,7 +48,7 @@ def localize(uri: str, storage: StorageConfig, cache_dir: str) -> str:
             dest.parent.mkdir(parents=True, exist_ok=True)
             pafs.copy_files(f.path, str(dest), source_filesystem=loc.fs, destination_filesystem=pafs.LocalFileSystem())
     except OSError as e:
-        raise CheckpointError(f"cannot copy the checkpoint from {uri}: {explain(uri, e)}") from e
+        raise CheckpointError(f"cannot copy the checkpoint from {uri}: {explain(uri, e, storage)}") from e
     (tmp / ".complete").write_text(uri)
     try:
         os.rename(tmp, target)

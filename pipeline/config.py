@@ -11,6 +11,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from pipeline.blocks import BLOCK_SCALES_RULE, valid_block_scales
+from pipeline.redact import redact
 
 
 class Strict(BaseModel):
@@ -27,6 +28,32 @@ class StorageConfig(Strict):
                                      "http://127.0.0.1:9023; null = STORAGE_EMULATOR_HOST if set, else Google's")
     anonymous: bool = Field(False, description="send no credentials (public buckets); a GCS endpoint taken from "
                             "STORAGE_EMULATOR_HOST is always reached anonymously, as Google's own clients do")
+    # Each object-store call is bounded by these, so a store that does not answer fails the call in seconds
+    # (pipeline/storage.py) instead of retrying for the clients' defaults (15 minutes for GCS).
+    connect_timeout_s: float = Field(5.0, gt=0, le=60, description="S3: seconds to open a connection")
+    request_timeout_s: float = Field(10.0, gt=0, le=300, description="S3: seconds a request may go without "
+                                     "receiving a byte before that try is abandoned (3 tries per request)")
+    retry_time_limit_s: float = Field(10.0, ge=1, le=3600, description="GCS: seconds after which one call stops "
+                                      "retrying errors that may pass (unreachable endpoint, 5xx, throttling); the "
+                                      "backoff under way may take it to about twice that")
+
+    @field_validator("s3_endpoint", "gcs_endpoint")
+    @classmethod
+    def _endpoint_without_credentials(cls, v: str | None) -> str | None:
+        """An endpoint is a URL without userinfo: credentials in it would be printed wherever the endpoint is."""
+        if v is None:
+            return v
+        if not v.strip():
+            return None
+        scheme, _, rest = v.partition("://") if "://" in v else ("http", "", v)
+        if scheme not in ("http", "https"):
+            raise ValueError(f"{redact(v)!r} is not an http:// or https:// URL (host:port alone means http)")
+        if "@" in rest:  # anywhere: an unencoded '/' in a password would end the host part early
+            host = rest.rsplit("@", 1)[1].split("/", 1)[0]
+            raise ValueError(f"{scheme}://***@{host} carries credentials (user:password@): give the endpoint without "
+                             f"them and the credentials through the environment (AWS_ACCESS_KEY_ID / "
+                             f"AWS_SECRET_ACCESS_KEY for S3, GOOGLE_APPLICATION_CREDENTIALS for GCS)")
+        return v
 
 
 class InputConfig(Strict):
@@ -144,6 +171,9 @@ class ParseConfig(Strict):
 
 class CostConfig(Strict):
     usd_per_gpu_hour: float = Field(2.69, ge=0, description="H100 on-demand price used by olmOCR's figures")
+    usd_per_cpu_hour: float = Field(0.045, ge=0, description="what one CPU core costs an hour: a CPU-only run is "
+                                    "priced by the CPUs its actors hold at this rate (about one vCPU of a cloud "
+                                    "general-purpose instance on demand)")
 
 
 class RunConfig(Strict):
@@ -153,6 +183,10 @@ class RunConfig(Strict):
     reparse: bool = Field(False, description="parse again the documents whose committed pages another model wrote")
     max_attempts: int = Field(3, ge=1, description="a failing document is retried on reruns up to this many attempts")
     commit_every_docs: int = Field(64, ge=1, description="documents per committed output part")
+    allow_errors: bool = Field(False, description="exit 0 when documents failed (their rows still say why); off: "
+                               "exit 3 when some failed, 4 when all did (docs/outcomes.md)")
+    term_grace_s: float = Field(20.0, gt=0, le=3600, description="after SIGTERM, seconds to commit the finished "
+                                "documents and stop Ray before the process ends regardless (status 143 either way)")
     cache_dir: str = "~/.cache/ocria/checkpoints"
 
 
@@ -181,14 +215,19 @@ class JobConfig(Strict):
 
 
 class ConfigError(Exception):
-    """A configuration problem, worded for the person running the job."""
+    """A configuration problem, worded for the person running the job (credentials redacted: it quotes URIs and
+    storage errors as given)."""
+
+    def __init__(self, message: str):
+        super().__init__(redact(message))
 
 
 # The command line's flags (jobs/parse_corpus.py; the option's name, dashes as underscores) and the keys they set.
 FLAG_KEYS = {
     "input": ("input", "uris"), "include": ("input", "include"), "exclude": ("input", "exclude"),
     "limit": ("input", "limit"), "output": ("output",), "s3_endpoint": ("storage", "s3_endpoint"),
-    "s3_region": ("storage", "s3_region"), "backend": ("model", "backend"), "checkpoint": ("model", "checkpoint"),
+    "s3_region": ("storage", "s3_region"), "gcs_endpoint": ("storage", "gcs_endpoint"),
+    "backend": ("model", "backend"), "checkpoint": ("model", "checkpoint"),
     "drafter": ("model", "drafter"), "device": ("model", "device"), "dtype": ("model", "dtype"),
     "max_tokens": ("model", "max_tokens"), "prompt": ("model", "prompt"), "num_beams": ("model", "num_beams"),
     "loop_stop_tokens": ("model", "loop_stop_tokens"), "loop_drop_tokens": ("model", "loop_drop_tokens"),
@@ -202,6 +241,7 @@ FLAG_KEYS = {
     "retry_failed": ("run", "retry_failed"), "reparse": ("run", "reparse"), "max_attempts": ("run", "max_attempts"),
     "ray_address": ("run", "ray_address"), "num_cpus": ("run", "num_cpus"),
     "commit_every": ("run", "commit_every_docs"), "usd_per_gpu_hour": ("cost", "usd_per_gpu_hour"),
+    "allow_errors": ("run", "allow_errors"), "usd_per_cpu_hour": ("cost", "usd_per_cpu_hour"),
 }
 _FLAG_OF_KEY = {".".join(path): "--" + name.replace("_", "-") for name, path in FLAG_KEYS.items()
                 if name != "doc_timeout"}

@@ -21,6 +21,7 @@ from pipeline.page_reading import block_reading, raster_options
 from pipeline.plan import Plan, plan_run
 from pipeline.progress import PageProgress
 from pipeline.rasterize import RasterOptions
+from pipeline.redact import install_log_redaction, redact
 from pipeline.schema import DOC_TASK_SCHEMA, PAGE_SCHEMA, empty_row
 from pipeline.stats import RunStats, format_table
 from pipeline.storage import Location, check_writable, explain, list_documents, resolve, write_parquet_atomic, write_text
@@ -58,6 +59,7 @@ class Prepared:
 
 def prepare(cfg: JobConfig) -> Prepared:
     """Fails fast, with a message saying what to fix, on a bad checkpoint, input or output."""
+    install_log_redaction()  # a process that runs the job logs no credential, whoever called it
     try:
         checkpoint_dir = localize(cfg.model.checkpoint, cfg.storage, cfg.run.cache_dir)
         model_id = validate(checkpoint_dir)
@@ -74,7 +76,7 @@ def prepare(cfg: JobConfig) -> Prepared:
     try:
         report = store.reconcile()
     except (OSError, ValueError) as e:
-        raise ConfigError(f"--output {cfg.output!r} is not usable: {explain(cfg.output, e)}") from None
+        raise ConfigError(f"--output {cfg.output!r} is not usable: {explain(cfg.output, e, cfg.storage)}") from None
     if report.orphan_parts_removed or report.superseded_documents:
         log.info("output repaired: %s", report)
     listed = {}
@@ -83,7 +85,7 @@ def prepare(cfg: JobConfig) -> Prepared:
             for f in list_documents(uri, cfg.storage, cfg.input.include, cfg.input.exclude):
                 listed[f.uri] = f
         except (OSError, ValueError) as e:
-            raise ConfigError(f"cannot list input {uri!r}: {explain(uri, e)}") from None
+            raise ConfigError(f"cannot list input {uri!r}: {explain(uri, e, cfg.storage)}") from None
     plan = plan_run(list(listed.values()), store.documents(), cfg.run.retry_failed, cfg.run.max_attempts,
                     cfg.input.limit, model_id, store.page_models(), cfg.run.reparse)
     if plan.other_model:
@@ -107,16 +109,31 @@ def writable_output(cfg: JobConfig) -> Location:
     written there and deleted, so a bad --output fails now, not in the first commit after parsing."""
     try:
         loc = resolve(cfg.output, cfg.storage)
+        if loc.scheme == "file" and inside_ray_job_submit() and not _absolute(cfg.output):
+            raise ConfigError(f"--output {cfg.output!r} is relative, and inside `ray job submit` that is a folder in "
+                              f"the copy of --working-dir Ray made for this job ({os.getcwd()}), which Ray may delete "
+                              f"once the job is over: give an absolute path on storage every node shares, or an "
+                              f"s3:// / gs:// prefix")
         if loc.fs.get_file_info(loc.path).type == pafs.FileType.File:
             raise ConfigError(f"--output {cfg.output!r} is an existing file: give a folder (or an object-storage "
                               f"prefix) for the pages/, documents/ and stats/ tables")
         check_writable(loc)
     except (OSError, ValueError) as e:
-        reason = explain(cfg.output, e) if isinstance(e, OSError) else str(e)
-        if reason == str(e):
+        reason = explain(cfg.output, e, cfg.storage) if isinstance(e, OSError) else str(e)
+        if reason == redact(str(e)):  # nothing more specific known: a local folder's or the store's own words
             reason = f"{_first_line(e)}: choose a folder you can write to, or fix its permissions"
         raise ConfigError(f"--output {cfg.output!r} cannot be written: {reason}") from None
     return loc
+
+
+def inside_ray_job_submit() -> bool:
+    """Whether this driver is the entrypoint of `ray job submit` (Ray's job supervisor sets this variable for it)."""
+    return bool(os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR"))
+
+
+def _absolute(path: str) -> bool:
+    local = path[7:] if path.startswith("file://") else path
+    return local.startswith(("/", "~"))
 
 
 def ray_address(cfg: JobConfig) -> str | None:
@@ -232,7 +249,7 @@ def run(prep: Prepared, echo=print) -> dict:
     if note:
         echo(f"model {cfg.model.checkpoint}: {short_note(note)}")
     engines, gpus = cfg.parse.num_actors or 1, 0
-    stats = RunStats(prep.run_id, engines, gpus, cfg.cost.usd_per_gpu_hour)
+    stats = RunStats(prep.run_id, engines, gpus, cfg.cost.usd_per_gpu_hour, usd_per_cpu_hour=cfg.cost.usd_per_cpu_hour)
     t0 = time.perf_counter()
     if prep.plan.todo:
         with ray_session(ray_address(cfg), local_cpus(cfg)) as ray:
@@ -240,10 +257,13 @@ def run(prep: Prepared, echo=print) -> dict:
             pools = size_pools(cfg, res.get("CPU", 1.0), int(res.get("GPU", 0)))
             stats.engine_actors, stats.gpus = pools.engines, pools.engines * pools.gpus_per_engine
             stats.raster_actors = pools.raster_max
+            stats.cpus = pools.engines * pools.engine_cpus + pools.raster_max * pools.raster_cpus
             echo(f"engines: {pools.engines} x {'GPU' if pools.gpus_per_engine else 'CPU'}; "
                  f"rasterizers: up to {pools.raster_max} x {pools.raster_cpus:.2f} CPU")
+            ds = build_dataset(ray, prep, pools)  # seconds on a busy machine (Ray Data's imports): start-up too
+            # one origin for wall_s, warmup_s and first_result_s, so stream_started_unix + warmup_s is the warm-up mark
             t0, stats.stream_started_unix = time.perf_counter(), time.time()
-            _stream_and_commit(build_dataset(ray, prep, pools), prep, stats, echo)
+            _stream_and_commit(ds, prep, stats, t0, echo)
     stats.wall_s = time.perf_counter() - t0
     report = prep.store.reconcile()
     stats.extra.update(skipped=dict(prep.plan.skipped), superseded_documents=report.superseded_documents,
@@ -254,10 +274,10 @@ def run(prep: Prepared, echo=print) -> dict:
     return summary
 
 
-def _stream_and_commit(ds, prep: Prepared, stats: RunStats, echo=print) -> None:
+def _stream_and_commit(ds, prep: Prepared, stats: RunStats, started: float, echo=print) -> None:
+    """`started`: the perf_counter origin of the run's wall_s, which warmup_s and first_result_s share."""
     cfg, plan = prep.cfg, prep.plan
     assembler = DocumentAssembler()
-    started = time.perf_counter()
     pending_pages, pending_docs = [], []
 
     def flush():
@@ -307,4 +327,4 @@ def _incomplete_row(prep: Prepared, uri: str, got: int, expected: int) -> dict:
 def _write_stats(prep: Prepared, stats: RunStats) -> None:
     loc = prep.store.loc
     write_parquet_atomic(loc.fs, loc.join("stats", f"{prep.run_id}.parquet"), stats.table())
-    write_text(loc.fs, loc.join("runs", f"{prep.run_id}.json"), stats.to_json())
+    write_text(loc.fs, loc.join("runs", f"{prep.run_id}.json"), redact(stats.to_json()))  # it names the checkpoint

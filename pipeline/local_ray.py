@@ -14,6 +14,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from pipeline import terminate
+from pipeline.redact import redact
+
 log = logging.getLogger("ocria.ray")
 
 # Ray's notice that token authentication is on (by default since 2.60) on every local start (authentication stays on),
@@ -23,7 +26,10 @@ START_PAUSE_S = 5.0  # between the two attempts: let a busy machine settle
 
 
 class RayStartError(Exception):
-    """The local Ray did not start, worded for the person running the job (one line)."""
+    """The local Ray did not start, worded for the person running the job (one line, credentials redacted)."""
+
+    def __init__(self, message: str):
+        super().__init__(redact(message))
 
 
 @contextmanager
@@ -34,7 +40,8 @@ def ray_session(address: str | None, num_cpus: float) -> Iterator[object]:
     for name in RAY_NOTICE_LOGGERS:
         logging.getLogger(name).setLevel(logging.ERROR)
     if address:  # an existing cluster, e.g. inside `ray job submit`: not ours to stop
-        ray.init(address=address, log_to_driver=False)
+        with terminate.ray_keeps_our_handler(ray):
+            ray.init(address=address, log_to_driver=False)
         try:
             yield ray
         finally:
@@ -58,7 +65,8 @@ def start_local(ray, num_cpus: float, attempts: int = 2) -> None:
     """ray.init for a local Ray, tried `attempts` times; the second with Ray's GCS connection window doubled."""
     for attempt in range(1, attempts + 1):
         try:
-            ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+            with terminate.ray_keeps_our_handler(ray):
+                ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
             return
         except Exception as e:  # Ray raises plain Exception / RuntimeError for a start-up timeout
             ray.shutdown()

@@ -25,6 +25,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from pipeline.outcomes import is_retryable
+from pipeline.redact import redact
 from pipeline.schema import DOCUMENT_SCHEMA, PAGE_SCHEMA, empty_row
 from pipeline.storage import Location, delete_file, list_parquet, write_parquet_atomic
 
@@ -94,6 +95,11 @@ def document_row(run_id: str, rows: list[dict], meta: DocMeta, max_pages: int) -
     )
 
 
+def _redact_errors(rows: list[dict]) -> list[dict]:
+    """Rows with their `error` redacted: it quotes storage errors, URIs and MuPDF as they were, from any worker."""
+    return [dict(r, error=redact(r["error"])) if r.get("error") else r for r in rows]
+
+
 @dataclass
 class OutputStore:
     loc: Location
@@ -114,6 +120,7 @@ class OutputStore:
         """Writes one part: pages first, then the documents file that makes it visible. Returns the part name."""
         self._seq += 1
         name = f"part-{run_id}-{self._seq:06d}.parquet"
+        page_rows, doc_rows = _redact_errors(page_rows), _redact_errors(doc_rows)
         write_parquet_atomic(self.loc.fs, self._part(self.pages_dir, name), pa.Table.from_pylist(page_rows, schema=PAGE_SCHEMA))
         write_parquet_atomic(self.loc.fs, self._part(self.documents_dir, name), pa.Table.from_pylist(doc_rows, schema=DOCUMENT_SCHEMA))
         return name

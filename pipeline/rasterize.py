@@ -5,6 +5,7 @@ Pages travel as raw arrays, never PNG: PNG encoding costs ~95 % of render time (
 from __future__ import annotations
 
 import math
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Iterator
@@ -13,6 +14,7 @@ import numpy as np
 import pymupdf
 
 from pipeline.diagnose import classify_page_failure, classify_unopened, out_of_memory, warnings_text, what_it_looks_like
+from pipeline.redact import redact
 
 # File types PyMuPDF opens by content; the extension only picks the parser.
 FILETYPES = {".pdf": "pdf", ".png": "png", ".jpg": "jpeg", ".jpeg": "jpeg", ".tif": "tiff", ".tiff": "tiff"}
@@ -23,7 +25,7 @@ class DocumentError(Exception):
     means and whether a later run retries it)."""
 
     def __init__(self, kind: str, message: str):
-        super().__init__(message)
+        super().__init__(redact(message))  # the message becomes a row of the output
         self.kind = kind
 
 
@@ -62,6 +64,7 @@ class RenderedPage:
     render_s: float
     views: list[np.ndarray] = field(default_factory=list)  # the page drawn at RasterOptions.block_scales[1:]
     blank: bool = False  # nothing drawn on it (`is_blank`): its row says so and the model does not read it
+    warnings: str = ""  # what MuPDF warned while drawing it (warnings_text): a blank page's row keeps it
 
 
 # A page is blank when no pixel differs from the page's lightest colour by more than this (0-255, any channel): the
@@ -226,9 +229,54 @@ def open_document(data: bytes, uri: str) -> pymupdf.Document:
         raise DocumentError(kind, f"cannot read the page count: {type(e).__name__}: {e}") from e
     if count == 0:
         if filetype == "pdf":
-            raise DocumentError(*classify_unopened(data, pymupdf.TOOLS.mupdf_warnings(), "no pages"))
+            raise DocumentError(*classify_unopened(data, pymupdf.TOOLS.mupdf_warnings(), "no pages",
+                                                   repaired=bool(getattr(doc, "is_repaired", False)),
+                                                   broken=empty_structure_problem(doc)))
         raise DocumentError("empty", "document has no pages")
     return doc
+
+
+_REF = re.compile(r"(\d+)\s+\d+\s+R")
+
+
+def empty_structure_problem(doc: pymupdf.Document) -> tuple[str, str] | None:
+    """(kind, what) when a PDF that opened with no pages is not an intact empty document, else None. MuPDF reads a
+    trailer whose /Root is missing, a catalog without /Pages, or a page tree whose kids are missing or not pages as
+    an empty document without a word; an intact empty PDF has a catalog, a /Pages node with /Kids [] and /Count 0,
+    and a trailer /Size that matches its cross-reference table."""
+    try:
+        size = doc.xref_length()
+        declared = doc.xref_get_key(-1, "Size")
+        if declared[0] == "int" and int(declared[1]) != size:
+            return "damaged", f"its trailer says /Size {declared[1]} but its cross-reference table has {size} entries"
+        root = doc.xref_get_key(-1, "Root")
+        if root[0] != "xref":
+            return "damaged", "its trailer has no /Root (the document catalog)"
+        catalog = int(root[1].split()[0])
+        if not 0 < catalog < size or doc.xref_get_key(catalog, "Type") != ("name", "/Catalog"):
+            return "damaged", f"its trailer's /Root ({root[1]}) is not a document catalog"
+        pages = doc.xref_get_key(catalog, "Pages")
+        if pages[0] != "xref":
+            return "page_tree", "its catalog has no /Pages (the root of the page tree)"
+        node = int(pages[1].split()[0])
+        if not 0 < node < size or doc.xref_get_key(node, "Type") != ("name", "/Pages"):
+            return "page_tree", f"its catalog's /Pages ({pages[1]}) is not a page tree node"
+        kids = doc.xref_get_key(node, "Kids")
+        if kids[0] != "array":
+            return "page_tree", "its page tree has no /Kids array"
+        for ref in _REF.findall(kids[1]):
+            kid = int(ref)
+            if not 0 < kid < size:
+                return "page_tree", f"its page tree lists {ref} 0 R, which is not in the file"
+            kind = doc.xref_get_key(kid, "Type")
+            if kind not in (("name", "/Page"), ("name", "/Pages")):
+                return "page_tree", f"its page tree lists {ref} 0 R, which is a {kind[1]}, not a page"
+        count = doc.xref_get_key(node, "Count")
+        if count != ("int", "0") or _REF.search(kids[1]):
+            return "page_tree", f"its page tree's /Count is {count[1]} for kids {kids[1]}"
+    except Exception as e:  # noqa: BLE001  (an object that cannot be read is the answer)
+        return "damaged", f"its catalog or page tree cannot be read ({type(e).__name__}: {e})"
+    return None
 
 
 def rasterize(data: bytes, uri: str, opts: RasterOptions, start: int = 0
@@ -269,7 +317,8 @@ def draw_pages(doc: pymupdf.Document, opts: RasterOptions, start: int = 0
             yield count, total, PageFailure(i, classify_page_failure(failure),
                                             f"page {i}: {failure}{f' (MuPDF: {said})' if said else ''}")
             continue
-        yield count, total, RenderedPage(i, image, text, time.perf_counter() - t0, views, is_blank(image))
+        yield count, total, RenderedPage(i, image, text, time.perf_counter() - t0, views, is_blank(image),
+                                         warnings_text(pymupdf.TOOLS.mupdf_warnings()))
 
 
 def close_document(doc: pymupdf.Document) -> None:

@@ -67,6 +67,10 @@ PAGE_SCHEMA = pa.schema([
     ("decode_s", pa.float64()),
     ("parse_s", pa.float64()),
     ("engine_s", pa.float64()),  # this page's share of the engine's busy time (shares sum to it)
+    # wall clock (unix s) when the engine call holding this page began and returned (the pages of one call share
+    # them): pages/s over time and the steady window of a benchmark report (pipeline/report.py)
+    ("parse_started_unix", pa.float64()),
+    ("parse_ended_unix", pa.float64()),
 ])
 
 DOCUMENT_SCHEMA = pa.schema([

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import time
 from typing import Iterator
 
 import numpy as np
@@ -18,13 +19,23 @@ from pipeline.checkpoint import localize
 from pipeline.config import StorageConfig
 from pipeline.isolation import IsolatedRasterizer
 from pipeline.rasterize import DocumentError, PageFailure, RasterOptions, RenderedPage, filetype_for
+from pipeline.redact import install_log_redaction
 from pipeline.schema import PAGE_SCHEMA, RASTER_SCHEMA, empty_row
-from pipeline.storage import read_bytes, resolve
+from pipeline.storage import explain, read_bytes, resolve
 
 
 def _error_row(uri: str, sha256: str | None, kind: str, message: str) -> dict:
     return empty_row(RASTER_SCHEMA, uri=uri, sha256=sha256, page_index=-1, page_count=0, total_pages=0,
                      status="error", error_kind=kind, error=message, raster_s=0.0)
+
+
+def blank_note(page: RenderedPage) -> str | None:
+    """A blank page drawn while MuPDF warned (a JBIG2 image or a content stream that did not decode) is not plainly
+    blank: its row's `error` says so, with MuPDF's words. None for a plain blank page and for a page with ink."""
+    if not (page.blank and page.warnings):
+        return None
+    return (f"drawn blank, but MuPDF reported problems while drawing it, so content may have failed to draw: "
+            f"{page.warnings}")
 
 
 def _raster_row(uri: str, sha256: str, count: int, total: int, page: RenderedPage | PageFailure) -> dict:
@@ -35,7 +46,8 @@ def _raster_row(uri: str, sha256: str, count: int, total: int, page: RenderedPag
     h, w, _ = page.image.shape
     return empty_row(
         RASTER_SCHEMA, uri=uri, sha256=sha256, page_index=page.index, page_count=count, total_pages=total,
-        status="blank" if page.blank else "ok", image=None if page.blank else page.image.tobytes(), image_height=h,
+        status="blank" if page.blank else "ok", error=blank_note(page),
+        image=None if page.blank else page.image.tobytes(), image_height=h,
         image_width=w, text_layer=page.text_layer, raster_s=page.render_s,
         views=[] if page.blank else [{"image": v.tobytes(), "height": v.shape[0], "width": v.shape[1]}
                                      for v in page.views],
@@ -47,6 +59,7 @@ class RasterizeStage:
 
     def __init__(self, storage: StorageConfig, opts: RasterOptions, page_timeout_s: float, memory_limit_mb: int,
                  max_lost_pages: int = 2, rows_per_table: int = 8):
+        install_log_redaction()  # an actor is its own process: its log records are redacted there
         self.storage = storage
         self._filesystems: dict[str, object] = {}  # scheme -> filesystem, built once per actor
         self.renderer = IsolatedRasterizer(opts, page_timeout_s, memory_limit_mb, max_lost_pages)
@@ -70,7 +83,7 @@ class RasterizeStage:
             try:
                 data = read_bytes(self._filesystem(uri), uri)
             except (OSError, FileNotFoundError) as e:
-                raise DocumentError("unreadable", f"cannot read the file: {type(e).__name__}: {e}") from e
+                raise DocumentError("unreadable", f"cannot read the file: {explain(uri, e, self.storage)}") from e
             sha256 = hashlib.sha256(data).hexdigest()
             for count, total, page in self.renderer.rasterize(data, uri):
                 yield _raster_row(uri, sha256, count, total, page)
@@ -112,6 +125,7 @@ class ParseStage:
         from engine.backends import load_backend
         from engine.interface import SamplingParams
 
+        install_log_redaction()  # an actor is its own process: its log records are redacted there
         self.run_id, self.prompt, self.fallback = run_id, prompt, fallback_to_text_layer
         self.blocks = block_reading
         self.sampling = SamplingParams(**sampling)
@@ -123,6 +137,7 @@ class ParseStage:
     def __call__(self, batch: pa.Table) -> pa.Table:
         from engine.interface import PageRequest
 
+        started = time.time()
         rows = batch.to_pylist()
         todo = [i for i, r in enumerate(rows) if r["status"] == "ok"]
         images = {i: np.frombuffer(rows[i]["image"], np.uint8).reshape(rows[i]["image_height"], rows[i]["image_width"], 3)
@@ -134,12 +149,14 @@ class ParseStage:
         results = dict(zip(whole, self.backend.parse(requests))) if requests else {}
         share = self._engine_time() / max(len(todo), 1)  # each page's part of the engine time
         out = [self._page_row(r) for r in rows]
+        ended = time.time()
         for i in todo:
             row, res, blocks = out[i], results.get(i), by_blocks.get(i)
             read = res or blocks
             row.update(prompt_tokens=read.prompt_tokens, output_tokens=read.output_tokens,
                        finish_reason=read.finish_reason, loop_dropped_tokens=read.loop_dropped_tokens,
                        ttft_s=read.ttft_s, decode_s=read.decode_s, parse_s=read.total_s or share, engine_s=share,
+                       parse_started_unix=started, parse_ended_unix=ended,
                        **spec_columns([r for r in (res, blocks) if r is not None]))
             if res is None:  # read in blocks only
                 row.update(status="ok", text=blocks.text, read_by="blocks")

@@ -11,9 +11,11 @@ import pyarrow as pa
 from pipeline.schema import STATS_SCHEMA
 
 
-def percentiles(values: list[float]) -> dict[str, float]:
+def percentiles(values: list[float]) -> dict[str, float | None]:
+    """p50, p90, p99; None each when there are no values (a run with nothing to parse): never NaN, which prints as
+    `nan` and is not JSON."""
     if not values:
-        return {"p50": float("nan"), "p90": float("nan"), "p99": float("nan")}
+        return {"p50": None, "p90": None, "p99": None}
     p50, p90, p99 = np.percentile(np.asarray(values, dtype=np.float64), [50, 90, 99])
     return {"p50": float(p50), "p90": float(p90), "p99": float(p99)}
 
@@ -24,6 +26,9 @@ class RunStats:
     engine_actors: int
     gpus: int
     usd_per_gpu_hour: float
+    # A CPU-only run is billed by the CPUs its actors reserve at this price, not its engine actors at the GPU price
+    cpus: float = 0.0
+    usd_per_cpu_hour: float = 0.0
     docs: Counter = field(default_factory=Counter)  # status -> count
     pages: Counter = field(default_factory=Counter)
     errors: Counter = field(default_factory=Counter)  # error kind -> documents
@@ -92,11 +97,10 @@ class RunStats:
         wall = max(self.wall_s, 1e-9)
         n_docs, n_pages = sum(self.docs.values()), sum(self.pages.values())
         per = max(self.engine_actors, 1)
-        # On a CPU-only cluster the engine actors stand in for GPUs, so cost is per engine-actor hour.
-        billed_units = self.gpus if self.gpus else self.engine_actors
+        billed, rate = (self.gpus, self.usd_per_gpu_hour) if self.gpus else (self.cpus, self.usd_per_cpu_hour)
         # past the warm-up mark when one was seen (every engine returned a batch), else past the first result
         steady = n_pages > self.warmup_pages if self.warmup_s else n_pages > 0 and self.wall_s > self.first_result_s
-        usd = wall / 3600 * billed_units * self.usd_per_gpu_hour
+        usd = self.wall_s / 3600 * billed * rate
         return {
             "run_id": self.run_id,
             "wall_s": self.wall_s,
@@ -139,9 +143,12 @@ class RunStats:
             "ttft_s": percentiles(self.ttft_s),
             "errors_by_kind": dict(self.errors),
             "usd_per_gpu_hour": self.usd_per_gpu_hour,
-            "cost_basis": "gpu-hours" if self.gpus else "engine-actor-hours (CPU run)",
+            "usd_per_cpu_hour": self.usd_per_cpu_hour,
+            "cpus": self.cpus,
+            "cost_basis": "gpu-hours" if self.gpus else "cpu-hours (CPU run)",
+            "usd_per_hour": billed * rate,
             "usd": usd,
-            "usd_per_million_pages": usd / n_pages * 1e6 if n_pages else float("nan"),
+            "usd_per_million_pages": usd / n_pages * 1e6 if n_pages else None,
             **self.extra,
         }
 
@@ -174,7 +181,14 @@ def speculation_lines(spec: dict) -> list[str]:
 
 def format_table(s: dict) -> str:
     def pct(d: dict, scale: float = 1000.0) -> str:
-        return "  ".join(f"{k} {v * scale:8.1f}" for k, v in d.items())
+        return "  ".join(f"{k} {'-' if v is None else f'{v * scale:.1f}':>8}" for k, v in d.items())
+
+    if s["gpus"]:
+        billed = f"{s['gpus']} GPU x ${s['usd_per_gpu_hour']:g}/h"
+    else:
+        billed = f"{s['cpus']:g} CPU x ${s['usd_per_cpu_hour']:g}/h"
+    per_million = (f"${s['usd_per_million_pages']:,.0f} per million pages" if s["usd_per_million_pages"] is not None
+                   else "no pages to price")
 
     lines = [
         f"run {s['run_id']}   wall {s['wall_s']:.1f} s   engines {s['engine_actors']} ({s['gpus']} GPU)",
@@ -195,8 +209,7 @@ def format_table(s: dict) -> str:
         f"{'parse ms/page':<24}{pct(s['parse_s_per_page'])}",
         f"{'time to first token ms':<24}{pct(s['ttft_s'])}",
         f"{'errors by kind':<24}{', '.join(f'{k} {v}' for k, v in sorted(s['errors_by_kind'].items())) or 'none'}",
-        f"{'cost':<24}${s['usd']:.4f} at ${s['usd_per_gpu_hour']}/h ({s['cost_basis']})   "
-        f"${s['usd_per_million_pages']:,.0f} per million pages",
+        f"{'cost':<24}${s['usd']:.4f} at {billed} ({s['cost_basis']})   {per_million}",
     ]
     width = max(len(line) for line in lines)
     return "\n".join(["=" * width, *lines, "=" * width])

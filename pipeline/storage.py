@@ -2,19 +2,28 @@
 GCS-compatible endpoints: emulators) and local.
 
 Credentials are never passed here: pyarrow's S3/GCS clients take them from the environment or the standard chains.
+
+Every object-store call is bounded in time: S3 by a connect timeout, a read timeout (seconds without a byte) and a
+fixed number of tries; GCS by a total retry time per call (google-cloud-cpp's own default is 15 minutes, during which
+the process prints nothing and, inside the C++ call, does not see SIGTERM). An endpoint that cannot be reached then
+fails in seconds with `explain`'s one line naming it.
 """
 from __future__ import annotations
 
 import fnmatch
 import os
+import re
 import uuid
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
+
+from pipeline.redact import redact
 
 if TYPE_CHECKING:  # annotations only, as in pipeline.checkpoint
     from pipeline.config import StorageConfig
@@ -44,17 +53,39 @@ def endpoint_kwargs(url: str | None) -> dict:
             "endpoint_override": url.split("://", 1)[-1].rstrip("/")}
 
 
+S3_MAX_ATTEMPTS = 3  # tries of one S3 request (the AWS SDK's standard retry strategy: backoff with jitter)
+
+
+def _emulator(storage: StorageConfig) -> str | None:
+    """STORAGE_EMULATOR_HOST, the variable Google's client libraries read for an emulator (which they reach without
+    credentials), unless storage.gcs_endpoint is set; pyarrow's client does not read it, so it is passed on here."""
+    return None if storage.gcs_endpoint else os.environ.get("STORAGE_EMULATOR_HOST") or None
+
+
 def make_filesystem(scheme: str, storage: StorageConfig) -> pafs.FileSystem:
     if scheme == "s3":
         return pafs.S3FileSystem(region=storage.s3_region, anonymous=storage.anonymous,
+                                 connect_timeout=storage.connect_timeout_s, request_timeout=storage.request_timeout_s,
+                                 retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=S3_MAX_ATTEMPTS),
                                  **endpoint_kwargs(storage.s3_endpoint))
     if scheme == "gs":
-        # STORAGE_EMULATOR_HOST is the variable Google's client libraries read for an emulator, which they reach
-        # without credentials; pyarrow's client does not read it, so it is passed on here.
-        emulator = None if storage.gcs_endpoint else os.environ.get("STORAGE_EMULATOR_HOST")
+        emulator = _emulator(storage)
         return pafs.GcsFileSystem(anonymous=storage.anonymous or bool(emulator),
+                                  retry_time_limit=timedelta(seconds=max(1, round(storage.retry_time_limit_s))),
                                   **endpoint_kwargs(storage.gcs_endpoint or emulator))
     return pafs.LocalFileSystem()
+
+
+def endpoint_of(scheme: str, storage: StorageConfig) -> tuple[str, str]:
+    """Where requests for `scheme` go (the URL, redacted) and how a person points them elsewhere."""
+    if scheme == "s3":
+        url = storage.s3_endpoint or f"https://s3.{storage.s3_region}.amazonaws.com"
+        return redact(url), "--s3-endpoint (storage.s3_endpoint)"
+    emulator = _emulator(storage)
+    url = storage.gcs_endpoint or emulator or "https://storage.googleapis.com"
+    if emulator and "://" not in url:
+        url = f"http://{url}"
+    return redact(url), ("STORAGE_EMULATOR_HOST" if emulator else "--gcs-endpoint (storage.gcs_endpoint)")
 
 
 def resolve(uri: str, storage: StorageConfig) -> Location:
@@ -76,14 +107,52 @@ DENIED_MARKERS = ("ACCESS_DENIED", "AccessDenied", "PERMISSION_DENIED", "UNAUTHE
                   "SignatureDoesNotMatch")
 
 
-def explain(uri: str, e: OSError) -> str:
-    """A storage error in words that say what to fix: a denied request names where the credentials came from."""
+# What the S3 SDK (curlCode: N) and google-cloud-cpp (CURL error [N]) say when no answer came back, in words.
+CURL_CAUSES = {6: "its host name does not resolve", 7: "nothing answers at its address and port (connection refused)",
+               28: "it did not answer in time", 35: "the TLS handshake failed",
+               52: "it closed the connection without answering", 56: "the connection was reset",
+               60: "its TLS certificate is not trusted"}
+_CURL_CODE = re.compile(r"curlCode: (\d+)|CURL error \[(\d+)\]")
+UNREACHABLE_MARKERS = ("NETWORK_CONNECTION", "Could not connect", "Could not resolve", "Timeout was reached",
+                       "UNAVAILABLE: Retry policy exhausted", "DEADLINE_EXCEEDED")
+NO_GCS_TOKEN = "Could not create a OAuth2 access token"
+_GCS_UNDERLYING = re.compile(r"The underlying error message was: (.*?)(?: error_info=|$)", re.S)
+
+
+def unreachable_cause(e: BaseException) -> str | None:
+    """Why a storage request got no answer (in words), or None when it got one (an HTTP error is an answer)."""
+    text = str(e)
+    if not any(m in text for m in UNREACHABLE_MARKERS):
+        return None
+    m = _CURL_CODE.search(text)
+    code = int(m.group(1) or m.group(2)) if m else None
+    return CURL_CAUSES.get(code, f"network error (curl code {code})" if code else "no answer")
+
+
+def explain(uri: str, e: OSError, storage: StorageConfig | None = None) -> str:
+    """A storage error in words that say what to fix, redacted: a denied request names where the credentials came
+    from, an endpoint that does not answer is named (with `storage`) with the setting that points elsewhere."""
     scheme = uri.split("://", 1)[0] if "://" in uri else "file"
-    if isinstance(e, PermissionError) or any(m in str(e) for m in DENIED_MARKERS):
+    scheme = "gs" if scheme == "gcs" else scheme
+    text = str(e)
+    if isinstance(e, PermissionError) or any(m in text for m in DENIED_MARKERS):
         source = CREDENTIAL_SOURCES.get(scheme, "this process's user")
-        return (f"access denied to {uri}: give the credentials the job found ({source}) the right to use it, or "
-                f"set storage.anonymous for a public bucket")
-    return str(e)
+        return redact(f"access denied to {uri}: give the credentials the job found ({source}) the right to use it, "
+                      f"or set storage.anonymous for a public bucket")
+    if scheme == "gs" and NO_GCS_TOKEN in text:
+        why = _GCS_UNDERLYING.search(text)
+        return redact(f"no usable GCS credentials for {uri} ({why.group(1).strip() if why else 'no access token'}): "
+                      f"pyarrow's GCS client found none it could use in {CREDENTIAL_SOURCES['gs']} (or, on GCP, the "
+                      f"metadata server): fix them, or set storage.anonymous for a public bucket or an emulator")
+    cause = unreachable_cause(e)
+    if cause and scheme in ("s3", "gs") and storage is not None:
+        url, knob = endpoint_of(scheme, storage)
+        name = "S3" if scheme == "s3" else "GCS"
+        return redact(f"cannot reach the {name} endpoint {url} for {uri}: {cause}; check {knob}, that the server is "
+                      f"up, and that this machine can reach it")
+    if cause:
+        return redact(f"cannot reach the object store for {uri}: {cause}")
+    return redact(text)
 
 
 def missing_bucket(loc: Location) -> str | None:

@@ -20,6 +20,14 @@ CORPUS = ROOT.parent / "shared" / "corpus"
 sys.path.insert(0, str(ROOT))
 
 
+def pytest_collection_modifyitems(config, items):
+    """A test that starts Ray or runs longer than ~30 s is a whole-system run: `make test-system`, CI's second
+    step, runs them; `make test` the rest."""
+    for item in items:
+        if item.get_closest_marker("ray") or item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.system)
+
+
 def require(present: bool, what: str) -> None:
     """Skip a test whose input is not on this machine, with the reason printed (make test runs pytest -rs); under CI
     (CI=true, where ../shared is checked out) fail instead, so a missing corpus cannot pass as skipped tests."""

@@ -120,12 +120,15 @@ def test_shipped_configs_are_valid():
 
 
 @pytest.mark.parametrize("case", ["output-unwritable", "output-is-a-file", "too-many-engines", "cuda-without-gpu",
-                                  "misspelled-key", "misspelled-engine-option", "bad-engine-option-value"])
+                                  "misspelled-key", "misspelled-engine-option", "bad-engine-option-value",
+                                  "removed-engine-option", "internal-tuning-option"])
 def test_every_listed_mistake_fails_before_ray_in_two_lines_naming_the_fix(tmp_path, tiny_checkpoint, case):
     (tmp_path / "a-file").write_text("not a folder")
     (tmp_path / "typo.yaml").write_text("input: {uris: [samples]}\nparse: {num_actor: 2}\n")
     (tmp_path / "option.yaml").write_text("input: {uris: [samples]}\nmodel: {options: {spec_max_batchs: 8}}\n")
-    (tmp_path / "value.yaml").write_text("input: {uris: [samples]}\nmodel: {options: {spec_fold_after: -1}}\n")
+    (tmp_path / "value.yaml").write_text("input: {uris: [samples]}\nmodel: {options: {spec_max_batch: 0}}\n")
+    (tmp_path / "removed.yaml").write_text("input: {uris: [samples]}\nmodel: {options: {spec_chunk_verify: true}}\n")
+    (tmp_path / "tuning.yaml").write_text("input: {uris: [samples]}\nmodel: {options: {decode_gemv: false}}\n")
     args, says = {
         "output-unwritable": (["--output", "/proc/no-such/out"], r"--output '/proc/no-such/out' cannot be written"),
         "output-is-a-file": (["--output", str(tmp_path / "a-file")], r"is an existing file: give a folder"),
@@ -138,18 +141,38 @@ def test_every_listed_mistake_fails_before_ray_in_two_lines_naming_the_fix(tmp_p
                                      r"model.options.spec_max_batchs is not an option of the native backend "
                                      r"\(did you mean spec_max_batch\?\)"),
         "bad-engine-option-value": (["--config", str(tmp_path / "value.yaml")],
-                                    r"model.options.spec_fold_after=-1: give an integer >= 0"),
+                                    r"model.options.spec_max_batch=0: give an integer >= 1"),
+        "removed-engine-option": (["--config", str(tmp_path / "removed.yaml")],
+                                  r"model.options.spec_chunk_verify was removed: the GDN verify runs token by token"),
+        "internal-tuning-option": (["--config", str(tmp_path / "tuning.yaml")],
+                                   r"model.options.decode_gemv was removed: decode-path tuning is internal"),
     }[case]
     if "--output" not in args:
         args += ["--output", str(tmp_path / "out")]
     env_gpu = "cuda-without-gpu" == case
     proc, ray_imported = run_cli("--input", str(ROOT / "samples"), "--checkpoint", str(tiny_checkpoint), *args,
                                  env={"CUDA_VISIBLE_DEVICES": ""} if env_gpu else None)
-    assert proc.returncode != 0 and not ray_imported
+    assert proc.returncode == 2 and not ray_imported  # the documented status of a run that could not start
     assert re.search(says, proc.stderr), proc.stderr
     assert len(proc.stderr.strip().splitlines()) <= 2 and "Traceback" not in proc.stderr, proc.stderr
     assert "Started a local Ray" not in proc.stderr + proc.stdout
     assert not (tmp_path / "out" / "documents").exists()
+
+
+def test_every_removed_engine_option_is_refused_in_one_line_saying_so():
+    """A key of model.options that named a removed engine option fails with what became of it, not as a typo."""
+    import dataclasses
+
+    from engine.backends import check_options
+    from engine.options import REMOVED_OPTIONS, EngineOptions
+
+    fields = {f.name for f in dataclasses.fields(EngineOptions)}
+    for key, why in REMOVED_OPTIONS.items():
+        assert key not in fields
+        with pytest.raises(ValueError) as e:
+            check_options("native", {"spec_max_batch": 8, key: True})
+        assert str(e.value) == f"model.options.{key} was removed: {why}; delete the key"
+        assert "\n" not in why
 
 
 def test_bad_drafter_fails_before_ray(tmp_path, tiny_checkpoint):
@@ -206,3 +229,21 @@ def test_a_drafter_given_as_a_storage_uri_fails_before_ray(tmp_path, tiny_checkp
                                  "--checkpoint", str(tiny_checkpoint), "--drafter", "s3://bucket/drafter")
     assert proc.returncode != 0 and not ray_imported
     assert "local folder present on every node" in proc.stderr and "--drafter none" in proc.stderr, proc.stderr
+
+
+def test_a_relative_output_inside_ray_job_submit_is_refused(tmp_path, monkeypatch):
+    """Inside `ray job submit` the driver runs in Ray's copy of --working-dir, deleted with the job: a relative
+    --output would land there. Refused in one line naming the way out; an absolute one (or outside a submitted job,
+    a relative one) is used."""
+    from pipeline.job import writable_output
+
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(None, {"input": {"uris": ["x"]}, "output": "out"})
+    assert writable_output(cfg).path == str(tmp_path / "out")  # a plain run: relative to where it was started
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps({"runtime_env": {"working_dir": "gcs://_ray_pkg"}}))
+    for relative in ("out", "file://out"):
+        with pytest.raises(ConfigError, match=rf"--output '{relative}' is relative, and inside `ray job submit`.*"
+                                              r"give an absolute path on storage every node shares, or an s3://"):
+            writable_output(load_config(None, {"input": {"uris": ["x"]}, "output": relative}))
+    assert writable_output(load_config(None, {"input": {"uris": ["x"]}, "output": str(tmp_path / "abs")})).path == \
+        str(tmp_path / "abs")

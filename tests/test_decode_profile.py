@@ -21,13 +21,14 @@ def test_tiny_cpu_profile_writes_consistent_json(tmp_path):
     torch.set_num_threads(1)  # on a small shared CPU, waking a second OpenMP thread per op costs ms
     try:
         prof.main(["--tiny", "--device", "cpu", "--out", str(tmp_path), "--batch-sizes", "1,2", "--steps", "3",
-                   "--graph-steps", "4", "--warmup", "1"])
+                   "--graph-steps", "4", "--warmup", "1", "--variants", "default,unfused_attn"])
     finally:
         torch.set_num_threads(threads)
     data = json.loads((tmp_path / "decode_profile.json").read_text())
     assert data["meta"]["copy_bandwidth_GBps"] > 0
     runs = data["runs"]
-    assert [(r["variant"], r["batch"]) for r in runs] == [("default", 1), ("default", 2), ("fused", 1), ("fused", 2)]
+    assert [(r["variant"], r["batch"]) for r in runs] == [("default", 1), ("default", 2), ("unfused_attn", 1),
+                                                          ("unfused_attn", 2)]
     # the tiny model: 3 GDN + 1 attention layer, four weight GEMMs in each, and the LM head
     weights = {"linear_attn.in_proj", "linear_attn.out_proj", "mlp.gate_up_proj", "mlp.down_proj",
                "self_attn.qkv_proj", "mlp.down_proj|self_attn.o_proj", "lm_head"}

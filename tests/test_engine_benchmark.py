@@ -41,7 +41,7 @@ def test_benchmark_variants_cpu(tmp_path, monkeypatch):
     assert [r["engine"] for r in data["results"]] == ["native", "native_cublas"]
     check = data["meta"]["output_checks"]["native vs native_cublas"]
     assert check["all_equal"] and check["max_abs_logit_diff"] < 1e-4
-    assert data["meta"]["variant_options"] == {"native": {}, "native_cublas": {"decode_gemv": False}}
+    assert data["meta"]["variant_options"] == {"native": {}, "native_cublas": {"tuning": {"gemv": False}}}
     assert gemv_calls, "the default variant never ran the GEMV: the check compared a path with itself"
 
 

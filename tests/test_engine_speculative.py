@@ -12,6 +12,7 @@ import torch
 from engine.interface import SamplingParams
 from engine.llm_engine import Engine
 from engine.models.dflash import DrafterConfigError
+from engine.options import DecodeTuning
 from engine.spec_graphs import SpecGraphs
 from engine.speculative import SpecDecoder
 from engine.testing import write_random_drafter
@@ -78,7 +79,8 @@ def test_batches_above_spec_max_batch_decode_plainly(text_ckpt, drafter, plain, 
     fewer are left they speculate, also right after a plain step still in flight; the outputs stay plain
     decoding's (requests arrive while others speculate: a plain step folds their pending GDN updates first)."""
     eng = Engine.from_checkpoint(text_ckpt, dtype="float32", max_num_seqs=4, num_blocks=64, block_size=8,
-                                 drafter=str(drafter), spec_max_batch=2, spec_fold_after=fold_after)
+                                 drafter=str(drafter), spec_max_batch=2,
+                                 tuning=DecodeTuning(spec_fold_after=fold_after))
     kinds = []
     launch_spec, launch = eng._launch_spec, eng._launch
     eng._launch_spec = lambda sched, *a: kinds.append(("spec", len(sched.seqs), eng._inflight is not None)) or \
@@ -98,7 +100,7 @@ def test_batches_above_spec_max_batch_decode_plainly(text_ckpt, drafter, plain, 
     assert any(after_plain for _, _, after_plain in spec)  # launched while a plain step was in flight
     assert eng.block_manager.num_free == eng.block_manager.num_blocks
     for bad, says in ((dict(spec_max_batch=0), "spec_max_batch=0: give an integer >= 1"),
-                      (dict(spec_fold_after=-1), "spec_fold_after=-1: give an integer >= 0"),
+                      (dict(tuning=DecodeTuning(spec_fold_after=-1)), "spec_fold_after=-1: give an integer >= 0"),
                       (dict(spec_block_size=1), "spec_block_size=1: give an integer >= 2")):
         with pytest.raises(ValueError, match=says):
             Engine.from_checkpoint(text_ckpt, dtype="float32", max_num_seqs=4, num_blocks=64, drafter=str(drafter),
@@ -131,7 +133,7 @@ def oracle_engine(text_ckpt, drafter, plain, static=True, **opts):
     the engine runs them unless enforce_eager; else the eager step."""
     eng = Engine.from_checkpoint(text_ckpt, dtype="float32", max_num_seqs=4, block_size=8, drafter=str(drafter),
                                  **opts)
-    oracle = Oracle(eng.runner, eng.spec.drafter, eng.spec.T, 4, chunk_verify=opts.get("spec_chunk_verify", False))
+    oracle = Oracle(eng.runner, eng.spec.drafter, eng.spec.T, 4)
     oracle.reference = plain
     if static:
         oracle.graphs = SpecGraphs(oracle, 4, eng.runner.cache.max_blocks_per_seq, eng.runner.scratch_slot,
@@ -145,7 +147,8 @@ def oracle_engine(text_ckpt, drafter, plain, static=True, **opts):
 def test_oracle_drafter_long_acceptances_equal_plain(text_ckpt, drafter, plain, static, fold_after):
     """Joins leave 1, 2, 3 or 4 sequences running: padded to 1, 2, 4, 4 rows on the static path. fold_after 4:
     accepted GDN updates stay pending over several steps before a verify writes the state back."""
-    eng = oracle_engine(text_ckpt, drafter, plain, static=static, num_blocks=64, spec_fold_after=fold_after)
+    eng = oracle_engine(text_ckpt, drafter, plain, static=static, num_blocks=64,
+                        tuning=DecodeTuning(spec_fold_after=fold_after))
     batches = []
     if static:
         run = eng.spec.graphs.run
@@ -167,7 +170,7 @@ def test_preemption_with_speculation_equals_plain(text_ckpt, drafter, plain):
     (with GDN updates pending in the preempted sequences' slots, which the next sequence there must not see)."""
     for eng in (Engine.from_checkpoint(text_ckpt, dtype="float32", max_num_seqs=4, num_blocks=14, block_size=8,
                                        drafter=str(drafter)),
-                oracle_engine(text_ckpt, drafter, plain, num_blocks=14, spec_fold_after=6)):
+                oracle_engine(text_ckpt, drafter, plain, num_blocks=14, tuning=DecodeTuning(spec_fold_after=6))):
         outs = {o.request_id: o for o in eng.generate(requests())}
         assert sum(o.num_preemptions for o in outs.values()) > 0
         for rid, want in plain.items():
@@ -199,7 +202,7 @@ def test_slots_left_with_pending_updates_serve_later_sequences(text_ckpt, drafte
     beam = dict(prompt_token_ids=ids(9, 20), sampling=SamplingParams(max_tokens=12, num_beams=3), ignore_eos=True)
     want = Engine.from_checkpoint(text_ckpt, dtype="float32", max_num_seqs=4, num_blocks=64,
                                   block_size=8).generate([beam])[0]
-    eng = oracle_engine(text_ckpt, drafter, plain, num_blocks=64, spec_fold_after=6)
+    eng = oracle_engine(text_ckpt, drafter, plain, num_blocks=64, tuning=DecodeTuning(spec_fold_after=6))
     first = {o.request_id: o for o in eng.generate(requests())}
     assert all(first[rid].output_token_ids == out for rid, out in plain.items())
     ring = eng.runner.gdn_ring
@@ -232,27 +235,16 @@ def test_drafter_for_another_target_is_refused(text_ckpt, tmp_path):
         Engine.from_checkpoint(text_ckpt, dtype="float32", num_blocks=16, drafter=str(d))
 
 
-def oracle_on_the_triton_kernels(text_ckpt, drafter, plain, monkeypatch, chunk_verify: bool) -> None:
+def test_oracle_drafter_on_the_triton_kernels(text_ckpt, drafter, plain, monkeypatch):
+    """The same through the Triton kernels (interpreter): GDN verify token by token with its ring, advance and
+    fold, paged attention, KV stores."""
     monkeypatch.setenv("OCRIA_FORCE_TRITON", "1")
-    eng = oracle_engine(text_ckpt, drafter, plain, num_blocks=64, spec_fold_after=2, spec_chunk_verify=chunk_verify)
-    assert all(layer.verify_chunk == chunk_verify for layer in eng.runner.gdn_layers)
+    eng = oracle_engine(text_ckpt, drafter, plain, num_blocks=64, tuning=DecodeTuning(spec_fold_after=2))
     reqs = requests()[:2]
     outs = run_with_arrivals(eng, reqs, [0, 3])
     for r in reqs:
         o = outs[r["request_id"]]
         assert o.output_token_ids == plain[r["request_id"]] and o.spec_tau > 2.0
-
-
-def test_oracle_drafter_on_the_triton_kernels(text_ckpt, drafter, plain, monkeypatch):
-    """The same through the Triton kernels (interpreter): GDN verify token by token with its ring, advance and
-    fold, paged attention, KV stores."""
-    oracle_on_the_triton_kernels(text_ckpt, drafter, plain, monkeypatch, chunk_verify=False)
-
-
-@pytest.mark.parametrize("drafter", ["dflash2"], indirect=True)  # the verify form is the target's: one kind will do
-def test_oracle_drafter_on_the_chunk_verify(text_ckpt, drafter, plain, monkeypatch):
-    """The same with the GDN verify in the chunk form (spec_chunk_verify): its pending tokens folded as products."""
-    oracle_on_the_triton_kernels(text_ckpt, drafter, plain, monkeypatch, chunk_verify=True)
 
 
 def test_sampling_with_speculation_runs_seeded(text_ckpt, drafter, plain):

@@ -8,6 +8,7 @@ import torch
 from engine import ops
 from engine.interface import SamplingParams
 from engine.llm_engine import Engine
+from engine.options import DEFAULT_TUNING, DecodeTuning
 from engine.testing import build_checkpoint
 
 
@@ -16,8 +17,9 @@ def ckpt(tmp_path_factory):
     return build_checkpoint(tmp_path_factory.mktemp("vl"), seed=8)
 
 
-@pytest.mark.parametrize("options", [{}, dict(swiglu_epilogue=False)], ids=["default", "swiglu_unfused"])
-def test_triton_kernels_in_engine_match_transformers(ckpt, monkeypatch, options):
+@pytest.mark.parametrize("tuning", [DEFAULT_TUNING, DecodeTuning(swiglu_epilogue=False)],
+                         ids=["default", "swiglu_unfused"])
+def test_triton_kernels_in_engine_match_transformers(ckpt, monkeypatch, tuning):
     """Default decode path (GEMVs on kernels/small_m_linear, SwiGLU applied by the gate_up GEMV) and the plain GEMVs
     with SwiGLU as its own kernel."""
     from transformers import Qwen3_5ForConditionalGeneration
@@ -32,7 +34,7 @@ def test_triton_kernels_in_engine_match_transformers(ckpt, monkeypatch, options)
     for name in ("small_m_linear_triton", "linear_silu_mul_triton"):
         fn = getattr(sml, name)
         monkeypatch.setattr(sml, name, lambda *a, _fn=fn, _n=name, **k: (calls.append(_n), _fn(*a, **k))[1])
-    eng = Engine.from_checkpoint(ckpt, dtype="float32", max_num_seqs=2, num_blocks=32, block_size=16, **options)
+    eng = Engine.from_checkpoint(ckpt, dtype="float32", max_num_seqs=2, num_blocks=32, block_size=16, tuning=tuning)
     img = np.random.default_rng(0).integers(0, 256, (70, 90, 3), dtype=np.uint8)
     sp = SamplingParams(max_tokens=5)
     outs = eng.generate([dict(prompt="Read.", image=img, sampling=sp, keep_logits=True, ignore_eos=True),
@@ -51,11 +53,11 @@ def test_triton_kernels_in_engine_match_transformers(ckpt, monkeypatch, options)
         torch.testing.assert_close(o.logits, torch.stack([x[0] for x in ref.logits]), atol=2e-4, rtol=0)
     called = set(calls)
     assert "small_m_linear_triton" in called  # decode projections went through the GEMV
-    assert ("linear_silu_mul_triton" in called) == options.get("swiglu_epilogue", True), sorted(called)
+    assert ("linear_silu_mul_triton" in called) == tuning.swiglu_epilogue, sorted(called)
 
 
 def test_decode_pdl_reaches_every_decode_kernel(ckpt, monkeypatch):
-    """EngineOptions(decode_pdl=True) on a GPU launches every decode kernel with programmatic dependent launch. The
+    """DecodeTuning(pdl=True), the default, on a GPU launches every decode kernel with programmatic dependent launch. The
     interpreter has no griddepcontrol, so each Triton launcher is wrapped here by a recorder of its pdl flag that
     runs the Triton kernel without PDL, and the model runner is told that the device has PDL. Its tokens are then
     those of the Triton path, compared with the torch references' (OCRIA_FORCE_TRITON off)."""
@@ -82,7 +84,7 @@ def test_decode_pdl_reaches_every_decode_kernel(ckpt, monkeypatch):
     # the model runner turns PDL on where the device has it: here it is told the CPU does (every launcher above
     # drops the flag, so no PDL launch reaches the interpreter)
     monkeypatch.setattr("engine.ops.pdl_supported", lambda device: True)
-    eng = Engine.from_checkpoint(ckpt, dtype="float32", max_num_seqs=2, num_blocks=32, block_size=16, decode_pdl=True)
+    eng = Engine.from_checkpoint(ckpt, dtype="float32", max_num_seqs=2, num_blocks=32, block_size=16)
     img = np.random.default_rng(0).integers(0, 256, (70, 90, 3), dtype=np.uint8)
     reqs = [dict(prompt="Read.", image=img, sampling=SamplingParams(max_tokens=4), ignore_eos=True)]
     got = eng.generate(reqs)[0].output_token_ids
@@ -94,13 +96,13 @@ def test_decode_pdl_reaches_every_decode_kernel(ckpt, monkeypatch):
 
 
 def test_pdl_is_the_default_only_where_the_gpu_has_it(ckpt, monkeypatch):
-    """decode_pdl is on by default, but the model runner turns it on only for sm_90+ CUDA devices: on CPU (here with
+    """PDL is on in the default tuning, but the engine turns it on only for sm_90+ CUDA devices: on CPU (here with
     the Triton interpreter forced, which would refuse a pdl launch) no module launches with it."""
     from engine.models.qwen3_5_text import RMSNorm
 
     monkeypatch.setenv("OCRIA_FORCE_TRITON", "1")
     eng = Engine.from_checkpoint(ckpt, dtype="float32", max_num_seqs=2, num_blocks=32, block_size=16)
-    assert eng.options.decode_pdl
+    assert DEFAULT_TUNING.pdl and not eng.runner.config.tuning.pdl
     assert not ops.pdl_supported(torch.device("cpu"))
     lm = eng.model.language_model
     assert any(isinstance(m, RMSNorm) for m in lm.modules())

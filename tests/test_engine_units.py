@@ -133,19 +133,37 @@ def test_runner_glue_check_accepts_a_working_compiler(tmp_path):
     assert out[0].output_token_ids == ref[0].output_token_ids
 
 
-def test_each_engine_option_reaches_its_decode_path_field():
-    """EngineOptions.decode_path: flipping one option flips exactly its DecodePath field (no positional mix-ups)."""
-    from dataclasses import fields
+def test_each_tuning_switch_reaches_the_model(tmp_path):
+    """DecodeTuning, handed to the engine whole: flipping one switch changes exactly what it names in the model the
+    runner built (no positional mix-ups), and PDL is resolved off where the device has none (here, the CPU)."""
+    from engine.llm_engine import Engine
+    from engine.options import DEFAULT_TUNING, DecodeTuning
+    from engine.testing import build_checkpoint
 
-    from engine.llm_engine import EngineOptions
-    from engine.model_runner import DecodePath
+    ckpt = build_checkpoint(tmp_path / "c", vision=False)
 
-    option = {"gemv": "decode_gemv", "pdl": "decode_pdl"}  # DecodePath field -> EngineOptions name where they differ
-    base = EngineOptions().decode_path()
-    for f in fields(DecodePath):
-        flipped = EngineOptions(**{option.get(f.name, f.name): not getattr(base, f.name)}).decode_path()
-        assert [getattr(flipped, g.name) != getattr(base, g.name) for g in fields(DecodePath)] == \
-            [g.name == f.name for g in fields(DecodePath)], f.name
+    def seen(tuning):
+        import os
+        os.environ["OCRIA_FORCE_TRITON"] = "1"  # the GEMV's workspace is sized where its kernels would run
+        try:
+            eng = Engine.from_checkpoint(ckpt, num_blocks=16, max_num_seqs=2, tuning=tuning)
+        finally:
+            os.environ.pop("OCRIA_FORCE_TRITON")
+        lm = eng.model.language_model
+        attn = next(layer.self_attn for layer in lm.layers if layer.kind == "full_attention")
+        return dict(fused_attention_decode=attn.fused_inputs, gemv=attn.proj.workspace is not None,
+                    swiglu_epilogue=attn.proj.swiglu_epilogue, pdl=eng.runner.config.tuning.pdl,
+                    prefill_min_seqs=eng.scheduler.min_admit,
+                    spec_fold_after=eng.runner.config.tuning.spec_fold_after)
+
+    base = seen(DEFAULT_TUNING)
+    assert base["gemv"] and base["swiglu_epilogue"] and base["fused_attention_decode"] and not base["pdl"]
+    for name, value in (("fused_attention_decode", False), ("gemv", False), ("prefill_min_seqs", 3),
+                        ("spec_fold_after", 2)):
+        got = seen(DecodeTuning(**{name: value}))
+        assert {k for k in got if got[k] != base[k]} == ({name, "swiglu_epilogue"} if name == "gemv" else {name})
+    got = seen(DecodeTuning(swiglu_epilogue=False))
+    assert {k for k in got if got[k] != base[k]} == {"swiglu_epilogue"}
 
 
 def test_drafter_glue_traces_as_one_graph_and_the_runner_check_accepts_it(tmp_path):
@@ -242,6 +260,7 @@ def test_prefill_min_seqs_batches_admissions_and_keeps_every_answer(tmp_path):
     admit more prompts each; every answer is the one admitting at once gives. 1 is the plain scheduler."""
     from engine.interface import SamplingParams
     from engine.llm_engine import Engine
+    from engine.options import DecodeTuning
     from engine.testing import build_checkpoint
 
     ckpt = build_checkpoint(tmp_path / "c", vision=False)
@@ -249,7 +268,7 @@ def test_prefill_min_seqs_batches_admissions_and_keeps_every_answer(tmp_path):
                  sampling=SamplingParams(max_tokens=2 + (5 * i) % 11)) for i in range(10)]
     runs = {}
     for min_seqs in (1, 3):
-        eng = Engine.from_checkpoint(ckpt, num_blocks=64, max_num_seqs=4, prefill_min_seqs=min_seqs)
+        eng = Engine.from_checkpoint(ckpt, num_blocks=64, max_num_seqs=4, tuning=DecodeTuning(prefill_min_seqs=min_seqs))
         eng.record_steps = True
         outs = eng.generate([dict(r) for r in reqs])
         admitted = [r.num_seqs for r in eng.step_log if r.is_prefill]
@@ -260,4 +279,4 @@ def test_prefill_min_seqs_batches_admissions_and_keeps_every_answer(tmp_path):
     assert len(batched_steps) < len(plain_steps)
     assert min(batched_steps[1:-1]) >= 3  # after the first fill, every admission but the tail's is of >= 3 prompts
     with pytest.raises(ValueError, match="prefill_min_seqs=0: give an integer >= 1"):
-        Engine.from_checkpoint(ckpt, num_blocks=64, prefill_min_seqs=0)
+        Engine.from_checkpoint(ckpt, num_blocks=64, tuning=DecodeTuning(prefill_min_seqs=0))

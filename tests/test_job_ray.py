@@ -187,6 +187,59 @@ def test_job_killed_midway_then_resumed_gives_every_document_once(where, request
                             if where != "local" else {f"file://{tmp_path}/in/doc{i:02d}.pdf" for i in range(16)})
 
 
+def test_sigterm_midway_exits_143_with_the_output_consistent_and_resumable(tmp_path, tiny_checkpoint):
+    """SIGTERM to the driver alone (as a scheduler sends it) once parts are committed: status 143 within the grace,
+    the documents committed each once with their pages, no pages file left without its documents file, the Ray it
+    started gone, and a new plan that takes exactly the documents not yet committed."""
+    import psutil
+
+    from pipeline.config import StorageConfig
+    from pipeline.plan import plan_run
+    from pipeline.storage import list_documents
+
+    make_pdfs(tmp_path / "in", 12)
+    out = tmp_path / "out"
+    args = [sys.executable, str(ROOT / "jobs/parse_corpus.py"), "--input", str(tmp_path / "in"), "--output", str(out),
+            "--checkpoint", str(tiny_checkpoint), "--backend", BACKEND, "--device", "cpu", "--max-tokens", "32",
+            "--batch-size", "2", "--commit-every", "1", "--num-cpus", "2"]
+    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    driver, helpers = psutil.Process(proc.pid), {}
+    try:
+        deadline = time.time() + 200
+        while time.time() < deadline and proc.poll() is None and not list((out / "documents").glob("*.parquet")):
+            for p in driver.children(recursive=True):
+                try:
+                    helpers[p.pid] = (p.create_time(), " ".join(p.cmdline())[:120])
+                except psutil.Error:
+                    pass
+            time.sleep(0.1)
+        assert proc.poll() is None, "the job ended before SIGTERM: the test did not test anything"
+        t = time.perf_counter()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        took = time.perf_counter() - t
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 143, err[-3000:]
+    assert "stopped by SIGTERM: the documents finished before it are committed" in err, err[-3000:]
+    assert took < 30, f"{took:.1f} s from SIGTERM to exit (grace 20 s)"
+    pages = {p.name for p in (out / "pages").glob("*.parquet")}
+    committed = {p.name for p in (out / "documents").glob("*.parquet")}
+    assert pages == committed, "a pages file without its documents file (or the reverse)"
+    store = OutputStore(resolve(str(out), StorageConfig()))
+    done = {d["uri"] for d in store.documents().to_pylist()}
+    assert 0 < len(done) < 12, f"SIGTERM landed at {len(done)} documents done: nothing was interrupted"
+    assert_exactly_once(store, done)
+    listed = list_documents(str(tmp_path / "in"), StorageConfig(), ["*.pdf"], [])
+    plan = plan_run(listed, store.documents(), retry_failed=False, max_attempts=3)
+    assert set(plan.todo) == {f.uri for f in listed} - done
+    alive = _still_running(helpers, 30)
+    assert helpers and not alive, f"still running 30 s after the job exited on SIGTERM: {alive or 'no helpers seen'}"
+
+
 @pytest.mark.timeout(400)
 def test_ray_job_submit_against_a_started_cluster(tmp_path, tiny_checkpoint):
     """`ray start --head` + `ray job submit --working-dir .`, as users run it (token auth off for a local cluster)."""
@@ -206,7 +259,8 @@ def test_ray_job_submit_against_a_started_cluster(tmp_path, tiny_checkpoint):
             [ray_bin, "job", "submit", "--address", f"http://127.0.0.1:{port}", "--working-dir", str(ROOT),
              "--runtime-env-json", '{"excludes": [".venv", "out", ".git", "models", ".synth", ".whl"]}', "--",
              sys.executable, "jobs/parse_corpus.py", "--input", str(SAMPLES), "--output", str(tmp_path / "out"),
-             "--checkpoint", str(ckpt), "--backend", BACKEND, "--device", "cpu", "--max-tokens", "4"],
+             "--checkpoint", str(ckpt), "--backend", BACKEND, "--device", "cpu", "--max-tokens", "4",
+             "--allow-errors"],  # the samples hold a broken file on purpose: the job succeeds all the same
             env=env, capture_output=True, text=True, timeout=300)
         assert sub.returncode == 0, (sub.stdout + sub.stderr)[-3000:]
         assert "pages/s" in sub.stdout and "succeeded" in sub.stdout
@@ -276,7 +330,7 @@ def test_outcomes_through_the_job_and_no_secret_in_anything_it_prints_or_writes(
             "--max-tokens", "8", "--num-cpus", "2", "--page-timeout", "3", "-v"]
     try:
         first = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=500)
-        assert first.returncode == 0, first.stderr[-3000:]
+        assert first.returncode == 3, first.stderr[-3000:]  # some documents failed, as they must
         store = OutputStore(resolve("s3://leak/out", load_config(None, {"input": {"uris": ["x"]}, "storage": {
             "s3_endpoint": s3_server}}).storage))
         docs = {d["uri"].rsplit("/", 1)[1]: d for d in store.documents().to_pylist()}
@@ -343,14 +397,21 @@ def test_a_killed_driver_leaves_no_ray_process_behind(tmp_path, tiny_checkpoint)
     finally:
         proc.kill()
         proc.wait()
-    deadline = time.time() + 30
-    while time.time() < deadline:
+    alive = _still_running(helpers, 30)
+    assert not alive, f"still running 30 s after the driver was killed: {alive}"
+
+
+def _still_running(helpers: dict, seconds: float) -> dict:
+    """The helpers ({pid: (create time, command)}) still running after up to `seconds` (a reused pid is not one)."""
+    import psutil
+
+    deadline = time.time() + seconds
+    while True:
         alive = {pid: cmd for pid, (started, cmd) in helpers.items() if psutil.pid_exists(pid)
                  and _started(pid) == started and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE}
-        if not alive:
-            break
+        if not alive or time.time() >= deadline:
+            return alive
         time.sleep(0.5)
-    assert not alive, f"still running 30 s after the driver was killed: {alive}"
 
 
 def _started(pid):

@@ -24,10 +24,9 @@ def make_inputs(B=3, T=1, Hk=2, Hv=6, dk=24, dv=40, dtype=torch.float32, seed=0)
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("T", [1, 3])
-@pytest.mark.parametrize("launch", [{}, dict(block_v=16, fused_reductions=False), dict(block_v=8, num_warps=2)])
+@pytest.mark.parametrize("launch", [{}, dict(block_v=16), dict(block_v=8, num_warps=2)])
 def test_triton_matches_ref(T, dtype, launch):
-    """The default launch (32-wide tiles wider than dv = 40 leave a part-empty tile; the fused token step), the
-    two-pass step and a narrow tile."""
+    """The default launch (32-wide tiles wider than dv = 40 leave a part-empty tile) and narrower tiles."""
     require_interpreted(_gdn_recurrent_kernel)
     q, k, v, g, beta, state = make_inputs(T=T, dtype=dtype, seed=T)
     idx = torch.tensor(STATE_IDX, dtype=torch.int32)

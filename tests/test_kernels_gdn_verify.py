@@ -8,11 +8,10 @@ from kernels.testing import assert_close, poisoned, require_interpreted  # sets 
 from kernels.conv1d_update import causal_conv1d_update_ref, causal_conv1d_update_triton
 from kernels.gdn_recurrent import gdn_recurrent_ref, l2norm_ref
 from kernels.gdn_verify import (
-    FOLD_CHUNK, _conv_commit_kernel, _conv_verify_kernel, _gdn_fold_kernel, _gdn_verify_chunk_kernel,
-    _gdn_verify_kernel, _ring_advance_kernel, causal_conv1d_verify, causal_conv1d_verify_ref,
-    causal_conv1d_verify_triton, conv_state_commit, conv_state_commit_ref, conv_state_commit_triton, gdn_fold_ref,
-    gdn_fold_triton, gdn_ring_advance, gdn_ring_advance_triton, gdn_verify_chunk_triton, gdn_verify_ref,
-    gdn_verify_triton)
+    _conv_commit_kernel, _conv_verify_kernel, _gdn_fold_kernel, _gdn_verify_kernel, _ring_advance_kernel,
+    causal_conv1d_verify, causal_conv1d_verify_ref, causal_conv1d_verify_triton, conv_state_commit,
+    conv_state_commit_ref, conv_state_commit_triton, gdn_fold_ref, gdn_fold_triton, gdn_ring_advance,
+    gdn_ring_advance_triton, gdn_verify_ref, gdn_verify_triton)
 
 NUM_SLOTS = 6
 STATE_IDX = [4, -1, 0, 2]  # the second row is padding
@@ -48,27 +47,16 @@ def clone_ring(ring):
     return tuple(t.clone() for t in ring)
 
 
-@pytest.mark.parametrize("form", ["steps", "steps unrolled", "steps fused", "chunk", "chunk, narrow tiles"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("T,dk,dv,aligned", [(5, 24, 40, False), (1, 24, 24, False), (7, 24, 17, False),
                                             (16, 20, 17, False), (11, 64, 72, False), (16, 24, 40, True),
                                             (20, 24, 17, True)])
-def test_verify_advance_and_fold_triton_match_ref(form, dtype, T, dk, dv, aligned):
-    """Every verify kernel (token by token, looped or unrolled, and the chunk form with matrix products) against
-    the token-by-token reference, from rings whose pending tokens wrap past the last row: outputs, the state written
-    back where more than fold_after tokens were pending (and nowhere else), the block's k / u / g in the rows after
-    the pending ones (and nowhere else), then the advance and the fold. `aligned`: nearly parallel keys, beta near 1
-    and almost no decay, where the chunk form's triangular system is ill-conditioned and every row of its solve
-    matters (with random keys a missing row would pass)."""
-    kernel, verify = {"steps": (_gdn_verify_kernel, gdn_verify_triton),
-                      "steps unrolled": (_gdn_verify_kernel, lambda *a, **k: gdn_verify_triton(*a, unroll=True, **k)),
-                      "steps fused": (_gdn_verify_kernel,
-                                      lambda *a, **k: gdn_verify_triton(*a, fused_reductions=True, **k)),
-                      "chunk": (_gdn_verify_chunk_kernel, gdn_verify_chunk_triton),
-                      "chunk, narrow tiles": (
-                          _gdn_verify_chunk_kernel,
-                          lambda *a, **k: gdn_verify_chunk_triton(*a, block_v=16, block_k=16, **k))}[form]
-    require_interpreted(kernel)
+def test_verify_advance_and_fold_triton_match_ref(dtype, T, dk, dv, aligned):
+    """The verify kernel against the token-by-token reference, from rings whose pending tokens wrap past the last
+    row: outputs, the state written back where more than fold_after tokens were pending (and nowhere else), the
+    block's k / u / g in the rows after the pending ones (and nowhere else), then the advance and the fold.
+    `aligned`: a stress case, nearly parallel keys, beta near 1 and almost no decay."""
+    require_interpreted(_gdn_verify_kernel)
     require_interpreted(_gdn_fold_kernel)
     require_interpreted(_ring_advance_kernel)
     Hk, Hv, fold_after = 2, 6, 2
@@ -81,20 +69,17 @@ def test_verify_advance_and_fold_triton_match_ref(form, dtype, T, dk, dv, aligne
     # slot 4: 3 pending from the second-to-last row (> fold_after: written back); slot 0 none; slot 2: 2 pending
     pending = {4: (P - 2, 3), 0: (0, 0), 2: (1, 2)}
     ring_ref = make_ring(P, Hk, dk, Hv, dv, pending, seed=T)
-    ring_ref0, ring_tri = clone_ring(ring_ref), clone_ring(ring_ref)
+    ring_tri = clone_ring(ring_ref)
     idx = torch.tensor(STATE_IDX, dtype=torch.int32)
     raw = (x["A_log"], x["dt_bias"])
     args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
     s_ref, s_tri = x["state"].clone(), x["state"].clone()
     o_ref = gdn_verify_ref(*args, s_ref, idx, ring_ref, fold_after, raw_gates=raw)
-    o_tri = verify(*args, s_tri, idx, ring_tri, fold_after, raw_gates=raw, out=poisoned(x["v"].shape, dtype))
+    o_tri = gdn_verify_triton(*args, s_tri, idx, ring_tri, fold_after, raw_gates=raw,
+                              out=poisoned(x["v"].shape, dtype))
     assert_close(o_tri, o_ref, dtype)
     assert torch.equal(o_tri[1], torch.zeros_like(o_tri[1]))
     assert_close(s_tri, s_ref, torch.float32)
-    if form == "steps":  # pending tokens folded in unrolled groups give the same bits as one load at a time
-        s_one, ring_one = x["state"].clone(), clone_ring(ring_ref0)
-        o_one = verify(*args, s_one, idx, ring_one, fold_after, raw_gates=raw, fold_chunk=4 if FOLD_CHUNK == 1 else 1)
-        assert torch.equal(o_one, o_tri) and torch.equal(s_one, s_tri)
     kept_slots = [s for s in range(NUM_SLOTS) if s != 4]
     assert torch.equal(s_tri[kept_slots], x["state"][kept_slots]), "only a slot past fold_after is written back"
     assert not torch.equal(s_tri[4], x["state"][4])
@@ -119,43 +104,7 @@ def test_verify_advance_and_fold_triton_match_ref(form, dtype, T, dk, dv, aligne
     assert torch.equal(s_tri[untouched], x["state"][untouched])
 
 
-@pytest.mark.parametrize("block_v,block_k", [(None, None), (16, 16)])
-def test_chunk_verify_folds_more_pending_tokens_than_a_block(block_v, block_k):
-    """The chunk form folds pending tokens a block's worth at a time: 21 and 17 pending (two batches each, the first
-    wrapping past the ring's last row; 21 > fold_after = 18: written back, 17 not) against the reference, with bf16
-    inputs (its split products) and fp32 (plain ones); the key dim in one slice or two (dk = 24)."""
-    require_interpreted(_gdn_verify_chunk_kernel)
-    T, Hk, Hv, dk, dv, fold_after = 4, 2, 6, 24, 40, 18
-    P = fold_after + 2 * T
-    for dtype in (torch.bfloat16, torch.float32):
-        x = inputs(T=T, dk=dk, dv=dv, dtype=dtype, seed=7)
-        ring_ref = make_ring(P, Hk, dk, Hv, dv, {4: (P - 5, 21), 2: (3, 17)}, seed=3)
-        ring_tri = clone_ring(ring_ref)
-        idx = torch.tensor(STATE_IDX, dtype=torch.int32)
-        args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
-        s_ref, s_tri = x["state"].clone(), x["state"].clone()
-        raw = (x["A_log"], x["dt_bias"])
-        o_ref = gdn_verify_ref(*args, s_ref, idx, ring_ref, fold_after, raw_gates=raw)
-        o_tri = gdn_verify_chunk_triton(*args, s_tri, idx, ring_tri, fold_after, raw_gates=raw, block_v=block_v,
-                                        block_k=block_k)
-        assert_close(o_tri, o_ref, dtype)
-        assert_close(s_tri, s_ref, torch.float32)
-        assert not torch.equal(s_tri[4], x["state"][4]) and torch.equal(s_tri[2], x["state"][2])
-        for a, b in zip(ring_tri[:3], ring_ref[:3]):
-            assert_close(a.nan_to_num(7.0), b.nan_to_num(7.0), torch.float32)
-
-
-def test_chunk_verify_refuses_a_block_past_its_solve():
-    """The chunk form's solve doubles its diagonal blocks up to 128 tokens: a longer block is refused by name, not
-    solved in part."""
-    x = inputs(B=1, T=129, Hv=2)
-    ring = make_ring(2 * 129 + 1, 2, 24, 2, 40, {})
-    with pytest.raises(ValueError, match="up to 128 tokens, got 129"):
-        gdn_verify_chunk_triton(x["q"], x["k"], x["v"], x["g"], x["beta"], x["state"],
-                                torch.tensor([0], dtype=torch.int32), ring)
-
-
-def test_verify_dispatches_to_the_chunk_form_when_asked(monkeypatch):
+def test_verify_dispatches_to_triton(monkeypatch):
     from kernels.gdn_verify import gdn_verify
     from kernels.testing import assert_dispatches_to_triton
 
@@ -163,8 +112,6 @@ def test_verify_dispatches_to_the_chunk_form_when_asked(monkeypatch):
     ring = make_ring(10, 2, 24, 6, 40, {})
     idx = torch.tensor(STATE_IDX, dtype=torch.int32)
     args = (x["q"], x["k"], x["v"], x["g"], x["beta"], x["state"], idx, ring)
-    assert_dispatches_to_triton(monkeypatch, "kernels.gdn_verify.gdn_verify_chunk_triton",
-                                lambda *a: gdn_verify(*a, chunk=True), *args)
     assert_dispatches_to_triton(monkeypatch, "kernels.gdn_verify.gdn_verify_triton", gdn_verify, *args)
 
 
@@ -304,11 +251,9 @@ def test_fold_and_conv_commit_of_every_layer_in_one_launch_equal_each_layer_alon
         assert torch.equal(conv[i], want_conv), i
 
 
-@pytest.mark.parametrize("fused", [False, True])
-def test_verify_steps_each_token_as_the_decode_kernel_does(fused):
-    """With nothing pending, the verify's outputs are the decode kernel's over the same tokens, bit for bit, in each
-    form of the token step (fused_reductions off / on), and so is the state once the block is accepted and folded:
-    plain and speculative decoding must step alike. The two forms agree to fp32 rounding."""
+def test_verify_steps_each_token_as_the_decode_kernel_does():
+    """With nothing pending, the verify's outputs are the decode kernel's over the same tokens, bit for bit, and so
+    is the state once the block is accepted and folded: plain and speculative decoding must step alike."""
     from kernels.gdn_recurrent import _gdn_recurrent_kernel, gdn_recurrent_triton
 
     require_interpreted(_gdn_verify_kernel)
@@ -321,14 +266,11 @@ def test_verify_steps_each_token_as_the_decode_kernel_does(fused):
     args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
     ring = make_ring(2 * T, Hk, dk, Hv, dv, {})
     s_verify, s_decode = x["state"].clone(), x["state"].clone()
-    o_verify = gdn_verify_triton(*args, s_verify, idx, ring, 0, raw_gates=raw, fused_reductions=fused)
-    o_decode = gdn_recurrent_triton(*args, s_decode, idx, raw_gates=raw, fused_reductions=fused)
+    o_verify = gdn_verify_triton(*args, s_verify, idx, ring, 0, raw_gates=raw)
+    o_decode = gdn_recurrent_triton(*args, s_decode, idx, raw_gates=raw)
     assert torch.equal(o_verify, o_decode)
     # every token accepted, then folded: the state plain decoding left
     live = idx[idx >= 0]
     gdn_ring_advance_triton(ring[3], live, torch.full((len(live),), T, dtype=torch.int32), 0, 2 * T)
-    gdn_fold_triton(s_verify, live, ring, fused_reductions=fused)
+    gdn_fold_triton(s_verify, live, ring)
     assert torch.equal(s_verify, s_decode)
-    o_other = gdn_recurrent_triton(*args, x["state"].clone(), idx, raw_gates=raw, fused_reductions=not fused)
-    assert_close(o_other, o_decode, torch.float32, rtol=1e-5, atol=1e-5)
-    assert not torch.equal(o_other, o_decode), "the two forms round differently: the test would not see a mix-up"

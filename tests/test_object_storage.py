@@ -127,3 +127,78 @@ def test_checkpoint_copied_from_the_bucket_is_byte_identical(object_store, tiny_
     assert localize(object_store.uri(f"{b}/models/tiny/"), st, str(tmp_path / "cache")) == local  # copied once
 
 
+
+
+def closed_port() -> int:
+    """A port on 127.0.0.1 with nothing listening (bound, then released)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_every_object_store_client_is_built_with_bounded_time():
+    """The limits pyarrow's clients are built with: the config's, never the clients' own defaults (15 min on GCS)."""
+    from datetime import timedelta
+
+    st = StorageConfig(connect_timeout_s=4, request_timeout_s=9, retry_time_limit_s=17)
+    s3 = resolve("s3://b/k", st).fs.__reduce__()[1][0]
+    gcs = resolve("gs://b/k", st).fs.__reduce__()[1][0]
+    assert (s3["connect_timeout"], s3["request_timeout"], gcs["retry_time_limit"]) == (4, 9, timedelta(seconds=17))
+    default = StorageConfig()
+    assert default.retry_time_limit_s < 60 and 3 * (default.connect_timeout_s + default.request_timeout_s) < 60
+
+
+@pytest.mark.slow  # the job's command line against a closed port: up to its retry limit
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("where", ["s3-output", "gcs-input"])
+def test_an_unreachable_endpoint_fails_in_one_line_naming_it(where, tiny_checkpoint, tmp_path):
+    """Nothing listens at the endpoint: the command stops before Ray, at the default limits, well under a minute,
+    in one line that names the endpoint, says it cannot be reached and which setting points elsewhere."""
+    import time
+
+    from test_config import run_cli
+
+    endpoint = f"http://127.0.0.1:{closed_port()}"
+    args, says = {
+        "s3-output": (["--input", str(SAMPLES), "--output", "s3://bucket/out", "--s3-endpoint", endpoint],
+                      f"--output 's3://bucket/out' cannot be written: cannot reach the S3 endpoint {endpoint} for "
+                      f"s3://bucket/out: nothing answers at its address and port (connection refused); check "
+                      f"--s3-endpoint (storage.s3_endpoint)"),
+        "gcs-input": (["--input", "gs://bucket/in", "--output", str(tmp_path / "out")],
+                      f"cannot list input 'gs://bucket/in': cannot reach the GCS endpoint {endpoint} for gs://bucket/in"
+                      f": nothing answers at its address and port (connection refused); check STORAGE_EMULATOR_HOST"),
+    }[where]
+    t = time.perf_counter()
+    proc, ray_imported = run_cli(*args, "--checkpoint", str(tiny_checkpoint), timeout=90,
+                                 env={"STORAGE_EMULATOR_HOST": endpoint})  # an emulator: reached without credentials
+    took = time.perf_counter() - t
+    assert proc.returncode == 2 and not ray_imported, proc.stderr  # the run could not start
+    assert proc.stderr.strip().splitlines() == [f"Error: {says}, that the server is up, and that this machine can "
+                                                f"reach it"], proc.stderr
+    assert took < 60, f"{took:.0f} s"
+
+
+def test_unreachable_or_missing_on_every_path_is_said_plainly(gcs_store, tiny_checkpoint, tmp_path):
+    """The other paths, in-process: an S3 input and a GCS output at a closed port (GCS at a 2-second limit, which it
+    keeps), and a missing bucket on the GCS server, which answers at once."""
+    import time
+
+    endpoint = f"http://127.0.0.1:{closed_port()}"
+    ckpt = str(tiny_checkpoint)
+    s3 = {"s3_endpoint": endpoint}
+    cfg = load_config(None, {"input": {"uris": ["s3://bucket/in"]}, "output": str(tmp_path / "out"), "storage": s3,
+                             "model": {"checkpoint": ckpt, "device": "cpu"}})
+    assert f"cannot reach the S3 endpoint {endpoint} for s3://bucket/in: nothing answers" in prepare_fails(cfg)
+    gcs = {"gcs_endpoint": endpoint, "anonymous": True, "retry_time_limit_s": 2}
+    cfg = load_config(None, {"input": {"uris": [str(SAMPLES)]}, "output": "gs://bucket/out", "storage": gcs,
+                             "model": {"checkpoint": ckpt, "device": "cpu"}})
+    t = time.perf_counter()
+    msg = prepare_fails(cfg)
+    assert f"cannot reach the GCS endpoint {endpoint} for gs://bucket/out" in msg and time.perf_counter() - t < 15
+    cfg = load_config(None, {"input": {"uris": ["gs://no-such-bucket/in"]}, "output": str(tmp_path / "out"),
+                             "storage": gcs_store.storage, "model": {"checkpoint": ckpt, "device": "cpu"}})
+    t = time.perf_counter()
+    assert "input not found: gs://no-such-bucket/in (there is no bucket 'no-such-bucket')" in prepare_fails(cfg)
+    assert time.perf_counter() - t < 10

@@ -21,8 +21,8 @@ from pipeline.storage import ListedFile, resolve
 DOCS = ROOT / "docs" / "outcomes.md"
 
 
-def _table_keys(section: str) -> list[str]:
-    """The first column's `names` of the markdown table after `section` in docs/outcomes.md."""
+def _table_keys_of(section: str, key: str) -> list[str]:
+    """The first column's keys (`key`'s group) of the markdown table after `section` in docs/outcomes.md."""
     text = DOCS.read_text()
     body = text[text.index(section):]
     table = body[body.index("\n|"):]
@@ -30,8 +30,13 @@ def _table_keys(section: str) -> list[str]:
     for line in table.splitlines()[1:]:
         if not line.startswith("|"):
             break
-        rows += re.findall(r"^\| `(\w+)`", line)
+        rows += re.findall(key, line)
     return rows
+
+
+def _table_keys(section: str) -> list[str]:
+    """The first column's `names` of the markdown table after `section` in docs/outcomes.md."""
+    return _table_keys_of(section, r"^\| `(\w+)`")
 
 
 def test_the_docs_name_every_kind_and_status_the_code_has():
@@ -109,8 +114,24 @@ def test_a_rerun_with_nothing_retryable_left_finishes_in_seconds_without_ray(tmp
                           capture_output=True, text=True, timeout=120, cwd=ROOT)
     seconds = time.perf_counter() - t
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "0 to process" in proc.stdout and "1 already done" in proc.stdout
+    assert "0 to process" in proc.stdout and "1 already done" in proc.stdout and "nan" not in proc.stdout
     assert "encrypted (not retried" in proc.stdout and "not_pdf (not retried" in proc.stdout
     # imports and the checkpoint check, nothing parsed: 7 s on an idle 2-core machine, 34 s at a load of 16
     assert seconds < 60, seconds
     assert store.documents().num_rows == 3
+
+
+def test_the_docs_name_every_exit_status_and_each_run_gets_the_right_one():
+    from pipeline.outcomes import (EXIT_ALL_FAILED, EXIT_OK, EXIT_SOME_FAILED, EXIT_STATUSES, EXIT_TERMINATED,
+                                   exit_status)
+
+    assert [int(k) for k in _table_keys_of("## Exit status", r"^\| `(\d+)`")] == sorted(EXIT_STATUSES)
+    assert EXIT_TERMINATED == 143 and len(set(EXIT_STATUSES)) == 7
+    assert exit_status(planned=0, documents=0, documents_error=0) == EXIT_OK  # nothing to do
+    assert exit_status(planned=6, documents=6, documents_error=0) == EXIT_OK
+    assert exit_status(planned=6, documents=6, documents_error=1) == EXIT_SOME_FAILED
+    assert exit_status(planned=6, documents=6, documents_error=6) == EXIT_ALL_FAILED
+    assert exit_status(planned=6, documents=5, documents_error=0) == EXIT_SOME_FAILED  # one never came back
+    assert exit_status(planned=6, documents=0, documents_error=0) == EXIT_ALL_FAILED  # none came back
+    assert exit_status(planned=6, documents=6, documents_error=6, allow_errors=True) == EXIT_OK
+    assert exit_status(planned=6, documents=6, documents_error=1, allow_errors=True) == EXIT_OK

@@ -36,6 +36,15 @@ def test_concurrent_batches_keep_rows_and_share_engine_time(tiny_checkpoint, tmp
         assert set(out.column("status").to_pylist()) == {"ok"}
     shares = sum(sum(t.column("engine_s").to_pylist()) for t in outs)
     assert abs(shares - stage.backend.busy_s) < 1e-6 and shares > 0
+    # each call's span, shared by its pages, holds every page's engine time (submitted -> last token)
+    spans = []
+    for out in outs:
+        rows = out.to_pylist()
+        [(start, end)] = {(r["parse_started_unix"], r["parse_ended_unix"]) for r in rows}
+        assert all(end - start >= r["parse_s"] > 0 for r in rows)
+        spans.append((start, end))
+    (s0, e0), (s1, e1) = spans[:2]  # the first two calls ran at once: their spans overlap
+    assert max(s0, s1) < min(e0, e1), spans
     stage.backend.close()
 
 

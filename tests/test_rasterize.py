@@ -171,19 +171,26 @@ def _pdf(pages: int = 3, **save) -> bytes:
     return doc.tobytes(**save)
 
 
-def _zero_page_pdf() -> bytes:
-    """An intact PDF (header, objects, xref, trailer all right) whose page tree holds no pages."""
-    objects = [b"<< /Type /Catalog /Pages 2 0 R >>", b"<< /Type /Pages /Kids [] /Count 0 >>"]
+EMPTY_TREE = [b"<< /Type /Catalog /Pages 2 0 R >>", b"<< /Type /Pages /Kids [] /Count 0 >>"]
+
+
+def _zero_page_pdf(objects: list[bytes] = EMPTY_TREE, root: bytes = b"1 0 R", size: int | None = None,
+                   shift: int = 0) -> bytes:
+    """A PDF written object by object, with no pages. As given: intact (header, objects, xref, trailer all right).
+    The arguments break one thing each: the objects, the trailer's /Root or /Size, or (shift) the last object's
+    offset in the xref, which MuPDF then repairs."""
     out, offsets = bytearray(b"%PDF-1.7\n"), []
     for n, body in enumerate(objects, 1):
         offsets.append(len(out))
         out += b"%d 0 obj\n%s\nendobj\n" % (n, body)
-    xref = len(out)
-    out += b"xref\n0 3\n0000000000 65535 f \n" + b"".join(b"%010d 00000 n \n" % o for o in offsets)
-    out += b"trailer\n<< /Size 3 /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % xref
+    offsets[-1] += shift
+    xref, n = len(out), len(objects) + 1
+    out += b"xref\n0 %d\n0000000000 65535 f \n" % n + b"".join(b"%010d 00000 n \n" % o for o in offsets)
+    out += b"trailer\n<< /Size %d /Root %s >>\nstartxref\n%d\n%%%%EOF\n" % (size or n, root, xref)
     return bytes(out)
 
 
+ONE_OBJECT = b"%PDF-1.7\n1 0 obj\n<< /Type /Catalog /Pages 2 0 R >>\nendobj\n"
 SYNTHETIC = {  # name -> (bytes, kind, words of the message); made here, so they run without the shared corpus
     "empty.pdf": (b"", "empty", "0 bytes"),
     "no-pages.pdf": (_zero_page_pdf(), "empty", "intact"),
@@ -191,7 +198,21 @@ SYNTHETIC = {  # name -> (bytes, kind, words of the message); made here, so they
     "page.html.pdf": (b"<html><body>403 Forbidden</body></html>", "not_pdf", "HTML"),
     "no-header.pdf": (b"Access denied: this link has expired.\n" * 4, "not_pdf", "plain text"),
     "cut-off.pdf": (_pdf(garbage=0, deflate=True)[:200], "truncated", "without the startxref/%%EOF"),
-    "far-xref.pdf": (b"%PDF-1.7\n1 0 obj\n<< /Type /Catalog /Pages 2 0 R >>\nendobj\n" + b"\nstartxref\n999999\n%%EOF\n", "truncated", "points to byte 999999"),
+    # the trailer is there, so the length is right and the offsets wrong: damage, not a file cut short
+    "far-xref.pdf": (ONE_OBJECT + b"\nstartxref\n999999\n%%EOF\n", "damaged",
+                     "points to byte 999999 but the file has 82 bytes, though the file ends with the trailer"),
+    "far-xref-cut.pdf": (ONE_OBJECT + b"startxref\n999999\n" + b"x" * 1100, "truncated",
+                         "without the startxref/%%EOF trailer a PDF ends with, and its startxref points"),
+    # no pages, and not intact: repaired, or broken where MuPDF reads it as empty without a warning
+    "repaired-to-nothing.pdf": (_zero_page_pdf(shift=3), "damaged", "repaired the broken cross-reference table"),
+    "kid-not-there.pdf": (_zero_page_pdf([EMPTY_TREE[0], b"<< /Type /Pages /Kids [5 0 R] /Count 0 >>"]), "page_tree",
+                          "its page tree lists 5 0 R, which is not in the file"),
+    "kid-not-a-page.pdf": (_zero_page_pdf([EMPTY_TREE[0], b"<< /Type /Pages /Kids [1 0 R] /Count 0 >>"]), "page_tree",
+                           "lists 1 0 R, which is a /Catalog, not a page"),
+    "no-page-tree.pdf": (_zero_page_pdf([b"<< /Type /Catalog >>", EMPTY_TREE[1]]), "page_tree",
+                         "catalog has no /Pages"),
+    "root-not-there.pdf": (_zero_page_pdf(root=b"7 0 R"), "damaged", "/Root (7 0 R) is not a document catalog"),
+    "size-wrong.pdf": (_zero_page_pdf(size=9), "damaged", "says /Size 9 but its cross-reference table has 3 entries"),
     "damaged.pdf": (b"%PDF-1.4\n" + bytes(range(256)) * 4 + b"\nstartxref\n9\n%%EOF\n", "damaged", "MuPDF"),
     "locked.pdf": (_pdf(encryption=pymupdf.PDF_ENCRYPT_AES_256, user_pw="u", owner_pw="o"), "encrypted", "password"),
     "notes.txt": (b"hello", "unsupported", "unsupported file type"),
@@ -205,6 +226,15 @@ def test_broken_files_get_the_kind_of_what_they_are(name):
         list(rasterize(data, name, RasterOptions()))
     assert e.value.kind == kind and said in str(e.value), str(e.value)
     assert kind in ERROR_KINDS
+
+
+@pytest.mark.parametrize("body", [b"<html><body>403</body></html>", b"this is not really a pdf\n" * 3,
+                                  bytes(range(256)) * 8, b"", b"%%EOF\n", b"<svg xmlns='http://www.w3.org/2000/svg'/>"])
+def test_a_file_that_starts_with_the_pdf_marker_is_never_not_pdf(body):
+    """It says it is a PDF: whatever follows, it is a broken or cut-off one (its kind and message say which)."""
+    with pytest.raises(DocumentError) as e:
+        list(rasterize(b"%PDF-1.4\n" + body, "x.pdf", RasterOptions(256, 256 * 256)))
+    assert e.value.kind in ("truncated", "damaged"), str(e.value)
 
 
 def test_files_mupdf_can_read_are_parsed_whatever_their_flaws():
@@ -258,6 +288,44 @@ def test_blank_pages_are_flagged():
     tinted.draw_rect(tinted.rect + (-5, -5, 5, 5), color=None, fill=(0.9, 0.9, 0.85))  # tinted paper, edge to edge
     pages = [p for _, _, p in rasterize(doc.tobytes(), "b.pdf", RasterOptions(512, 512 * 512))]
     assert [p.blank for p in pages] == [True, False, True]
+    assert [p.warnings for p in pages] == ["", "", ""]
+
+
+def _undecodable_page(kind: str) -> bytes:
+    """One page whose only content does not decode: a JBIG2 image mask of garbage over the page, or a content stream
+    marked Flate that is not zlib data. MuPDF warns and draws nothing."""
+    doc = pymupdf.open()
+    page = doc.new_page()
+    x = doc.get_new_xref()
+    doc.update_object(x, "<< /Type /XObject /Subtype /Image /Width 200 /Height 200 /BitsPerComponent 1 /ImageMask true "
+                         "/Decode [1 0] >>" if kind == "jbig2" else "<<>>")
+    doc.update_stream(x, bytes(range(64)) if kind == "jbig2" else b"not zlib data at all", compress=False)
+    doc.xref_set_key(x, "Filter", "/JBIG2Decode" if kind == "jbig2" else "/FlateDecode")
+    if kind == "jbig2":
+        c = doc.get_new_xref()
+        doc.update_object(c, "<<>>")
+        doc.update_stream(c, b"q 400 0 0 400 100 200 cm /Im1 Do Q")
+        doc.xref_set_key(page.xref, "Resources", f"<< /XObject << /Im1 {x} 0 R >> >>")
+        x = c
+    doc.xref_set_key(page.xref, "Contents", f"{x} 0 R")
+    return doc.tobytes()
+
+
+@pytest.mark.parametrize("kind,said", [("jbig2", "jbig2"), ("flate", "zlib error")])
+def test_a_page_that_drew_blank_because_its_content_failed_to_decode_says_so_in_its_row(kind, said):
+    """Blank, so not sent to the model, but not plainly blank: the row's `error` carries MuPDF's warnings."""
+    from pipeline.stages import _raster_row
+
+    [page] = [p for _, _, p in rasterize(_undecodable_page(kind), "x.pdf", RasterOptions(256, 256 * 256))]
+    assert page.blank and said in page.warnings.lower(), page.warnings
+    row = _raster_row("x.pdf", "s", 1, 1, page)
+    assert row["status"] == "blank" and row["error_kind"] is None
+    assert row["error"].startswith("drawn blank, but MuPDF reported problems while drawing it")
+    assert said in row["error"].lower()
+    plain = pymupdf.open()
+    plain.new_page()
+    [page] = [p for _, _, p in rasterize(plain.tobytes(), "x.pdf", RasterOptions(256, 256 * 256))]
+    assert page.blank and _raster_row("x.pdf", "s", 1, 1, page)["error"] is None
 
 
 def test_pages_per_core_speed_is_recorded(renderer):
@@ -409,3 +477,10 @@ def test_a_missing_corpus_skips_here_and_fails_under_ci(monkeypatch):
     with pytest.raises(pytest.fail.Exception, match="CI=true"):
         require(False, "../shared/corpus")
     require(True, "../shared/corpus")  # present: nothing happens
+
+
+def test_a_corpus_page_that_drew_blank_over_a_broken_stream_keeps_the_warnings(manifest):
+    """pdfminer__patchelf.pdf: its one page's content stream is not the zlib data it is marked as; it draws blank."""
+    name = "pdfminer__patchelf.pdf"
+    [page] = [p for _, _, p in rasterize((CORPUS / name).read_bytes(), name, RasterOptions(256, 256 * 256))]
+    assert page.blank and "zlib error" in page.warnings, page.warnings

@@ -24,6 +24,7 @@ def blocks():
     return reading.images(page.image)[:3]
 
 
+@pytest.mark.slow  # ~2 min: the shipped drafter over every sample block, plain and speculative
 def test_shipped_drafter_is_lossless_and_accepted_on_sample_blocks(blocks):
     reqs = [dict(request_id=f"b{i}", prompt=DEFAULT_PROMPT, image=im, sampling=SamplingParams(max_tokens=96))
             for i, im in enumerate(blocks)]

@@ -19,16 +19,15 @@ def test_spec_decode_bench_smoke(tiny_checkpoint, tmp_path):
     load_bench("spec_decode_bench").main(["--device", "cpu", "--smoke", "--checkpoint", str(tiny_checkpoint),
                                           "--drafter", str(drafter), "--pages", str(pages), "--out", str(out),
                                           "--profile", "[0.9, 0.9, 0.9]", "--eager-batches", "1",
-                                          "--verify-forms", "steps", "chunk:2"])
+                                          "--fold-after", "0", "2"])
     res = json.loads(out.read_text())
     models = [r["model"] for r in res["rows"]]
     assert models == ["ocria-tiny"] * 4 + ["tiny-shape"] * 12
-    assert [(r["gdn_verify"], r["batch"]) for r in res["rows"][:4]] == [("steps", 1), ("steps", 2), ("chunk:2", 1),
-                                                                       ("chunk:2", 2)]
+    assert [(r["spec_fold_after"], r["batch"]) for r in res["rows"][:4]] == [(0, 1), (0, 2), (2, 1), (2, 2)]
     # the toy 4B shape: part 1's measured profile, then the given one; steps through the static buffers (as captured
-    # on CUDA), batch 1 also eagerly; each GDN verify form (the chunk form with a write-back threshold) in turn
-    assert [(r["gdn_verify"], r["batch"], r["profile"], r["spec_step"]) for r in res["rows"][4:]] == [
-        (form, *row) for form in ("steps", "chunk:2") for row in (
+    # on CUDA), batch 1 also eagerly; each GDN write-back threshold in turn
+    assert [(r["spec_fold_after"], r["batch"], r["profile"], r["spec_step"]) for r in res["rows"][4:]] == [
+        (fold_after, *row) for fold_after in (0, 2) for row in (
             (1, "ocria-tiny measured", "graphs"), (1, "ocria-tiny measured", "eager"), (1, "given 0", "graphs"),
             (1, "given 0", "eager"), (2, "ocria-tiny measured", "graphs"), (2, "given 0", "graphs"))]
     for r in res["rows"]:

@@ -3,9 +3,11 @@ interpreter and gives its default configuration's output."""
 import kernels.testing  # noqa: F401  (sets TRITON_INTERPRET before any kernel module is compiled)
 import json
 
+import pytest
 from conftest import load_bench
 
 
+@pytest.mark.slow  # the whole benchmark in the interpreter
 def test_spec_kernels_bench_smoke(tmp_path):
     out = tmp_path / "k.json"
     load_bench("spec_kernels_bench").main(["--smoke", "--out", str(out)])
@@ -16,10 +18,8 @@ def test_spec_kernels_bench_smoke(tmp_path):
     assert {r["block"] for r in rows if r["kernel"].startswith("gdn decode kernel")} == {1, 4}  # the smoke block: 4
     assert {r["kernel"] for r in rows if r["kernel"].startswith("gdn step")} == {
         f"gdn step: {what} ({impl})" for what in ("verify + advance", "verify + commit every step")
-        for impl in ("default launches", "default launches, two-pass token step", "chunk form", "torch reference")}
-    assert {r["kernel"] for r in rows if r["kernel"].startswith("gdn verify (steps")} >= {
-        "gdn verify (steps)", "gdn verify (steps, fused reductions)"}
-    assert any(r["kernel"] == "gdn verify (chunk)" and r["block_k"] == 16 for r in rows)
+        for impl in ("default launches", "torch reference")}
+    assert {r["kernel"] for r in rows if r["kernel"].startswith("gdn verify (steps")} >= {"gdn verify (steps)"}
     for r in rows:
         assert r["us"] > 0 and r["roofline_us"] > 0, r
         if "max_diff_vs_default" in r:

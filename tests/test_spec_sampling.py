@@ -100,3 +100,60 @@ def test_the_statistical_check_catches_a_lossy_rule():
     out = generate(p_abs, q_abs, N, L, T, gen, valid_random=False, accept=lossy)
     stats = [chi2(torch.bincount(out[:, k], minlength=V).float(), p_abs[k]) for k in range(1, L)]
     assert max(stats) > chi2_critical(V - 1), stats
+
+
+def test_the_blocks_last_draft_is_checked_and_the_cut_holds():
+    """Rows of four kinds: a whole block (valid = T) or a cut one (valid < T) whose last draft is wrong, the ones
+    before it right; and a whole or cut block whose drafts are all right, in a cut block the one after the cut too.
+    A wrong last draft must be rejected and replaced by the target's token (greedy) or a draw from the residual
+    max(0, p - q) (sampling), whatever the uniform and noise draws; all-right rows keep their drafts up to the cut
+    and get the bonus token there. An acceptance off by one at the block's last position (or at the cut) keeps a
+    draft it must not: in greedy acceptance only the engine's oracle test would show it otherwise, in minutes."""
+    gen = torch.Generator().manual_seed(4)
+    S, T, V = 256, 5, 7
+    rows = torch.arange(S)
+    kind = rows % 4
+    wrong, cut = kind < 2, kind % 2 == 1
+    valid = torch.where(cut, torch.randint(2, T, (S,), generator=gen), T)
+    last = valid - 2  # the row's last draft that may be accepted
+    want = torch.where(wrong, valid - 1, valid)  # tokens emitted
+
+    # greedy: the drafts are the target's argmax, but the last one in the wrong rows
+    post = torch.randint(0, V, (S, T), generator=gen)
+    drafts = post[:, :-1].clone()
+    drafts[wrong, last[wrong]] = (post[wrong, last[wrong]] + 1) % V
+    tokens, emitted = greedy_accept(drafts, torch.nn.functional.one_hot(post, V).float(), valid)
+    assert torch.equal(emitted, want), rows_off(emitted, want, kind, valid)
+    assert torch.equal(tokens, post)  # the kept drafts, then the argmax in place of the wrong one or as the bonus
+
+    # sampling: p(x) > q(x) for a right draft x (accepted whatever u < 1); a wrong draft has p(x) = 0 (rejected
+    # whatever u), its mass moved to one token y, the residual's only one, while p stays spread over the others; in
+    # all-right rows p is one-hot on y where the bonus is drawn (in a cut block y is the draft after the cut, which
+    # is then right too)
+    q = torch.softmax(torch.randn(S, T - 1, V, generator=gen), -1)
+    drafts = torch.randint(0, V, (S, T - 1), generator=gen)
+    p = torch.cat([(q + torch.nn.functional.one_hot(drafts, V)) / 2,
+                   torch.softmax(torch.randn(S, 1, V, generator=gen), -1)], 1)
+    x = drafts[rows, last]
+    y = torch.where(wrong, (x + torch.randint(1, V, (S,), generator=gen)) % V,  # any token but the draft
+                    torch.cat([drafts, drafts[:, :1]], 1)[rows, valid - 1])
+    w = rows[wrong]
+    p[w, last[w]] = q[w, last[w]]
+    p[w, last[w], y[w]] += q[w, last[w], x[w]]
+    p[w, last[w], x[w]] = 0
+    r = rows[~wrong]
+    p[r, valid[r] - 1] = torch.nn.functional.one_hot(y[r], V).float()
+    u = torch.rand(S, T - 1, generator=gen)
+    rn = torch.empty(S, T - 1, V).exponential_(generator=gen)
+    bn = torch.empty(S, T, V).exponential_(generator=gen)
+    tokens, emitted = rejection_accept(drafts, q, p, valid, u, rn, bn)
+    assert torch.equal(emitted, want), rows_off(emitted, want, kind, valid)
+    kept = torch.arange(T - 1)[None, :] < (want - 1)[:, None]
+    assert torch.equal(tokens[:, :-1][kept], drafts[kept])
+    assert torch.equal(tokens[rows, want - 1], y), rows_off(tokens[rows, want - 1], y, kind, valid)
+
+
+def rows_off(got, want, kind, valid):
+    """The first rows where got != want: (row, kind, valid, got, want)."""
+    off = (got != want).nonzero()[:4, 0].tolist()
+    return [(r, int(kind[r]), int(valid[r]), int(got[r]), int(want[r])) for r in off]

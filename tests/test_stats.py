@@ -1,6 +1,8 @@
 """The stats table: throughput, busy shares, cost per million pages, errors by kind, flat (metric, value) rows."""
 import math
 
+import pytest
+
 from pipeline.output import DocMeta, document_row
 from pipeline.schema import PAGE_SCHEMA, empty_row
 from pipeline.stats import RunStats, format_table
@@ -37,11 +39,29 @@ def test_summary_numbers():
     assert "pages/s" in text and "encrypted 1" in text and "per million pages" in text
 
 
-def test_cpu_run_bills_engine_actors():
-    stats = RunStats("r", engine_actors=1, gpus=0, usd_per_gpu_hour=1.0)
+def test_a_cpu_run_is_priced_by_its_cpus_not_at_the_gpu_rate():
+    stats = RunStats("r", engine_actors=1, gpus=0, usd_per_gpu_hour=2.69, cpus=2.5, usd_per_cpu_hour=0.04)
+    rows = [page("a", 0, 1, tokens=10)]
+    stats.add_document(document_row("r", rows, DocMeta(1, 1, 1), 500), rows)
     stats.wall_s = 3600.0
     s = stats.summary()
-    assert s["usd"] == 1.0 and "CPU" in s["cost_basis"] and math.isnan(s["usd_per_million_pages"])
+    assert math.isclose(s["usd"], 2.5 * 0.04) and s["cost_basis"] == "cpu-hours (CPU run)"
+    assert math.isclose(s["usd_per_million_pages"], 0.1 * 1e6)
+    [cost] = [line for line in format_table(s).splitlines() if line.startswith("cost")]
+    assert "2.5 CPU x $0.04/h" in cost and "2.69" not in cost and "GPU" not in cost
+
+
+def test_a_run_with_nothing_to_do_prints_and_writes_no_nan():
+    """No documents came back (nothing was left to parse): the table shows '-' where there is nothing to measure, the
+    JSON is valid JSON (NaN is not), and the stats table has only finite numbers."""
+    import json
+
+    s = RunStats("r", engine_actors=1, gpus=0, usd_per_gpu_hour=2.69, usd_per_cpu_hour=0.045)
+    text, summary = format_table(s.summary()), s.summary()
+    assert "nan" not in text.lower() and "no pages to price" in text
+    assert "p50        -" in text and summary["usd"] == 0 and summary["usd_per_million_pages"] is None
+    json.loads(s.to_json(), parse_constant=lambda c: pytest.fail(f"{c} in the run's JSON"))
+    assert all(math.isfinite(v) for v in s.table().column("value").to_pylist())
 
 
 def test_steady_rate_counts_only_pages_after_the_warm_up():

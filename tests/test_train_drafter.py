@@ -21,6 +21,7 @@ def write_pages(folder, n: int, seed: int):
     return folder
 
 
+@pytest.mark.slow  # a drafter's collection and training, end to end
 def test_train_drafter_smoke(tiny_checkpoint, tmp_path):
     pages = write_pages(tmp_path / "pages", 4, seed=0)
     cfg = TrainDrafterConfig(checkpoint=str(tiny_checkpoint), pages=str(pages), out=str(tmp_path / "drafter"),
@@ -55,6 +56,7 @@ def test_train_drafter_smoke(tiny_checkpoint, tmp_path):
     assert np.mean(log2["losses"]) < 0.8 * np.mean(losses[:10]), (log2["losses"], losses[:10])  # not a fresh start
 
 
+@pytest.mark.slow  # a drafter's collection and training, end to end
 def test_validation_keeps_the_best_drafter(tiny_checkpoint, tmp_path):
     """--val-pages: answers kept out of training, their loss and tau estimate measured every --val-every steps and
     at the end; the drafter written is the one with the highest tau estimate, the lowest loss among equals (a large
@@ -180,6 +182,7 @@ def test_packed_training_forward_equals_each_page_alone():
     torch.testing.assert_close(packed, torch.stack([alone[p][b] for p, b in order]), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow  # a drafter's collection and training, end to end
 def test_train_a_dflash2_drafter(tiny_checkpoint, tmp_path):
     """--dflash2: the convolutions and the selector train with the base loss; the drafter written is a DFlash2 one
     that loads, drafts through its selector and decodes losslessly."""
@@ -221,6 +224,7 @@ def test_selector_loss_puts_the_true_token_last_when_it_is_not_a_candidate():
     torch.testing.assert_close(ce, torch.stack([want0, want1])[None])
 
 
+@pytest.mark.slow  # a drafter's collection and training, end to end
 def test_soft_labels_distillation_and_the_tau_estimate(tiny_checkpoint, tmp_path, monkeypatch):
     """collect(soft_top_k) keeps the target's distribution at each answer token, whose top id is the greedy token
     it emitted; block_loss with distill=1 is the cross-entropy against those probabilities, with 0 the greedy one;
@@ -304,6 +308,7 @@ def test_walk_tau_steps_through_answers_as_the_engine_does():
     assert walk_tau([short, ex], torch.tensor([0.0] + acc)) == (16, 8)
 
 
+@pytest.mark.slow  # a drafter's collection and training, end to end
 def test_tau_estimate_equals_the_engines_tau(tiny_checkpoint, tmp_path):
     """The walked tau estimate of a drafter on answers equals the tau the engine measures reading the same pages
     with it (CPU fp32: the engine's drafts are the training pass's). A drafter trained hard on two pages accepts

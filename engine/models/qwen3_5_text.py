@@ -70,12 +70,12 @@ class GatedAttention(nn.Module):
         self.glue = Glue()
         self.proj = DecodeProjections()
 
-    fused_decode = False  # decode: one fused kernel for q/k norm + rotary + KV store (TextModel.set_fused_decode)
+    fused_inputs = False  # decode: one kernel for q/k norm + rotary + KV store (TextModel.set_fused_attention_decode)
     pdl = False  # decode kernels launched with programmatic dependent launch (TextModel.set_pdl)
 
     def forward(self, x, meta: StepMetadata, cos, sin):
-        if self.fused_decode and not meta.is_prefill:
-            return self._fused_decode(x, meta, cos, sin)
+        if self.fused_inputs and not meta.is_prefill:
+            return self._decode_fused_inputs(x, meta, cos, sin)
         q, k, v, gate = self.glue.attention_inputs(self.proj.linear(x, self.qkv_proj.weight), self.q_norm.weight,
                                                    self.k_norm.weight, cos, sin, self.q_norm.eps, self.nh, self.nkv,
                                                    self.hd)
@@ -88,7 +88,7 @@ class GatedAttention(nn.Module):
                                            scales=self.kv_scales)
         return self.proj.linear(self.glue.gated_output(o, gate), self.o_proj.weight)
 
-    def _fused_decode(self, x, meta: StepMetadata, cos, sin):
+    def _decode_fused_inputs(self, x, meta: StepMetadata, cos, sin):
         qkv = self.proj.linear(x, self.qkv_proj.weight)
         q = ops.fused_attn_decode_inputs(qkv, self.q_norm.weight, self.k_norm.weight, cos, sin, self.q_norm.eps,
                                          self.nh, self.nkv, self.hd, self.k_cache, self.v_cache, meta.slot_mapping,
@@ -150,9 +150,7 @@ class GatedDeltaNet(nn.Module):
         self.kept_x = None
         self.ring = None
         self.fold_after = 0
-        self.verify_chunk = False  # kernels/gdn_verify's chunk form (EngineOptions.spec_chunk_verify)
 
-    fused_decode = False  # decode: one fused kernel from conv to gated norm (TextModel.set_fused_decode)
     pdl = False  # decode kernels launched with programmatic dependent launch (TextModel.set_pdl)
 
     def forward(self, x, meta: StepMetadata, cos=None, sin=None):
@@ -162,11 +160,6 @@ class GatedDeltaNet(nn.Module):
         if meta.verify_len:
             o = self._verify(qkv, ba, meta)
             o = ops.gated_rmsnorm(o, z.reshape(N, self.hv, self.dv), self.norm.weight, self.eps)
-            return self.proj.linear(o.reshape(N, self.value_dim), self.out_proj.weight)
-        if self.fused_decode and not meta.is_prefill:
-            o = ops.fused_gdn_decode(qkv, z.view(N, self.hv, self.dv), ba[:, :self.hv], ba[:, self.hv:],
-                                     self.conv_state, self.conv1d.weight, self.A_log, self.dt_bias, self.norm.weight,
-                                     self.ssm_state, meta.state_idx, self.eps)
             return self.proj.linear(o.reshape(N, self.value_dim), self.out_proj.weight)
         if meta.is_prefill:
             g, beta = self.glue.gdn_gates(ba, self.A_log, self.dt_bias)
@@ -199,8 +192,7 @@ class GatedDeltaNet(nn.Module):
         ba = ba.view(S, T, 2 * self.hv)
         o = ops.gdn_verify(q.reshape(S, T, self.hk, self.dk), k.reshape(S, T, self.hk, self.dk),
                            v.reshape(S, T, self.hv, self.dv), ba[..., self.hv:], ba[..., :self.hv], self.ssm_state,
-                           meta.state_idx, self.ring, self.fold_after, raw_gates=(self.A_log, self.dt_bias),
-                           chunk=self.verify_chunk)
+                           meta.state_idx, self.ring, self.fold_after, raw_gates=(self.A_log, self.dt_bias))
         return o.view(S * T, self.hv, self.dv)
 
 
@@ -256,11 +248,12 @@ class TextModel(nn.Module):
         for layer in self.layers:
             layer.mixer.proj = layer.mlp.proj = proj
 
-    def set_fused_decode(self, on: bool, kinds=("linear_attention", "full_attention")) -> None:
-        """Decode steps of these layer kinds through the fused kernels (kernels/fused_*.py) instead of the per-op path."""
+    def set_fused_attention_decode(self, on: bool) -> None:
+        """Decode steps of the attention layers take their inputs (q/k norm, rotary, KV store) from one kernel
+        (kernels/fused_attn_decode) instead of the compiled glue and a KV store."""
         for layer in self.layers:
-            if layer.kind in kinds:
-                layer.mixer.fused_decode = on
+            if layer.kind == "full_attention":
+                layer.mixer.fused_inputs = on
 
     def set_pdl(self, on: bool) -> None:
         """Launch the norms', GDN and attention decode kernels with programmatic dependent launch (CUDA, sm_90+;

@@ -1,12 +1,14 @@
-"""EngineOptions(fused_decode=True): decode steps through kernels/fused_*.py give the same greedy tokens (and logits
-within the exactness tolerance) as transformers and as the default per-op path; with every kernel forced to Triton
-(interpreter) and with decode batches padded as for CUDA graphs, so padding rows go through the fused kernels."""
+"""DecodeTuning(fused_attention_decode=True), the default: decode steps whose attention inputs come from
+kernels/fused_attn_decode give the same greedy tokens (and logits within the exactness tolerance) as transformers and
+as the per-op path; with every kernel forced to Triton (interpreter) and with decode batches padded as for CUDA
+graphs, so padding rows go through the fused kernel. Also the decode step's kernel counts."""
 import kernels.testing  # noqa: F401  (sets TRITON_INTERPRET before any kernel module is compiled)
 import pytest
 import torch
 
 from engine.interface import SamplingParams
 from engine.llm_engine import Engine
+from engine.options import DecodeTuning
 from engine.model_runner import graph_batch_sizes
 from engine.testing import build_checkpoint
 
@@ -27,7 +29,7 @@ def requests():
 
 def run(ckpt, fused: bool, padded: bool):
     eng = Engine.from_checkpoint(ckpt, dtype="float32", max_num_seqs=4, num_blocks=48, block_size=16,
-                                 fused_decode=fused, fused_attention_decode=fused)
+                                 tuning=DecodeTuning(fused_attention_decode=fused))
     if padded:
         eng.runner.decode_sizes = graph_batch_sizes(4)  # 3 sequences decode as a batch of 4: one padding row
     return eng.generate(requests())
@@ -40,23 +42,18 @@ def hf_greedy(model, ids):
     return out.sequences[0, len(ids):].tolist(), torch.stack([x[0] for x in out.logits])
 
 
-def test_fused_decode_on_triton_matches_transformers_and_unfused(ckpt, monkeypatch):
-    from kernels.fused_gdn_decode import _fused_gdn_decode_kernel
+def test_fused_attention_decode_on_triton_matches_transformers_and_unfused(ckpt, monkeypatch):
+    import kernels.fused_attn_decode as fa
 
-    kernels.testing.require_interpreted(_fused_gdn_decode_kernel)
+    kernels.testing.require_interpreted(fa._fused_attn_inputs_kernel)
     unfused = run(ckpt, fused=False, padded=False)  # reference ops (CPU default)
     monkeypatch.setenv("OCRIA_FORCE_TRITON", "1")
     calls = []
-    import kernels.fused_attn_decode as fa
-    import kernels.fused_gdn_decode as fg
-
-    for mod, name in ((fa, "fused_attn_decode_inputs_triton"), (fg, "fused_gdn_decode_triton")):
-        fn = getattr(mod, name)
-        monkeypatch.setattr(mod, name, lambda *a, _fn=fn, _n=name, **k: (calls.append(_n), _fn(*a, **k))[1])
+    fn = fa.fused_attn_decode_inputs_triton
+    monkeypatch.setattr(fa, "fused_attn_decode_inputs_triton", lambda *a, **k: (calls.append(1), fn(*a, **k))[1])
     fused = run(ckpt, fused=True, padded=True)
-    # every decode step (MAX_NEW - 1 of them) went through both fused kernels, once per layer of each kind
-    assert calls.count("fused_gdn_decode_triton") == 3 * (MAX_NEW - 1)  # 3 GDN layers in the tiny config
-    assert calls.count("fused_attn_decode_inputs_triton") == 1 * (MAX_NEW - 1)
+    # every decode step (MAX_NEW - 1 of them) went through the fused kernel, once per attention layer
+    assert len(calls) == 1 * (MAX_NEW - 1)  # 1 attention layer in the tiny config
     from transformers import Qwen3_5ForCausalLM
 
     hf = Qwen3_5ForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
@@ -68,7 +65,7 @@ def test_fused_decode_on_triton_matches_transformers_and_unfused(ckpt, monkeypat
         torch.testing.assert_close(f.logits, logits, atol=LOGITS_ATOL, rtol=0)
 
 
-def test_fused_decode_reference_path_matches_unfused(ckpt):
+def test_fused_attention_decode_reference_path_matches_unfused(ckpt):
     """On CPU without forcing Triton the fused ops run their torch references: same tokens as the default path."""
     unfused = run(ckpt, fused=False, padded=True)
     fused = run(ckpt, fused=True, padded=True)
@@ -81,14 +78,14 @@ def test_kernel_count_script():
     """bench/decode_kernel_count.py on a 4-layer stack (3 GDN + 1 attention). Default path: a GDN layer is 9
     kernels: its 4 projections (kernels/small_m_linear; gate_up applies the SwiGLU), two RMSNorms, conv, recurrence
     (the gates computed inside it) and gated norm; the attention inputs are one fused kernel (q/k norm, rotary, KV
-    store). fused_decode also launches GDN conv to gated norm as 1 kernel instead of 3, everything else unchanged."""
+    store). Without that kernel only the attention layers change."""
     import os
 
     from bench import decode_kernel_count
 
-    r = decode_kernel_count.main(["--layers", "4", "--variants", "default,fused"])
+    r = decode_kernel_count.main(["--layers", "4", "--variants", "default,unfused_attn"])
     assert "OCRIA_FORCE_TRITON" not in os.environ
-    d, f = r["default"], r["fused"]
+    d, u = r["default"], r["unfused_attn"]
     assert d["linear_attention"]["layers"] == 3 and d["full_attention"]["layers"] == 1
     assert d["linear_attention"]["per_layer"] == {
         "triton _small_m_linear_kernel": 4, "triton _conv1d_update_kernel": 1, "triton _gdn_recurrent_kernel": 1,
@@ -96,10 +93,9 @@ def test_kernel_count_script():
     assert d["full_attention"]["per_layer"]["triton _small_m_linear_kernel"] == 4
     assert d["full_attention"]["per_layer"]["triton _fused_attn_inputs_kernel"] == 1
     assert "triton _store_kvcache_kernel" not in d["full_attention"]["per_layer"]
-    assert f["linear_attention"]["per_layer"]["triton _fused_gdn_decode_kernel"] == 1
-    assert f["linear_attention"]["per_layer_total"] == d["linear_attention"]["per_layer_total"] - 2
-    assert f["full_attention"] == d["full_attention"]
-    assert f["step_total"] == d["step_total"] - 3 * 2
+    assert u["linear_attention"] == d["linear_attention"]
+    assert "triton _fused_attn_inputs_kernel" not in u["full_attention"]["per_layer"]
+    assert "triton _store_kvcache_kernel" in u["full_attention"]["per_layer"]
 
 
 def test_kernel_count_script_speculative_step():
@@ -125,21 +121,21 @@ def test_kernel_count_script_speculative_step():
 
 
 def test_fused_attention_decode_only(ckpt, monkeypatch):
-    """EngineOptions(fused_attention_decode=True), the default: the attention layers decode through their fused
+    """DecodeTuning(fused_attention_decode=True), the default: the attention layers decode through their fused
     kernel, the GDN layers keep the per-op path; greedy outputs as the fully unfused path's."""
     unfused = run(ckpt, fused=False, padded=False)
     monkeypatch.setenv("OCRIA_FORCE_TRITON", "1")
     import kernels.fused_attn_decode as fa
-    import kernels.fused_gdn_decode as fg
+    import kernels.gdn_recurrent as gr
 
     calls = []
-    for mod, name in ((fa, "fused_attn_decode_inputs_triton"), (fg, "fused_gdn_decode_triton")):
+    for mod, name in ((fa, "fused_attn_decode_inputs_triton"), (gr, "gdn_recurrent_triton")):
         fn = getattr(mod, name)
         monkeypatch.setattr(mod, name, lambda *a, _fn=fn, _n=name, **k: (calls.append(_n), _fn(*a, **k))[1])
     eng = Engine.from_checkpoint(ckpt, dtype="float32", max_num_seqs=4, num_blocks=48, block_size=16,
-                                 fused_attention_decode=True)
+                                 tuning=DecodeTuning(fused_attention_decode=True))
     outs = eng.generate(requests())
-    assert calls and set(calls) == {"fused_attn_decode_inputs_triton"}
+    assert set(calls) == {"fused_attn_decode_inputs_triton", "gdn_recurrent_triton"}
     for a, b in zip(outs, unfused):
         assert a.output_token_ids == b.output_token_ids
         torch.testing.assert_close(a.logits, b.logits, atol=LOGITS_ATOL, rtol=0)
