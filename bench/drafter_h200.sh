@@ -3,9 +3,12 @@
 # dry run with DEVICE=cpu DTYPE=float32 and small PAGES / TRAIN_S):
 #   bash bench/drafter_h200.sh OUT        # carry .drafter/synth and .whl/gen (bench/device_inputs.sh makes them and
 #                                         # says what to leave out of the tree for the 64 MiB carry limit)
-# 1. training block images: PAGES synthetic pages of the train pool, drawn the job's way (research/ocria_tiny/
-#    drafter_pages.py; on the GPU machine with the PyMuPDF wheel carried in .whl/gen);
-# 2. jobs/train_drafter.py on them (the target answers them, the drafter learns its answers) for TRAIN_S seconds;
+# 1. jobs/train_drafter.py on PAGES synthetic pages of the train pool, drawn the job's way and cut into blocks by
+#    WORKERS processes while the target reads the ones drawn before (--render research.ocria_tiny.drafter_pages:
+#    block_images; the PyMuPDF wheel carried in .whl/gen): the target answers them (the engine's normal path), its
+#    taps come from packed teacher-forced prefills, the drafter learns its answers for TRAIN_S seconds;
+#    COLLECT_BENCH=DIR first times that collection against the eager one on DIR's block images
+#    (bench/drafter_collect_bench.py -> OUT/collect_bench.json);
 # 3. bench/drafter_tau.py: tau at block 16 and 8 (TAU_BLOCKS) on the held-out synthetic blocks and the corpus blocks
 #    made here (research/ocria_tiny/drafter_pages.py --split heldout; bench/drafter_block_pages.py), answers checked
 #    against plain decoding.
@@ -13,10 +16,11 @@
 # then FIRST=N draws pages N .. N + PAGES - 1, new ones). VAL=N keeps N answers out for a validation loss every VAL_EVERY steps
 # and writes the best drafter.
 # 4. with SPEC_BENCH="<its flags>" (e.g. "--block-sizes 16"), bench/spec_decode_bench.py with the new drafter.
-# OUT gets drafter/ (config.json, model.safetensors, train_log.json), tau.json, log.txt [, h200_spec_decode.json].
+# OUT gets drafter/ (config.json, model.safetensors, train_log.json), tau.json, log.txt [, collect_bench.json,
+# h200_spec_decode.json].
 set -euo pipefail
 OUT=${1:?usage: drafter_h200.sh OUT}
-DEVICE=${DEVICE:-cuda} DTYPE=${DTYPE:-bfloat16} PAGES=${PAGES:-700} TRAIN_S=${TRAIN_S:-120} WORKERS=${WORKERS:-15}
+DEVICE=${DEVICE:-cuda} DTYPE=${DTYPE:-bfloat16} PAGES=${PAGES:-700} TRAIN_S=${TRAIN_S:-120} WORKERS=${WORKERS:-12}
 LAYERS=${LAYERS:-4} FFN=${FFN:-1024} TAPS=${TAPS:-4} PER_STEP=${PER_STEP:-32} LR=${LR:-2e-3} ANCHORS=${ANCHORS:-64} MAX_TOKENS=${MAX_TOKENS:-256}
 COLLECT=${COLLECT:-256} FIRST=${FIRST:-0} VAL=${VAL:-0} VAL_EVERY=${VAL_EVERY:-200} PY=${PY:-python3} TAU_DIR=${TAU_DIR:-.drafter}
 mkdir -p "$OUT"
@@ -29,10 +33,15 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TOKENIZERS_
 $PY -c "import torch, pymupdf; print('torch', torch.__version__, 'pymupdf', pymupdf.VersionBind,
       torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu')"
 t0=$(date +%s)
-rm -rf /tmp/drafter_train && $PY -m research.ocria_tiny.drafter_pages --synth .drafter/synth --split train \
-  --pages "$PAGES" --first "$FIRST" --workers "$WORKERS" --out /tmp/drafter_train
+if [ -n "${COLLECT_BENCH:-}" ]; then
+  timeout "${COLLECT_BENCH_TIMEOUT:-600}" $PY bench/drafter_collect_bench.py --checkpoint models/ocria-tiny \
+    --pages "$COLLECT_BENCH" --device "$DEVICE" --dtype "$DTYPE" --batch "$COLLECT" --max-tokens "$MAX_TOKENS" \
+    --num-taps "$TAPS" --kv-cache-memory-gb 8 --out "$OUT/collect_bench.json" || echo "collect bench stopped (rc $?)"
+fi
 t1=$(date +%s)
-timeout "${TRAIN_TIMEOUT:-900}" $PY jobs/train_drafter.py --checkpoint models/ocria-tiny --pages /tmp/drafter_train \
+timeout "${TRAIN_TIMEOUT:-900}" $PY jobs/train_drafter.py --checkpoint models/ocria-tiny \
+  --render research.ocria_tiny.drafter_pages:block_images --render-arg synth=.drafter/synth --render-arg split=train \
+  --render-arg checkpoint=models/ocria-tiny --render-pages "$PAGES" --render-first "$FIRST" --render-workers "$WORKERS" \
   --out "$OUT/drafter" --device "$DEVICE" --dtype "$DTYPE" --collect-batch "$COLLECT" --kv-cache-memory-gb 8 \
   --max-tokens "$MAX_TOKENS" --num-layers "$LAYERS" --intermediate-size "$FFN" --num-taps "$TAPS" --block-size 16 \
   --gamma 7 --anchors "$ANCHORS" --pages-per-step "$PER_STEP" --lr "$LR" --steps 1000000 --max-seconds "$TRAIN_S" \
@@ -57,7 +66,7 @@ for r in json.load(open(f"{out}/tau.json"))["rows"]:
     print(f"{r['page_set']:8} {r['block_size']:5d} {r['tau']:6.2f} {r['drafted']:8d} {r['accepted']:8d} "
           f"{r['identical_to_plain']}")
 EOF
-echo "seconds: pages $((t1 - t0)), train (collect + steps) $((t2 - t1)), tau $((t3 - t2))"
+echo "seconds: collect bench $((t1 - t0)), train (pages drawn + collect + steps) $((t2 - t1)), tau $((t3 - t2))"
 if [ -n "${SPEC_BENCH:-}" ]; then  # bench/spec_decode_bench.py with this drafter: ocria-tiny, 4B shape
   left=$((${DEADLINE:-100000} - ($(date +%s) - t0)))  # DEADLINE: seconds from the start the whole run must end by
   timeout "$left" $PY bench/spec_decode_bench.py --device "$DEVICE" --drafter "$OUT/drafter" --pages "$TAU_DIR/heldout" \

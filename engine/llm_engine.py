@@ -187,17 +187,7 @@ class Engine:
             prompt_token_ids, pixel_values, image_grids = self.processor.page_inputs(image, prompt)
         ids = [int(t) for t in prompt_token_ids]
         check_prompt(request_id, ids, sampling, self.cfg.text.vocab_size, self.max_model_len, self.block_manager)
-        images = None
-        grids = [tuple(int(v) for v in g) for g in (image_grids or [])]
-        if pixel_values is not None or grids:
-            if self.text_only:
-                raise RequestRejected(f"request {request_id!r}: image inputs given but the engine is text-only")
-            images = image_inputs(request_id, self.cfg, ids, pixel_values, grids, self._image_processor is not None)
-        merge = self.cfg.vision.spatial_merge_size if self.cfg.vision is not None else 2
-        try:
-            pos, delta = mrope_positions(ids, self.cfg.image_token_id, grids, merge)
-        except ValueError as e:
-            raise RequestRejected(f"request {request_id!r}: {e}") from e
+        images, pos, delta = self.prompt_inputs(request_id, ids, pixel_values, image_grids)
         seed = sampling.seed if sampling.seed is not None else seed_for_request(request_id)
         gen = torch.Generator(device=self.device).manual_seed(seed) if sampling.temperature > 0 else None
         stops = frozenset() if ignore_eos else self.stop_token_ids
@@ -209,6 +199,22 @@ class Engine:
             BeamGroup([seq, *others], sampling.length_penalty, self.device)
         self._seqs[request_id] = seq
         self.scheduler.add(seq)
+
+    def prompt_inputs(self, request_id: str, ids: list[int], pixel_values, image_grids):
+        """A prompt's image inputs checked against its image tokens, and its mRoPE positions -> (ImageInputs or
+        None, positions [3, len(ids)], rope delta); RequestRejected naming the request if they do not fit."""
+        images = None
+        grids = [tuple(int(v) for v in g) for g in (image_grids or [])]
+        if pixel_values is not None or grids:
+            if self.text_only:
+                raise RequestRejected(f"request {request_id!r}: image inputs given but the engine is text-only")
+            images = image_inputs(request_id, self.cfg, ids, pixel_values, grids, self._image_processor is not None)
+        merge = self.cfg.vision.spatial_merge_size if self.cfg.vision is not None else 2
+        try:
+            pos, delta = mrope_positions(ids, self.cfg.image_token_id, grids, merge)
+        except ValueError as e:
+            raise RequestRejected(f"request {request_id!r}: {e}") from e
+        return images, pos, delta
 
     def abort(self, request_id: str) -> None:
         seq = self._seqs.pop(request_id, None)

@@ -254,10 +254,9 @@ class ModelRunner:
         return max(0, int(total * utilization) - (peak - kv_tmp))
 
     # ------------------------------------------------------------------ forward passes
-    @torch.no_grad()
-    def run_prefill(self, chunks: list[PrefillChunk], logits_rows: list[int], start_event=None) -> torch.Tensor:
-        """Packed prefill of `chunks`; returns logits [len(logits_rows), V] (fp32) for those flat token rows.
-        start_event (CUDA) is recorded once the inputs are queued, just before the forward pass."""
+    def _prefill_inputs(self, chunks: list[PrefillChunk], start_event=None):
+        """A packed prefill step's metadata and input embeddings [N, H]; the chunks' GDN state made ready (zeroed
+        for sequences starting now, pending speculative updates folded or dropped)."""
         meta = build_prefill_metadata(chunks, self.block_size, self.device)
         if start_event is not None:
             start_event.record()
@@ -274,6 +273,24 @@ class ModelRunner:
             for off, rows in (c.embed_overrides or ()):
                 x[row + off: row + off + rows.shape[0]] = rows.to(x.dtype)
             row += len(c.token_ids)
+        return meta, x
+
+    @torch.no_grad()
+    def run_prefill_taps(self, chunks: list[PrefillChunk], layer_ids, final: bool = False):
+        """Packed prefill of `chunks` keeping the output hidden states of the layers `layer_ids` (the drafter's slot,
+        if any, is left alone) -> ({layer id: [N, H]} over the flat token rows, the final normed hidden states
+        [N, H] if `final` else None). Without `final` the forward stops after the last tapped layer: the layers after
+        it are not run and their caches stay unwritten (engine/taps.py: the chunks' sequences are dropped after)."""
+        meta, x = self._prefill_inputs(chunks)
+        taps = dict.fromkeys(layer_ids)
+        hidden = self.model(x, meta, taps, None if final else max(layer_ids) + 1)
+        return taps, hidden
+
+    @torch.no_grad()
+    def run_prefill(self, chunks: list[PrefillChunk], logits_rows: list[int], start_event=None) -> torch.Tensor:
+        """Packed prefill of `chunks`; returns logits [len(logits_rows), V] (fp32) for those flat token rows.
+        start_event (CUDA) is recorded once the inputs are queued, just before the forward pass."""
+        meta, x = self._prefill_inputs(chunks, start_event)
         taps = self.drafter.new_taps() if self.drafter is not None else None
         hidden = self.model(x, meta, taps)
         if taps is not None:

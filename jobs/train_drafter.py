@@ -4,10 +4,14 @@ greedily, and the drafter learns to predict blocks of the target's own answers f
     python jobs/train_drafter.py --checkpoint models/ocria-tiny --pages PAGES --out DRAFTER [--block-size 8]
 
 PAGES: a folder of PNG/JPEG images, or a Parquet file of rendered pages (the raster rows the pipeline writes:
-image (raw RGB bytes), image_height, image_width). Recipe (DFlash; docs/speculative-decoding.md): per step, pages'
-random anchors among their answer tokens; each anchor's block [anchor token, MASK x (B - 1)] sees the context before
-the anchor and its own block; cross-entropy on positions 1 .. B-1 weighted exp(-(k - 1) / gamma), on the target's
-greedy tokens or, with --distill, partly on its own distribution there (soft labels). The target's
+image (raw RGB bytes), image_height, image_width); or, with --render MODULE:FUNCTION --render-pages N, pages drawn in
+--render-workers processes while the target reads the ones drawn before (e.g. research.ocria_tiny.drafter_pages:
+block_images with --render-arg synth=DIR --render-arg split=train --render-arg checkpoint=CKPT). The target answers
+the pages greedily through the engine's normal path, then its tapped hidden states over each page's prompt +
+answer come from teacher-forced prefills of many pages each (collect). Recipe (DFlash; docs/speculative-decoding.md):
+per step, pages' random anchors among their answer tokens; each anchor's block [anchor token, MASK x (B - 1)] sees
+the context before the anchor and its own block; cross-entropy on positions 1 .. B-1 weighted exp(-(k - 1) / gamma),
+on the target's greedy tokens or, with --distill, partly on its own distribution there (soft labels). The target's
 embedding and LM head are frozen and shared; only the drafter's layers, fc and norms train (with --dflash2 also
 DFlash2's convolutions and candidate selector, whose cross-entropy over the top-k candidates joins the loss). Writes
 DRAFTER/ (config.json + model.safetensors, the public DFlash layout) and DRAFTER/train_log.json (losses; with
@@ -19,6 +23,7 @@ long before the steps run out.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import random
@@ -33,7 +38,7 @@ import click
 import numpy as np
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -41,17 +46,30 @@ from engine.interface import DEFAULT_PROMPT, SamplingParams  # noqa: E402
 from engine.llm_engine import Engine  # noqa: E402
 from engine.models.dflash import DFlashConfig, DFlashDrafter, build_target_layer_ids  # noqa: E402
 from engine.options import DecodeTuning  # noqa: E402
-from engine.step_metadata import to_device  # noqa: E402
+from engine.taps import prefill_taps  # noqa: E402
 
 
 class TrainDrafterConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     checkpoint: str
-    pages: str
+    pages: str | None = Field(None, description="a folder of page images or a .parquet of raster rows (or render)")
+    render: str | None = Field(None, description="pages drawn instead of read: 'module:function', function(n, "
+                               "**render_args) -> the RGB uint8 images of page n (e.g. research.ocria_tiny."
+                               "drafter_pages:block_images), for pages render_first .. render_first + render_pages - "
+                               "1, in render_workers processes while the target reads the pages drawn before")
+    render_args: dict[str, str] = Field(default_factory=dict, description="the render function's keyword arguments")
+    render_pages: int = Field(0, ge=0)
+    render_first: int = Field(0, ge=0)
+    render_workers: int = Field(4, ge=1)
     out: str
     device: str = "cpu"
     dtype: str = Field("float32", description="the target's dtype while it answers (its taps are kept in it)")
     collect_batch: int = Field(16, ge=1, description="pages the target answers at once")
+    collect_group: int = Field(1024, ge=1, description="pages collected at a time (answers, then taps); drawn pages "
+                               "of the next group are rendered meanwhile")
+    tap_tokens: int | None = Field(None, ge=1, description="tokens of the pages' prompts + answers packed into each "
+                                   "teacher-forced prefill that computes the taps (null: the engine's "
+                                   "max_num_batched_tokens)")
     kv_cache_memory_gb: float | None = Field(None, gt=0, description="the target's KV cache (CUDA; the taps of "
                                              "every page stay on the device beside it)")
     prompt: str = DEFAULT_PROMPT
@@ -91,6 +109,12 @@ class TrainDrafterConfig(BaseModel):
                            "state stay fp32)")
     seed: int = 0
 
+    @model_validator(mode="after")
+    def _one_source(self):
+        if (self.pages is None) == (self.render is None) or (self.render is not None and self.render_pages < 1):
+            raise ValueError("give the pages either as files (pages) or drawn (render with render_pages >= 1)")
+        return self
+
 
 @dataclass
 class Example:
@@ -98,58 +122,6 @@ class Example:
     prompt_len: int
     taps: dict[int, torch.Tensor]  # target layer -> [len(ids) - 1, H] (the last token is never fed)
     soft: tuple[torch.Tensor, torch.Tensor] | None = None  # per answer token: the target's top-k probs, ids [n, k]
-
-
-class TapRecorder:
-    """Stands in the model runner's drafter slot while the target computes: keeps the tapped hidden states of every
-    token it computes (engine/model_runner calls new_taps / write_context on every forward, prefill and eager
-    decode alike), in their dtype and where they were computed, by sequence and token index. A row's sequence is the
-    owner of its KV slot's block among the engine's running sequences (blocks are never shared between them); a
-    token computed again (after a preemption) replaces its first taps. `capacity`: request id -> the most tokens it
-    can have (prompt + max_tokens); all requests share one buffer, each at its offset, so a step's rows are stored
-    with one scatter whatever the batch."""
-
-    def __init__(self, layer_ids, engine: Engine, capacity: dict[str, int]):
-        self.layer_ids = list(layer_ids)
-        self.engine = engine
-        self.offset, total = {}, 0
-        for rid, n in capacity.items():
-            self.offset[rid], total = total, total + n
-        self.total = total
-        self.rows: torch.Tensor | None = None  # [total, taps, H]
-        self.seen: torch.Tensor | None = None  # [total] bool
-
-    def new_taps(self) -> dict:
-        return dict.fromkeys(self.layer_ids)
-
-    def write_context(self, taps, slot_mapping, index) -> None:
-        """Without waiting for the device: the block owners go up through pinned memory, and rows of no running
-        sequence (padding) land in a spare last row instead of being masked out (a boolean mask would sync)."""
-        stacked = torch.stack([taps[lid] for lid in self.layer_ids], dim=1).detach()  # [N, taps, H]
-        dev = stacked.device
-        if self.rows is None:
-            self.rows = stacked.new_zeros((self.total + 1, *stacked.shape[1:]))
-            self.seen = torch.zeros(self.total + 1, dtype=torch.bool, device=dev)
-        blocks, bases = [], []
-        for seq in self.engine.scheduler.running:
-            blocks += seq.block_table
-            bases += [self.offset[seq.request_id]] * len(seq.block_table)
-        base = torch.full((self.engine.block_manager.num_blocks,), -1, dtype=torch.long, device=dev)
-        base[to_device(blocks, torch.long, dev)] = to_device(bases, torch.long, dev)
-        slot = slot_mapping.long()
-        owner = base[slot.clamp(min=0) // self.engine.block_manager.block_size]
-        dest = torch.where((slot >= 0) & (owner >= 0), owner + index, self.total)
-        self.rows.index_copy_(0, dest, stacked.to(self.rows.dtype))
-        self.seen[dest] = True
-
-    def stacked(self, request_id: str, n: int) -> dict[int, torch.Tensor]:
-        """Taps of the request's tokens 0 .. n - 1, in order: {layer id: [n, H]}."""
-        off = self.offset[request_id]
-        seen = self.seen[off:off + n]
-        if not bool(seen.all()):
-            raise RuntimeError(f"{request_id}: the target computed taps for {int(seen.sum())} of tokens "
-                               f"0 .. {n - 1}")
-        return {lid: self.rows[off:off + n, j] for j, lid in enumerate(self.layer_ids)}
 
 
 def load_pages(path: str | Path) -> list[np.ndarray]:
@@ -171,58 +143,146 @@ def load_pages(path: str | Path) -> list[np.ndarray]:
     raise click.UsageError(f"--pages {path}: give a folder of images or a .parquet of raster rows")
 
 
+class RenderedPages:
+    """The images of pages first .. first + count - 1, each drawn by render(n) in one of `workers` processes (a
+    picklable function: a module's, or a functools.partial of one), yielded page by page in page order whatever
+    order they are drawn in. At most `ahead` pages are drawn or waiting beyond the one being read, a bounded queue
+    that keeps the workers busy while the reader works and the memory flat whatever the count. A failed page raises
+    its error here. Leaving the iteration early (break, close, an exception in the reader) cancels the pages not
+    started and waits for the workers to end. Workers start from a fork server: forking this process, which may hold
+    CUDA and many threads, is what that avoids."""
+
+    def __init__(self, render, first: int, count: int, workers: int, ahead: int | None = None):
+        self.render, self.first, self.count, self.workers = render, first, count, workers
+        self.ahead = max(ahead or 2 * workers, workers)
+
+    def __iter__(self):
+        import multiprocessing
+        from collections import deque
+        from concurrent.futures import ProcessPoolExecutor
+
+        end = self.first + self.count
+        with ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("forkserver")) as pool:
+            queued, n = deque(), self.first
+            try:
+                while queued or n < end:
+                    while n < end and len(queued) < self.ahead:
+                        queued.append((n, pool.submit(self.render, n)))
+                        n += 1
+                    page, done = queued.popleft()
+                    try:
+                        images = done.result()
+                    except Exception as e:
+                        raise RuntimeError(f"drawing page {page} failed: {e!r}") from e
+                    yield images
+            finally:
+                for _, f in queued:
+                    f.cancel()
+                pool.shutdown(wait=True, cancel_futures=True)
+
+
+def render_function(spec: str, args: dict):
+    """'module:function' with its keyword arguments bound (a picklable partial)."""
+    import functools
+    import importlib
+
+    module, _, name = spec.partition(":")
+    try:
+        fn = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError) as e:
+        raise click.UsageError(f"--render {spec}: no function {name!r} in module {module!r} ({e})") from None
+    return functools.partial(fn, **args)
+
+
+def page_source(cfg: TrainDrafterConfig):
+    """(the pages' RGB uint8 images in order, their count or None where not known before they are drawn): read from
+    cfg.pages, or drawn by cfg.render in worker processes as they are consumed (RenderedPages)."""
+    if cfg.pages is not None:
+        images = load_pages(cfg.pages)
+        return iter(images), len(images)
+    stream = RenderedPages(render_function(cfg.render, cfg.render_args), cfg.render_first, cfg.render_pages,
+                           cfg.render_workers, ahead=max(2 * cfg.render_workers, cfg.collect_group))
+
+    def images():
+        pages = iter(stream)
+        try:
+            for page in pages:
+                yield from page
+        finally:  # the workers end with the reader, not when the generator happens to be collected
+            pages.close()
+    return images(), None
+
+
 def collect(engine: Engine, images: list[np.ndarray], layer_ids, prompt: str, max_tokens: int,
-            soft_top_k: int = 0, timings: dict | None = None) -> list[Example]:
-    """The target's greedy answers to each page in one batched generate, and the tapped hidden states of every token
-    it computes meanwhile (prompt in prefill, answer in decode). The engine must run eagerly (enforce_eager): a CUDA
-    graph replays its decode without calling the recorder. Each page is preprocessed once, to the uint8 patches the
-    engine expands on its device, as the job does. soft_top_k: also keep the target's distribution at each answer
-    token, its top soft_top_k probabilities renormalised (Example.soft). timings: receives the seconds spent
-    preprocessing pages and generating, and the engine's prefill and decode steps with their host launch, device
-    and waiting seconds."""
-    if engine.device.type == "cuda" and not engine.options.enforce_eager:
-        raise ValueError("collect needs an engine built with enforce_eager=True (CUDA graphs skip the recorder)")
+            soft_top_k: int = 0, timings: dict | None = None, tap_tokens: int | None = None) -> list[Example]:
+    """The target's greedy answers to the pages, then the tapped hidden states over each page's prompt and answer.
+
+    1. The answers: one batched Engine.generate, the engine's normal path (CUDA graphs for decode where it has
+       them); nothing is recorded while it decodes. Each page is preprocessed once, to the uint8 patches the engine
+       expands on its device, as the job does.
+    2. The taps: teacher-forced prefills of the pages' prompt + answer (the last answer token is never fed), many
+       pages packed into each step of `tap_tokens` tokens (engine/taps.prefill_taps; default the engine's
+       max_num_batched_tokens), the forward cut after the last tapped layer. soft_top_k: also the target's
+       distribution at each answer token from the same prefill, its top soft_top_k probabilities renormalised
+       (Example.soft; the forward then runs every layer and the LM head on the answer rows).
+
+    timings: receives the seconds spent preprocessing, answering and tapping, and the answering's prefill and decode
+    steps with their host launch, device and waiting seconds."""
     t0 = time.perf_counter()
     inputs = [engine.processor.page_inputs(image, prompt, compact=True) for image in images]
     t1 = time.perf_counter()
-    rec = TapRecorder(layer_ids, engine, {f"page-{n}": len(ids) + max_tokens for n, (ids, _, _) in enumerate(inputs)})
-    soft = {}
-
-    def reduce_logits(o):  # as each answer ends: its [n, V] rows are not kept while the others run
-        if soft_top_k and o.logits is not None:
-            probs, top = o.logits.float().softmax(-1).topk(min(soft_top_k, o.logits.shape[-1]), -1)
-            soft[o.request_id] = (probs / probs.sum(-1, keepdim=True), top)
-            o.logits = None
-
-    engine.runner.drafter = rec
     recording, log = engine.record_steps, engine.step_log  # the caller's, given back after
     engine.record_steps, engine.step_log = timings is not None, []
     try:
         answers = engine.generate([dict(request_id=f"page-{n}", prompt_token_ids=ids, pixel_values=pixels,
-                                        image_grids=grids, sampling=SamplingParams(max_tokens=max_tokens),
-                                        keep_logits=soft_top_k > 0)
-                                   for n, (ids, pixels, grids) in enumerate(inputs)], on_finish=reduce_logits)
+                                        image_grids=grids, sampling=SamplingParams(max_tokens=max_tokens))
+                                   for n, (ids, pixels, grids) in enumerate(inputs)])
     finally:
-        engine.runner.drafter = None
         engine.record_steps, (steps_run, engine.step_log) = recording, (engine.step_log, log)
-    if timings is not None:  # where generating went: steps of each kind, their host launch and device seconds
-        timings.update(preprocess_s=round(t1 - t0, 1), generate_s=round(time.perf_counter() - t1, 1))
+    t2 = time.perf_counter()
+    kept = []
+    for n, o in enumerate(answers):
+        if o.finish_reason == "error":
+            raise RuntimeError(f"page {n}: {o.error}")
+        if len(o.output_token_ids) >= 2:  # the last answer token is never fed: one token leaves nothing to learn
+            kept.append((o.prompt_token_ids + o.output_token_ids, len(o.prompt_token_ids), inputs[n]))
+    taps = prefill_taps(engine, [dict(token_ids=ids[:-1], pixel_values=pixels, image_grids=grids,
+                                      soft_from=prompt_len - 1) for ids, prompt_len, (_, pixels, grids) in kept],
+                        layer_ids, token_budget=tap_tokens, soft_top_k=soft_top_k)
+    if timings is not None:  # where collecting went: the answers' steps of each kind, their launch and device seconds
+        if engine.device.type == "cuda":
+            torch.cuda.synchronize(engine.device)
+        timings.update(preprocess_s=round(t1 - t0, 1), generate_s=round(t2 - t1, 1),
+                       taps_s=round(time.perf_counter() - t2, 1))
         for kind, prefill in (("prefill", True), ("decode", False)):
             steps = [r for r in steps_run if r.is_prefill == prefill]
             timings.update({f"{kind}_steps": len(steps),
                             f"{kind}_launch_s": round(sum(r.t_launched - r.t_start for r in steps), 1),
                             f"{kind}_device_s": round(sum(r.device_s for r in steps), 1),
                             f"{kind}_wait_s": round(sum(r.wait_s for r in steps), 1)})
-    out = []
-    for n, o in enumerate(answers):
-        if o.finish_reason == "error":
-            raise RuntimeError(f"page {n}: {o.error}")
-        ids = o.prompt_token_ids + o.output_token_ids
-        if len(o.output_token_ids) < 2:  # the last answer token is never fed to the target
-            continue
-        out.append(Example(ids, len(o.prompt_token_ids), rec.stacked(o.request_id, len(ids) - 1),
-                           soft.get(o.request_id)))
-    return out
+    return [Example(ids, prompt_len, t.taps, t.soft) for (ids, prompt_len, _), t in zip(kept, taps)]
+
+
+def collect_groups(engine: Engine, images, group: int, layer_ids, prompt: str, max_tokens: int, soft_top_k: int = 0,
+                   tap_tokens: int | None = None, timings: dict | None = None) -> tuple[list[Example], int]:
+    """collect() over the `images` iterator, `group` pages at a time (a drawn source renders the next group's pages
+    meanwhile) -> (the examples, the pages read). timings: collect's, summed over the groups, and pages_wait_s: the
+    seconds spent waiting for pages (drawn ones not yet drawn; files are all read before)."""
+    examples, pages, waited = [], 0, 0.0
+    while True:
+        t = time.perf_counter()
+        part = list(itertools.islice(images, group))
+        waited += time.perf_counter() - t
+        if not part:
+            break
+        part_timings = {} if timings is not None else None
+        examples += collect(engine, part, layer_ids, prompt, max_tokens, soft_top_k, part_timings, tap_tokens)
+        pages += len(part)
+        for k, v in (part_timings or {}).items():
+            timings[k] = round(timings.get(k, 0) + v, 1)
+    if timings is not None:
+        timings["pages_wait_s"] = round(waited, 1)
+    return examples, pages
 
 
 def page_stream(n: int, rng: random.Random):
@@ -429,43 +489,51 @@ def train(cfg: TrainDrafterConfig, echo=print, collected: list[Example] | None =
     on one collection; the target is then not run again (its soft labels must be there if cfg.distill > 0)."""
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
-    images = load_pages(cfg.pages)
-    heldout, train_images = images[:cfg.heldout], images[cfg.heldout:]
-    if not train_images:
-        raise click.UsageError(f"--pages {cfg.pages}: {len(images)} pages, all held out (--heldout {cfg.heldout})")
-    if cfg.val_pages >= len(train_images):
-        raise click.UsageError(f"--val-pages {cfg.val_pages}: {len(train_images)} training pages, none would be left")
-    # eager steps, each with a fixed host cost: prompts start in groups of an eighth of the batch, not one by one as
-    # answers end (which made most prefill steps start only a few pages)
-    target = Engine.from_checkpoint(cfg.checkpoint, device=cfg.device, dtype=cfg.dtype, max_num_seqs=cfg.collect_batch,
-                                    kv_cache_memory_gb=cfg.kv_cache_memory_gb, enforce_eager=True,
-                                    tuning=DecodeTuning(prefill_min_seqs=max(1, cfg.collect_batch // 8)))
-    t = target.cfg.text
-    layer_ids = build_target_layer_ids(t.num_hidden_layers, cfg.num_taps)
-    mask = cfg.mask_token_id
-    if mask is None:
-        mask = target.processor.tokenizer.token_to_id("<|vision_pad|>") if target.processor is not None else None
-        mask = t.vocab_size - 1 if mask is None else mask
-    dcfg = DFlashConfig(hidden_size=t.hidden_size, intermediate_size=cfg.intermediate_size or t.intermediate_size,
-                        num_hidden_layers=cfg.num_layers, num_attention_heads=t.num_attention_heads,
-                        num_key_value_heads=t.num_key_value_heads, head_dim=t.head_dim, rms_norm_eps=t.rms_norm_eps,
-                        rope_theta=10000.0, vocab_size=t.vocab_size, target_layer_ids=tuple(layer_ids),
-                        mask_token_id=int(mask), block_size=cfg.block_size,
-                        **(dict(conv_kernel_size=cfg.conv_kernel_size, conv_group_size=cfg.conv_group_size,
-                                selector_rank=cfg.selector_rank, selector_top_k=cfg.selector_top_k)
-                           if cfg.dflash2 else {}))
-    if cfg.init:
-        drafter = DFlashDrafter.from_pretrained(cfg.init, t, torch.float32, cfg.device)
-        dcfg, layer_ids = drafter.cfg, list(drafter.cfg.target_layer_ids)
-    else:
-        drafter = DFlashDrafter(dcfg, torch.float32, cfg.device)
-        drafter.init_for_training(torch.Generator().manual_seed(cfg.seed))
-    t0, timings = time.perf_counter(), {}
-    examples = list(collected) if collected is not None else collect(
-        target, train_images, layer_ids, cfg.prompt, cfg.max_tokens,
-        soft_top_k=cfg.distill_top_k if cfg.distill > 0 else 0, timings=timings)
-    echo(f"collected {len(examples)} answers ({sum(len(e.ids) - e.prompt_len for e in examples)} tokens; prompts "
-         f"{sum(e.prompt_len for e in examples)} tokens) in {time.perf_counter() - t0:.0f} s "
+    images, count = page_source(cfg)  # drawn pages start rendering now, while the target loads
+    try:
+        heldout = list(itertools.islice(images, cfg.heldout))
+        if count is not None and count <= cfg.heldout:
+            raise click.UsageError(f"--pages {cfg.pages}: {count} pages, all held out (--heldout {cfg.heldout})")
+        if count is not None and cfg.val_pages >= count - cfg.heldout:
+            raise click.UsageError(f"--val-pages {cfg.val_pages}: {count - cfg.heldout} training pages, none would be "
+                                   "left")
+        # prompts start in groups of an eighth of the batch, not one by one as answers end: prefill steps run
+        # eagerly, each with a fixed host cost (most of them started only a few pages)
+        target = Engine.from_checkpoint(cfg.checkpoint, device=cfg.device, dtype=cfg.dtype,
+                                        max_num_seqs=cfg.collect_batch, kv_cache_memory_gb=cfg.kv_cache_memory_gb,
+                                        tuning=DecodeTuning(prefill_min_seqs=max(1, cfg.collect_batch // 8)))
+        t = target.cfg.text
+        layer_ids = build_target_layer_ids(t.num_hidden_layers, cfg.num_taps)
+        mask = cfg.mask_token_id
+        if mask is None:
+            mask = target.processor.tokenizer.token_to_id("<|vision_pad|>") if target.processor is not None else None
+            mask = t.vocab_size - 1 if mask is None else mask
+        dcfg = DFlashConfig(hidden_size=t.hidden_size, intermediate_size=cfg.intermediate_size or t.intermediate_size,
+                            num_hidden_layers=cfg.num_layers, num_attention_heads=t.num_attention_heads,
+                            num_key_value_heads=t.num_key_value_heads, head_dim=t.head_dim,
+                            rms_norm_eps=t.rms_norm_eps, rope_theta=10000.0, vocab_size=t.vocab_size,
+                            target_layer_ids=tuple(layer_ids), mask_token_id=int(mask), block_size=cfg.block_size,
+                            **(dict(conv_kernel_size=cfg.conv_kernel_size, conv_group_size=cfg.conv_group_size,
+                                    selector_rank=cfg.selector_rank, selector_top_k=cfg.selector_top_k)
+                               if cfg.dflash2 else {}))
+        if cfg.init:
+            drafter = DFlashDrafter.from_pretrained(cfg.init, t, torch.float32, cfg.device)
+            dcfg, layer_ids = drafter.cfg, list(drafter.cfg.target_layer_ids)
+        else:
+            drafter = DFlashDrafter(dcfg, torch.float32, cfg.device)
+            drafter.init_for_training(torch.Generator().manual_seed(cfg.seed))
+        t0, timings = time.perf_counter(), {}
+        if collected is not None:
+            examples, train_pages = list(collected), (count - cfg.heldout if count is not None else None)
+        else:
+            examples, train_pages = collect_groups(
+                target, images, cfg.collect_group, layer_ids, cfg.prompt, cfg.max_tokens,
+                soft_top_k=cfg.distill_top_k if cfg.distill > 0 else 0, tap_tokens=cfg.tap_tokens, timings=timings)
+    finally:
+        if hasattr(images, "close"):  # drawn pages: the renderers end here
+            images.close()
+    echo(f"collected {len(examples)} answers to {train_pages} pages ({sum(len(e.ids) - e.prompt_len for e in examples)}"
+         f" tokens; prompts {sum(e.prompt_len for e in examples)} tokens) in {time.perf_counter() - t0:.0f} s "
          f"{timings or ''}")
     if not examples:
         raise RuntimeError("the target answered no page with 2 or more tokens: nothing to train on")
@@ -540,7 +608,7 @@ def train(cfg: TrainDrafterConfig, echo=print, collected: list[Example] | None =
              f"written); last {val_tau[-1][1]:.3f} (loss {val_losses[-1][1]:.4f}) at step {val_tau[-1][0]}")
     out = Path(cfg.out)
     drafter.save_pretrained(out, num_target_layers=t.num_hidden_layers, dtype=getattr(torch, cfg.save_dtype))
-    log = {"config": cfg.model_dump(), "drafter": dcfg.to_json(), "train_pages": len(train_images),
+    log = {"config": cfg.model_dump(), "drafter": dcfg.to_json(), "train_pages": train_pages,
            "answers": len(examples), "answer_tokens": sum(len(e.ids) - e.prompt_len for e in examples),
            "steps": len(losses), "train_seconds": round(time.perf_counter() - t_train, 1), "collect": timings,
            "losses": losses}
@@ -561,10 +629,17 @@ def train(cfg: TrainDrafterConfig, echo=print, collected: list[Example] | None =
 @click.option("--config", "config_path", type=click.Path(exists=True), help="YAML with TrainDrafterConfig fields")
 @click.option("--checkpoint", help="target checkpoint folder")
 @click.option("--pages", help="folder of page images or .parquet of raster rows")
+@click.option("--render", help="or pages drawn by module:function (function(n, **render args) -> page n's images)")
+@click.option("--render-arg", "render_args", multiple=True, help="KEY=VALUE: a keyword argument of the function")
+@click.option("--render-pages", type=int, help="pages drawn")
+@click.option("--render-first", type=int, help="the first drawn page's number")
+@click.option("--render-workers", type=int, help="processes drawing pages")
 @click.option("--out", help="drafter folder to write")
 @click.option("--device")
 @click.option("--dtype")
 @click.option("--collect-batch", type=int)
+@click.option("--collect-group", type=int)
+@click.option("--tap-tokens", type=int)
 @click.option("--kv-cache-memory-gb", type=float)
 @click.option("--max-tokens", type=int)
 @click.option("--num-layers", type=int)
@@ -596,6 +671,11 @@ def main(config_path, **flags):
     from pydantic import ValidationError
 
     data = yaml.safe_load(Path(config_path).read_text()) if config_path else {}
+    args = flags.pop("render_args")
+    if any("=" not in a for a in args):
+        raise click.UsageError(f"--render-arg {args}: give KEY=VALUE")
+    if args:
+        data["render_args"] = {**data.get("render_args", {}), **dict(a.split("=", 1) for a in args)}
     data.update({k: (list(v) if isinstance(v, tuple) else v) for k, v in flags.items() if v not in (None, ())})
     try:
         cfg = TrainDrafterConfig(**data)

@@ -89,35 +89,59 @@ def test_validation_keeps_the_best_drafter(tiny_checkpoint, tmp_path):
     assert abs(tokens / steps - tau[best_step]) < 1e-3
 
 
-def test_collected_taps_are_what_the_target_computes_for_the_whole_sequence(tiny_checkpoint, tmp_path):
-    """collect() answers the pages in one batch and keeps the taps the target computes meanwhile (prompt in prefill,
-    answer token by token in decode); they must equal the taps of one prefill of each page's whole sequence
-    (CPU fp32)."""
-    from engine.interface import SamplingParams
+def test_collected_taps_equal_the_eager_recorders(tiny_checkpoint):
+    """collect() answers through the engine's normal path, then computes the taps by teacher-forced prefills of many
+    pages a step (engine/taps.prefill_taps); its answers, taps and soft labels must be those of the eager collection
+    it replaced, whose recorder keeps the taps as the target answers (prompt in prefill, answer token by token in
+    decode; bench/drafter_collect_bench.eager_collect). CPU fp32: the same answers, probabilities within 1e-5 and
+    taps within 1e-5 of their layer's largest magnitude (rows computed in other chunks than the eager run's, or in
+    decode there, differ by fp32 rounding: ~1e-5 absolute at every element of taps up to ~6, so an element near
+    zero can be off by more than 1e-5 of itself), with pages packed into one prefill step and pages longer than a
+    step's token budget cut into chunks."""
+    from conftest import load_bench
+
     from engine.llm_engine import Engine
-    from jobs.train_drafter import TapRecorder, collect
+    from engine.taps import prefill_taps
+    from jobs.train_drafter import collect
 
     rng = np.random.default_rng(1)
-    images = [rng.integers(0, 256, (48 + 16 * i, 64, 3), dtype=np.uint8) for i in range(3)]
-    layers = [0, 1]
-    # small prefill steps: the pages' prefills are cut into chunks, several pages' chunks share a step
-    engine = Engine.from_checkpoint(str(tiny_checkpoint), dtype="float32", max_num_seqs=3, max_num_batched_tokens=40,
-                                    enforce_eager=True)
-    examples = collect(engine, images, layers, "Read.", max_tokens=12)
-    assert len(examples) == 3
-    one = Engine.from_checkpoint(str(tiny_checkpoint), dtype="float32", max_num_seqs=1, enforce_eager=True)
-    for image, ex in zip(images, examples):
-        assert len(ex.ids) > ex.prompt_len + 2
-        _, pixels, grids = one.processor.page_inputs(image, "Read.", compact=True)
-        rec = TapRecorder(layers, one, {"whole": len(ex.ids)})
-        one.runner.drafter = rec
-        one.generate([dict(request_id="whole", prompt_token_ids=ex.ids[:-1], pixel_values=pixels, image_grids=grids,
-                           sampling=SamplingParams(max_tokens=1))])
-        one.runner.drafter = None
-        whole = rec.stacked("whole", len(ex.ids) - 1)
+    images = [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in ((48, 64), (128, 160), (64, 96))]
+    layers, budget = [1, 3], 24
+    eager = Engine.from_checkpoint(str(tiny_checkpoint), dtype="float32", max_num_seqs=3, enforce_eager=True)
+    old = load_bench("drafter_collect_bench").eager_collect(eager, images, layers, "Read.", max_tokens=12,
+                                                             soft_top_k=5)
+    engine = Engine.from_checkpoint(str(tiny_checkpoint), dtype="float32", max_num_seqs=3)
+    steps, run = [], engine.runner.run_prefill_taps
+
+    def spy(chunks, layer_ids, final=False):
+        steps.append([(c.state_slot, c.start, len(c.token_ids)) for c in chunks])
+        return run(chunks, layer_ids, final)
+
+    engine.runner.run_prefill_taps = spy
+    new = collect(engine, images, layers, "Read.", max_tokens=12, soft_top_k=5, tap_tokens=budget)
+    assert [e.ids for e in new] == [e.ids for e in old] and len(new) == 3
+    assert max(len(e.ids) - 1 for e in new) > budget and all(sum(n for *_, n in s) <= budget for s in steps)
+    assert any(len(s) >= 2 for s in steps), steps  # pages packed into one forward
+    assert any(start > 0 for s in steps for _, start, _ in s), steps  # a page continued from an earlier step
+    for a, b in zip(old, new):
         for lid in layers:
-            assert ex.taps[lid].shape == whole[lid].shape == (len(ex.ids) - 1, ex.taps[lid].shape[1])
-            torch.testing.assert_close(ex.taps[lid], whole[lid], rtol=1e-4, atol=1e-4)
+            assert b.taps[lid].shape == (len(a.ids) - 1, a.taps[lid].shape[1])
+            err = float((b.taps[lid] - a.taps[lid]).abs().max() / a.taps[lid].abs().max())
+            assert err <= 1e-5, (lid, err)
+        assert torch.equal(b.soft[1], a.soft[1])
+        torch.testing.assert_close(b.soft[0], a.soft[0], rtol=1e-5, atol=1e-5)
+    # without soft labels the forward stops after the last tapped layer: the layers after it never run, and the taps
+    # are those of the whole forward
+    ran = []
+    engine.model.language_model.layers[3].register_forward_hook(lambda *_: ran.append(3))
+    inputs = [engine.processor.page_inputs(im, "Read.", compact=True) for im in images]
+    cut = prefill_taps(engine, [dict(token_ids=e.ids[:-1], pixel_values=p, image_grids=g)
+                                for e, (_, p, g) in zip(new, inputs)], [1], token_budget=budget)
+    assert not ran and [c.soft for c in cut] == [None] * 3
+    for c, e in zip(cut, new):
+        assert torch.equal(c.taps[1], e.taps[1])
+    assert engine.block_manager.num_free == engine.block_manager.num_blocks  # the borrowed memory is given back
+    assert engine.scheduler.states.num_free == 3
 
 
 def test_lr_factor_warms_up_then_cools_to_zero_by_steps_or_time():

@@ -42,9 +42,10 @@ class Qwen3_5Model(nn.Module):
         return self.visual(pixel_values, grids)
 
     @torch.no_grad()
-    def forward(self, inputs_embeds: torch.Tensor, meta: StepMetadata, taps: dict | None = None) -> torch.Tensor:
+    def forward(self, inputs_embeds: torch.Tensor, meta: StepMetadata, taps: dict | None = None,
+                num_layers: int | None = None) -> torch.Tensor | None:
         cos, sin = mrope_cos_sin(meta.positions, self.inv_freq, self.cfg.text.mrope_section, inputs_embeds.dtype)
-        return self.language_model(inputs_embeds, meta, cos, sin, taps)
+        return self.language_model(inputs_embeds, meta, cos, sin, taps, num_layers)
 
     @torch.no_grad()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

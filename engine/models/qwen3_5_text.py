@@ -262,12 +262,17 @@ class TextModel(nn.Module):
             if isinstance(m, (RMSNorm, GatedDeltaNet, GatedAttention)):
                 m.pdl = on
 
-    def forward(self, x: torch.Tensor, meta: StepMetadata, cos, sin, taps: dict | None = None) -> torch.Tensor:
-        """taps: {layer id: None} to fill with those layers' output hidden states (a drafter's context)."""
+    def forward(self, x: torch.Tensor, meta: StepMetadata, cos, sin, taps: dict | None = None,
+                num_layers: int | None = None) -> torch.Tensor | None:
+        """taps: {layer id: None} to fill with those layers' output hidden states (a drafter's context).
+        num_layers: run only the first num_layers layers and return None (no final norm): a caller that wants only
+        taps skips the layers after the last one it taps (their caches are then left unwritten)."""
         residual = None
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(self.layers if num_layers is None else self.layers[:num_layers]):
             x, residual = layer(x, residual, meta, cos, sin)
             if taps is not None and i in taps:
                 taps[i] = x + residual
+        if num_layers is not None:
+            return None
         x, _ = self.norm(x, residual)
         return x

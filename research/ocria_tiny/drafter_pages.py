@@ -37,8 +37,8 @@ def settings(split: str, synth: Path, checkpoint: str):
             block_reading(job, checkpoint))
 
 
-def page_block_images(i: int, split: str, synth: Path, checkpoint: str, out: Path) -> int:
-    """Draw synthetic page i of `split` the job's way and write its block images; returns how many."""
+def gray_blocks(i: int, split: str, synth: Path, checkpoint: str) -> list:
+    """Synthetic page i of `split` drawn the job's way and cut into its blocks: grayscale PIL images, in order."""
     from PIL import Image
 
     from pipeline.rasterize import rasterize
@@ -46,12 +46,26 @@ def page_block_images(i: int, split: str, synth: Path, checkpoint: str, out: Pat
 
     pool, page_settings, first_seed, opts, reading = settings(split, synth, checkpoint)
     page = make_page(first_seed + i, pool, page_settings, synth / "fonts")
-    n = 0
-    for _, _, drawn in rasterize(page.pdf, f"{split}_{i}.pdf", opts):
-        for b, im in enumerate(reading.images(drawn.image)):
-            Image.fromarray(im).convert("L").save(out / f"{split}_{i:05d}-b{b:02d}.png", optimize=True)
-            n += 1
-    return n
+    return [Image.fromarray(im).convert("L") for _, _, drawn in rasterize(page.pdf, f"{split}_{i}.pdf", opts)
+            for im in reading.images(drawn.image)]
+
+
+def page_block_images(i: int, split: str, synth: Path, checkpoint: str, out: Path) -> int:
+    """Draw synthetic page i of `split` the job's way and write its block images; returns how many."""
+    blocks = gray_blocks(i, split, synth, checkpoint)
+    for b, im in enumerate(blocks):
+        im.save(out / f"{split}_{i:05d}-b{b:02d}.png", optimize=True)
+    return len(blocks)
+
+
+def block_images(i: int, split: str = "train", synth: str | Path = ROOT / ".synth",
+                 checkpoint: str = str(ROOT / "models" / "ocria-tiny")) -> list:
+    """Page i's block images as RGB uint8 arrays, what jobs/train_drafter.py reads from the files this script
+    writes (gray in all three channels): its --render function, drawing pages as it trains
+    (`--render research.ocria_tiny.drafter_pages:block_images --render-arg synth=DIR --render-arg split=train`)."""
+    import numpy as np
+
+    return [np.asarray(im.convert("RGB")) for im in gray_blocks(i, split, Path(synth), str(checkpoint))]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -39,7 +39,7 @@ def main(argv=None) -> dict:
                 intermediate_size=1024, num_taps=4, block_size=16, gamma=7, anchors=64, pages_per_step=4, lr=2e-3,
                 steps=args.steps, val_pages=args.val_pages, val_every=args.val_every, max_tokens=args.max_tokens,
                 save_dtype="float32", distill_top_k=16, seed=args.seed)
-    target = Engine.from_checkpoint(args.checkpoint, max_num_seqs=args.collect_batch, enforce_eager=True)
+    target = Engine.from_checkpoint(args.checkpoint, max_num_seqs=args.collect_batch)
     layers = build_target_layer_ids(target.cfg.text.num_hidden_layers, base["num_taps"])
     t0 = time.perf_counter()
     examples = collect(target, load_pages(args.pages), layers, DEFAULT_PROMPT, base["max_tokens"],
