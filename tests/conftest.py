@@ -20,6 +20,17 @@ CORPUS = ROOT.parent / "shared" / "corpus"
 sys.path.insert(0, str(ROOT))
 
 
+# Runs a job's entry point (argv[1]) as `python <script>` would, then says on stderr whether Ray was ever imported: a
+# check that fails "before Ray starts" must not even have loaded it (python -c RAY_PROBE SCRIPT ARGS...).
+RAY_PROBE = """import runpy, sys
+sys.argv = sys.argv[1:]
+try:
+    runpy.run_path(sys.argv[0], run_name="__main__")
+finally:
+    sys.stderr.write("\\nray imported: %s\\n" % ("ray" in sys.modules))
+"""
+
+
 def pytest_collection_modifyitems(config, items):
     """A test that starts Ray or runs longer than ~30 s is a whole-system run: `make test-system`, CI's second
     step, runs them; `make test` the rest."""

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import RAY_PROBE, ROOT
 from pipeline.config import ConfigError, load_config
 
 
@@ -55,17 +55,6 @@ def test_flags_override_yaml(tmp_path):
     p.write_text("input: {uris: [a]}\nmodel: {backend: transformers, max_tokens: 5}\nparse: {batch_size: 4}\n")
     cfg = load_config(p, {"model": {"max_tokens": 9}, "input": {"uris": ["b"]}})
     assert (cfg.model.backend, cfg.model.max_tokens, cfg.parse.batch_size, cfg.input.uris) == ("transformers", 9, 4, ["b"])
-
-
-# Runs the CLI as `python jobs/parse_corpus.py` would, then says on stderr whether Ray was ever imported: a check
-# that fails "before Ray starts" must not even have loaded it.
-RAY_PROBE = """import runpy, sys
-sys.argv = sys.argv[1:]
-try:
-    runpy.run_path(sys.argv[0], run_name="__main__")
-finally:
-    sys.stderr.write("\\nray imported: %s\\n" % ("ray" in sys.modules))
-"""
 
 
 def run_cli(*args, timeout=60, env=None):

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import RAY_PROBE, ROOT
 from pipeline.config import ConfigError
 from pipeline.report import (STEADY_WINDOW, build_report, compare, format_comparison, gpu_key, load_job_output,
                              load_report, plot, require_matplotlib, write_headline)
@@ -146,16 +146,6 @@ def test_gpu_key_names_the_card():
 
 
 # ------------------------------------------------------------------------------------------------ the command
-
-# Runs jobs/benchmark_job.py, then says on stderr whether Ray was ever imported (tests/test_config.py does the same)
-RAY_PROBE = """import runpy, sys
-sys.argv = sys.argv[1:]
-try:
-    runpy.run_path(sys.argv[0], run_name="__main__")
-finally:
-    sys.stderr.write("\\nray imported: %s\\n" % ("ray" in sys.modules))
-"""
-
 
 def _cli(*args, timeout=120, probe=False):
     cmd = [sys.executable, *(["-c", RAY_PROBE] if probe else []), str(ROOT / "jobs/benchmark_job.py"), *args]
