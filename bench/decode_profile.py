@@ -404,7 +404,8 @@ def main(argv=None):
             plan, act_fp8 = builtin_plan(cfg, precision)
             pweights, qc, _ = quantize_tensors(cfg, weights, plan, act_fp8=act_fp8)
             pcfg = parse_config(dict(hf_cfg.to_dict(), quantization_config=qc))
-        engine = Engine(pcfg, pweights.items(), device=device, dtype=dtype, **bench.variant_args(names[variant], **opts))
+        engine = Engine(pcfg, pweights.items(), device=device, dtype=dtype,
+                        **bench.variant_args(names[variant], **opts))
         del pweights
         name = variant if precision == "bf16" else f"{precision}:{variant}"
         meta[f"engine_build_s_{name}"] = time.perf_counter() - t

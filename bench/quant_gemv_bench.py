@@ -121,7 +121,8 @@ def measure(shapes: dict, rows_m, device, sweep: bool = True, budget_s: float = 
                     c["rel_err"] = rel(fn(pools[prec][0], launch or {}), refs[prec])
                     if c["rel_err"] < OK_REL_ERR:
                         nbytes = bytes_w[prec] + io
-                        us = graph_us([lambda w=w: fn(w, launch or {}) for w in pools[prec]], device, nbytes / 3e12 * 1e6)
+                        us = graph_us([lambda w=w: fn(w, launch or {}) for w in pools[prec]], device,
+                                      nbytes / 3e12 * 1e6)
                         c.update(us=us, GBps=nbytes / us / 1e3, pct_copy_bw=100 * nbytes / us / 1e3 / (bw / 1e9))
                 except Exception as e:  # noqa: BLE001 - one launch that fails to compile must not end the run
                     c["error"] = f"{type(e).__name__}: {str(e)[:200]}"

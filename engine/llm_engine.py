@@ -111,8 +111,8 @@ class Engine:
         if opts.kv_cache_dtype == "fp8" and self.device.type == "cuda" and \
                 torch.cuda.get_device_capability(self.device) < (8, 9):
             major, minor = torch.cuda.get_device_capability(self.device)
-            raise ValueError(f"kv_cache_dtype='fp8' needs a GPU with FP8 (sm_89 or newer); this one is sm_{major}{minor}: "
-                             "use kv_cache_dtype: auto")
+            raise ValueError(f"kv_cache_dtype='fp8' needs a GPU with FP8 (sm_89 or newer); this one is "
+                             f"sm_{major}{minor}: use kv_cache_dtype: auto")
         self.text_only = opts.text_only or cfg.vision is None
         self.max_model_len = opts.max_model_len or default_max_model_len(cfg.text)
         mnbt = opts.max_num_batched_tokens or (8192 if self.device.type == "cuda" else 2048)

@@ -85,6 +85,9 @@ class EngineOptions:
             raise ValueError(f"gdn_state_dtype={self.gdn_state_dtype!r}: give one of {', '.join(STATE_DTYPES)}")
         if self.kv_cache_dtype not in KV_DTYPES:
             raise ValueError(f"kv_cache_dtype={self.kv_cache_dtype!r}: give one of {', '.join(KV_DTYPES)}")
+        if self.speculates and self.gdn_state_dtype != "float32":
+            raise ValueError(f"gdn_state_dtype={self.gdn_state_dtype!r} with a drafter: the speculative GDN verify "
+                             "steps a float32 state only (use gdn_state_dtype: float32, or no drafter)")
 
     @property
     def speculates(self) -> bool:

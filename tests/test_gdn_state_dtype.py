@@ -29,6 +29,13 @@ def test_bf16_state_pool_close_to_fp32(text_ckpt):
         assert 0 < rel < 2e-2, rel  # not bit-equal (it is rounded) and not far off
 
 
-def test_bad_state_dtype_refused_naming_the_option(text_ckpt):
+def test_bad_state_dtype_refused_naming_the_option(text_ckpt, tmp_path):
+    """An unknown dtype, and bf16 with a drafter (the speculative verify steps an fp32 state), fail before loading."""
+    from engine.testing import write_random_drafter
+
     with pytest.raises(ValueError, match="gdn_state_dtype='float16'.*float32, bfloat16"):
         Engine.from_checkpoint(text_ckpt, dtype="float32", max_num_seqs=2, num_blocks=32, gdn_state_dtype="float16")
+    drafter = write_random_drafter(tmp_path / "d", text_ckpt, block_size=4, seed=1)
+    with pytest.raises(ValueError, match="gdn_state_dtype='bfloat16' with a drafter: .* float32 state only"):
+        Engine.from_checkpoint(text_ckpt, dtype="float32", max_num_seqs=2, num_blocks=32, gdn_state_dtype="bfloat16",
+                               drafter=str(drafter))
