@@ -21,8 +21,8 @@ import triton.language as tl
 
 from kernels._common import (
     cast_rtne, cdiv, check, next_pow2, output, pdl_enter, pdl_launch, require_last_dim_contiguous, sm_count, use_triton)
-from kernels.fp8_quant import MIN_AMAX, round_to_e4m3
-from kernels.quant_linear import FP8, FP8_MAX
+from kernels.fp8_quant import quantize_rows_ref, round_to_e4m3
+from kernels.quant_linear import FP8
 
 LOG2E = 1.4426950408889634
 
@@ -40,11 +40,10 @@ def _validate_scales(k_cache, scales):
 
 
 def quantize_kv_ref(x):
-    """x [N, H, D] -> (float8_e4m3fn [N, H, D], scale fp32 [N, H]): each (token, head) row scaled by its own
-    amax / 448, as the FP8 cache stores it."""
-    xf = x.float()
-    scale = xf.abs().amax(dim=-1).clamp(min=MIN_AMAX) / FP8_MAX
-    return (xf / scale[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
+    """x [N, H, D] -> (float8_e4m3fn [N, H, D], scale fp32 [N, H]): each (token, head) row quantized as
+    kernels/fp8_quant quantizes a token (its own amax / 448), as the FP8 cache stores it."""
+    q, scale = quantize_rows_ref(x.reshape(-1, x.shape[-1]))
+    return q.view(x.shape), scale.view(x.shape[:-1])
 
 
 def dequantize_kv_ref(cache, scale, dtype):
