@@ -4,11 +4,12 @@ For each projection (N, K), rows M and precision, timed in CUDA graphs with the 
 (>= 256 MB) that every call streams it from HBM (bench/small_m_linear_bench.graph_us), against the device-to-device
 copy bandwidth measured in the same run:
   * bf16: kernels/small_m_linear at its default launch, and cuBLAS (F.linear);
-  * fp8 (W8A8, per-token activation scales): our GEMV at its default launch and over a sweep of launches (tiles,
-    split-K, warps, stages, the FP8 tensor-core dot), and cuBLAS's row-wise scaled GEMM (torch._scaled_mm);
-  * nvfp4 (W4A16): our GEMV at its default launch and over a sweep (tiles, split-K, warps, stages, the two decode
-    forms: interleaved tile vs a dot per nibble), and the weight dequantized by a kernel then cuBLAS (nvfp4_matmul).
-Past 64 rows our GEMVs tile the rows over more programs; these rows tell where each hands over to a GEMM.
+  * fp8: our W8A16 GEMV at its default launch and over a sweep of launches (tiles, warps, stages), and cuBLAS's
+    W8A8 row-wise scaled GEMM (torch._scaled_mm; its per-token quantization kernel not counted);
+  * nvfp4 (W4A16): our GEMV at its default launch and over a sweep, and the weight dequantized by a kernel then
+    cuBLAS (nvfp4_matmul).
+Past 64 rows our GEMVs tile the rows over more programs; these rows tell where each hands over to a GEMM. First, the
+NVFP4 decode is checked bit for bit (decode_check); the run stops if it is wrong.
 Each launch is checked against the fp32 reference of the same quantized weight before it is timed. Bytes per call are
 the weight as stored (data + scales) + x + y.
 
@@ -38,25 +39,38 @@ OK_REL_ERR = 1e-2
 
 def fp8_configs(N, K):
     """(name, launch options) around the default; default_launch fills what a config leaves out."""
-    return [("default", {}), ("bk256_st4", dict(block_k=256, num_stages=4)),
-            ("bn64_bk256_st4", dict(block_n=64, block_k=256, num_stages=4)),
-            ("bn64_bk256_w8", dict(block_n=64, block_k=256, num_stages=4, num_warps=8)),
-            ("bn128_bk256_w8", dict(block_n=128, block_k=256, num_stages=3, num_warps=8)),
-            ("bk512_st3", dict(block_k=512, num_stages=3)), ("bn16_bk256_st4", dict(block_n=16, block_k=256,
-                                                                                     num_stages=4)),
-            ("bk256_st4_fp8dot", dict(block_k=256, num_stages=4, fp8_dot=True)),
-            ("bn64_bk256_fp8dot", dict(block_n=64, block_k=256, num_stages=4, fp8_dot=True)),
-            ("bk256_st6", dict(block_k=256, num_stages=6))]
+    return [("default", {}), ("bn64", dict(block_n=64)), ("bk128_st3", dict(block_k=128, num_stages=3)),
+            ("bk512_st3", dict(block_k=512, num_stages=3)), ("bn64_w8", dict(block_n=64, num_warps=8))]
 
 
 def nvfp4_configs(N, K):
-    return [("default", {}), ("nib_default", dict(nibble_dots=True)),
-            ("nib_bk256_st4", dict(block_k=256, num_stages=4, nibble_dots=True)),
-            ("nib_bk512_st4", dict(block_k=512, num_stages=4, nibble_dots=True)),
-            ("nib_bn64_bk512_w8", dict(block_n=64, block_k=512, num_stages=3, num_warps=8, nibble_dots=True)),
-            ("nib_bn16_bk512_st4", dict(block_n=16, block_k=512, num_stages=4, nibble_dots=True)),
-            ("bk512_st3", dict(block_k=512, num_stages=3)),
-            ("bn64_bk256_w8", dict(block_n=64, block_k=256, num_warps=8))]
+    return [("default", {}), ("bn64", dict(block_n=64)), ("bk128_st3", dict(block_k=128, num_stages=3)),
+            ("bk512_st3", dict(block_k=512, num_stages=3)), ("bn64_w8", dict(block_n=64, num_warps=8)),
+            ("bn16", dict(block_n=16))]
+
+
+def decode_check(device) -> dict:
+    """The NVFP4 decode bit for bit: every code at every nibble and block scales over E4M3's range (subnormals too),
+    through the dequantize kernel (on sm_90+ the GPU's bit-level decode, which the CPU tests cannot run) against the
+    reference's bf16 weight, and the GEMV's product against the reference's."""
+    from kernels import quant_linear as ql
+
+    gen = torch.Generator().manual_seed(11)
+    N, K = 37, 1024
+    packed = torch.randint(0, 256, (N, K // 2), generator=gen, dtype=torch.uint8)
+    packed[0, :128] = torch.arange(0, 256, 2, dtype=torch.int32).to(torch.uint8)
+    packed[1, :128] = torch.arange(1, 256, 2, dtype=torch.int32).to(torch.uint8)
+    bs = torch.exp2(torch.randint(-9, 9, (N, K // 16), generator=gen).float()).to(ql.FP8)
+    bs[2] = torch.arange(K // 16).to(torch.uint8).view(ql.FP8)  # raw E4M3 codes 0..63: zero and subnormals
+    row = torch.rand(N, generator=gen) + 0.5
+    packed, bs, row = packed.to(device), bs.to(device), row.to(device)
+    want = ql.dequant_nvfp4_ref(packed, bs, row).to(torch.bfloat16)
+    got = ql.dequant_nvfp4_triton(packed, bs, row, torch.bfloat16)
+    x = torch.randn(5, K, generator=gen).to(torch.bfloat16).to(device)
+    y, ref = ql.nvfp4_linear_triton(x, packed, bs, row).float(), ql.nvfp4_linear_ref(x, packed, bs, row).float()
+    return dict(asm_decode=ql.asm_decode(x), dequant_exact=bool(torch.equal(got, want)),
+                dequant_mismatches=int((got != want).sum()),
+                gemv_rel_err=float((y - ref).norm() / ref.norm()))
 
 
 def measure(shapes: dict, rows_m, device, sweep: bool = True, budget_s: float = 300.0, log=print) -> list[dict]:
@@ -95,8 +109,8 @@ def measure(shapes: dict, rows_m, device, sweep: bool = True, budget_s: float = 
             x = torch.randn(M, K, generator=gen, device=device).to(torch.bfloat16)
             xq, xs = fp8_quant.quant_fp8_per_token(x)
             io = (M * K + M * N) * 2
-            refs = dict(bf16=x.float() @ wb.float().T, fp8=(xq.float() @ ref8_w.T) * xs[:, None],
-                        nvfp4=x.float() @ refn_w.T)
+            refs = dict(bf16=x.float() @ wb.float().T, fp8=x.float() @ ref8_w.T,
+                        fp8_w8a8=(xq.float() @ ref8_w.T) * xs[:, None], nvfp4=x.float() @ refn_w.T)
             entry = dict(shape=name, N=N, K=K, M=M, weight_bytes=bytes_w, copies=copies, copy_bandwidth_GBps=bw / 1e9,
                          cases=[])
             ws = sml.small_m_linear_workspace(N, device, max_m=max(M, 1), max_split_k=sml.MAX_SPLIT_K)
@@ -107,8 +121,8 @@ def measure(shapes: dict, rows_m, device, sweep: bool = True, budget_s: float = 
             if device.type == "cuda":
                 cases.append(("fp8", "cublas", "scaled_mm", None, lambda w, lc: torch._scaled_mm(
                     xq, w.t(), scale_a=xs[:, None], scale_b=row8[None, :], out_dtype=torch.bfloat16)))
-            cases += [("fp8", "ours", c, lc, lambda w, lc: ql.fp8_linear_triton(
-                xq, w, row8, xs, out_dtype=torch.bfloat16, **lc)) for c, lc in fp8_configs(N, K)[:None if sweep else 1]]
+            cases += [("fp8", "ours", c, lc, lambda w, lc: ql.fp8_linear_triton(x, w, row8, **lc))
+                      for c, lc in fp8_configs(N, K)[:None if sweep else 1]]
             cases += [("nvfp4", "ours", c, lc, lambda w, lc: ql.nvfp4_linear_triton(x, w, bsc, rown, **lc))
                       for c, lc in nvfp4_configs(N, K)[:None if sweep else 1]]
             cases.append(("nvfp4", "dequant+cublas", "dequant_cublas", None,
@@ -118,7 +132,8 @@ def measure(shapes: dict, rows_m, device, sweep: bool = True, budget_s: float = 
                     continue
                 c = dict(precision=prec, kernel=kind, config=cname, launch=launch)
                 try:
-                    c["rel_err"] = rel(fn(pools[prec][0], launch or {}), refs[prec])
+                    ref = refs["fp8_w8a8" if cname == "scaled_mm" else prec]
+                    c["rel_err"] = rel(fn(pools[prec][0], launch or {}), ref)
                     if c["rel_err"] < OK_REL_ERR:
                         nbytes = bytes_w[prec] + io
                         us = graph_us([lambda w=w: fn(w, launch or {}) for w in pools[prec]], device,
@@ -158,9 +173,13 @@ def main(argv=None):
     device = torch.device("cpu" if args.dry_run else "cuda")
     shapes = TINY_SHAPES if args.dry_run else {k: SHAPES[k] for k in (args.shapes or SHAPES)}
     t0 = time.time()
+    check = decode_check(device)
+    print(f"NVFP4 decode check: {check}", flush=True)
+    if not check["dequant_exact"] or check["gemv_rel_err"] > OK_REL_ERR:
+        raise SystemExit(f"the NVFP4 decode is wrong on {device}: {check}")
     rows = measure(shapes, args.rows, device, sweep=not args.no_sweep, budget_s=args.budget_s,
                    log=lambda m: print(m, flush=True))
-    meta = dict(device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu", torch=torch.__version__,
+    meta = dict(decode_check=check, device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu", torch=torch.__version__,
                 cold_bytes=COLD_BYTES, elapsed_s=time.time() - t0, command=" ".join(
                     ["python3", "bench/quant_gemv_bench.py", *(argv if argv is not None else sys.argv[1:])]))
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

@@ -15,7 +15,7 @@ step() {
   --precisions ${PRECISIONS:-bf16,fp8,nvfp4} --batch-sizes ${PROFILE_BATCHES:-1,8} --steps 5 --graph-steps 20 --top 8 \
   --out "$out/prof" && cp "$out/prof/decode_profile.json" "$out/${gpu}_quant_decode_profile.json"
 [[ " $PARTS " == *" gemv "* ]] && step ${GEMV_S:-300} python3 bench/quant_gemv_bench.py --budget-s ${GEMV_BUDGET:-200} \
-  --out "$out/${gpu}_quant_gemv.json"
+  ${GEMV_FLAGS:-} --out "$out/${gpu}_quant_gemv.json"
 [[ " $PARTS " == *" bench "* ]] && step ${BENCH_S:-400} python3 bench/quantized_decode_bench.py \
   --batch-sizes ${BATCHES:-1,8,32,64,128,256} ${BENCH_FLAGS:-} --out "$out/${gpu}_quantized_decode.json"
 rm -rf "$out/prof"

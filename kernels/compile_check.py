@@ -269,6 +269,14 @@ def verify_cases(gdn_verify):
                                                          torch.zeros(B, dtype=torch.int64)))]
 
 
+def gpu_decode(quant_linear, launch):
+    """Run `launch` as on an sm_90 GPU: the NVFP4 kernels then take their inline-assembly decode (_E2M1_ASM)."""
+    from unittest import mock
+
+    with mock.patch.object(quant_linear, "asm_decode", lambda x: True):
+        return launch()
+
+
 def quant_cases(batch_sizes, fp8_quant, quant_linear):
     """The quantized decode path (docs/quantization.md): FP8 / NVFP4 GEMVs at the 4B projection shapes, the
     per-token FP8 activation quantizers."""
@@ -287,14 +295,18 @@ def quant_cases(batch_sizes, fp8_quant, quant_linear):
         if B > quant_linear.NVFP4_GEMV_MAX_M:
             continue
         for N, K_in in ((2 * inter, hidden), (12352, hidden), (hidden, inter), (hidden, 4096)):
-            cases += [(f"fp8_linear W8A8 M={B} {N}x{K_in}", quant_linear,
+            cases += [(f"fp8_linear W8A16 M={B} {N}x{K_in}", quant_linear,
                        lambda B=B, N=N, K_in=K_in: quant_linear.fp8_linear_triton(
-                           torch.empty(B, K_in, dtype=fp8), torch.empty(N, K_in, dtype=fp8), torch.empty(N, dtype=f32),
-                           torch.empty(B, dtype=f32), out_dtype=bf16))] if B <= quant_linear.FP8_GEMV_MAX_M else []
+                           torch.empty(B, K_in, dtype=bf16), torch.empty(N, K_in, dtype=fp8),
+                           torch.empty(N, dtype=f32)))] if B <= quant_linear.FP8_GEMV_MAX_M else []
             cases += [(f"nvfp4_linear M={B} {N}x{K_in}", quant_linear,
-                       lambda B=B, N=N, K_in=K_in: quant_linear.nvfp4_linear_triton(
+                       lambda B=B, N=N, K_in=K_in: gpu_decode(quant_linear, lambda: quant_linear.nvfp4_linear_triton(
                            torch.empty(B, K_in, dtype=bf16), torch.empty(N, K_in // 2, dtype=u8),
-                           torch.empty(N, K_in // 16, dtype=fp8), torch.empty(N, dtype=f32)))]
+                           torch.empty(N, K_in // 16, dtype=fp8), torch.empty(N, dtype=f32))))]
+    cases.append(("dequant_nvfp4 bf16", quant_linear, lambda: gpu_decode(quant_linear, lambda: (
+        quant_linear.dequant_nvfp4_triton(torch.empty(2 * inter, hidden // 2, dtype=u8),
+                                          torch.empty(2 * inter, hidden // 16, dtype=fp8),
+                                          torch.empty(2 * inter, dtype=f32), bf16)))))
     return cases
 
 

@@ -1,10 +1,10 @@
 """Small-M linear layers (decode GEMV, M <= MAX_M rows) over low-precision weights, dequantized in registers.
 
 Two weight formats, both in compressed-tensors' on-disk layout (engine/quant_config.py):
-  * FP8: w8 [N, K] float8_e4m3fn, row_scale [N] fp32 (per output channel): W = w8 * row_scale[:, None].
-    With x_scale [M] fp32 (dynamic per-token activation quantization, kernels/fp8_quant.quant_fp8_per_token) x is
-    float8_e4m3fn too and y = (x8 @ w8.T) * x_scale[:, None] * row_scale[None, :] (W8A8); without it, x is in the
-    model dtype (W8A16).
+  * FP8: w8 [N, K] float8_e4m3fn, row_scale [N] fp32 (per output channel): W = w8 * row_scale[:, None]. The GEMV
+    multiplies x in the model dtype (W8A16), also for a W8A8 checkpoint: at decode sizes a separate per-token
+    quantization kernel before each projection cost more than the FP8 dot saved (docs/decisions.md); the prefill
+    GEMM (fp8_matmul) quantizes x per token and runs W8A8 on the FP8 tensor cores.
   * NVFP4: packed [N, K/2] uint8 (two E2M1 codes a byte, element 2i in the low nibble), block_scale [N, K/16]
     float8_e4m3fn (one per 16 weights along K), row_scale [N] fp32 = 1 / the tensor's global scale (a fused
     projection concatenates several tensors, each with its own global scale, so it is kept per row):
@@ -12,16 +12,20 @@ Two weight formats, both in compressed-tensors' on-disk layout (engine/quant_con
     model dtype (W4A16): Hopper has no FP4 tensor cores.
 
 Kernel: each program owns BLOCK_N weight rows and walks K in BLOCK_K chunks, loading the low-precision bytes (1 or
-0.5 byte a weight, + 1/16 byte of block scale), decoding them in registers to the dot's dtype and multiplying by the
-chunk of all M rows of x with tl.dot ("swap AB" as kernels/small_m_linear: the weight tile is the MMA's M side, x is
-padded to 16 rows). E2M1 x E4M3 products have at most 6 significant bits and FP8 values 4, so the decoded tiles are
-exact in bf16: the dot sees exactly the reference's operands, and the per-row (and per-token) fp32 scales are applied
-once, after the K loop. The Triton interpreter handles float8_e4m3fn loads on CPU, so the tests run the same code.
-Split-K (default_launch: where N alone gives too few programs, e.g. the 4B down_proj) stores each split's scaled fp32
-partial and kernels/small_m_linear's reduction kernel adds them in split order (deterministic, one rounding).
+0.5 byte a weight, + 1/16 byte of block scale), decoding them in registers to bf16 and multiplying by the chunk of
+all M rows of x with tl.dot ("swap AB" as kernels/small_m_linear: the weight tile is the MMA's M side, x is padded
+to 16 rows). E2M1 x E4M3 products have at most 6 significant bits and FP8 values 4, so the decoded tiles are exact in
+bf16: the dot sees exactly the reference's operands, and the per-row fp32 scales are applied once, after the K loop.
+On the GPU the E2M1 decode is a few bit operations and two bf16x2 multiplies per pair of weights (_E2M1_ASM): the
+arithmetic decode it replaced made the NVFP4 GEMV compute-bound at 6 % of the copy bandwidth. The Triton interpreter
+runs the same kernels on CPU with the arithmetic decode (_e2m1_decode), so the tests check the tiling, masks and
+scales; the bit recipe is checked against the reference on the GPU (tests/test_kernels_quant_linear.py, CUDA only,
+and every quant_gemv_bench launch). Split-K (default_launch: where N alone gives too few programs, e.g. the 4B
+down_proj) stores each split's scaled fp32 partial and kernels/small_m_linear's reduction kernel adds them in split
+order (deterministic, one rounding).
 
 Not done here (see docs/quantization.md): the in-kernel split-K reduction, PDL and the SwiGLU epilogue of
-kernels/small_m_linear, and tuning on a GPU.
+kernels/small_m_linear.
 """
 import torch
 import triton
@@ -35,7 +39,7 @@ MAX_M = 64  # rows of x one program multiplies (its MMA's N side); more rows tak
 # Rows up to which the GEMV serves (more: the GEMMs of fp8_matmul / nvfp4_matmul). FP8 hands over to the FP8 tensor
 # cores of torch._scaled_mm; NVFP4 has no tensor-core GEMM reading packed weights here, so its GEMV serves decode
 # batches as far as a dequantize-then-cuBLAS GEMM (which writes and rereads a bf16 copy of the weight) is slower.
-FP8_GEMV_MAX_M = 64
+FP8_GEMV_MAX_M = 16
 NVFP4_GEMV_MAX_M = 256
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
@@ -129,17 +133,57 @@ def _e2m1_decode(codes):
     return tl.where((codes & 8) != 0, -mag, mag)
 
 
+# E2M1 -> bf16 on the GPU, two values a 32-bit lane op: a code's sign and its three exponent/mantissa bits are moved
+# to bf16's sign (bit 15) and bits 8..6, which reads as the E2M1 value times 2^-126 (subnormal for exponent 0, which
+# E2M1 and bf16 then scale alike), and one mul.bf16x2 by 2^126 (0x7E80) makes it exact; a second multiplies by the
+# bf16 block scale (E2M1 x E4M3 fits bf16). Bytes 0,1 (2,3) of the packed word go to the low/high halves of $0 ($1)
+# for the low nibbles and of $2 ($3) for the high ones. Hopper and later (mul.bf16x2 is sm_90).
+_E2M1_ASM = tl.constexpr("""
+{
+.reg .b32 t, u, a, b, z, bias;
+mov.b32 z, 0;
+mov.b32 bias, 0x7E807E80;
+prmt.b32 t, $4, z, 0x4140;
+prmt.b32 u, $4, z, 0x4342;
+shl.b32 a, t, 12; and.b32 a, a, 0x80008000; shl.b32 b, t, 6; and.b32 b, b, 0x01C001C0; or.b32 a, a, b;
+mul.rn.bf16x2 a, a, bias; mul.rn.bf16x2 $0, a, $5;
+shl.b32 a, u, 12; and.b32 a, a, 0x80008000; shl.b32 b, u, 6; and.b32 b, b, 0x01C001C0; or.b32 a, a, b;
+mul.rn.bf16x2 a, a, bias; mul.rn.bf16x2 $1, a, $6;
+shl.b32 a, t, 8; and.b32 a, a, 0x80008000; shl.b32 b, t, 2; and.b32 b, b, 0x01C001C0; or.b32 a, a, b;
+mul.rn.bf16x2 a, a, bias; mul.rn.bf16x2 $2, a, $5;
+shl.b32 a, u, 8; and.b32 a, a, 0x80008000; shl.b32 b, u, 2; and.b32 b, b, 0x01C001C0; or.b32 a, a, b;
+mul.rn.bf16x2 a, a, bias; mul.rn.bf16x2 $3, a, $6;
+}
+""")
+
+
+@triton.jit
+def _nvfp4_tiles(b, s, ASM: tl.constexpr):
+    """Packed bytes b [..., 8k] (uint8) and their block scales s (fp8, broadcastable to b) -> (low, high) nibble
+    values times the scale: bf16 through _E2M1_ASM on the GPU (ASM), fp32 through _e2m1_decode elsewhere."""
+    if ASM:
+        sb = tl.broadcast_to(s.to(tl.bfloat16), b.shape)
+        lo, hi = tl.inline_asm_elementwise(_E2M1_ASM, "=r,=r,=r,=r,r,r,r", [b, sb],
+                                           dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+    else:
+        sf = s.to(tl.float32)
+        lo = _e2m1_decode((b & 15).to(tl.int32)) * sf
+        hi = _e2m1_decode((b >> 4).to(tl.int32)) * sf
+    return lo, hi
+
+
 @triton.jit(do_not_specialize=["M"])
 def _quant_gemv_kernel(
-    x_ptr, w_ptr, bs_ptr, rs_ptr, xs_ptr, out_ptr, part_ptr,
+    x_ptr, w_ptr, bs_ptr, rs_ptr, out_ptr, part_ptr,
     M, N, K, K_PER_SPLIT, sxm, swn, sbn, som,
     M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NVFP4: tl.constexpr,
-    X_SCALE: tl.constexpr, UPCAST_DOT: tl.constexpr, SPLIT: tl.constexpr, NIBBLE_DOTS: tl.constexpr,
-    FP8_DOT: tl.constexpr,
+    UPCAST_DOT: tl.constexpr, SPLIT: tl.constexpr, ASM: tl.constexpr,
 ):
     """NVFP4: w_ptr is packed [N, K/2] uint8, bs_ptr block scales [N, K/16] fp8; else w_ptr is fp8 [N, K].
-    X_SCALE: x is fp8 with per-row scales xs_ptr [M]. SPLIT: program (n, s) sums K range s (K_PER_SPLIT, a multiple
-    of BLOCK_K) and stores its scaled fp32 partial to part_ptr [S, M, N]; a second kernel adds them in split order."""
+    SPLIT: program (n, s) sums K range s (K_PER_SPLIT, a multiple of BLOCK_K) and stores its scaled fp32 partial to
+    part_ptr [S, M, N]; a second kernel adds them in split order. NVFP4 tiles are [BLOCK_N, groups of 16, 8 bytes]:
+    a group's scale broadcasts along its bytes without a reshuffle, and the low (high) nibbles multiply x's even (odd)
+    columns in two dots, so the decoded values never need interleaving."""
     pid_m = tl.program_id(0)  # the fastest-varying axis: a weight tile's row blocks run together and share it in L2
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -153,53 +197,38 @@ def _quant_gemv_kernel(
     rows = offs_n.to(tl.int64)[:, None] * swn
     acc = tl.zeros((BLOCK_N, M_PAD), dtype=tl.float32)
     for k in range(k_lo, k_hi, BLOCK_K):
-        mask_k = (k + offs_k) < k_hi
-        if NVFP4 and NIBBLE_DOTS:  # low and high nibbles as two half-K dots against x's even and odd columns
+        if NVFP4:
             HALF: tl.constexpr = BLOCK_K // 2
-            offs_b = tl.arange(0, HALF)
-            mask_b = mask_n[:, None] & ((k + 2 * offs_b) < k_hi)[None, :]
-            b = tl.load(w_ptr + rows + k // 2 + offs_b[None, :], mask=mask_b, other=0)
-            bs = tl.load(bs_ptr + offs_n.to(tl.int64)[:, None] * sbn + k // 16 + offs_b[None, :] // 8, mask=mask_b,
-                         other=0.0).to(tl.float32)
-            x_even = x_ptr + offs_m[:, None] * sxm + k + 2 * offs_b[None, :]
-            mask_x = mask_m[:, None] & ((k + 2 * offs_b) < k_hi)[None, :]
+            GROUPS: tl.constexpr = BLOCK_K // 16
+            offs_g = tl.arange(0, GROUPS)
+            in_k = (k + 16 * offs_g) < k_hi  # K is a multiple of 16: a group is all in or all out
+            byte = k // 2 + offs_g[:, None] * 8 + tl.arange(0, 8)[None, :]
+            b = tl.load(w_ptr + rows[:, :, None] + byte[None, :, :],
+                        mask=mask_n[:, None, None] & in_k[None, :, None], other=0)
+            s = tl.load(bs_ptr + offs_n.to(tl.int64)[:, None] * sbn + k // 16 + offs_g[None, :],
+                        mask=mask_n[:, None] & in_k[None, :], other=0.0)
+            lo, hi = _nvfp4_tiles(b, s[:, :, None], ASM)
+            offs_h = tl.arange(0, HALF)
+            mask_x = mask_m[:, None] & ((k + 2 * offs_h) < k_hi)[None, :]
+            x_even = x_ptr + offs_m[:, None] * sxm + k + 2 * offs_h[None, :]
             for nib in tl.static_range(2):
-                w = _e2m1_decode(((b >> (4 * nib)) & 15).to(tl.int32)) * bs
+                w = tl.reshape(lo if nib == 0 else hi, (BLOCK_N, HALF))
                 xk = tl.load(x_even + nib, mask=mask_x, other=0.0)
                 if UPCAST_DOT or x_ptr.dtype.element_ty == tl.float32:
-                    acc = tl.dot(w, tl.trans(xk.to(tl.float32)), acc, input_precision="ieee")
+                    acc = tl.dot(w.to(tl.float32), tl.trans(xk.to(tl.float32)), acc, input_precision="ieee")
                 else:
                     acc = tl.dot(w.to(tl.bfloat16), tl.trans(xk.to(tl.bfloat16)), acc)
         else:
-            if NVFP4:
-                HALF: tl.constexpr = BLOCK_K // 2
-                GROUPS: tl.constexpr = BLOCK_K // 16
-                offs_b = tl.arange(0, HALF)
-                b = tl.load(w_ptr + rows + k // 2 + offs_b[None, :],
-                            mask=mask_n[:, None] & ((k + 2 * offs_b) < k_hi)[None, :], other=0)
-                codes = tl.reshape(tl.join(b & 15, b >> 4), (BLOCK_N, BLOCK_K))
-                offs_g = tl.arange(0, GROUPS)
-                bs = tl.load(bs_ptr + offs_n.to(tl.int64)[:, None] * sbn + k // 16 + offs_g[None, :],
-                             mask=mask_n[:, None] & ((k + 16 * offs_g) < k_hi)[None, :], other=0.0).to(tl.float32)
-                w = tl.reshape(tl.reshape(_e2m1_decode(codes.to(tl.int32)), (BLOCK_N, GROUPS, 16)) * bs[:, :, None],
-                               (BLOCK_N, BLOCK_K))
-            else:
-                w = tl.load(w_ptr + rows + k + offs_k[None, :], mask=mask_n[:, None] & mask_k[None, :],
-                            other=0.0)
-                if not FP8_DOT:
-                    w = w.to(tl.float32)
+            mask_k = (k + offs_k) < k_hi
+            w = tl.load(w_ptr + rows + k + offs_k[None, :], mask=mask_n[:, None] & mask_k[None, :], other=0.0)
             xk = tl.load(x_ptr + offs_m[:, None] * sxm + k + offs_k[None, :],
                          mask=mask_m[:, None] & mask_k[None, :], other=0.0)
             if UPCAST_DOT or x_ptr.dtype.element_ty == tl.float32:  # fp32 operands, full-precision products
                 acc = tl.dot(w.to(tl.float32), tl.trans(xk.to(tl.float32)), acc, input_precision="ieee")
-            elif FP8_DOT:  # W8A8 on the FP8 tensor cores: both operands as stored
-                acc = tl.dot(w, tl.trans(xk), acc)
-            else:  # bf16 tensor-core MMA: the decoded tile and fp8 / bf16 x are exact in bf16
+            else:  # bf16 tensor-core MMA: FP8 weights are exact in bf16
                 acc = tl.dot(w.to(tl.bfloat16), tl.trans(xk.to(tl.bfloat16)), acc)
     res = tl.trans(acc)  # [M_PAD, BLOCK_N]
     res = res * tl.load(rs_ptr + offs_n, mask=mask_n, other=0.0)[None, :]
-    if X_SCALE:
-        res = res * tl.load(xs_ptr + offs_m, mask=mask_m, other=0.0)[:, None]
     mask = mask_m[:, None] & mask_n[None, :]
     if SPLIT:
         tl.store(part_ptr + (pid_k * M + offs_m[:, None]) * N + offs_n[None, :], res, mask=mask)
@@ -207,24 +236,36 @@ def _quant_gemv_kernel(
         tl.store(out_ptr + offs_m[:, None] * som + offs_n[None, :], cast_rtne(res, out_ptr.dtype.element_ty), mask=mask)
 
 
+def asm_decode(x: torch.Tensor) -> bool:
+    """Whether the NVFP4 kernels decode with _E2M1_ASM: compiled for sm_90+ and multiplying bf16."""
+    return x.is_cuda and x.dtype == torch.bfloat16 and torch.cuda.get_device_capability(x.device) >= (9, 0)
+
+
 def default_launch(N: int, K: int, device) -> dict:
-    """32-row tiles and 128-element K chunks; K split as kernels/small_m_linear splits it (no split where the N tiles
-    give every SM a program, else about 8 chunks a split: 9 splits for the 4B down_proj, 4 for out_proj)."""
-    block_n, block_k = 32, 128
-    return dict(block_n=block_n, block_k=block_k, split_k=pick_split_k(N, K, block_n, block_k, sm_count(device)))
+    """32-row tiles; K split as kernels/small_m_linear splits it (no split where the N tiles give every SM a program,
+    else about 8 chunks of 128 a split: 9 splits for the 4B down_proj, 4 for out_proj). Unsplit launches take
+    256-element K chunks four stages deep (the fastest FP8 launch on an H100's gate_up at 1-8 rows,
+    bench/results/h100_quant_gemv.json); split ones keep 128 so that each split still has chunks to pipeline."""
+    split = pick_split_k(N, K, 32, 128, sm_count(device))
+    if split == 1:
+        return dict(block_n=32, block_k=256, split_k=1, num_stages=4)
+    return dict(block_n=32, block_k=128, split_k=split, num_stages=3)
 
 
-def _launch(x, w, bs, row_scale, x_scale, out, out_dtype, nvfp4, block_n, block_k, split_k, num_warps, num_stages=3,
-            nibble_dots=False, fp8_dot=False):
+def _launch(x, w, bs, row_scale, out, nvfp4, block_n=None, block_k=None, split_k=None, num_warps=4,
+            num_stages=None):
     require_last_dim_contiguous("x", x)
     require_last_dim_contiguous("weight", w)
     M = x.shape[0]
     N = w.shape[0]
     K = w.shape[1] * (2 if nvfp4 else 1)
-    y = output(out, (M, N), out_dtype, x.device)
+    y = output(out, (M, N), x.dtype, x.device)
     if M == 0 or N == 0:
         return y
     d = default_launch(N, K, x.device)
+    m_pad = min(MAX_M, max(16, next_pow2(M)))
+    if m_pad > 16:  # more rows of x: 128-element chunks keep the tiles in registers (no spills at 64 rows)
+        d.update(block_k=128, num_stages=3)
     block_n, block_k = block_n or d["block_n"], block_k or d["block_k"]
     check(block_n >= 16 and block_n == next_pow2(block_n), f"block_n must be a power of two >= 16, got {block_n}")
     check(block_k >= 32 and block_k == next_pow2(block_k), f"block_k must be a power of two >= 32, got {block_k}")
@@ -232,42 +273,37 @@ def _launch(x, w, bs, row_scale, x_scale, out, out_dtype, nvfp4, block_n, block_
     check(isinstance(split, int) and 1 <= split <= MAX_SPLIT_K, f"split_k must be an int in [1, {MAX_SPLIT_K}]")
     k_per_split, S = split_ranges(K, block_k, split)
     parts = torch.empty(S * M * N if S > 1 else 1, dtype=torch.float32, device=x.device)
-    m_pad = min(MAX_M, max(16, next_pow2(M)))
     _quant_gemv_kernel[(cdiv(M, m_pad), cdiv(N, block_n), S)](
-        x, w, bs if bs is not None else row_scale, row_scale, x_scale if x_scale is not None else row_scale, y, parts,
+        x, w, bs if bs is not None else row_scale, row_scale, y, parts,
         M, N, K, k_per_split, x.stride(0), w.stride(0), bs.stride(0) if bs is not None else 0, y.stride(0),
-        M_PAD=m_pad, BLOCK_N=block_n, BLOCK_K=block_k, NVFP4=nvfp4, X_SCALE=x_scale is not None,
+        M_PAD=m_pad, BLOCK_N=block_n, BLOCK_K=block_k, NVFP4=nvfp4,
         UPCAST_DOT=not x.is_cuda,  # the CPU interpreter multiplies bf16 tiles as raw integers: give it fp32
-        SPLIT=S > 1, NIBBLE_DOTS=nibble_dots, FP8_DOT=fp8_dot and x_scale is not None and x.is_cuda,
-        num_warps=num_warps, num_stages=num_stages)
+        SPLIT=S > 1, ASM=nvfp4 and asm_decode(x),
+        num_warps=num_warps, num_stages=num_stages or d["num_stages"])
     if S > 1:
         block = min(1024, next_pow2(N))
         _split_k_reduce_kernel[(M, cdiv(N, block))](parts, y, M, N, S, y.stride(0), BLOCK=block, num_warps=4)
     return y
 
 
-def fp8_linear_triton(x, w8, row_scale, x_scale=None, out_dtype=None, out=None, block_n=None, block_k=None,
-                      split_k=None, num_warps=4, **launch):
-    """Launch options (default_launch's where None): block_n, block_k, split_k, num_warps, num_stages, fp8_dot."""
-    _validate_fp8(x, w8, row_scale, x_scale)
-    check(x_scale is None or out_dtype is not None, "W8A8 (x_scale given) needs out_dtype")
-    return _launch(x, w8, None, row_scale, x_scale, out, out_dtype or x.dtype, False, block_n, block_k, split_k,
-                   num_warps, **launch)
+def fp8_linear_triton(x, w8, row_scale, out=None, **launch):
+    """W8A16: x [M, K] in the model dtype times the FP8 weight dequantized in registers. Launch options
+    (default_launch's where None): block_n, block_k, split_k, num_warps, num_stages."""
+    _validate_fp8(x, w8, row_scale, None)
+    return _launch(x, w8, None, row_scale, out, False, **launch)
 
 
-def nvfp4_linear_triton(x, packed, block_scale, row_scale, out=None, block_n=None, block_k=None, split_k=None,
-                        num_warps=4, **launch):
-    """Launch options as fp8_linear_triton, and nibble_dots."""
+def nvfp4_linear_triton(x, packed, block_scale, row_scale, out=None, **launch):
+    """W4A16; launch options as fp8_linear_triton."""
     _validate_nvfp4(x, packed, block_scale, row_scale)
-    return _launch(x, packed, block_scale, row_scale, None, out, x.dtype, True, block_n, block_k, split_k, num_warps,
-                   **launch)
+    return _launch(x, packed, block_scale, row_scale, out, True, **launch)
 
 
-def fp8_linear(x, w8, row_scale, x_scale=None, out_dtype=None, out=None, **launch):
-    """Small-M FP8-weight linear: Triton on CUDA (M <= FP8_GEMV_MAX_M), else the torch reference (fp8_linear_ref)."""
+def fp8_linear(x, w8, row_scale, out=None, **launch):
+    """Small-M FP8-weight linear, W8A16: Triton on CUDA (M <= FP8_GEMV_MAX_M), else the torch reference."""
     if use_triton(x) and x.shape[0] <= FP8_GEMV_MAX_M:
-        return fp8_linear_triton(x, w8, row_scale, x_scale, out_dtype, out, **launch)
-    return fp8_linear_ref(x, w8, row_scale, x_scale, out_dtype, out)
+        return fp8_linear_triton(x, w8, row_scale, out, **launch)
+    return fp8_linear_ref(x, w8, row_scale, out=out)
 
 
 def nvfp4_linear(x, packed, block_scale, row_scale, out=None, **launch):
@@ -295,19 +331,26 @@ def fp8_matmul(x8, x_scale, w8, row_scale, out_dtype):
 
 @triton.jit
 def _dequant_nvfp4_kernel(w_ptr, bs_ptr, rs_ptr, out_ptr, N, K, swn, sbn, son,
-                          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """out [N, K] = e2m1(packed) * block_scale * row_scale, rounded once to out's dtype; program = a [BN, BK] tile."""
+                          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ASM: tl.constexpr):
+    """out [N, K] = e2m1(packed) * block_scale * row_scale, rounded once to out's dtype; program = a [BN, BK] tile.
+    Tiles as in _quant_gemv_kernel; the low and high nibbles are joined back into K order for the store."""
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    HALF: tl.constexpr = BLOCK_K // 2
-    offs_b = tl.program_id(1) * HALF + tl.arange(0, HALF)
-    mask = (offs_n < N)[:, None] & (offs_b < K // 2)[None, :]
+    GROUPS: tl.constexpr = BLOCK_K // 16
+    offs_g = tl.program_id(1) * GROUPS + tl.arange(0, GROUPS)
+    mask_n = offs_n < N
+    in_k = offs_g < K // 16
     rows = offs_n.to(tl.int64)[:, None]
-    b = tl.load(w_ptr + rows * swn + offs_b[None, :], mask=mask, other=0)
-    scale = tl.load(bs_ptr + rows * sbn + offs_b[None, :] // 8, mask=mask, other=0.0).to(tl.float32) * \
-        tl.load(rs_ptr + offs_n, mask=offs_n < N, other=0.0)[:, None]
-    for nib in tl.static_range(2):
-        w = _e2m1_decode(((b >> (4 * nib)) & 15).to(tl.int32)) * scale
-        tl.store(out_ptr + rows * son + 2 * offs_b[None, :] + nib, cast_rtne(w, out_ptr.dtype.element_ty), mask=mask)
+    byte = offs_g[:, None] * 8 + tl.arange(0, 8)[None, :]
+    b = tl.load(w_ptr + rows[:, :, None] * swn + byte[None, :, :], mask=mask_n[:, None, None] & in_k[None, :, None],
+                other=0)
+    s = tl.load(bs_ptr + rows * sbn + offs_g[None, :], mask=mask_n[:, None] & in_k[None, :], other=0.0)
+    lo, hi = _nvfp4_tiles(b, s[:, :, None], ASM)
+    rs = tl.load(rs_ptr + offs_n, mask=mask_n, other=0.0)[:, None, None, None]
+    w = tl.join(lo.to(tl.float32), hi.to(tl.float32)) * rs  # [BN, GROUPS, 8, 2]: element 2j + nibble of a group
+    w = tl.reshape(w, (BLOCK_N, BLOCK_K))
+    offs_k = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    tl.store(out_ptr + rows * son + offs_k[None, :], cast_rtne(w, out_ptr.dtype.element_ty),
+             mask=mask_n[:, None] & (offs_k < K)[None, :])
 
 
 def dequant_nvfp4_triton(packed, block_scale, row_scale, dtype, out=None):
@@ -319,7 +362,7 @@ def dequant_nvfp4_triton(packed, block_scale, row_scale, dtype, out=None):
     block_n, block_k = 32, 256
     _dequant_nvfp4_kernel[(cdiv(N, block_n), cdiv(K, block_k))](
         packed, block_scale, row_scale, y, N, K, packed.stride(0), block_scale.stride(0), y.stride(0),
-        BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4)
+        BLOCK_N=block_n, BLOCK_K=block_k, ASM=asm_decode(y), num_warps=4)
     return y
 
 

@@ -62,9 +62,8 @@ def test_nvfp4_gemv_matches_ref(M, N, K, dtype):
     gen = torch.Generator().manual_seed(M * 977 + N + K)
     x = torch.randn(M, K, generator=gen).to(dtype)
     packed, bs, row = nvfp4_weight(N, K, gen)
-    for launch in (dict(block_n=32, block_k=64), dict(block_n=16, block_k=32, split_k=4),
-                   dict(block_n=16, block_k=64, nibble_dots=True), dict(block_n=32, block_k=32, split_k=3,
-                                                                         nibble_dots=True)):
+    for launch in (dict(block_n=32, block_k=64), dict(block_n=16, block_k=32, split_k=4), {},
+                   dict(block_n=64, block_k=128, split_k=3, num_stages=2)):
         y = nvfp4_linear_triton(x, packed, bs, row, out=poisoned((M, N), dtype), **launch)
         assert_close(y, nvfp4_linear_ref(x, packed, bs, row), dtype)
     # the reference is x @ dequantized weight
@@ -72,24 +71,22 @@ def test_nvfp4_gemv_matches_ref(M, N, K, dtype):
                  torch.float32, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("act", ["w8a16", "w8a8"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("M,N,K", [(1, 40, 48), (5, 130, 200), (16, 33, 96), (64, 50, 72), (100, 24, 40)])
-def test_fp8_gemv_matches_ref(M, N, K, dtype, act):
+def test_fp8_gemv_matches_ref(M, N, K, dtype):
+    """W8A16 (what the GEMV runs for FP8 checkpoints, W8A8 ones included); W8A8's reference stays close to it."""
     gen = torch.Generator().manual_seed(M * 131 + N + K)
     x = torch.randn(M, K, generator=gen).to(dtype)
     w8, row = fp8_weight(N, K, gen)
-    if act == "w8a8":
-        xq, xs = fq.quant_fp8_per_token_ref(x)
-        y = fp8_linear_triton(xq, w8, row, xs, out_dtype=dtype, out=poisoned((M, N), dtype), block_k=32, split_k=3)
-        want = fp8_linear_ref(xq, w8, row, xs, out_dtype=dtype)
-    else:
-        y = fp8_linear_triton(x, w8, row, out=poisoned((M, N), dtype), block_k=64)
-        want = fp8_linear_ref(x, w8, row)
-    assert_close(y, want, dtype)
-    # W8A8 stays close to the exact product of the unquantized activation (per-token FP8 error ~2^-4 relative)
+    want = fp8_linear_ref(x, w8, row)
+    for launch in (dict(block_k=64), dict(block_k=32, split_k=3), {}):
+        assert_close(fp8_linear_triton(x, w8, row, out=poisoned((M, N), dtype), **launch), want, dtype)
+    # W8A8 (the prefill GEMM's product) stays close to the exact one (per-token FP8 error ~2^-4 relative)
+    xq, xs = fq.quant_fp8_per_token_ref(x)
+    w8a8 = fp8_linear_ref(xq, w8, row, xs, out_dtype=torch.float32)
     exact = x.float() @ (w8.float() * row[:, None]).T
-    assert (want.float() - exact).norm() / exact.norm() < 0.06
+    assert (w8a8 - exact).norm() / exact.norm() < 0.06
+    assert (want.float() - exact).norm() / exact.norm() < (1e-5 if dtype == torch.float32 else 1e-2)
 
 
 @pytest.mark.parametrize("N,K", [(40, 48), (33, 544)])
@@ -181,8 +178,8 @@ def test_fp8_matmul_cpu_falls_back_to_ref():
     (lambda: nvfp4_linear_triton(torch.zeros(2, 32), torch.zeros(3, 16, dtype=torch.uint8),
                                  torch.zeros(3, 1, dtype=FP8), torch.ones(3)), "block_scale must be"),
     (lambda: fp8_linear_triton(torch.zeros(2, 32), torch.zeros(3, 32), torch.ones(3)), "float8_e4m3fn"),
-    (lambda: fp8_linear_triton(torch.zeros(2, 32), torch.zeros(3, 32, dtype=FP8), torch.ones(3), torch.ones(2)),
-     "x must be float8"),
+    (lambda: fp8_linear_triton(torch.zeros(2, 32, dtype=torch.int8), torch.zeros(3, 32, dtype=FP8), torch.ones(3)),
+     "unsupported"),
     (lambda: fp8_linear_triton(torch.zeros(2, 32), torch.zeros(3, 32, dtype=FP8), torch.ones(4)), "row_scale"),
 ])
 def test_errors(call, match):

@@ -77,7 +77,7 @@ class DecodeProjections:
         if is_quantized(gate_up_weight) or is_quantized(down_weight):
             gate_up = quant_linear(x, gate_up_weight, x_fp8, out_dtype) if is_quantized(gate_up_weight) else \
                 self.linear(x, gate_up_weight)
-            if wants_fp8_input(down_weight):
+            if wants_fp8_input(down_weight, gate_up.shape[0]):
                 return quant_linear(None, down_weight, ops.silu_mul_quant_fp8(gate_up), out_dtype=gate_up.dtype)
             return self.linear(ops.silu_mul(gate_up), down_weight)
         if self.swiglu_epilogue and self.gemv(x.shape[0]):

@@ -5,10 +5,10 @@ A projection module's `.weight` is normally a bf16 [N, K] parameter; in a quanti
     keeps its own scale per row, so shards with different global scales fuse exactly), or
   * SplitWeight: row blocks of different kinds, e.g. the GDN in_proj [qkv | z | b | a] with qkv and z in FP8 and the
     small b and a (gates) in bf16; the product is the blocks' products side by side.
-quant_linear(x, weight) runs one: decode-sized inputs on CUDA through the in-register-dequantizing GEMVs
-(kernels/quant_linear; FP8 up to FP8_GEMV_MAX_M rows, NVFP4 up to NVFP4_GEMV_MAX_M), larger ones through
-torch._scaled_mm (FP8) or a dequantize-then-GEMM (NVFP4), and the torch references on CPU. FP8 W8A8 quantizes activations per token on the fly (kernels/fp8_quant), or takes them
-already quantized from a fused producer (x_fp8).
+quant_linear(x, weight) runs one: decode-sized inputs through the in-register-dequantizing GEMVs (kernels/quant_linear;
+FP8 W8A16 up to FP8_GEMV_MAX_M rows, NVFP4 up to NVFP4_GEMV_MAX_M), larger ones through torch._scaled_mm (FP8 W8A8,
+activations quantized per token by kernels/fp8_quant or already by a fused producer: x_fp8) or a dequantize-then-GEMM
+(NVFP4); on CPU the torch references of the same products.
 """
 from __future__ import annotations
 
@@ -94,32 +94,45 @@ def is_quantized(weight) -> bool:
 
 
 def quant_linear(x: torch.Tensor | None, weight, x_fp8: tuple[torch.Tensor, torch.Tensor] | None = None,
-                 out_dtype: torch.dtype | None = None) -> torch.Tensor:
+                 out_dtype: torch.dtype | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K] @ weight.T -> [M, N] in x's dtype (or out_dtype). x_fp8: (q, scale) of x quantized per token already
-    by a fused producer (kernels/fp8_quant); x may then be None, when every block of weight takes FP8 input."""
+    by a fused producer (kernels/fp8_quant); x may then be None, when wants_fp8_input(weight, M). out: where the
+    GEMVs write (a column block of a SplitWeight's output)."""
     if x is None:
-        if not wants_fp8_input(weight) or x_fp8 is None or out_dtype is None:
+        if x_fp8 is None or out_dtype is None or not wants_fp8_input(weight, x_fp8[0].shape[0]):
             raise ValueError("quant_linear without x needs x_fp8, out_dtype and a weight that takes FP8 input")
+        rows = x_fp8[0].shape[0]
     else:
-        out_dtype = x.dtype
+        out_dtype, rows = x.dtype, x.shape[0]
+    gemv = x is not None and ops.use_triton(x) and rows <= ops.MAX_M
     if isinstance(weight, SplitWeight):
-        return torch.cat([quant_linear(x, p, x_fp8, out_dtype) for p in weight.parts], dim=-1)
+        if not gemv:
+            return torch.cat([quant_linear(x, p, x_fp8, out_dtype) for p in weight.parts], dim=-1)
+        y = torch.empty(rows, weight.shape[0], dtype=out_dtype, device=x.device) if out is None else out
+        col = 0
+        for p in weight.parts:  # each GEMV writes its column block: no concatenation
+            quant_linear(x, p, out=y[:, col:col + p.shape[0]])
+            col += p.shape[0]
+        return y
     if isinstance(weight, PlainWeight):
+        if gemv:
+            return ops.small_m_linear(x, weight.weight, out=out)
         return torch.nn.functional.linear(x, weight.weight)
     if weight.kind == NVFP4:
-        if x.shape[0] <= ops.NVFP4_GEMV_MAX_M:
-            return ops.nvfp4_linear(x, weight.data, weight.block_scale, weight.row_scale)
+        if rows <= ops.NVFP4_GEMV_MAX_M:
+            return ops.nvfp4_linear(x, weight.data, weight.block_scale, weight.row_scale, out=out)
         return ops.nvfp4_matmul(x, weight.data, weight.block_scale, weight.row_scale)
-    if not weight.act_fp8:
-        return ops.fp8_linear(x, weight.data, weight.row_scale)
+    if not weight.act_fp8 or rows <= ops.FP8_GEMV_MAX_M:  # W8A16 (see kernels/quant_linear)
+        return ops.fp8_linear(x, weight.data, weight.row_scale, out=out)
     xq, xs = x_fp8 if x_fp8 is not None else ops.quant_fp8_per_token(x)
-    if xq.shape[0] <= ops.FP8_GEMV_MAX_M:
-        return ops.fp8_linear(xq, weight.data, weight.row_scale, xs, out_dtype=out_dtype)
     return ops.fp8_matmul(xq, xs, weight.data, weight.row_scale, out_dtype)
 
 
-def wants_fp8_input(weight) -> bool:
-    """Whether every block of `weight` multiplies FP8 activations (so a producer may quantize them for it)."""
+def wants_fp8_input(weight, rows: int) -> bool:
+    """Whether every block of `weight` multiplies `rows` rows of FP8 activations (W8A8 GEMMs past the GEMV's rows),
+    so that a producer may quantize them for it."""
+    if rows <= ops.FP8_GEMV_MAX_M:
+        return False
     if isinstance(weight, SplitWeight):
-        return all(wants_fp8_input(p) for p in weight.parts)
+        return all(wants_fp8_input(p, rows) for p in weight.parts)
     return isinstance(weight, QuantWeight) and weight.act_fp8

@@ -44,10 +44,9 @@ class MLP(nn.Module):
     def forward(self, x, x_fp8=None, out_dtype=None):
         return self.proj.mlp(x, self.gate_up_proj.weight, self.down_proj.weight, x_fp8, out_dtype)
 
-    @property
-    def takes_fp8_input(self) -> bool:
-        """gate_up is FP8 W8A8: the norm before it may hand over its output quantized (kernels/fp8_quant)."""
-        return wants_fp8_input(self.gate_up_proj.weight)
+    def takes_fp8_input(self, rows: int) -> bool:
+        """gate_up runs FP8 W8A8 at `rows`: the norm before it may hand over its output quantized (kernels/fp8_quant)."""
+        return wants_fp8_input(self.gate_up_proj.weight, rows)
 
 
 class GatedAttention(nn.Module):
@@ -219,7 +218,7 @@ class DecoderLayer(nn.Module):
         else:
             h, residual = self.input_layernorm(x, residual)
         h = self.mixer(h, meta, cos, sin)
-        if self.mlp.takes_fp8_input:  # RMSNorm + residual add + per-token FP8 quantization in one kernel
+        if self.mlp.takes_fp8_input(h.shape[0]):  # RMSNorm + residual add + per-token FP8 quantization in one kernel
             norm = self.post_attention_layernorm
             q, scale, residual = ops.rmsnorm_quant_fp8(h, norm.weight, norm.eps, residual)
             return self.mlp(None, (q, scale), h.dtype), residual
