@@ -2,11 +2,18 @@
 # #60's engine measurements in one device call (no carried wheels): the engine alone at page load (1,296 image
 # tokens + scaffolding in, 750 out, random 4B weights) per variant and batch, decode step against its roofline, and
 # the greedy/logit agreement of each variant with the first over CHECK_TOKENS tokens. Results under $1 (default $OUT).
+# Carry .whl/bench (bench/device_inputs.sh): fla's chunked GDN prefill is the product's (pyproject's gpu extra), and
+# without it prefill runs the torch fallback, about 2.6x slower a GDN layer (bench/results/h200_gdn_prefill_fla.json).
 #   VARIANTS=native,native_bf16_state BATCHES=128,256 bash bench/throughput_gpu.sh $OUT
 set -uo pipefail
 out=${1:-$OUT}
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 gpu=$(python3 -c "import torch; n=torch.cuda.get_device_name(); print('h200' if 'H200' in n else 'h100')")
+if compgen -G ".whl/bench/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/bench/*.whl
+  export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 t0=$SECONDS
 timeout ${ENGINE_S:-540} python3 jobs/benchmark.py --device cuda --scenarios page --skip-transformers \
   --variants ${VARIANTS:-native,native_bf16_state,native_fp8_kv,native_bf16_state_fp8_kv} --batch-sizes ${BATCHES:-128,256} \
