@@ -92,6 +92,16 @@ def validate(path: str) -> str:
         raise CheckpointError(f"checkpoint {path} is not usable: {e}") from e
 
 
+def weight_precision(path: str, model_dtype: str) -> str:
+    """The decoder weights' formats as the engine will run them: the quantization_config's ("fp8", "nvfp4",
+    "fp8+nvfp4"), else the model dtype it loads the weights in."""
+    from engine.quant_config import parse_quant_config
+
+    cfg = json.loads((Path(path) / "config.json").read_text())
+    qc = cfg.get("quantization_config") or cfg.get("text_config", {}).get("quantization_config")
+    return parse_quant_config(qc).label if qc else model_dtype
+
+
 def checkpoint_info(path: str) -> dict:
     """What the checkpoint's builder wrote about it in ocria_info.json ({} without one)."""
     info = Path(path) / "ocria_info.json"

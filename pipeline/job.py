@@ -13,7 +13,8 @@ import pyarrow.fs as pafs
 
 from engine.backends import check_options
 from pipeline.blocks import BlockReading
-from pipeline.checkpoint import CheckpointError, checkpoint_note, localize, validate, validate_drafter
+from pipeline.checkpoint import (
+    CheckpointError, checkpoint_note, localize, validate, validate_drafter, weight_precision)
 from pipeline.config import ConfigError, JobConfig, knob
 from pipeline.local_ray import ray_session
 from pipeline.output import DocumentAssembler, OutputStore, document_row
@@ -267,11 +268,23 @@ def run(prep: Prepared, echo=print) -> dict:
     stats.wall_s = time.perf_counter() - t0
     report = prep.store.reconcile()
     stats.extra.update(skipped=dict(prep.plan.skipped), superseded_documents=report.superseded_documents,
-                       backend=cfg.model.backend, checkpoint=cfg.model.checkpoint, checkpoint_note=note)
+                       backend=cfg.model.backend, checkpoint=cfg.model.checkpoint, checkpoint_note=note,
+                       precision=precision(prep, on_gpu=stats.gpus > 0))
     _write_stats(prep, stats)
     summary = stats.summary()
     echo(format_table(summary))
     return summary
+
+
+def precision(prep: Prepared, on_gpu: bool) -> dict:
+    """What the engine stores at which precision (weights, KV cache, GDN state), for the stats and the report: the
+    lossy ones change the output, so a run's figures name them. dtype auto is the engine's (bf16 on GPU, else fp32)."""
+    m = prep.cfg.model
+    opts = m.options or {}
+    dtype = m.dtype if m.dtype != "auto" else "bfloat16" if on_gpu else "float32"
+    kv = opts.get("kv_cache_dtype", "auto")
+    return dict(weights=weight_precision(prep.checkpoint_dir, dtype), kv_cache=dtype if kv == "auto" else kv,
+                gdn_state=opts.get("gdn_state_dtype", "float32"))
 
 
 def _stream_and_commit(ds, prep: Prepared, stats: RunStats, started: float, echo=print) -> None:

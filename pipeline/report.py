@@ -226,26 +226,6 @@ def gpu_key(gpus: int, name: str | None) -> str:
     return "".join(c for c in (words[0] if words else "gpu") if c.isalnum()) or "gpu"
 
 
-def precision(cfg: JobConfig, checkpoint_dir: str, gpus: int) -> str:
-    """The decoder's weights: fp8 / nvfp4 for a quantized checkpoint, else the dtype the engine resolves."""
-    try:
-        quant = json.loads((Path(checkpoint_dir) / "config.json").read_text()).get("quantization_config") or {}
-    except (OSError, ValueError):
-        quant = {}
-    bits = {g.get("weights", {}).get("num_bits") for g in (quant.get("config_groups") or {}).values()}
-    if bits:
-        return "+".join(sorted({4: "nvfp4", 8: "fp8"}.get(b, f"int{b}") for b in bits))
-    if cfg.model.dtype != "auto":
-        return cfg.model.dtype
-    return "bfloat16" if gpus and cfg.model.device != "cpu" else "float32"
-
-
-def gdn_state_dtype(cfg: JobConfig) -> str:
-    from engine.llm_engine import EngineOptions
-
-    return str(cfg.model.options.get("gdn_state_dtype", EngineOptions.gdn_state_dtype))
-
-
 def settings_vs(cfg: JobConfig, reference: Path = GPU_CONFIG) -> dict | None:
     """The config keys whose value differs from `reference` (configs/gpu.yaml), by dotted key; what to parse and
     where it goes are left out (None without the reference file: an install without configs/)."""
@@ -268,13 +248,14 @@ def settings_vs(cfg: JobConfig, reference: Path = GPU_CONFIG) -> dict | None:
     return {k: v for k, v in sorted(mine.items()) if not k.startswith(skip) and theirs.get(k) != v}
 
 
-def describe_setup(cfg: JobConfig, checkpoint_dir: str, summary: dict, corpus: dict) -> dict:
+def describe_setup(cfg: JobConfig, summary: dict, corpus: dict) -> dict:
     name = gpu_name() if summary["gpus"] else None
     return {"device": "cuda" if summary["gpus"] else "cpu", "gpus": summary["gpus"], "gpu_name": name,
             "gpu_key": gpu_key(summary["gpus"], name), "engines": summary["engine_actors"],
             "raster_actors": summary["raster_actors"], "checkpoint": cfg.model.checkpoint,
-            "backend": cfg.model.backend, "precision": precision(cfg, checkpoint_dir, summary["gpus"]),
-            "gdn_state_dtype": gdn_state_dtype(cfg), "batch_size": cfg.parse.batch_size,
+            "backend": cfg.model.backend, "precision": summary["precision"]["weights"],
+            "gdn_state_dtype": summary["precision"]["gdn_state"], "kv_cache_dtype": summary["precision"]["kv_cache"],
+            "batch_size": cfg.parse.batch_size,
             "concurrent_batches": cfg.parse.concurrent_batches, "max_tokens": cfg.model.max_tokens,
             "engine_options": cfg.model.options, "settings_vs_gpu_yaml": settings_vs(cfg), "corpus": corpus}
 
@@ -541,7 +522,7 @@ def run_benchmark(bench: Benchmark, echo=print) -> dict:
     job = run(prepared, echo=echo)
     command_s = time.perf_counter() - t
     summary, pages = load_job_output(bench.cfg.output, bench.cfg.storage, job["run_id"])
-    setup = describe_setup(bench.cfg, prepared.checkpoint_dir, summary, bench.corpus)
+    setup = describe_setup(bench.cfg, summary, bench.corpus)
     report = build_report(summary, pages, setup, command_s=command_s,
                           startup_s=summary["stream_started_unix"] - t_call if summary["stream_started_unix"] else None)
     report["command"] = bench.command

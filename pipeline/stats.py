@@ -208,6 +208,8 @@ def format_table(s: dict) -> str:
         f"{'raster ms/page':<24}{pct(s['raster_s_per_page'])}",
         f"{'parse ms/page':<24}{pct(s['parse_s_per_page'])}",
         f"{'time to first token ms':<24}{pct(s['ttft_s'])}",
+        *([f"{'precision':<24}weights {s['precision']['weights']}   KV cache {s['precision']['kv_cache']}   "
+           f"GDN state {s['precision']['gdn_state']}"] if s.get("precision") else []),
         f"{'errors by kind':<24}{', '.join(f'{k} {v}' for k, v in sorted(s['errors_by_kind'].items())) or 'none'}",
         f"{'cost':<24}${s['usd']:.4f} at {billed} ({s['cost_basis']})   {per_million}",
     ]

@@ -49,6 +49,34 @@ def require(present: bool, what: str) -> None:
     pytest.skip(f"{what} is not on this machine")
 
 
+@contextlib.contextmanager
+def job_process(args, **popen):
+    """The job as a subprocess in its own session (text stdout / stderr piped); killed with its group on the way out
+    if a test left it running."""
+    import signal
+    import subprocess
+
+    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, **popen)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def sigterm(proc, timeout: float = 60) -> tuple[str, float]:
+    """SIGTERM to the job's driver alone (as a scheduler sends it); waits for it to exit: (its stderr, seconds taken)."""
+    import signal
+    import time
+
+    t = time.perf_counter()
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=timeout)
+    return err, time.perf_counter() - t
+
+
 def load_bench(name: str):
     """bench/<name>.py as a module (the bench folder is scripts, not a package)."""
     spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")

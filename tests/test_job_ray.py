@@ -16,7 +16,7 @@ import pymupdf
 import pyarrow.fs as pafs
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, job_process, sigterm
 from pipeline.config import load_config
 from pipeline.job import prepare, run
 from pipeline.output import OutputStore
@@ -202,10 +202,9 @@ def test_sigterm_midway_exits_143_with_the_output_consistent_and_resumable(tmp_p
     args = [sys.executable, str(ROOT / "jobs/parse_corpus.py"), "--input", str(tmp_path / "in"), "--output", str(out),
             "--checkpoint", str(tiny_checkpoint), "--backend", BACKEND, "--device", "cpu", "--max-tokens", "32",
             "--batch-size", "2", "--commit-every", "1", "--num-cpus", "2"]
-    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    driver, helpers = psutil.Process(proc.pid), {}
-    try:
+    helpers = {}
+    with job_process(args) as proc:
+        driver = psutil.Process(proc.pid)
         deadline = time.time() + 200
         while time.time() < deadline and proc.poll() is None and not list((out / "documents").glob("*.parquet")):
             for p in driver.children(recursive=True):
@@ -215,14 +214,7 @@ def test_sigterm_midway_exits_143_with_the_output_consistent_and_resumable(tmp_p
                     pass
             time.sleep(0.1)
         assert proc.poll() is None, "the job ended before SIGTERM: the test did not test anything"
-        t = time.perf_counter()
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
-        took = time.perf_counter() - t
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        err, took = sigterm(proc)
     assert proc.returncode == 143, err[-3000:]
     assert "stopped by SIGTERM: the documents finished before it are committed" in err, err[-3000:]
     assert took < 30, f"{took:.1f} s from SIGTERM to exit (grace 20 s)"

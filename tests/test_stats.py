@@ -80,3 +80,20 @@ def test_steady_rate_counts_only_pages_after_the_warm_up():
     assert not s["steady_phase"] and s["steady_pages_per_s"] == 0
     [rate_line] = [line for line in format_table(s).splitlines() if line.startswith("pages/s")]
     assert rate_line.endswith("after warm-up: run too short for a steady phase (warm-up 10.0 of 30.0 s)")
+
+
+def test_the_table_names_what_runs_at_lower_precision():
+    """Weights as the checkpoint stores them (the shipped FP8 and NVFP4-mix checkpoints, and bf16 / fp32 ones named
+    by the dtype the engine runs them in), the KV cache and the GDN state: lossy choices change a run's output."""
+    from conftest import ROOT
+    from pipeline.checkpoint import weight_precision
+
+    models = ROOT / "models"
+    assert weight_precision(str(models / "ocria-tiny"), "float32") == "float32"
+    assert weight_precision(str(models / "ocria-tiny-fp8"), "bfloat16") == "fp8"
+    assert weight_precision(str(models / "ocria-tiny-nvfp4"), "bfloat16") == "fp8+nvfp4"
+    stats = RunStats("r", engine_actors=1, gpus=1, usd_per_gpu_hour=2.69)
+    stats.extra["precision"] = dict(weights="fp8", kv_cache="fp8", gdn_state="bfloat16")
+    [line] = [ln for ln in format_table(stats.summary()).splitlines() if ln.startswith("precision")]
+    assert line.split()[1:] == ["weights", "fp8", "KV", "cache", "fp8", "GDN", "state", "bfloat16"]
+    assert not [ln for ln in format_table(RunStats("r", engine_actors=1, gpus=1, usd_per_gpu_hour=2.69).summary()).splitlines() if ln.startswith("precision")]

@@ -1,16 +1,14 @@
 """SIGTERM ends the job with status 143 even while its main thread is blocked inside a storage call, where Python
 cannot run a signal handler (pipeline/terminate.py). The Ray run stopped by SIGTERM midway is in test_job_ray.py."""
 import os
-import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, job_process, sigterm
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -47,20 +45,13 @@ def test_sigterm_ends_a_job_blocked_in_a_storage_call_with_143_within_its_grace(
     (tmp_path / "job.yaml").write_text("run: {term_grace_s: 3}\n")
     args = [sys.executable, str(ROOT / "jobs/parse_corpus.py"), "--config", str(tmp_path / "job.yaml"),
             "--input", "gs://bucket/in", "--output", str(tmp_path / "out"), "--checkpoint", str(tiny_checkpoint)]
-    proc = subprocess.Popen(args, cwd=ROOT, env=dict(os.environ, STORAGE_EMULATOR_HOST=url), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        assert connected.wait(90), "the job never reached the storage server: the test did not test anything"
-        time.sleep(1)  # inside the call now: the request is sent, no answer will come
-        assert proc.poll() is None
-        t = time.perf_counter()
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
-        took = time.perf_counter() - t
+        with job_process(args, env=dict(os.environ, STORAGE_EMULATOR_HOST=url)) as proc:
+            assert connected.wait(90), "the job never reached the storage server: the test did not test anything"
+            time.sleep(1)  # inside the call now: the request is sent, no answer will come
+            assert proc.poll() is None
+            err, took = sigterm(proc)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
         stop()
     assert proc.returncode == 143, err[-2000:]
     assert "still running 3 s after SIGTERM: stopped now (status 143)" in err, err[-2000:]
