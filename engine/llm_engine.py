@@ -293,9 +293,11 @@ class Engine:
         self.runner.next_tokens[slots] = tokens  # decode inputs of the next step, without a host round trip
         tokens = tokens[:len(seqs)]
         on_cuda = self.device.type == "cuda"
+        # kept logits are read when this step is collected, after the next one ran: a copy, since a decode step's
+        # logits may be the CUDA graph's output buffer (fp32 models get it without a conversion's copy)
         flight = InFlight(seqs, tokens.to("cpu", non_blocking=True) if on_cuda else tokens,
                           [(gs, c.to_host() if on_cuda else c) for gs, c in beams],
-                          logits=logits if any(s.logits is not None for s in seqs) else None)
+                          logits=logits.clone() if any(s.logits is not None for s in seqs) else None)
         if self.device.type == "cuda":
             flight.event = torch.cuda.Event(enable_timing=timing)
             flight.event.record()

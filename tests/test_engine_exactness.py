@@ -122,3 +122,27 @@ def test_preemption_recompute_keeps_outputs(text_ckpt):
     for o in outs:
         ref, _ = hf_greedy(hf, o.prompt_token_ids, [], max_new=MAX_NEW)
         assert o.output_token_ids == ref
+
+
+def test_kept_logits_survive_the_next_step_overwriting_the_decode_output(text_ckpt):
+    """A decode step's logits may live in a buffer the next step overwrites (a CUDA graph's static output; fp32
+    models return it without a copy), and the next step is launched before the previous one is collected: the
+    logits a request keeps must still be each step's own. The runner is made to hand out one reused buffer."""
+    prompts = [text_prompt(None, 7, 4), text_prompt(None, 30, 5)]
+    reqs = [dict(prompt=p, sampling=SamplingParams(max_tokens=12), keep_logits=True) for p in prompts]
+    want = Engine.from_checkpoint(text_ckpt, dtype="float32", max_num_seqs=4, num_blocks=64,
+                                  block_size=16).generate(reqs)
+    eng = Engine.from_checkpoint(text_ckpt, dtype="float32", max_num_seqs=4, num_blocks=64, block_size=16)
+    run_decode, static = eng.runner.run_decode, {}
+
+    def graph_like(*args, **kw):
+        logits = run_decode(*args, **kw)
+        buf = static.setdefault(logits.shape, torch.empty_like(logits))
+        return buf.copy_(logits)  # the same storage every step, as graph replays give
+
+    eng.runner.run_decode = graph_like
+    got = eng.generate(reqs)
+    assert static, "no decode step went through the reused buffer: the test did not test anything"
+    for g, w in zip(got, want):
+        assert g.output_token_ids == w.output_token_ids
+        torch.testing.assert_close(g.logits, w.logits, atol=0, rtol=0)
