@@ -38,9 +38,11 @@ from kernels.small_m_linear import MAX_SPLIT_K, _split_k_reduce_kernel, pick_spl
 MAX_M = 64  # rows of x one program multiplies (its MMA's N side); more rows take more programs along the grid's m axis
 # Rows up to which the GEMV serves (more: the GEMMs of fp8_matmul / nvfp4_matmul). FP8 hands over to the FP8 tensor
 # cores of torch._scaled_mm; NVFP4 has no tensor-core GEMM reading packed weights here, so its GEMV serves decode
-# batches as far as a dequantize-then-cuBLAS GEMM (which writes and rereads a bf16 copy of the weight) is slower.
+# batches as far as a dequantize-then-cuBLAS GEMM (which writes and rereads a bf16 copy of the weight) is slower: on
+# the H100 at 1 row everywhere, at 8 rows on about half the shapes, at 128 rows nowhere (47.8-90 against 241-1005 us;
+# bench/results/h100_quant_gemv_b.json).
 FP8_GEMV_MAX_M = 16
-NVFP4_GEMV_MAX_M = 256
+NVFP4_GEMV_MAX_M = 8
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
 E2M1_MAX = 6.0
@@ -162,7 +164,7 @@ def _nvfp4_tiles(b, s, ASM: tl.constexpr):
     """Packed bytes b [..., 8k] (uint8) and their block scales s (fp8, broadcastable to b) -> (low, high) nibble
     values times the scale: bf16 through _E2M1_ASM on the GPU (ASM), fp32 through _e2m1_decode elsewhere."""
     if ASM:
-        sb = tl.broadcast_to(s.to(tl.bfloat16), b.shape)
+        sb = tl.broadcast_to(s.to(tl.float32).to(tl.bfloat16), b.shape)  # fp8 -> bf16 directly is slow
         lo, hi = tl.inline_asm_elementwise(_E2M1_ASM, "=r,=r,=r,=r,r,r,r", [b, sb],
                                            dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
     else:
@@ -208,12 +210,12 @@ def _quant_gemv_kernel(
             s = tl.load(bs_ptr + offs_n.to(tl.int64)[:, None] * sbn + k // 16 + offs_g[None, :],
                         mask=mask_n[:, None] & in_k[None, :], other=0.0)
             lo, hi = _nvfp4_tiles(b, s[:, :, None], ASM)
-            offs_h = tl.arange(0, HALF)
-            mask_x = mask_m[:, None] & ((k + 2 * offs_h) < k_hi)[None, :]
-            x_even = x_ptr + offs_m[:, None] * sxm + k + 2 * offs_h[None, :]
+            xk = tl.load(x_ptr + offs_m[:, None] * sxm + k + offs_k[None, :],
+                         mask=mask_m[:, None] & ((k + offs_k) < k_hi)[None, :], other=0.0)
+            x_even, x_odd = tl.split(tl.reshape(xk, (M_PAD, HALF, 2)))  # one contiguous load, split in registers
             for nib in tl.static_range(2):
                 w = tl.reshape(lo if nib == 0 else hi, (BLOCK_N, HALF))
-                xk = tl.load(x_even + nib, mask=mask_x, other=0.0)
+                xk = x_even if nib == 0 else x_odd
                 if UPCAST_DOT or x_ptr.dtype.element_ty == tl.float32:
                     acc = tl.dot(w.to(tl.float32), tl.trans(xk.to(tl.float32)), acc, input_precision="ieee")
                 else:
@@ -225,8 +227,9 @@ def _quant_gemv_kernel(
                          mask=mask_m[:, None] & mask_k[None, :], other=0.0)
             if UPCAST_DOT or x_ptr.dtype.element_ty == tl.float32:  # fp32 operands, full-precision products
                 acc = tl.dot(w.to(tl.float32), tl.trans(xk.to(tl.float32)), acc, input_precision="ieee")
-            else:  # bf16 tensor-core MMA: FP8 weights are exact in bf16
-                acc = tl.dot(w.to(tl.bfloat16), tl.trans(xk.to(tl.bfloat16)), acc)
+            else:  # bf16 tensor-core MMA: FP8 weights are exact in bf16. Through fp32: the direct fp8 -> bf16
+                # conversion made the H100 GEMV 36.0 us on gate_up at 1 row against 25.1 this way
+                acc = tl.dot(w.to(tl.float32).to(tl.bfloat16), tl.trans(xk.to(tl.bfloat16)), acc)
     res = tl.trans(acc)  # [M_PAD, BLOCK_N]
     res = res * tl.load(rs_ptr + offs_n, mask=mask_n, other=0.0)[None, :]
     mask = mask_m[:, None] & mask_n[None, :]
@@ -241,13 +244,13 @@ def asm_decode(x: torch.Tensor) -> bool:
     return x.is_cuda and x.dtype == torch.bfloat16 and torch.cuda.get_device_capability(x.device) >= (9, 0)
 
 
-def default_launch(N: int, K: int, device) -> dict:
+def default_launch(N: int, K: int, device, nvfp4: bool = False) -> dict:
     """32-row tiles; K split as kernels/small_m_linear splits it (no split where the N tiles give every SM a program,
-    else about 8 chunks of 128 a split: 9 splits for the 4B down_proj, 4 for out_proj). Unsplit launches take
-    256-element K chunks four stages deep (the fastest FP8 launch on an H100's gate_up at 1-8 rows,
-    bench/results/h100_quant_gemv.json); split ones keep 128 so that each split still has chunks to pipeline."""
+    else about 8 chunks of 128 a split: 9 splits for the 4B down_proj, 4 for out_proj). Unsplit FP8 launches take
+    256-element K chunks four stages deep (the fastest FP8 launch on an H100's gate_up at 1-8 rows); NVFP4 keeps
+    128 (46.2 against 73.7 us there: half the registers, bench/results/h100_quant_gemv_b.json)."""
     split = pick_split_k(N, K, 32, 128, sm_count(device))
-    if split == 1:
+    if split == 1 and not nvfp4:
         return dict(block_n=32, block_k=256, split_k=1, num_stages=4)
     return dict(block_n=32, block_k=128, split_k=split, num_stages=3)
 
@@ -262,7 +265,7 @@ def _launch(x, w, bs, row_scale, out, nvfp4, block_n=None, block_k=None, split_k
     y = output(out, (M, N), x.dtype, x.device)
     if M == 0 or N == 0:
         return y
-    d = default_launch(N, K, x.device)
+    d = default_launch(N, K, x.device, nvfp4)
     m_pad = min(MAX_M, max(16, next_pow2(M)))
     if m_pad > 16:  # more rows of x: 128-element chunks keep the tiles in registers (no spills at 64 rows)
         d.update(block_k=128, num_stages=3)
