@@ -70,10 +70,12 @@ class EngineOptions:
     # speculative decoding: a DFlash drafter folder (engine/models/dflash.py; None or "none": off), the verify
     # block length (None: the drafter's block_size), and the largest decode batch that speculates (None: any); a
     # larger one decodes plainly, one step ahead of the device (a verify pass multiplies the batch's rows by the
-    # block, which stops paying once the GEMMs are compute-bound)
+    # block, which stops paying once the GEMMs are compute-bound). 64: at the 4B shape with the shipped drafter's
+    # acceptance (tau ~3.1-3.3, block 8) speculation gave 1.19x plain tok/s at batch 64 and 0.99x at 128
+    # (bench/results/h200_spec_decode.json); a drafter with a higher tau pays at larger batches (tau ~5.6: 1.53x at 128)
     drafter: str | None = None
     spec_block_size: int | None = None
-    spec_max_batch: int | None = None
+    spec_max_batch: int | None = 64
 
     def check(self) -> None:
         """ValueError naming an option whose value no engine can take: the engine checks before it loads anything,
