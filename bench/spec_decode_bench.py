@@ -37,13 +37,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.engine_bench import sync  # noqa: E402
+from engine.drafter_training import divergences  # noqa: E402
 from engine.interface import SamplingParams  # noqa: E402
 from engine.llm_engine import Engine  # noqa: E402
 from engine.options import DecodeTuning, EngineOptions  # noqa: E402
 from engine.spec_graphs import SpecGraphs  # noqa: E402
 from engine.speculative import SpecDecoder  # noqa: E402
 from engine.testing import write_random_drafter  # noqa: E402
-from jobs.train_drafter import divergences  # noqa: E402
 
 DEFAULT_PROFILE = [0.9] * 15  # per-position conditional acceptance when no measured profile is given
 
