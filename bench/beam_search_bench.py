@@ -10,7 +10,7 @@ PNG files with their reference text, so the GPU machine needs neither pymupdf no
   1. ocria-tiny, bf16, CUDA graphs: every page read greedy and with --beams, timed (pages/s) and scored (CER);
   2. the same engine in fp32 against transformers' generate(num_beams, early_stopping=True) in fp32 on the first
      --check-pages pages, greedy and with beams: identical texts are expected (TF32 off on both sides);
-  3. Qwen3.5-4B's shape with random weights (jobs/benchmark.py's page requests, ignore_eos): decode step time of
+  3. Qwen3.5-4B's shape with random weights (bench/engine_bench.py's page requests, ignore_eos): decode step time of
      greedy and beam requests at the same number of sequences per step, so the difference is what beam search adds
      (its selection and the state and KV copies); next to it, the copies timed alone at the mean number of blocks
      each member copies per step, and the decode memory roofline.
@@ -30,7 +30,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from jobs.benchmark import sync  # noqa: E402
+from bench.engine_bench import sync  # noqa: E402
 from research.ocria_tiny.eval_ocr import Score, markdown_to_text  # noqa: E402
 
 TINY = ROOT / "models" / "ocria-tiny"
@@ -145,7 +145,7 @@ def copy_cost(engine, rows: int, blocks_per_member: int, iters: int = 20) -> flo
 def shape_4b(args) -> list[dict]:
     from engine.config import parse_config
     from engine.llm_engine import Engine, EngineOptions
-    from jobs import benchmark as b
+    from bench import engine_bench as b
 
     torch._dynamo.reset()  # the glue compiled for ocria-tiny's engines would count against dynamo's recompile limit
     bargs = argparse.Namespace(page_image_tokens=args.page_image_tokens, page_gen=args.page_gen, text_prompt=8,
@@ -190,7 +190,7 @@ def copy_variants(args) -> None:
     kernels/copy_rows (moved rows only), for shares of members that continue themselves; next to each, the time the
     moved bytes take at the measured copy bandwidth (each moved row is read and written twice: buffer, then place)."""
     from engine.config import parse_config
-    from jobs import benchmark as b
+    from bench import engine_bench as b
     from kernels.copy_rows import copy_rows_ref, copy_rows_triton
 
     cfg = parse_config(b.hf_config(tiny=args.tiny_shapes).to_dict()).text
@@ -338,7 +338,7 @@ def main(argv=None) -> None:
     rn.add_argument("--num-pages", type=int, default=None, help="default: all exported pages")
     rn.add_argument("--check-pages", type=int, default=4)
     rn.add_argument("--device", default="cuda", help="cpu: a smoke run of the script (with --tiny-shapes)")
-    rn.add_argument("--tiny-shapes", action="store_true", help="part 3 at jobs/benchmark.py's tiny shapes")
+    rn.add_argument("--tiny-shapes", action="store_true", help="part 3 at bench/engine_bench.py's tiny shapes")
     rn.add_argument("--max-new-tokens", type=int, default=1024)
     rn.add_argument("--batches-4b", default="8,32", type=lambda s: [int(x) for x in s.split(",") if x])
     rn.add_argument("--page-image-tokens", type=int, default=1296)

@@ -13,7 +13,7 @@ instrumented.
 
 The model is the tiny config with the 4B's layer stack (32 layers, 24 GDN + 8 attention) and the benchmark's context
 size, so the attention split into partitions matches the 4B shape too. Prints a table per layer kind for each
-variant (jobs.benchmark.variant_short_names; by default the engine's defaults and the attention inputs through
+variant (bench.engine_bench.variant_short_names; by default the engine's defaults and the attention inputs through
 the compiled glue and a KV store instead of their fused kernel).
 
     python bench/decode_kernel_count.py [--batch 1] [--variants default,unfused_attn,...] [--json OUT.json] [--inductor]
@@ -154,7 +154,7 @@ def build_engine(batch: int, variant: str, layers: int, drafter_dir: str | None 
     from engine.config import parse_config
     from engine.llm_engine import Engine
     from engine.testing import write_random_drafter
-    from jobs.benchmark import build_hf_model, hf_config, variant_args
+    from bench.engine_bench import build_hf_model, hf_config, variant_args
 
     hf_cfg = hf_config(tiny=True)
     hf_cfg.text_config.num_hidden_layers = layers
@@ -283,13 +283,13 @@ def main(argv=None):
     ap.add_argument("--glue-kernels", type=int, default=1, help="launches per compiled glue call (lower bound 1)")
     ap.add_argument("--inductor", action="store_true", help="measure launches per glue call with inductor (CPU)")
     ap.add_argument("--variants", default="default,unfused_attn",
-                    help="names from jobs.benchmark.variant_short_names, the first the baseline")
+                    help="names from bench.engine_bench.variant_short_names, the first the baseline")
     ap.add_argument("--spec", type=int, default=0, metavar="BLOCK",
                     help="count one greedy speculative step (draft + verify + accept + commit) at this block instead")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     from engine.config import parse_config
-    from jobs.benchmark import VARIANTS, hf_config, variant_short_names
+    from bench.engine_bench import VARIANTS, hf_config, variant_short_names
 
     names = variant_short_names()
     variants = args.variants.split(",")

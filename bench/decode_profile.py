@@ -1,13 +1,13 @@
 """Where the device time of one decode step of the native engine goes (Qwen3.5-4B shape, random weights, bf16).
 
-For each variant (jobs.benchmark.variant_short_names: VARIANTS without the "native_" prefix, "native" being
+For each variant (bench.engine_bench.variant_short_names: VARIANTS without the "native_" prefix, "native" being
 "default") and batch size, in one process:
   1. `--batch-sizes` text requests (random `--prompt`-token prompts) are stepped until all of them decode;
-  2. the engine's normal path (CUDA graph replay) is timed over `--graph-steps` steps, as jobs/benchmark.py does;
+  2. the engine's normal path (CUDA graph replay) is timed over `--graph-steps` steps, as bench/engine_bench.py does;
   3. `--steps` more steps run EAGERLY (the graphs are set aside, so the same kernels launch one by one) under
      torch.profiler: each kernel is attributed to the op that launched it (GEMM shapes from record_shapes) and to
      the layer kind around that op (profiler ranges around each layer's forward).
-Reported per run: roofline ms (jobs.benchmark.decode_bytes over the copy bandwidth measured here), graph step ms,
+Reported per run: roofline ms (bench.engine_bench.decode_bytes over the copy bandwidth measured here), graph step ms,
 the sum of eager kernel times, GEMM time and share, kernels per step, per-category "gap" = kernel time - bytes /
 bandwidth (GEMMs are charged their weight + activation bytes, our Triton kernels the KV + GDN state bytes, the rest
 nothing), achieved bandwidth per GEMM weight, the top kernels. Eager kernel times stand in for the graph's: the same
@@ -47,7 +47,7 @@ from engine.model_runner import resolve_dtype  # noqa: E402
 from engine.models.gdn_prefill import fla_available  # noqa: E402
 from engine.quantize import builtin_plan, quantize_tensors  # noqa: E402
 from engine.sequence import SeqStatus  # noqa: E402
-from jobs import benchmark as bench  # noqa: E402
+from bench import engine_bench as eb  # noqa: E402
 
 SCOPE = "prof::"  # prefix of our profiler ranges
 GEMM_OPS = {"aten::mm", "aten::addmm", "aten::linear", "aten::matmul"}
@@ -262,7 +262,7 @@ def gen_tokens(args) -> int:
 def profile_batch(engine, batch, args, cfg, dtype, bw, rng, ours) -> dict:
     """Requests to decoding, graph-replayed timing, then the eager profile; the requests are aborted afterwards."""
     gen = gen_tokens(args)
-    reqs = bench.make_requests("text", batch, argparse.Namespace(text_prompt=args.prompt, text_gen=gen), cfg, rng)
+    reqs = eb.make_requests("text", batch, argparse.Namespace(text_prompt=args.prompt, text_gen=gen), cfg, rng)
     ids = [f"b{batch}-{i}" for i in range(batch)]
     for rid, r in zip(ids, reqs):
         engine.add_request(rid, **r, ignore_eos=True)
@@ -277,22 +277,22 @@ def profile_batch(engine, batch, args, cfg, dtype, bw, rng, ours) -> dict:
     for _ in range(args.graph_steps):
         engine.step()
     engine.record_steps = False
-    step_s, device_s, _, _ = bench.decode_step_times(engine.step_log, batch)
+    step_s, device_s, _, _ = eb.decode_step_times(engine.step_log, batch)
     with eager_and_ranged(engine):
         for _ in range(args.warmup):
             engine.step()
-        bench.sync(engine.device)  # nothing queued from before the profile
+        eb.sync(engine.device)  # nothing queued from before the profile
         context = float(np.mean([len(s) for s in engine.scheduler.running])) + args.steps / 2  # mean over the steps
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if engine.device.type == "cuda" else [])
         with profile(activities=acts, record_shapes=True) as prof:
             for _ in range(args.steps):
                 engine.step()
-            bench.sync(engine.device)
+            eb.sync(engine.device)
     for rid in ids:
         engine.abort(rid)
     while engine.has_unfinished():
         engine.step()
-    roof = bench.decode_bytes(cfg, engine.model, batch, context, dtype)
+    roof = eb.decode_bytes(cfg, engine.model, batch, context, dtype)
     layers = {k: sum(layer.kind == k for layer in engine.model.language_model.layers)
               for k in ("full_attention", "linear_attention")}
     res = summarise(*kernel_records(prof.events()), args.steps, bw, roof, weight_labels(engine.model),
@@ -347,7 +347,7 @@ def print_summary(runs: list[dict]) -> None:
 
 
 def main(argv=None):
-    ap = bench.model_shape_args(__doc__)
+    ap = eb.model_shape_args(__doc__)
     ap.add_argument("--variants", default="default")
     ap.add_argument("--precisions", default="bf16",
                     help="decoder weights: bf16, fp8, nvfp4 (engine/quantize.py's built-in recipes, round to nearest)")
@@ -368,7 +368,7 @@ def main(argv=None):
     args.steps = args.steps or (8 if args.tiny else 20)
     args.graph_steps = args.graph_steps or (10 if args.tiny else 50)
     batches, variants = [int(b) for b in args.batch_sizes.split(",")], args.variants.split(",")
-    names = bench.variant_short_names()
+    names = eb.variant_short_names()
     if not set(variants) <= set(names):
         ap.error(f"--variants: some of {', '.join(names)}, got {args.variants}")
     if args.graph_steps < 3 or args.steps < 1:
@@ -381,13 +381,13 @@ def main(argv=None):
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
-    bw = bench.copy_bandwidth(device, (2 << 30) if device.type == "cuda" else (64 << 20))
-    hf_cfg = bench.hf_config(args.tiny)
+    bw = eb.copy_bandwidth(device, (2 << 30) if device.type == "cuda" else (64 << 20))
+    hf_cfg = eb.hf_config(args.tiny)
     cfg = parse_config(hf_cfg.to_dict())
-    hf = bench.build_hf_model(hf_cfg, device, dtype)
+    hf = eb.build_hf_model(hf_cfg, device, dtype)
     # decode needs no vision tower: a text-only engine builds faster and leaves the memory to the rest
     weights = {n: t for n, t in hf.state_dict().items() if not n.startswith("model.visual.")}
-    opts = bench.engine_options(max(batches), args.max_model_len, device, text_only=True)
+    opts = eb.engine_options(max(batches), args.max_model_len, device, text_only=True)
     if args.spec:
         from engine.testing import write_random_drafter
 
@@ -405,7 +405,7 @@ def main(argv=None):
             pweights, qc, _ = quantize_tensors(cfg, weights, plan, act_fp8=act_fp8)
             pcfg = parse_config(dict(hf_cfg.to_dict(), quantization_config=qc))
         engine = Engine(pcfg, pweights.items(), device=device, dtype=dtype,
-                        **bench.variant_args(names[variant], **opts))
+                        **eb.variant_args(names[variant], **opts))
         del pweights
         name = variant if precision == "bf16" else f"{precision}:{variant}"
         meta[f"engine_build_s_{name}"] = time.perf_counter() - t

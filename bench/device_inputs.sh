@@ -3,7 +3,7 @@
 # text sources and ../shared (CPU, about a minute; PyPI for the wheels). A fresh checkout has none of them.
 #   .whl/gen          PyMuPDF 1.24.14 (the 2.0 wheel is over the carry limit) and pydantic: bench/drafter_h200.sh draws
 #                     its training pages on the GPU machine
-#   .whl/bench        pydantic and fla: bench/spec_h200.sh, bench/drafter_tau.py, jobs/benchmark.py
+#   .whl/bench        pydantic and fla: bench/spec_h200.sh, bench/drafter_tau.py, bench/engine_bench.py
 #   .drafter/synth    fonts and a sample of the train text pool (POOL_PROSE paragraphs, POOL_CODE code runs)
 #   .drafter/heldout  24 held-out synthetic pages cut into the blocks the job reads (85 block images)
 #   .drafter/corpus   the first page of 9 born-digital corpus documents, at most 4 blocks each (35 block images)

@@ -1,4 +1,4 @@
-"""Block images a second of the drafter's training collection (jobs/train_drafter.collect: answers through the engine's
+"""Block images a second of the drafter's training collection (engine/drafter_training.collect: answers through the engine's
 normal path, then the taps from packed teacher-forced prefills) against the eager collection it replaced (one eager
 generate with a tap recorder in the drafter's slot, taps kept as the target computes them), on the same pages in one
 run; the answers and taps of the two are compared.
@@ -21,12 +21,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from engine.drafter_training import Example, collect  # noqa: E402
 from engine.interface import DEFAULT_PROMPT, SamplingParams  # noqa: E402
 from engine.llm_engine import Engine  # noqa: E402
 from engine.models.dflash import build_target_layer_ids  # noqa: E402
 from engine.options import DecodeTuning  # noqa: E402
 from engine.step_metadata import to_device  # noqa: E402
-from jobs.train_drafter import Example, collect, load_pages  # noqa: E402
+from pipeline.train_drafter import load_pages  # noqa: E402
 
 
 class TapRecorder:
@@ -164,7 +165,7 @@ def main(checkpoint, pages, max_pages, device, dtype, batch, max_tokens, num_tap
              for a, b, s in zip(old, new, same) if s for lid in layers]
     result = {
         "what": "drafter training collection: block images a second, the eager collection (one eager generate with "
-                "a tap recorder) against jobs/train_drafter.collect (answers through the normal path, taps from "
+                "a tap recorder) against engine/drafter_training.collect (answers through the normal path, taps from "
                 "packed teacher-forced prefills), same pages, same run",
         "command": " ".join(sys.argv), "device": torch.cuda.get_device_name() if device.startswith("cuda") else
         "cpu", "torch_threads": torch.get_num_threads(), "checkpoint": checkpoint, "dtype": dtype, "batch": batch,

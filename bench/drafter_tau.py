@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.interface import DEFAULT_PROMPT, SamplingParams  # noqa: E402
 from engine.llm_engine import Engine  # noqa: E402
-from jobs.train_drafter import divergences, tau_row  # noqa: E402
+from engine.drafter_training import divergences, tau_row  # noqa: E402
 
 
 @click.command()

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine.backend_transformers import TransformersBackend  # noqa: E402
 from engine.interface import PageRequest, SamplingParams  # noqa: E402
 from engine.native_backend import NativeBackend  # noqa: E402
-from jobs.make_tiny_checkpoint import build_tiny_checkpoint  # noqa: E402
+from engine.testing import build_tiny_checkpoint  # noqa: E402
 
 
 def pages(n: int, seed: int) -> list[PageRequest]:

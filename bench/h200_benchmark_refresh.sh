@@ -7,5 +7,5 @@
 set -uo pipefail
 out=${1:?out}
 source bench/device_env.sh
-step 420 python3 jobs/benchmark.py --device cuda --out "$out/bench" --variants native,native_no_pdl --hf-max-new 64
+step 420 python3 bench/engine_bench.py --device cuda --out "$out/bench" --variants native,native_no_pdl --hf-max-new 64
 step 150 python3 bench/gpu_check.py --dtypes float32 --requests 8 --out "$out/gpu_check.json"

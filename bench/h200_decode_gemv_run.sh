@@ -21,7 +21,7 @@ step 60 python3 bench/gemv_pdl_check.py --out "$out/gemv_pdl_check.json"
 # 1. the engine at the 4B shape, the default against PDL off and the SwiGLU as its own kernel: text decode at b1 / b8
 #    (transformers: measured in h200_engine_benchmark.json). PDL only changes when kernels start, so native_no_pdl's
 #    output check against the default must show identical tokens and a logit difference of 0.
-step 330 python3 jobs/benchmark.py --device cuda --out "$out/bench" --scenarios text --batch-sizes 1,8 \
+step 330 python3 bench/engine_bench.py --device cuda --out "$out/bench" --scenarios text --batch-sizes 1,8 \
   --variants native,native_no_pdl,native_swiglu_unfused --skip-transformers
 # 2. correctness on CUDA: native vs transformers, fp32 token-for-token (112 s in session 12 and 147 s in session 13,
 #    where the cold machine's first try ran past 150 s; with the bf16 ocria-tiny comparison too it ran past 180 s)

@@ -44,7 +44,7 @@ from engine.llm_engine import Engine, EngineOptions  # noqa: E402
 from engine.models.quant_linear import QuantWeight  # noqa: E402
 from engine.quantize import builtin_plan, dequantize_tensors, quantize_tensors  # noqa: E402
 from bench import quant_gemv_bench as quant_gemv  # noqa: E402
-from jobs import benchmark as jb  # noqa: E402
+from bench import engine_bench as eb  # noqa: E402
 
 PRECISIONS = ("bf16", "fp8", "nvfp4")
 
@@ -80,12 +80,12 @@ def decode_row(engine: Engine, precision: str, batch: int, args, cfg, bw: float,
     engine.generate([dict(r, sampling=SamplingParams(max_tokens=2)) for r in reqs])  # warm-up at these shapes
     engine.step_log.clear()
     engine.record_steps = True
-    jb.sync(engine.device)
+    eb.sync(engine.device)
     engine.generate(reqs)
-    jb.sync(engine.device)
+    eb.sync(engine.device)
     engine.record_steps = False
-    step_s, device_s, _, dec = jb.decode_step_times(engine.step_log, batch)
-    state = jb.decode_bytes(cfg, engine.model, batch, args.prompt + args.gen / 2, dtype)
+    step_s, device_s, _, dec = eb.decode_step_times(engine.step_log, batch)
+    state = eb.decode_bytes(cfg, engine.model, batch, args.prompt + args.gen / 2, dtype)
     wbytes = weight_bytes(engine.model)
     total = wbytes + state["kv"] + state["gdn_state"]
     return dict(precision=precision, batch=batch, decode_step_ms=1e3 * step_s, decode_device_ms=1e3 * device_s,
@@ -99,10 +99,10 @@ def prefill_row(engine: Engine, precision: str, args, rng) -> dict:
     engine.generate([dict(r) for r in reqs])  # warm-up
     times = []
     for _ in range(args.prefill_repeats):
-        jb.sync(engine.device)
+        eb.sync(engine.device)
         t0 = time.perf_counter()
         engine.generate([dict(r) for r in reqs])
-        jb.sync(engine.device)
+        eb.sync(engine.device)
         times.append(time.perf_counter() - t0)
     s = float(np.median(times))
     return dict(precision=precision, prompt_tokens=args.page_tokens, sequences=args.prefill_batch, seconds=s,
@@ -112,7 +112,7 @@ def prefill_row(engine: Engine, precision: str, args, rng) -> dict:
 def page_outputs(engine: Engine, args, cfg) -> list:
     ns = argparse.Namespace(page_image_tokens=args.page_image_tokens, page_gen=args.check_tokens, text_prompt=1,
                             text_gen=1)
-    reqs = jb.make_requests("page", args.quality_prompts, ns, cfg, np.random.default_rng(7))
+    reqs = eb.make_requests("page", args.quality_prompts, ns, cfg, np.random.default_rng(7))
     return engine.generate([dict(r, keep_logits=True, ignore_eos=True) for r in reqs])
 
 
@@ -164,16 +164,16 @@ def main(argv=None) -> int:
     precisions = args.precisions.split(",")
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    hf_cfg = jb.hf_config(small)
+    hf_cfg = eb.hf_config(small)
     hf_raw = hf_cfg.to_dict()
     cfg = parse_config(hf_raw)
     args.vocab_hi = min(240000, cfg.vision_start_token_id - 10)
-    bw = jb.copy_bandwidth(device, (2 << 30) if device.type == "cuda" else (64 << 20))
-    hf = jb.build_hf_model(hf_cfg, device, dtype)
+    bw = eb.copy_bandwidth(device, (2 << 30) if device.type == "cuda" else (64 << 20))
+    hf = eb.build_hf_model(hf_cfg, device, dtype)
     sd = dict(hf.state_dict())
     del hf
     max_len = max(args.prompt + args.gen, args.page_tokens + 1, args.page_image_tokens + 24 + args.check_tokens)
-    opts = jb.engine_options(max(max(batches), args.prefill_batch, args.quality_prompts), max_len, device)
+    opts = eb.engine_options(max(max(batches), args.prefill_batch, args.quality_prompts), max_len, device)
     meta = dict(device=str(device), gpu=torch.cuda.get_device_name(device) if device.type == "cuda" else
                 platform.processor() or "cpu", dtype=str(dtype), smoke=small, copy_bandwidth_GBps=bw / 1e9,
                 args={k: v for k, v in vars(args).items() if k != "out"} | {"out": str(args.out)},

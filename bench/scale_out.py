@@ -42,7 +42,7 @@ TINY_LONGEST_PX, TINY_MAX_PIXELS = 256, 256 * 256
 
 def build_checkpoint(out: Path, tiny: bool, seed: int = 0) -> Path:
     from engine.testing import write_random_checkpoint
-    from jobs.benchmark import REAL_TEXT, REAL_VISION, TINY_TEXT, TINY_VISION
+    from bench.engine_bench import REAL_TEXT, REAL_VISION, TINY_TEXT, TINY_VISION
 
     if tiny:  # vocab past the tokenizer's, as in the 4B shape: ids with no token decode to nothing
         return write_random_checkpoint(out, dict(TINY_TEXT, vocab_size=2048), TINY_VISION, min_pixels=32 * 32,

@@ -8,7 +8,7 @@ Two parts, each written to the results file as soon as it is done (`rows`, `note
    (DRAFTER at --block-sizes): per-sequence decode tok/s (RequestOutput.decode_tokens_per_s, mean), pages/s, tau,
    acceptance by block position; any answer that differs from plain decoding is listed with the top-2 logit margin
    of plain decoding at its first differing token.
-2. the Qwen3.5-4B shape with random weights (jobs/benchmark.py's page requests): a random drafter is never right, so
+2. the Qwen3.5-4B shape with random weights (bench/engine_bench.py's page requests): a random drafter is never right, so
    the real draft and verify passes run and the target is made to accept the first a drafts of each block, a drawn
    per step from an acceptance profile (per block position, the chance a draft is accepted given the ones before it
    were): part 1's measured profile, then each --profile. Method "acceptance drawn from a profile". tok/s per
@@ -36,14 +36,14 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.engine_bench import sync  # noqa: E402
+from engine.drafter_training import divergences  # noqa: E402
 from engine.interface import SamplingParams  # noqa: E402
 from engine.llm_engine import Engine  # noqa: E402
 from engine.options import DecodeTuning, EngineOptions  # noqa: E402
 from engine.spec_graphs import SpecGraphs  # noqa: E402
 from engine.speculative import SpecDecoder  # noqa: E402
 from engine.testing import write_random_drafter  # noqa: E402
-from jobs.benchmark import sync  # noqa: E402
-from jobs.train_drafter import divergences  # noqa: E402
 
 DEFAULT_PROFILE = [0.9] * 15  # per-position conditional acceptance when no measured profile is given
 
@@ -157,7 +157,7 @@ def tiny_rows(args, device, dtype, record) -> None:
 
 def shape_4b_rows(args, device, dtype, record, profiles) -> None:
     from engine.config import parse_config
-    from jobs import benchmark as b
+    from bench import engine_bench as b
 
     hf_cfg = b.hf_config(tiny=args.smoke)
     cfg = parse_config(hf_cfg.to_dict())

@@ -42,7 +42,7 @@ if "--smoke" in sys.argv:  # before triton is imported: the CPU check runs every
 
 import torch  # noqa: E402
 
-from jobs.benchmark import copy_bandwidth  # noqa: E402
+from bench.engine_bench import copy_bandwidth  # noqa: E402
 from kernels import gdn_verify as gv  # noqa: E402
 from kernels.gdn_recurrent import gdn_recurrent_triton  # noqa: E402
 from kernels import paged_attention as pa  # noqa: E402

@@ -15,7 +15,7 @@ if compgen -G ".whl/bench/*.whl" >/dev/null; then
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 t0=$SECONDS
-timeout ${ENGINE_S:-540} python3 jobs/benchmark.py --device cuda --scenarios page --skip-transformers \
+timeout ${ENGINE_S:-540} python3 bench/engine_bench.py --device cuda --scenarios page --skip-transformers \
   --variants ${VARIANTS:-native,native_bf16_state,native_fp8_kv,native_bf16_state_fp8_kv} --batch-sizes ${BATCHES:-128,256} \
   --check-tokens ${CHECK_TOKENS:-750} --out "$out/engine" 2>&1 | grep -v -i warn | tail -n 30
 echo "== rc ${PIPESTATUS[0]} in $((SECONDS - t0)) s"

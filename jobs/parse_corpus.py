@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from pipeline import terminate  # noqa: E402
 from pipeline.cli import job_options  # noqa: E402
-from pipeline.cli import overrides as _overrides  # noqa: E402
+from pipeline.cli import overrides  # noqa: E402
 from pipeline.config import ConfigError, load_config  # noqa: E402
 from pipeline.job import prepare, run  # noqa: E402
 from pipeline.local_ray import RayStartError  # noqa: E402
@@ -46,7 +46,7 @@ def main(config_path, verbose, **flags):
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     terminate.install()  # SIGTERM (a scheduler, `kill`) unwinds like Ctrl-C: finished documents committed, Ray stopped
     try:
-        cfg = load_config(config_path, _overrides(**flags))
+        cfg = load_config(config_path, overrides(**flags))
         terminate.set_grace(cfg.run.term_grace_s)
         prepared = prepare(cfg)
         summary = run(prepared, echo=lambda line: click.echo(redact(line)))

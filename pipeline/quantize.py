@@ -1,4 +1,5 @@
-"""Quantization recipes (pydantic, from YAML or a built-in name) and calibration images for jobs/quantize.py.
+"""Quantization recipes (pydantic, from YAML or a built-in name), calibration images and the run itself
+(quantize_checkpoint_job) behind jobs/quantize.py.
 
 A recipe maps the decoder's projections to bf16 / fp8 / nvfp4; the vision tower, embeddings, lm_head, norms, GDN
 conv1d and the GDN gates' inputs are never quantized. Rules are regexes searched in the HF module name
@@ -13,6 +14,9 @@ conv1d and the GDN gates' inputs are never quantized. Rules are regexes searched
 """
 from __future__ import annotations
 
+import json
+import sys
+import time
 from pathlib import Path
 from typing import Literal
 
@@ -21,6 +25,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from engine.quantize import BUILTIN_RECIPES
+
+SAMPLES = Path(__file__).resolve().parents[1] / "samples"  # the calibration pages when none are given
 
 Precision = Literal["bf16", "fp8", "nvfp4"]
 
@@ -117,3 +123,46 @@ def calibration_files(calib: Path | None, default: Path) -> list[Path]:
     if not files:
         raise RecipeError(f"--calib {root}: no PDF or page images found")
     return files
+
+
+def quantize_checkpoint_job(checkpoint: Path, recipe_spec: str, out: Path, calib: Path | None = None,
+                            no_awq: bool = False) -> int:
+    """Quantize `checkpoint` into `out` by a recipe (built-in name or YAML), calibrated on `calib` (default
+    samples/) unless plain round-to-nearest; writes out/quantization_report.json. Returns the exit status: 0, or 2
+    with one line on stderr for a mistake the user can fix (bad recipe, quantized input, non-empty out)."""
+    from engine.checkpoint import CheckpointError, inspect_checkpoint
+    from engine.quantize import collect_calibration, plan_precisions, quantize_checkpoint
+
+    try:
+        recipe = load_recipe(recipe_spec)
+        cfg = inspect_checkpoint(checkpoint).config
+        if cfg.quant is not None:
+            raise CheckpointError(f"{checkpoint} is quantized already: start from the bf16 checkpoint")
+        plan = plan_precisions(cfg, recipe.rule_pairs(), recipe.default)
+        files = calibration_files(calib, SAMPLES) if recipe.awq and not no_awq else []
+    except (RecipeError, CheckpointError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if out.exists() and any(out.iterdir()):
+        print(f"error: --out {out} exists and is not empty", file=sys.stderr)
+        return 2
+    t0 = time.time()
+    cal = None
+    if files:
+        try:
+            images = calibration_images(files, str(checkpoint), recipe.calib_max_blocks)
+        except RecipeError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        cal = collect_calibration(checkpoint, images)
+        print(f"calibration: {len(images)} block images from {len(files)} files, {cal.tokens} tokens, "
+              f"{time.time() - t0:.0f} s", file=sys.stderr)
+    note = (f"jobs/quantize.py --recipe {recipe_spec}: {recipe.model_dump_json()}"
+            + (f"; calibrated on {len(files)} files" if cal else "; round-to-nearest"))
+    report = quantize_checkpoint(checkpoint, out, plan, act_fp8=recipe.fp8_activations == "dynamic",
+                                 calibration=cal, recipe_note=note)
+    report.update(recipe=recipe.model_dump(), seconds=round(time.time() - t0, 1),
+                  calibration_files=[str(f) for f in files], model_id=inspect_checkpoint(out).model_id)
+    (out / "quantization_report.json").write_text(json.dumps(report, indent=1) + "\n")
+    print(json.dumps({k: report[k] for k in ("modules", "bytes", "model_id", "seconds")}, indent=1))
+    return 0

@@ -114,7 +114,7 @@ def tiny_tokenizer():
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory) -> Path:
     """The tiny random-weight Qwen3.5 VL checkpoint, built once per session in the real HF format."""
-    from jobs.make_tiny_checkpoint import build_tiny_checkpoint
+    from engine.testing import build_tiny_checkpoint
 
     return build_tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny-random", seed=0)
 

@@ -11,7 +11,7 @@ import pytest
 
 from engine.backends import available_backends, load_backend
 from engine.interface import PageRequest, SamplingParams
-from jobs.make_tiny_checkpoint import build_tiny_checkpoint
+from engine.testing import build_tiny_checkpoint
 
 from engine.backend_transformers import TransformersBackend
 

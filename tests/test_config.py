@@ -201,15 +201,15 @@ def test_every_config_key_is_documented():
 def test_the_old_per_document_limit_is_read_as_the_per_page_limit():
     """raster.doc_timeout_s (and --doc-timeout) limited a whole document, which failed long documents for their
     length; the limit is per page now, and the old key sets it."""
-    from jobs.parse_corpus import _overrides
+    from pipeline.cli import overrides
 
     base = {"input": {"uris": ["x"]}}
     assert load_config(None, base).raster.page_timeout_s == 60
     assert load_config(None, base | {"raster": {"doc_timeout_s": 300}}).raster.page_timeout_s == 300
     both = {"raster": {"doc_timeout_s": 300, "page_timeout_s": 20}}
     assert load_config(None, base | both).raster.page_timeout_s == 20  # the new key wins
-    assert load_config(None, base | _overrides(doc_timeout=45.0)).raster.page_timeout_s == 45
-    assert load_config(None, base | _overrides(page_timeout=30.0)).raster.page_timeout_s == 30
+    assert load_config(None, base | overrides(doc_timeout=45.0)).raster.page_timeout_s == 45
+    assert load_config(None, base | overrides(page_timeout=30.0)).raster.page_timeout_s == 30
 
 
 def test_a_drafter_given_as_a_storage_uri_fails_before_ray(tmp_path, tiny_checkpoint):

@@ -108,7 +108,7 @@ def test_tau_estimate_drafts_as_the_engine_selects_them():
     from types import SimpleNamespace
 
     from engine.speculative import SpecDecoder
-    from jobs.train_drafter import BlockPass, greedy_drafts
+    from engine.drafter_training import BlockPass, greedy_drafts
 
     torch.manual_seed(4)
     d = DFlashDrafter(DFlashConfig(**{**_dflash2_config().__dict__, "selector_top_k": 5}))

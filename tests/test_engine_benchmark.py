@@ -1,10 +1,10 @@
-"""jobs/benchmark.py end to end on CPU with tiny shapes: both engines run, JSON and PNG are written."""
+"""bench/engine_bench.py end to end on CPU with tiny shapes: both engines run, JSON and PNG are written."""
 import kernels.testing  # noqa: F401  (sets TRITON_INTERPRET before any kernel module is compiled)
 import json
 
 import pytest
 
-from jobs import benchmark
+from bench import engine_bench as benchmark
 
 
 def test_benchmark_tiny_cpu(tmp_path):
@@ -47,7 +47,7 @@ def test_benchmark_variants_cpu(tmp_path, monkeypatch):
 
 def test_beam_search_bench_4b_part_tiny_cpu(tmp_path):
     """bench/beam_search_bench.py run --skip-tiny (its H200 4B part) at tiny shapes: greedy at every sequence count a
-    beam run has, beam requests (jobs/benchmark.py's requests with num_beams) beside them, their extra step time
+    beam run has, beam requests (bench/engine_bench.py's requests with num_beams) beside them, their extra step time
     and the cache copy timed alone."""
     from conftest import load_bench
 

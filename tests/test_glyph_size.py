@@ -99,10 +99,10 @@ def test_the_job_draws_at_the_checkpoints_glyph_size_unless_configured(tmp_path)
 
 
 def test_the_cli_flag_sets_the_glyph_size():
-    from jobs.parse_corpus import _overrides
+    from pipeline.cli import overrides
 
-    assert _overrides(glyph_px=0.0) == {"raster": {"glyph_px": 0.0}}
-    assert _overrides(glyph_px=30.0, target_longest_px=None) == {"raster": {"glyph_px": 30.0}}
+    assert overrides(glyph_px=0.0) == {"raster": {"glyph_px": 0.0}}
+    assert overrides(glyph_px=30.0, target_longest_px=None) == {"raster": {"glyph_px": 30.0}}
 
 
 def test_the_checkpoint_reader_imports_without_pydantic():
@@ -152,7 +152,7 @@ def test_a_page_with_a_text_layer_can_be_drawn_as_a_scan():
 
 
 def test_glyph_from_ink_follows_the_checkpoint_unless_configured(tmp_path):
-    from jobs.parse_corpus import _overrides
+    from pipeline.cli import overrides
     from pipeline.page_reading import raster_options
     from pipeline.config import JobConfig
 
@@ -165,5 +165,5 @@ def test_glyph_from_ink_follows_the_checkpoint_unless_configured(tmp_path):
     assert raster_options(job(glyph_from_ink=False), str(named)).glyph_from_ink is False
     assert raster_options(job(), str(silent)).glyph_from_ink is False
     assert raster_options(job(glyph_from_ink=True), str(silent)).glyph_from_ink is True
-    assert _overrides(glyph_from_ink=False) == {"raster": {"glyph_from_ink": False}}
-    assert _overrides(glyph_from_ink=None) == {}
+    assert overrides(glyph_from_ink=False) == {"raster": {"glyph_from_ink": False}}
+    assert overrides(glyph_from_ink=None) == {}

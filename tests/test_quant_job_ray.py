@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from engine.testing import build_checkpoint
-from jobs.quantize import main as quantize_main
 from pipeline.config import ConfigError
 from pipeline.job import prepare, run
 from pipeline.output import OutputStore
+from pipeline.quantize import quantize_checkpoint_job
 from pipeline.storage import resolve
 from test_job_ray import BACKEND, job_config, make_pdfs
 
@@ -19,7 +19,7 @@ from test_job_ray import BACKEND, job_config, make_pdfs
 def fp8_ckpt(tmp_path_factory, tiny_tokenizer):
     root = tmp_path_factory.mktemp("q")
     src = build_checkpoint(root / "tiny", tokenizer=tiny_tokenizer, seed=9, dtype=torch.bfloat16)
-    assert quantize_main(["--checkpoint", str(src), "--recipe", "fp8", "--no-awq", "--out", str(root / "tiny-q")]) == 0
+    assert quantize_checkpoint_job(src, "fp8", root / "tiny-q", no_awq=True) == 0
     return src, root / "tiny-q"
 
 

@@ -1,4 +1,4 @@
-"""jobs/quantize.py: recipes (built-in and YAML), calibration with activation-aware scales on the sample pages, the
+"""jobs/quantize.py (pipeline.quantize.quantize_checkpoint_job): recipes (built-in and YAML), calibration with activation-aware scales on the sample pages, the
 checkpoint it writes loads back in the engine, and mistakes fail with a line naming the fix."""
 import kernels.testing  # noqa: F401  (sets TRITON_INTERPRET before any kernel module is compiled)
 import json
@@ -11,7 +11,7 @@ import torch
 from engine.interface import SamplingParams
 from engine.llm_engine import Engine
 from engine.testing import build_checkpoint
-from jobs.quantize import main as quantize_main
+from pipeline.quantize import quantize_checkpoint_job as quantize
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -23,8 +23,7 @@ def src(tmp_path_factory, tiny_tokenizer):
 
 def test_awq_calibrated_nvfp4_checkpoint_loads_and_reads(src, tmp_path):
     out = tmp_path / "nv"
-    assert quantize_main(["--checkpoint", str(src), "--recipe", "nvfp4", "--out", str(out),
-                          "--calib", str(ROOT / "samples" / "letter.pdf")]) == 0
+    assert quantize(src, "nvfp4", out, calib=ROOT / "samples" / "letter.pdf") == 0
     report = json.loads((out / "quantization_report.json").read_text())
     assert report["modules"] == {"fp8": 4, "nvfp4": 4 * 3 + 3 * 2 + 1 * 3}  # down FP8; qkv/z, q/k/v/o, gate/up NVFP4
     awq = report["awq"]
@@ -73,7 +72,7 @@ def test_yaml_recipe(src, tmp_path):
     recipe.write_text("default: bf16\nrules:\n  - {pattern: 'layers\\.0\\.mlp', precision: nvfp4}\n"
                       "  - {pattern: 'o_proj$', precision: fp8}\nfp8_activations: none\nawq: false\n")
     out = tmp_path / "q"
-    assert quantize_main(["--checkpoint", str(src), "--recipe", str(recipe), "--out", str(out)]) == 0
+    assert quantize(src, str(recipe), out) == 0
     groups = json.loads((out / "config.json").read_text())["quantization_config"]["config_groups"]
     assert sorted(groups["group_nvfp4"]["targets"]) == sorted(
         f"model.language_model.layers.0.mlp.{n}" for n in ("gate_proj", "up_proj", "down_proj"))
@@ -82,22 +81,32 @@ def test_yaml_recipe(src, tmp_path):
     Engine.from_checkpoint(out, max_num_seqs=2, num_blocks=32)
 
 
-@pytest.mark.parametrize("args,match", [
-    (["--recipe", "int4"], "neither a built-in recipe"),
-    (["--recipe", "{yaml}"], "default\n  Input should be 'bf16', 'fp8' or 'nvfp4'"),
+@pytest.mark.parametrize("recipe,match", [
+    ("int4", "neither a built-in recipe"),
+    ("{yaml}", "default\n  Input should be 'bf16', 'fp8' or 'nvfp4'"),
 ])
-def test_mistakes_fail_with_a_clear_line(src, tmp_path, capsys, args, match):
+def test_mistakes_fail_with_a_clear_line(src, tmp_path, capsys, recipe, match):
     bad = tmp_path / "bad.yaml"
     bad.write_text("default: fp4\n")
-    args = [a.replace("{yaml}", str(bad)) for a in args]
-    assert quantize_main(["--checkpoint", str(src), "--out", str(tmp_path / "o"), *args]) == 2
+    assert quantize(src, recipe.replace("{yaml}", str(bad)), tmp_path / "o") == 2
     assert match in capsys.readouterr().err
+
+
+def test_the_command_line_runs_the_job(src, tmp_path):
+    """jobs/quantize.py is a thin CLI: its flags reach the job and its exit status is the job's."""
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, str(ROOT / "jobs" / "quantize.py"), "--checkpoint", str(src), "--recipe", "int4",
+           "--out", str(tmp_path / "o")]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "neither a built-in recipe" in r.stderr
 
 
 def test_refuses_quantized_input_and_nonempty_out(src, tmp_path, capsys):
     out = tmp_path / "q"
-    assert quantize_main(["--checkpoint", str(src), "--recipe", "fp8", "--no-awq", "--out", str(out)]) == 0
-    assert quantize_main(["--checkpoint", str(out), "--recipe", "fp8", "--out", str(tmp_path / "q2")]) == 2
+    assert quantize(src, "fp8", out, no_awq=True) == 0
+    assert quantize(out, "fp8", tmp_path / "q2") == 2
     assert "quantized already" in capsys.readouterr().err
-    assert quantize_main(["--checkpoint", str(src), "--recipe", "fp8", "--no-awq", "--out", str(out)]) == 2
+    assert quantize(src, "fp8", out, no_awq=True) == 2
     assert "not empty" in capsys.readouterr().err

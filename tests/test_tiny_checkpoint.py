@@ -12,7 +12,7 @@ import transformers
 from tokenizers import Tokenizer
 
 from engine import hf_format
-from jobs.make_tiny_checkpoint import build_tiny_checkpoint
+from engine.testing import build_tiny_checkpoint
 
 
 SPECIALS = [name for name, _ in hf_format.SPECIAL_TOKENS]

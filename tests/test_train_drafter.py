@@ -1,4 +1,4 @@
-"""jobs/train_drafter.py on the tiny random VL checkpoint: a few CPU steps on the target's own greedy answers to
+"""jobs/train_drafter.py (pipeline/train_drafter.py, engine/drafter_training.py) on the tiny random VL checkpoint: a few CPU steps on the target's own greedy answers to
 page images given as PNG files; the loss falls and the drafter it writes loads in the engine and decodes losslessly."""
 import json
 
@@ -9,7 +9,7 @@ from PIL import Image
 
 from engine.models.dflash import load_dflash_config
 from engine.config import load_config
-from jobs.train_drafter import TrainDrafterConfig, train
+from pipeline.train_drafter import TrainDrafterConfig, train
 
 
 def write_pages(folder, n: int, seed: int):
@@ -63,8 +63,9 @@ def test_validation_keeps_the_best_drafter(tiny_checkpoint, tmp_path):
     lr makes later steps worse)."""
     from engine.llm_engine import Engine
     from engine.models.dflash import DFlashDrafter
-    from jobs.train_drafter import (
-        EVERY_ANCHOR, accepted_drafts, block_loss, block_pass, collect, greedy_drafts, load_pages, walk_tau)
+    from engine.drafter_training import (
+        EVERY_ANCHOR, accepted_drafts, block_loss, block_pass, collect, greedy_drafts, walk_tau)
+    from pipeline.train_drafter import load_pages
 
     pages = write_pages(tmp_path / "pages", 4, seed=2)
     cfg = TrainDrafterConfig(checkpoint=str(tiny_checkpoint), pages=str(pages), out=str(tmp_path / "drafter"),
@@ -102,7 +103,7 @@ def test_collected_taps_equal_the_eager_recorders(tiny_checkpoint):
 
     from engine.llm_engine import Engine
     from engine.taps import prefill_taps
-    from jobs.train_drafter import collect
+    from engine.drafter_training import collect
 
     rng = np.random.default_rng(1)
     images = [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in ((48, 64), (128, 160), (64, 96))]
@@ -145,7 +146,7 @@ def test_collected_taps_equal_the_eager_recorders(tiny_checkpoint):
 
 
 def test_lr_factor_warms_up_then_cools_to_zero_by_steps_or_time():
-    from jobs.train_drafter import lr_factor
+    from pipeline.train_drafter import lr_factor
 
     assert lr_factor(0, 100, 0.0, None) < 0.3 < lr_factor(3, 100, 0.0, None) == pytest.approx(1.0, abs=0.01)
     assert lr_factor(50, 100, 0.0, None) == pytest.approx(0.5)
@@ -209,7 +210,7 @@ def test_train_a_dflash2_drafter(tiny_checkpoint, tmp_path):
 
 def test_selector_loss_puts_the_true_token_last_when_it_is_not_a_candidate():
     from engine.models.dflash import DFlashConfig, DFlashDrafter
-    from jobs.train_drafter import selector_ce
+    from engine.drafter_training import selector_ce
 
     cfg = DFlashConfig(hidden_size=16, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
                        num_key_value_heads=1, head_dim=8, rms_norm_eps=1e-6, rope_theta=10000.0, vocab_size=6,
@@ -234,7 +235,7 @@ def test_soft_labels_distillation_and_the_tau_estimate(tiny_checkpoint, tmp_path
 
     from engine.llm_engine import Engine
     from engine.models.dflash import DFlashConfig, DFlashDrafter
-    from jobs.train_drafter import BlockPass, accepted_drafts, block_loss, block_pass, collect
+    from engine.drafter_training import BlockPass, accepted_drafts, block_loss, block_pass, collect
 
     engine = Engine.from_checkpoint(str(tiny_checkpoint), dtype="float32", max_num_seqs=2, enforce_eager=True)
     rng = np.random.default_rng(5)
@@ -280,7 +281,7 @@ def test_soft_labels_distillation_and_the_tau_estimate(tiny_checkpoint, tmp_path
     assert [s for s, _ in log["val_tau_estimate"]] == [0, 2, 4]
     assert all(1.0 <= tau <= 4.0 for _, tau in log["val_tau_estimate"])
     # answers collected once can train several drafters: the target is not asked again
-    import jobs.train_drafter as td
+    import engine.drafter_training as td
 
     monkeypatch.setattr(td, "collect", lambda *a, **k: pytest.fail("collected answers were given"))
     again = train(cfg.model_copy(update=dict(out=str(tmp_path / "again"), val_pages=0, distill=1.0)),
@@ -292,7 +293,7 @@ def test_walk_tau_steps_through_answers_as_the_engine_does():
     """A verify anchored at position i emits its accepted drafts + 1 and the next one anchors after them: over an
     answer whose first half the drafter knows and whose second it does not, tau is the answer's tokens over the
     steps taken, not 1 + the mean accepted over all anchors (which counts each position of the known run)."""
-    from jobs.train_drafter import Example, walk_tau
+    from engine.drafter_training import Example, walk_tau
 
     # 17 answer tokens (one block per anchor 0 .. 16); block size 5: up to 4 drafts accepted
     acc = [4] * 8 + [0] * 9
@@ -316,7 +317,7 @@ def test_tau_estimate_equals_the_engines_tau(tiny_checkpoint, tmp_path):
     from engine.interface import SamplingParams
     from engine.llm_engine import Engine
     from engine.models.dflash import DFlashDrafter
-    from jobs.train_drafter import EVERY_ANCHOR, accepted_drafts, block_pass, collect, greedy_drafts, walk_tau
+    from engine.drafter_training import EVERY_ANCHOR, accepted_drafts, block_pass, collect, greedy_drafts, walk_tau
 
     pages = write_pages(tmp_path / "pages", 2, seed=4)
     cfg = TrainDrafterConfig(checkpoint=str(tiny_checkpoint), pages=str(pages), out=str(tmp_path / "drafter"),
@@ -325,7 +326,7 @@ def test_tau_estimate_equals_the_engines_tau(tiny_checkpoint, tmp_path):
     train(cfg, echo=lambda *_: None)
     eng = Engine.from_checkpoint(str(tiny_checkpoint), dtype="float32", max_num_seqs=2, enforce_eager=True)
     d = DFlashDrafter.from_pretrained(tmp_path / "drafter", eng.cfg.text, torch.float32, "cpu")
-    from jobs.train_drafter import load_pages
+    from pipeline.train_drafter import load_pages
 
     images = load_pages(pages)
     answers = collect(eng, images, list(d.cfg.target_layer_ids), cfg.prompt, cfg.max_tokens)

@@ -49,13 +49,13 @@ def draw(n, log, fail=-1, **kw):
 
 
 def test_pages_drawn_in_worker_processes_stream_in_order_and_stop(tmp_path, licence_prose, monkeypatch):
-    """jobs/train_drafter's drawn pages (--render): block_images run in 2 worker processes yield, page by page in page
+    """pipeline/train_drafter's drawn pages (--render): block_images run in 2 worker processes yield, page by page in page
     order, the images the sequential renderer draws for the same page numbers, which are those of the PNG files the
     script writes; leaving the stream early ends its workers with no page drawn beyond its bounded queue; a page
     that fails raises its error in the reader."""
     import pytest
 
-    from jobs.train_drafter import RenderedPages, TrainDrafterConfig, load_pages, page_source
+    from pipeline.train_drafter import RenderedPages, TrainDrafterConfig, load_pages, page_source
 
     synth = write_synth(tmp_path / "synth", train=TextPool(prose=licence_prose, code=[["x = 1", "y = x + 1"]]))
     (tmp_path / "probe_render.py").write_text(PROBE)

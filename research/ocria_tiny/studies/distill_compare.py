@@ -1,7 +1,7 @@
 """Which drafter recipe carries better to answers it has not seen: training partly on the target's own distribution
 (jobs/train_drafter.py --distill), and the DFlash2 architecture (--dflash2) against DFlash? One collection of the
 target's answers (with its top-k soft labels), then one drafter per (--arch, --distill) pair, each on the same
-answers, the same answers kept out: validation loss (greedy labels) and the tau estimate (jobs/train_drafter.walk_tau
+answers, the same answers kept out: validation loss (greedy labels) and the tau estimate (engine/drafter_training.walk_tau
 since it replaced the mean over random anchors; the results files say which) at each check.
 
     .venv/bin/python -m research.ocria_tiny.drafter_pages --synth .drafter/synth --split train --pages 50 --out PAGES
@@ -15,10 +15,11 @@ import json
 import time
 from pathlib import Path
 
+from engine.drafter_training import collect
 from engine.interface import DEFAULT_PROMPT
 from engine.llm_engine import Engine
 from engine.models.dflash import build_target_layer_ids
-from jobs.train_drafter import TrainDrafterConfig, collect, load_pages, train
+from pipeline.train_drafter import TrainDrafterConfig, load_pages, train
 
 
 def main(argv=None) -> dict:

@@ -7,8 +7,8 @@ Reported per run: total and per-sequence tokens/s, TTFT, decode ms/step (wall pe
 (share of a decode step the device is not busy with it), and the decode memory roofline -- bytes a decode step must
 move (weights + KV read + GDN state read/write) over the device-to-device copy bandwidth measured in the same run.
 
-    python jobs/benchmark.py --device cuda --out $OUT/bench            # real Qwen3.5-4B shape, bf16 (H200)
-    python jobs/benchmark.py --device cpu --tiny --out /tmp/bench      # tiny shapes on CPU (exercises the code)
+    python bench/engine_bench.py --device cuda --out $OUT/bench            # real Qwen3.5-4B shape, bf16 (H200)
+    python bench/engine_bench.py --device cpu --tiny --out /tmp/bench      # tiny shapes on CPU (exercises the code)
     --variants native,native_cublas,...: the native engine once per variant (VARIANTS: EngineOptions / DecodeTuning
     overrides), so each change is timed against its baseline in the same run; the greedy tokens / logits of every
     other variant are compared with the first on a few requests ("output_checks" in meta).
