@@ -52,15 +52,39 @@ VARIANTS = {
     "native_bf16_state": dict(gdn_state_dtype="bfloat16"),  # the GDN state pool in bf16 (half its traffic)
     "native_fp8_kv": dict(kv_cache_dtype="fp8"),  # attention K/V as E4M3 rows with a scale each
     "native_bf16_state_fp8_kv": dict(gdn_state_dtype="bfloat16", kv_cache_dtype="fp8"),
+    # the weights quantized by engine/quantize.py's built-in FP8 recipe (what jobs/quantize.py --recipe fp8 writes)
+    "native_fp8": dict(weights="fp8"),
+    "native_fp8_bf16_state_fp8_kv": dict(weights="fp8", gdn_state_dtype="bfloat16", kv_cache_dtype="fp8"),
 }
 
 
 def variant_args(name: str, **options) -> dict:
     """Engine keyword arguments of a variant: options=EngineOptions(options + its overrides), tuning=DecodeTuning(its
-    tuning overrides: the decode path's internal switches, which benchmarks may set and users do not)."""
+    tuning overrides: the decode path's internal switches, which benchmarks may set and users do not). A variant
+    on quantized weights needs its checkpoint built too: variant_engine."""
     v = dict(VARIANTS[name])
+    if v.pop("weights", None):
+        raise ValueError(f"variant {name} runs quantized weights: build it with variant_engine")
     tuning = DecodeTuning(**v.pop("tuning", {}))
     return dict(options=EngineOptions(**options, **v), tuning=tuning)
+
+
+def variant_engine(name: str, hf_raw: dict, sd: dict, device, dtype, **options) -> Engine:
+    """The native engine of a variant on the model's state dict; a variant with `weights` gets them quantized by the
+    built-in recipe first (round to nearest: random weights have no activations worth calibrating on)."""
+    from engine.quantize import builtin_plan, quantize_tensors
+
+    v = dict(VARIANTS[name])
+    weights = v.pop("weights", None)
+    tuning = DecodeTuning(**v.pop("tuning", {}))
+    opts = dict(options=EngineOptions(**options, **v), tuning=tuning)
+    cfg = parse_config(hf_raw)
+    if weights is None:
+        return Engine(cfg, sd.items(), device=device, dtype=dtype, **opts)
+    plan, act_fp8 = builtin_plan(cfg, weights)
+    tensors, qc, _ = quantize_tensors(cfg, sd, plan, act_fp8=act_fp8)
+    return Engine(parse_config(dict(hf_raw, quantization_config=qc)), tensors.items(), device=device, dtype=dtype,
+                  **opts)
 
 
 def variant_short_names() -> dict[str, str]:
@@ -421,9 +445,14 @@ def main(argv=None):
     checks = {}
     for name in variants:
         if engine is None:
-            engine = Engine(cfg, hf.state_dict().items(), device=device, dtype=dtype, **variant_args(name, **opts))
+            engine = variant_engine(name, hf_cfg.to_dict(), hf.state_dict(), device, dtype, **opts)
         if len(variants) > 1:
             checks[name] = engine.generate([dict(r) for r in check_reqs])
+            if name != variants[0]:  # written now: a run cut short keeps the checks of the variants it reached
+                meta.setdefault("output_checks", {})[f"{variants[0]} vs {name}"] = compare_outputs(
+                    checks[variants[0]], checks[name])
+                print("output_check", name, json.dumps(meta["output_checks"][f"{variants[0]} vs {name}"]),
+                      flush=True)
         for kind in scenarios:  # warm-up: compiles kernels and autotunes for this scenario's shapes
             engine.generate([dict(r, ignore_eos=True, sampling=SamplingParams(max_tokens=4))
                              for r in make_requests(kind, min(2, max(batches)), args, cfg, rng)])
@@ -433,11 +462,7 @@ def main(argv=None):
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    if len(variants) > 1:
-        meta["output_checks"] = {f"{variants[0]} vs {v}": compare_outputs(checks[variants[0]], checks[v])
-                                 for v in variants[1:]}
-        print("output_checks", json.dumps(meta["output_checks"]), flush=True)
-        (out / "benchmark.json").write_text(json.dumps(dict(meta=meta, results=results), indent=2))
+    (out / "benchmark.json").write_text(json.dumps(dict(meta=meta, results=results), indent=2))
     if not args.skip_transformers:
         for kind in scenarios:
             run_transformers(hf, kind, 1, dict_args(args, hf_max_new=2), rng, cfg, device, dtype)  # warm-up

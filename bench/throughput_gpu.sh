@@ -5,6 +5,8 @@
 # Carry .whl/bench (bench/device_inputs.sh): fla's chunked GDN prefill is the product's (pyproject's gpu extra), and
 # without it prefill runs the torch fallback, about 2.6x slower a GDN layer (bench/results/h200_gdn_prefill_fla.json).
 #   VARIANTS=native,native_bf16_state BATCHES=128,256 bash bench/throughput_gpu.sh $OUT
+# Each variant at a batch of 256 takes ~90 s with its 750-token check (H100): four variants at two batches did not fit
+# one 600 s call. The next: VARIANTS=native,native_bf16_state_fp8_kv,native_fp8_bf16_state_fp8_kv BATCHES=256.
 set -uo pipefail
 out=${1:-$OUT}
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false

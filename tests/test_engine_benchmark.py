@@ -45,6 +45,29 @@ def test_benchmark_variants_cpu(tmp_path, monkeypatch):
     assert gemv_calls, "the default variant never ran the GEMV: the check compared a path with itself"
 
 
+def test_benchmark_fp8_variant_runs_quantized_weights(tmp_path):
+    """native_fp8: the same random weights quantized by the built-in FP8 recipe, run by the quantized projections;
+    its output check against native is written (a run cut short keeps the checks it reached)."""
+    from engine.models.quant_linear import QuantWeight
+
+    built = []
+    engine_of = benchmark.variant_engine
+    benchmark.variant_engine = lambda *a, **k: built.append(engine_of(*a, **k)) or built[-1]
+    try:
+        benchmark.main(["--device", "cpu", "--tiny", "--out", str(tmp_path), "--batch-sizes", "2", "--text-gen",
+                        "3", "--scenarios", "text", "--skip-transformers", "--variants", "native,native_fp8",
+                        "--check-tokens", "4"])
+    finally:
+        benchmark.variant_engine = engine_of
+    data = json.loads((tmp_path / "benchmark.json").read_text())
+    assert [r["engine"] for r in data["results"]] == ["native", "native_fp8"]
+    assert "native vs native_fp8" in data["meta"]["output_checks"]
+    quantized = [m for m in built[-1].model.modules() if isinstance(m, QuantWeight)]
+    assert quantized and all(q.kind == "fp8" for q in quantized)
+    with pytest.raises(ValueError, match="variant_engine"):
+        benchmark.variant_args("native_fp8")
+
+
 def test_beam_search_bench_4b_part_tiny_cpu(tmp_path):
     """bench/beam_search_bench.py run --skip-tiny (its H200 4B part) at tiny shapes: greedy at every sequence count a
     beam run has, beam requests (bench/engine_bench.py's requests with num_beams) beside them, their extra step time
