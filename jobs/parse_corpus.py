@@ -17,9 +17,13 @@ import logging
 import sys
 from pathlib import Path
 
-import click
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+from pipeline.preflight import require_job_packages  # noqa: E402 (standard library only)
+
+require_job_packages("jobs/parse_corpus.py")  # a cluster's Python without the job's packages: one line, status 2
+
+import click  # noqa: E402
 
 from pipeline import terminate  # noqa: E402
 from pipeline.cli import job_options  # noqa: E402

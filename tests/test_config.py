@@ -103,9 +103,37 @@ def test_missing_input_fails_before_ray(tmp_path, tiny_checkpoint):
 
 def test_shipped_configs_are_valid():
     for path in sorted((ROOT / "configs").glob("*.yaml")):
-        if path.name.startswith("train_"):
-            continue  # training configs are plain YAML for research/ocria_tiny/train_tiny.py, not job configs
+        if path.name.startswith(("train_", "runtime_env")):
+            continue  # train_*: plain YAML for research/ocria_tiny/train_tiny.py; runtime_env: Ray's, tested below
         load_config(path, {"input": {"uris": ["x"]}})
+
+
+def test_runtime_env_installs_what_pyproject_requires():
+    """configs/runtime_env.yaml's pip list is pyproject.toml's dependencies but Ray (the cluster's own), and the
+    preflight check knows a module for each of them."""
+    import tomllib
+
+    import yaml
+
+    from pipeline.preflight import JOB_MODULES
+
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    env = yaml.safe_load((ROOT / "configs" / "runtime_env.yaml").read_text())
+    assert sorted(env["pip"]["packages"]) == sorted(d for d in deps if not d.startswith("ray"))
+    names = {d.split("[")[0].split("=")[0].split(">")[0].split("<")[0] for d in deps}
+    assert {r.split("[")[0] for r in JOB_MODULES.values()} == names - {"triton"}  # triton: imported by torch
+
+
+def test_a_python_without_the_job_packages_gets_one_line_naming_them():
+    """As under `ray job submit` to a cluster started from another environment: the entry point runs where none of
+    the job's packages can be imported (here: this Python without its site-packages) and says so in one line, with
+    the runtime_env that provides them, exit status 2."""
+    proc = subprocess.run([sys.executable, "-S", "-I", str(ROOT / "jobs" / "parse_corpus.py"), "--input", "x",
+                           "--output", "y"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert proc.returncode == 2, proc.stderr
+    [line] = proc.stderr.splitlines()
+    assert line.startswith("Error: this Python") and "click, pydantic" in line
+    assert "--runtime-env configs/runtime_env.yaml" in line and "Traceback" not in proc.stderr
 
 
 @pytest.mark.parametrize("case", ["output-unwritable", "output-is-a-file", "too-many-engines", "cuda-without-gpu",
