@@ -12,7 +12,8 @@
   * `quality`: each quantized engine against its dequantized twin (the same quantized weights expanded to bf16:
     differences are our kernels' and FP8 activation quantization's) and against the original bf16 weights.
 The quantized engines are built from the bf16 weights by engine.quantize.quantize_tensors with the built-in recipes
-(engine/quantize.py BUILTIN_RECIPES: fp8 = every projection FP8 W8A8 but the GDN gates; nvfp4 = NVFP4, down_proj FP8),
+(engine/quantize.py BUILTIN_RECIPES: fp8 = every projection FP8 W8A8 but the GDN gates, run W8A16 by the decode
+GEMVs up to 16 rows; nvfp4 = NVFP4, down_proj FP8),
 round-to-nearest (random weights have no activations worth calibrating on).
 
     python bench/quantized_decode_bench.py --out bench/results/h200_quantized_decode.json        # H200
