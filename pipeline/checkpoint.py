@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import pyarrow.fs as pafs
 
 from pipeline.redact import redact
-from pipeline.storage import explain, resolve
+from pipeline.storage import explain, resolve, retrying
 
 if TYPE_CHECKING:  # annotations only: the research evaluation reads checkpoints here on machines without pydantic
     from pipeline.config import StorageConfig
@@ -38,15 +38,17 @@ def localize(uri: str, storage: StorageConfig, cache_dir: str) -> str:
     if (target / ".complete").exists():
         return str(target)
     try:
-        files = [f for f in loc.fs.get_file_info(pafs.FileSelector(loc.path, recursive=True, allow_not_found=True))
-                 if f.type == pafs.FileType.File]
+        listing = retrying(f"list {uri}", loc.fs.get_file_info,
+                           pafs.FileSelector(loc.path, recursive=True, allow_not_found=True))
+        files = [f for f in listing if f.type == pafs.FileType.File]
         if not files:
             raise CheckpointError(f"no checkpoint files under {uri} (set model.checkpoint or --checkpoint)")
         tmp = target.with_name(f".{target.name}-{uuid.uuid4().hex[:8]}")
         for f in files:
             dest = tmp / f.path[len(loc.path):].lstrip("/")
             dest.parent.mkdir(parents=True, exist_ok=True)
-            pafs.copy_files(f.path, str(dest), source_filesystem=loc.fs, destination_filesystem=pafs.LocalFileSystem())
+            retrying(f"copy {loc.uri(f.path)}", pafs.copy_files, f.path, str(dest), source_filesystem=loc.fs,
+                     destination_filesystem=pafs.LocalFileSystem())
     except OSError as e:
         raise CheckpointError(f"cannot copy the checkpoint from {uri}: {explain(uri, e, storage)}") from e
     (tmp / ".complete").write_text(uri)

@@ -25,7 +25,8 @@ from pipeline.rasterize import RasterOptions
 from pipeline.redact import install_log_redaction, redact
 from pipeline.schema import DOC_TASK_SCHEMA, PAGE_SCHEMA, empty_row
 from pipeline.stats import RunStats, format_table
-from pipeline.storage import Location, check_writable, explain, list_documents, resolve, write_parquet_atomic, write_text
+from pipeline.storage import (Location, check_writable, explain, list_documents, resolve, retrying,
+                              write_parquet_atomic, write_text)
 
 log = logging.getLogger("ocria.job")
 
@@ -115,7 +116,7 @@ def writable_output(cfg: JobConfig) -> Location:
                               f"the copy of --working-dir Ray made for this job ({os.getcwd()}), which Ray may delete "
                               f"once the job is over: give an absolute path on storage every node shares, or an "
                               f"s3:// / gs:// prefix")
-        if loc.fs.get_file_info(loc.path).type == pafs.FileType.File:
+        if retrying(f"stat {cfg.output}", loc.fs.get_file_info, loc.path).type == pafs.FileType.File:
             raise ConfigError(f"--output {cfg.output!r} is an existing file: give a folder (or an object-storage "
                               f"prefix) for the pages/, documents/ and stats/ tables")
         check_writable(loc)

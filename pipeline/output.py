@@ -22,12 +22,11 @@ from datetime import datetime, timezone
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
-import pyarrow.parquet as pq
 
 from pipeline.outcomes import is_retryable
 from pipeline.redact import redact
 from pipeline.schema import DOCUMENT_SCHEMA, PAGE_SCHEMA, empty_row
-from pipeline.storage import Location, delete_file, list_parquet, write_parquet_atomic
+from pipeline.storage import Location, delete_file, list_parquet, read_parquet, retrying, write_parquet_atomic
 
 
 @dataclass(frozen=True)
@@ -126,7 +125,7 @@ class OutputStore:
         return name
 
     def _read(self, path: str, schema: pa.Schema) -> pa.Table:
-        return pq.read_table(path, filesystem=self.loc.fs, schema=schema)
+        return read_parquet(self.loc.fs, path, schema=schema)
 
     def documents(self) -> pa.Table:
         """All committed document rows (after reconcile: one per URI)."""
@@ -148,7 +147,7 @@ class OutputStore:
         """uri -> the model ids of its committed page rows (two columns read, not the text)."""
         models: dict[str, set[str]] = {}
         for p in self._committed_page_parts():
-            t = pq.read_table(p, filesystem=self.loc.fs, columns=["uri", "model_id"])
+            t = read_parquet(self.loc.fs, p, columns=["uri", "model_id"])
             for uri, model in zip(t.column("uri").to_pylist(), t.column("model_id").to_pylist()):
                 if model:
                     models.setdefault(uri, set()).add(model)
@@ -178,7 +177,7 @@ class OutputStore:
             report.parts_rewritten += 1
             keep = lambda t: t.filter(pc.invert(pc.is_in(t.column("uri"), value_set=pa.array(stale, pa.string()))))
             pages_path, docs_path = self._part(self.pages_dir, name), doc_parts[name]
-            pages_exist = fs.get_file_info(pages_path).type != pafs.FileType.NotFound  # gone if a delete was cut short
+            pages_exist = retrying(f"stat {pages_path}", fs.get_file_info, pages_path).type != pafs.FileType.NotFound  # gone if a delete was cut short
             pages = keep(self._read(pages_path, PAGE_SCHEMA)) if pages_exist else PAGE_SCHEMA.empty_table()
             docs = keep(self._read(docs_path, DOCUMENT_SCHEMA))
             if docs.num_rows == 0:

@@ -11,9 +11,13 @@ fails in seconds with `explain`'s one line naming it.
 from __future__ import annotations
 
 import fnmatch
+import logging
 import os
+import random
 import re
+import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -27,6 +31,8 @@ from pipeline.redact import redact
 
 if TYPE_CHECKING:  # annotations only, as in pipeline.checkpoint
     from pipeline.config import StorageConfig
+
+log = logging.getLogger("ocria.storage")
 
 
 @dataclass(frozen=True)
@@ -155,6 +161,51 @@ def explain(uri: str, e: OSError, storage: StorageConfig | None = None) -> str:
     return redact(text)
 
 
+# One storage operation (a read, an upload, a listing, a delete) is tried again as a whole when it fails with an error
+# that may pass: the clients retry one request (S3: 3 tries; GCS: for retry_time_limit_s), but not an operation of
+# several requests (a multipart or resumable upload, a read's HEAD then GETs), and a burst of throttling outlasts 3
+# tries. Bounded: STORAGE_TRIES tries, and none started after STORAGE_RETRY_WINDOW_S, so the time limits above still
+# bound an operation.
+STORAGE_TRIES = 4
+STORAGE_BACKOFF_S = 0.5  # first wait; doubled each try, capped, with full jitter
+STORAGE_BACKOFF_CAP_S = 4.0
+STORAGE_RETRY_WINDOW_S = 30.0
+RETRIES: Counter = Counter()  # operation verb -> tries again in this process (read by tests and bench/storage_faults.py)
+_NO_ANSWER_CURL = {6, 7, 35, 60}  # no store at the endpoint (resolve, refused, TLS): trying again does not help
+
+
+def transient(e: BaseException) -> bool:
+    """Whether a storage error may pass if the operation is tried again: throttling, a 5xx, a reset or cut-off answer,
+    a timeout. Not: a missing object, a denied request, credentials that cannot be used, an endpoint with no store."""
+    if not isinstance(e, OSError) or isinstance(e, (FileNotFoundError, PermissionError, IsADirectoryError)):
+        return False
+    text = str(e)
+    if any(m in text for m in DENIED_MARKERS) or NO_GCS_TOKEN in text:
+        return False
+    m = _CURL_CODE.search(text)
+    if m and int(m.group(1) or m.group(2)) in _NO_ANSWER_CURL:
+        return False
+    return "Could not resolve" not in text and "Could not connect" not in text
+
+
+def retrying(what: str, call, *args, tries: int | None = None, **kwargs):
+    """call(*args, **kwargs), tried again with exponential backoff and full jitter while it fails with a transient
+    error, at most `tries` (STORAGE_TRIES) times and not after STORAGE_RETRY_WINDOW_S; the last error is raised."""
+    tries = STORAGE_TRIES if tries is None else tries
+    start = time.monotonic()
+    for attempt in range(1, tries + 1):
+        try:
+            return call(*args, **kwargs)
+        except OSError as e:
+            if attempt == tries or not transient(e) or time.monotonic() - start > STORAGE_RETRY_WINDOW_S:
+                raise
+            wait = random.uniform(0, min(STORAGE_BACKOFF_CAP_S, STORAGE_BACKOFF_S * 2 ** (attempt - 1)))
+            RETRIES[what.split(" ", 1)[0]] += 1
+            log.warning("%s failed (try %d of %d), trying again in %.1f s: %s", what, attempt, tries, wait,
+                        redact(str(e).splitlines()[0] if str(e) else type(e).__name__))
+            time.sleep(wait)
+
+
 def missing_bucket(loc: Location) -> str | None:
     """The bucket of an object-store location when it does not exist, else None."""
     if loc.scheme == "file":
@@ -166,12 +217,12 @@ def missing_bucket(loc: Location) -> str | None:
 def check_writable(loc: Location) -> None:
     """Raises OSError unless `loc` can be written: its bucket exists and an object can be put and deleted under it,
     so a typo in the bucket or read-only credentials fail before any document is parsed."""
-    bucket = missing_bucket(loc)
+    bucket = retrying(f"stat the bucket of {loc.uri()}", missing_bucket, loc)
     if bucket:
         raise FileNotFoundError(f"bucket {bucket!r} does not exist: create it, or fix the output URI")
     probe = loc.join(f".write-check-{uuid.uuid4().hex}")
     write_text(loc.fs, probe, "")
-    loc.fs.delete_file(probe)
+    delete_file(loc.fs, probe)
 
 
 @dataclass(frozen=True)
@@ -187,14 +238,17 @@ def list_documents(uri: str, storage: StorageConfig, include: list[str], exclude
     Globs match the path relative to `uri` and the bare file name, so `*.pdf` and `2026/*/*.pdf` both work.
     Raises FileNotFoundError when `uri` does not exist, so a typo is not mistaken for an empty archive."""
     loc = resolve(uri, storage)
-    info = loc.fs.get_file_info(loc.path)
-    if info.type == pafs.FileType.NotFound:
-        bucket = missing_bucket(loc)
+    info = retrying(f"stat {uri}", loc.fs.get_file_info, loc.path)
+    # GcsFileSystem reports a prefix whose listing failed (its retries spent) as NotFound: a listing that may raise
+    # confirms it, so a throttled store is not taken for a typo.
+    if info.type == pafs.FileType.NotFound and not retrying(
+            f"list {uri}", loc.fs.get_file_info, pafs.FileSelector(loc.path, recursive=True, allow_not_found=True)):
+        bucket = retrying(f"stat the bucket of {uri}", missing_bucket, loc)
         raise FileNotFoundError(f"input not found: {uri}" + (f" (there is no bucket {bucket!r})" if bucket else ""))
     if info.type == pafs.FileType.File:
         infos, base = [info], loc.path.rsplit("/", 1)[0]
     else:
-        infos, base = loc.fs.get_file_info(pafs.FileSelector(loc.path, recursive=True)), loc.path
+        infos, base = retrying(f"list {uri}", loc.fs.get_file_info, pafs.FileSelector(loc.path, recursive=True)), loc.path
 
     def matches(rel: str, patterns: list[str]) -> bool:
         name = rel.rsplit("/", 1)[-1]
@@ -213,37 +267,65 @@ def list_documents(uri: str, storage: StorageConfig, include: list[str], exclude
 
 def read_bytes(fs: pafs.FileSystem, uri: str) -> bytes:
     path = uri.split("://", 1)[1] if "://" in uri else uri
-    with fs.open_input_stream(path) as f:
-        return f.read()
+
+    def read():
+        with fs.open_input_stream(path) as f:
+            return f.read()
+
+    return retrying(f"read {uri}", read)
 
 
 def write_parquet_atomic(fs: pafs.FileSystem, path: str, table: pa.Table) -> None:
     """Readers see the whole file or nothing: a local file is renamed into place; an S3/GCS object appears
     only when its upload completes."""
     parent = path.rsplit("/", 1)[0]
-    fs.create_dir(parent, recursive=True)
     if isinstance(fs, pafs.LocalFileSystem):
+        fs.create_dir(parent, recursive=True)
         tmp = f"{parent}/.tmp-{uuid.uuid4().hex}"
         pq.write_table(table, tmp, filesystem=fs)
         fs.move(tmp, path)
-    else:
+        return
+
+    def write():  # a whole upload again: a multipart or resumable upload cut short leaves no object behind
+        fs.create_dir(parent, recursive=True)
         pq.write_table(table, path, filesystem=fs)
+
+    retrying(f"write {path}", write)
 
 
 def delete_file(fs: pafs.FileSystem, path: str) -> None:
-    fs.delete_file(path)
+    tried = []
+
+    def delete():
+        try:
+            fs.delete_file(path)
+        except FileNotFoundError:
+            if not tried:
+                raise
+            # an earlier try was cut off after the store deleted it (a reset answer): done
+        finally:
+            tried.append(1)
+
+    retrying(f"delete {path}", delete)
 
 
 def list_parquet(fs: pafs.FileSystem, prefix: str) -> list[str]:
-    info = fs.get_file_info(prefix)
-    if info.type == pafs.FileType.NotFound:
-        return []
-    files = fs.get_file_info(pafs.FileSelector(prefix, recursive=False))
+    files = retrying(f"list {prefix}", fs.get_file_info, pafs.FileSelector(prefix, recursive=False,
+                                                                           allow_not_found=True))
     return sorted(f.path for f in files if f.type == pafs.FileType.File and f.path.endswith(".parquet")
                   and not f.base_name.startswith("."))
 
 
+def read_parquet(fs: pafs.FileSystem, path: str, **kwargs) -> pa.Table:
+    """A Parquet file read whole first: pyarrow reports a read cut off inside its Parquet reader as ArrowInvalid,
+    the error of a damaged file, which must not be retried; read here it is the OSError it is."""
+    return pq.read_table(pa.BufferReader(read_bytes(fs, path)), **kwargs)
+
+
 def write_text(fs: pafs.FileSystem, path: str, text: str) -> None:
-    fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
-    with fs.open_output_stream(path) as f:
-        f.write(text.encode())
+    def write():
+        fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+        with fs.open_output_stream(path) as f:
+            f.write(text.encode())
+
+    retrying(f"write {path}", write)
