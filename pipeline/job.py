@@ -267,7 +267,7 @@ def run(prep: Prepared, echo=print) -> dict:
             try:
                 _stream_and_commit(ds, prep, stats, t0, echo)
             finally:
-                stats.engine_restarts = engine_restarts(ray)
+                stats.engine_restarts = engine_restarts(ray, pools.engines)
     stats.wall_s = time.perf_counter() - t0
     report = prep.store.reconcile()
     stats.extra.update(skipped=dict(prep.plan.skipped), superseded_documents=report.superseded_documents,
@@ -279,10 +279,11 @@ def run(prep: Prepared, echo=print) -> dict:
     return summary
 
 
-def engine_restarts(ray) -> int | None:
-    """How many times Ray restarted this job's engine actors: the sum of `num_restarts` over the actors of this
-    driver's job whose name is Ray Data's engine worker (`MapWorker(MapBatches(ParseStage))`). Read from the GCS actor
-    table, which every cluster has (Ray's state API needs the dashboard, which a local Ray here runs without).
+def engine_restarts(ray, engines: int) -> int | None:
+    """How many times an engine actor of this job was started again: the sum of `num_restarts` over the actors of
+    this driver's job whose name is Ray Data's engine worker (`MapWorker(MapBatches(ParseStage))`), plus the actors
+    beyond the pool's fixed size `engines` (Ray Data's replacements for actors Ray could not restart). Read from the
+    GCS actor table, which every cluster has (Ray's state API needs the dashboard, which a local Ray here runs without).
     None when the table cannot be read (a Ray that moved it): the stats say unknown rather than 0."""
     try:
         from ray._private.state import state
@@ -294,7 +295,8 @@ def engine_restarts(ray) -> int | None:
     except Exception as e:  # private API: a newer Ray may move it; the run's output does not depend on it
         log.warning("cannot read Ray's actor table for the engine restarts: %s", _first_line(e))
         return None
-    return sum(a.num_restarts for a in actors if "ParseStage" in a.repr_name)
+    ours = [a for a in actors if "ParseStage" in a.repr_name]
+    return sum(a.num_restarts for a in ours) + max(0, len(ours) - engines)
 
 
 def precision(prep: Prepared, on_gpu: bool) -> dict:
