@@ -265,7 +265,10 @@ def run(prep: Prepared, echo=print) -> dict:
             ds = build_dataset(ray, prep, pools)  # seconds on a busy machine (Ray Data's imports): start-up too
             # one origin for wall_s, warmup_s and first_result_s, so stream_started_unix + warmup_s is the warm-up mark
             t0, stats.stream_started_unix = time.perf_counter(), time.time()
-            _stream_and_commit(ds, prep, stats, t0, echo)
+            try:
+                _stream_and_commit(ds, prep, stats, t0, echo)
+            finally:
+                stats.engine_restarts = engine_restarts(ray, pools.engines)
     stats.wall_s = time.perf_counter() - t0
     report = prep.store.reconcile()
     stats.extra.update(skipped=dict(prep.plan.skipped), superseded_documents=report.superseded_documents,
@@ -275,6 +278,26 @@ def run(prep: Prepared, echo=print) -> dict:
     summary = stats.summary()
     echo(format_table(summary))
     return summary
+
+
+def engine_restarts(ray, engines: int) -> int | None:
+    """How many times an engine actor of this job was started again: the sum of `num_restarts` over the actors of
+    this driver's job whose name is Ray Data's engine worker (`MapWorker(MapBatches(ParseStage))`), plus the actors
+    beyond the pool's fixed size `engines` (Ray Data's replacements for actors Ray could not restart). Read from the
+    GCS actor table, which every cluster has (Ray's state API needs the dashboard, which a local Ray here runs without).
+    None when the table cannot be read (a Ray that moved it): the stats say unknown rather than 0."""
+    try:
+        from ray._private.state import state
+        from ray.core.generated import gcs_pb2
+
+        job = ray.JobID.from_hex(ray.get_runtime_context().get_job_id())
+        rows = state._connect_and_get_accessor().get_actor_table(job, None)
+        actors = [gcs_pb2.ActorTableData.FromString(r) for r in rows]
+    except Exception as e:  # private API: a newer Ray may move it; the run's output does not depend on it
+        log.warning("cannot read Ray's actor table for the engine restarts: %s", _first_line(e))
+        return None
+    ours = [a for a in actors if "ParseStage" in a.repr_name]
+    return sum(a.num_restarts for a in ours) + max(0, len(ours) - engines)
 
 
 def precision(prep: Prepared, on_gpu: bool) -> dict:

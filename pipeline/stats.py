@@ -42,6 +42,9 @@ class RunStats:
     spec_drafted_by_pos: list[int] = field(default_factory=list)
     spec_accepted_by_pos: list[int] = field(default_factory=list)
     raster_actors: int = 1
+    # Times Ray restarted an engine actor (its process died, or its node was lost) during the run, as Ray's actor
+    # table counts them; its batches in flight were run again on the new one. None: Ray's table could not be read.
+    engine_restarts: int | None = 0
     engine_busy_s: float = 0.0
     raster_s: list[float] = field(default_factory=list)
     parse_s: list[float] = field(default_factory=list)
@@ -133,6 +136,7 @@ class RunStats:
             "engine_busy_fraction": self.engine_busy_s / wall / per,
             "raster_busy_fraction": sum(self.raster_s) / wall / max(self.raster_actors, 1),
             "raster_actors": self.raster_actors,
+            "engine_restarts": self.engine_restarts,
             "prompt_tokens": self.prompt_tokens,
             "output_tokens": self.output_tokens,
             "loop_dropped_tokens": self.loop_dropped_tokens,
@@ -203,6 +207,8 @@ def format_table(s: dict) -> str:
         f"{'output tokens/s':<24}{s['output_tokens_per_s']:>10.1f}   per engine {s['output_tokens_per_s_per_engine']:.1f}",
         f"{'loop repeats left out':<24}{s['loop_dropped_tokens']:>10}   tokens, on {s['pages_loop_dropped']} pages",
         *speculation_lines(s["speculation"]),
+        f"{'engine restarts':<24}{'-' if s['engine_restarts'] is None else s['engine_restarts']:>10}   "
+        f"(their batches in flight were run again)",
         f"{'busy share':<24}engines {s['engine_busy_fraction']:.2f}   rasterizers {s['raster_busy_fraction']:.2f} "
         f"(of up to {s['raster_actors']})",
         f"{'raster ms/page':<24}{pct(s['raster_s_per_page'])}",

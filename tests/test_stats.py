@@ -97,3 +97,16 @@ def test_the_table_names_what_runs_at_lower_precision():
     [line] = [ln for ln in format_table(stats.summary()).splitlines() if ln.startswith("precision")]
     assert line.split()[1:] == ["weights", "fp8", "KV", "cache", "fp8", "GDN", "state", "bfloat16"]
     assert not [ln for ln in format_table(RunStats("r", engine_actors=1, gpus=1, usd_per_gpu_hour=2.69).summary()).splitlines() if ln.startswith("precision")]
+
+
+def test_engine_restarts_in_the_table_and_unknown_printed_as_a_dash():
+    stats = RunStats("r", engine_actors=2, gpus=0, usd_per_gpu_hour=0.0)
+    stats.engine_restarts = 3
+    table = stats.table()
+    assert dict(zip(table.column("metric").to_pylist(), table.column("value").to_pylist()))["engine_restarts"] == 3
+    assert any(line.startswith("engine restarts") and line.split()[2] == "3"
+               for line in format_table(stats.summary()).splitlines())
+    stats.engine_restarts = None  # Ray's actor table could not be read: unknown, not 0
+    assert "engine_restarts" not in stats.table().column("metric").to_pylist()
+    assert any(line.startswith("engine restarts") and line.split()[2] == "-"
+               for line in format_table(stats.summary()).splitlines())
