@@ -21,6 +21,7 @@ from datetime import datetime, timezone
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
@@ -30,7 +31,7 @@ from pipeline.schema import DOCUMENT_SCHEMA, PAGE_SCHEMA, empty_row
 from pipeline.storage import Location, delete_file, list_parquet, write_parquet_atomic
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # one per planned document: a million of them on a first run of an archive
 class DocMeta:
     size_bytes: int
     mtime_ns: int
@@ -128,11 +129,24 @@ class OutputStore:
     def _read(self, path: str, schema: pa.Schema) -> pa.Table:
         return pq.read_table(path, filesystem=self.loc.fs, schema=schema)
 
-    def documents(self) -> pa.Table:
-        """All committed document rows (after reconcile: one per URI)."""
-        parts = list_parquet(self.loc.fs, self.documents_dir)
-        tables = [self._read(p, DOCUMENT_SCHEMA) for p in parts]
-        return pa.concat_tables(tables) if tables else DOCUMENT_SCHEMA.empty_table()
+    def _scan(self, paths: list[str], schema: pa.Schema, columns: list[str] | None = None,
+              where: pc.Expression | None = None) -> ds.Scanner:
+        """One scan over many parts, read ahead on pyarrow's threads: an archive's output holds tens of thousands of
+        small parts, each an open and a footer read, and one at a time the 15 k parts of a 1 M-document output take
+        minutes. A part without a column of `schema` (an older version's) reads it as nulls, as _read does."""
+        return ds.dataset(paths, schema=schema, format="parquet", filesystem=self.loc.fs).scanner(columns=columns,
+                                                                                                  filter=where)
+
+    def _read_parts(self, paths: list[str], schema: pa.Schema, columns: list[str] | None = None) -> pa.Table:
+        """The parts' rows in the order of `paths`."""
+        if not paths:
+            empty = schema.empty_table()
+            return empty.select(columns) if columns else empty
+        return self._scan(paths, schema, columns).to_table()
+
+    def documents(self, columns: list[str] | None = None) -> pa.Table:
+        """All committed document rows (after reconcile: one per URI); `columns` reads only those."""
+        return self._read_parts(list_parquet(self.loc.fs, self.documents_dir), DOCUMENT_SCHEMA, columns)
 
     def _committed_page_parts(self) -> list[str]:
         """Pages files whose documents file exists (a part is committed once its documents file is written)."""
@@ -141,17 +155,39 @@ class OutputStore:
 
     def pages(self) -> pa.Table:
         """Committed page rows: only parts whose documents file exists."""
-        tables = [self._read(p, PAGE_SCHEMA) for p in self._committed_page_parts()]
-        return pa.concat_tables(tables) if tables else PAGE_SCHEMA.empty_table()
+        return self._read_parts(self._committed_page_parts(), PAGE_SCHEMA)
+
+    def page_model_table(self) -> pa.Table:
+        """The distinct (uri, model_id) of committed page rows that name a model (two columns read, not the text).
+
+        Deduplicated as it streams, a million rows at a time: a document's pages sit in one part, so the table held
+        is about one row per document, not one per page."""
+        out = pa.schema([("uri", pa.string()), ("model_id", pa.string())])
+        parts = self._committed_page_parts()
+        if not parts:
+            return out.empty_table()
+        named = pc.field("model_id").is_valid() & (pc.field("model_id") != "")
+        scanner = self._scan(parts, PAGE_SCHEMA, ["uri", "model_id"], named)
+
+        def distinct(batches: list[pa.RecordBatch]) -> pa.Table:
+            return pa.Table.from_batches(batches, out).group_by(["uri", "model_id"]).aggregate([])
+
+        done, batches, rows = [], [], 0
+        for batch in scanner.to_batches():
+            batches.append(batch)
+            rows += batch.num_rows
+            if rows >= 1 << 20:
+                done.append(distinct(batches))
+                batches, rows = [], 0
+        done.append(distinct(batches))
+        return distinct([b for t in done for b in t.to_batches()]) if len(done) > 1 else done[0]
 
     def page_models(self) -> dict[str, set[str]]:
-        """uri -> the model ids of its committed page rows (two columns read, not the text)."""
+        """uri -> the model ids of its committed page rows."""
         models: dict[str, set[str]] = {}
-        for p in self._committed_page_parts():
-            t = pq.read_table(p, filesystem=self.loc.fs, columns=["uri", "model_id"])
-            for uri, model in zip(t.column("uri").to_pylist(), t.column("model_id").to_pylist()):
-                if model:
-                    models.setdefault(uri, set()).add(model)
+        t = self.page_model_table()
+        for uri, model in zip(t.column("uri").to_pylist(), t.column("model_id").to_pylist()):
+            models.setdefault(uri, set()).add(model)
         return models
 
     def reconcile(self) -> ReconcileReport:
@@ -162,18 +198,26 @@ class OutputStore:
             if path.rsplit("/", 1)[1] not in doc_parts:
                 delete_file(fs, path)
                 report.orphan_parts_removed += 1
-        # Part names sort by run start time, then sequence: the last part holding a URI is its newest commit.
-        newest: dict[str, str] = {}
-        uris_by_part: dict[str, list[str]] = {}
-        for name in sorted(doc_parts):
-            uris = self._read(doc_parts[name], DOCUMENT_SCHEMA).column("uri").to_pylist()
-            uris_by_part[name] = uris
-            for uri in uris:
-                newest[uri] = name
-        for name, uris in uris_by_part.items():
-            stale = sorted({u for u in uris if newest[u] != name})
-            if not stale:
-                continue
+        # Part names sort by run start time, then sequence: the last part holding a URI is its newest commit. The URIs
+        # of every part are read in one scan and compared in Arrow: a million documents are a million rows, not
+        # Python strings.
+        names = sorted(doc_parts)
+        stale_by_part: dict[str, list[str]] = {}
+        if names:
+            index = {n: i for i, n in enumerate(names)}
+            uris, part = [], []
+            for tagged in self._scan([doc_parts[n] for n in names], DOCUMENT_SCHEMA, ["uri"]).scan_batches():
+                batch, name = tagged.record_batch, tagged.fragment.path.rsplit("/", 1)[1]
+                uris.append(batch.column(0))
+                part.append(pa.repeat(pa.scalar(index[name], pa.int32()), batch.num_rows))
+            held = pa.table({"uri": pa.chunked_array(uris, pa.string()), "part": pa.chunked_array(part, pa.int32())})
+            newest = held.group_by("uri").aggregate([("part", "max")])
+            held = held.join(newest, "uri")
+            stale = held.filter(pc.not_equal(held["part"], held["part_max"])).group_by(["part", "uri"]).aggregate([])
+            for i, uri in zip(stale["part"].to_pylist(), stale["uri"].to_pylist()):
+                stale_by_part.setdefault(names[i], []).append(uri)
+        for name in sorted(stale_by_part):
+            stale = sorted(stale_by_part[name])
             report.superseded_documents += len(stale)
             report.parts_rewritten += 1
             keep = lambda t: t.filter(pc.invert(pc.is_in(t.column("uri"), value_set=pa.array(stale, pa.string()))))
