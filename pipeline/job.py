@@ -17,7 +17,7 @@ from pipeline.blocks import BlockReading
 from pipeline.checkpoint import CheckpointError, checkpoint_note, localize, validate, validate_drafter
 from pipeline.config import ConfigError, JobConfig, knob
 from pipeline.local_ray import ray_session
-from pipeline.output import DocumentAssembler, OutputStore, document_row
+from pipeline.output import DocumentAssembler, OutputStore, ReconcileReport, document_row
 from pipeline.page_reading import block_reading, raster_options
 from pipeline.plan import PLAN_COLUMNS, Plan, plan_run, unique_listing
 from pipeline.progress import PageProgress
@@ -276,7 +276,9 @@ def run(prep: Prepared, echo=print) -> dict:
             t0, stats.stream_started_unix = time.perf_counter(), time.time()
             _stream_and_commit(ds, prep, stats, t0, echo)
     stats.wall_s = time.perf_counter() - t0
-    report = prep.store.reconcile()
+    # a run that committed nothing leaves the output as prepare's reconcile did: at a million documents another
+    # pass over every part would be most of a rerun's time
+    report = prep.store.reconcile() if prep.plan.todo else ReconcileReport()
     stats.extra.update(skipped=dict(prep.plan.skipped), superseded_documents=report.superseded_documents,
                        backend=cfg.model.backend, checkpoint=cfg.model.checkpoint, checkpoint_note=note)
     _write_stats(prep, stats)
