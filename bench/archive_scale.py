@@ -12,9 +12,9 @@ Each size runs in fresh processes, so one size's memory does not show in the nex
    mtime), 1 % ok but changed since (another mtime), 1 % failed once with a retryable kind, 1 % failed for good
    (3 attempts), 9 % never seen: 11 % is this run's work. A done document has one page row (short text), parsed
    by the checkpoint's model.
-2. driver (timed, one process): `list_s` lists the folder through pipeline.storage.list_documents, as
-   pipeline.job.prepare does; `plan_s` is what prepare does next: OutputStore.reconcile, OutputStore.documents,
-   OutputStore.page_models and plan_run; `commit_s` commits this run's outcome through the real protocol
+2. driver (timed, one process): `list_s` lists the folder as pipeline.job.prepare does (list_inputs); `plan_s` is
+   what prepare does next: OutputStore.reconcile, then plan_against (the committed documents, the models of their
+   pages, plan_run); `commit_s` commits this run's outcome through the real protocol
    (document_row, OutputStore.commit in parts of 64, then the closing reconcile), every planned document ok with
    one page.
 3. nothing to do (timed, a fresh process): pipeline.job.prepare + run on the same input and output, which now holds
@@ -130,12 +130,13 @@ def setup(n: int, work: Path) -> None:
 
 
 def driver(n: int, work: Path) -> dict:
-    """list -> plan -> commit, as the job's driver runs them, timed and with each phase's peak memory."""
-    from pipeline.config import StorageConfig, load_config
+    """list -> plan -> commit, as the job's driver runs them (pipeline.job.prepare's own steps), timed and with each
+    phase's peak memory."""
+    from pipeline.config import load_config
+    from pipeline.job import list_inputs, plan_against
     from pipeline.output import OutputStore, document_row
-    from pipeline.plan import plan_run
     from pipeline.schema import PAGE_SCHEMA, empty_row
-    from pipeline.storage import list_documents, resolve
+    from pipeline.storage import resolve
 
     model_id = json.loads((work / "setup.json").read_text())["model_id"]
     cfg = load_config(None, {"input": {"uris": [str(work / "in")]}, "output": str(work / "out")})
@@ -143,29 +144,22 @@ def driver(n: int, work: Path) -> dict:
 
     reset_peak()
     t = time.perf_counter()
-    listed = {}
-    for uri in cfg.input.uris:
-        for f in list_documents(uri, cfg.storage, cfg.input.include, cfg.input.exclude):
-            listed[f.uri] = f
+    listed = list_inputs(cfg)
     row["list_s"] = time.perf_counter() - t
     row["list_peak_rss_mb"] = round(peak_mb(), 1)
 
     reset_peak()
     t = time.perf_counter()
-    store = OutputStore(resolve(cfg.output, StorageConfig()))
+    store = OutputStore(resolve(cfg.output, cfg.storage))
     store.reconcile()
     t1 = time.perf_counter()
-    committed = store.documents()
-    models = store.page_models()
+    plan = plan_against(cfg, store, listed, model_id)
     t2 = time.perf_counter()
-    plan = plan_run(list(listed.values()), committed, cfg.run.retry_failed, cfg.run.max_attempts, cfg.input.limit,
-                    model_id, models, cfg.run.reparse)
-    t3 = time.perf_counter()
-    row.update(plan_s=t3 - t, plan_reconcile_s=t1 - t, plan_read_s=t2 - t1, plan_run_s=t3 - t2,
+    row.update(plan_s=t2 - t, plan_reconcile_s=t1 - t, plan_read_and_run_s=t2 - t1,
                plan_peak_rss_mb=round(peak_mb(), 1), planned=len(plan.todo), skipped=dict(plan.skipped))
     expected = sum(kind_of(i) in ("new", "changed", "retryable") for i in range(n))
     assert len(plan.todo) == expected, (len(plan.todo), expected)
-    del committed, models, listed
+    del listed
     reset_peak()
 
     run_id = time.strftime("%Y%m%dT%H%M%S000000Z-", time.gmtime()) + "bench0"
@@ -257,8 +251,12 @@ def main() -> None:
         rows.append(row)
         print(json.dumps({k: row[k] for k in ("documents", "list_s", "plan_s", "commit_s", "nothing_to_do_s",
                                               "peak_rss_mb", "nothing_to_do_peak_rss_mb")}), flush=True)
+        write(args.out, rows)  # after each size: a 1 M-file folder takes minutes to delete
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def write(out: Path, rows: list[dict]) -> None:
     import pyarrow
 
     result = {
@@ -267,23 +265,24 @@ def main() -> None:
             "machine": f"dev VM, {platform.machine()}: {os.cpu_count()} CPU cores (shared with other work), "
                        f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB, local disk",
             "python": platform.python_version(), "pyarrow": pyarrow.__version__,
-            "real": "the listing (N files on the local disk, listed by pipeline.storage.list_documents), every "
-                    "pipeline call timed (reconcile, documents, page_models, plan_run, document_row, commit), the "
+            "real": "the listing (N files on the local disk, listed as pipeline.job.prepare lists), every "
+                    "pipeline call timed (reconcile, the plan, document_row, commit), the "
                     "nothing-to-do run (pipeline.job.prepare + run with models/ocria-tiny)",
             "synthetic": "the files' contents (4 bytes), the previous run's output (written with pyarrow in the real "
                          "schemas, 64 documents a part, one page row of short text per document), this run's "
                          "outcome (every planned document ok with one page, built in the driver instead of parsed)",
-            "columns": "list_s: listing; plan_s: reconcile + documents + page_models + plan_run (prepare's steps "
-                       "after the listing); commit_s: this run's documents committed in parts of 64 + the closing "
-                       "reconcile; nothing_to_do_s: prepare + run in a fresh process once everything is committed "
-                       "(imports not counted: nothing_to_do_import_s); peak_rss_mb: the driver's peak over list, "
-                       "plan and commit (VmHWM; per phase in *_peak_rss_mb, reset between phases)",
+            "columns": "list_s: listing; plan_s: reconcile + the committed documents and page models read + "
+                       "plan_run (prepare's steps after the listing); commit_s: this run's documents committed in "
+                       "parts of 64 + the closing reconcile; nothing_to_do_s: prepare + run in a fresh process once "
+                       "everything is committed (imports not counted: nothing_to_do_import_s); peak_rss_mb: the "
+                       "driver's peak over list, plan and commit (VmHWM; per phase in *_peak_rss_mb, reset between "
+                       "phases; base_rss_mb: after the imports)",
             "targets": "1 M documents: plan < 60 s and < 2 GB in the driver; nothing to do < 60 s",
         },
         "rows": rows,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
 
 
 if __name__ == "__main__":
