@@ -13,8 +13,8 @@ Each size runs in fresh processes, so one size's memory does not show in the nex
    (3 attempts), 9 % never seen: 11 % is this run's work. A done document has one page row (short text), parsed
    by the checkpoint's model.
 2. driver (timed, one process): `list_s` lists the folder as pipeline.job.prepare does (list_inputs); `plan_s` is
-   what prepare does next: OutputStore.reconcile, then plan_against (the committed documents, the models of their
-   pages, plan_run); `commit_s` commits this run's outcome through the real protocol
+   what prepare does next: OutputStore.reconcile (which reads the plan's columns of the committed documents), then
+   plan_against (the models of their pages, plan_run); `commit_s` commits this run's outcome through the real protocol
    (document_row, OutputStore.commit in parts of 64, then the closing reconcile), every planned document ok with
    one page.
 3. nothing to do (timed, a fresh process): pipeline.job.prepare + run on the same input and output, which now holds
@@ -134,6 +134,7 @@ def driver(n: int, work: Path) -> dict:
     phase's peak memory."""
     from pipeline.config import load_config
     from pipeline.job import list_inputs, plan_against
+    from pipeline.plan import PLAN_COLUMNS
     from pipeline.output import OutputStore, document_row
     from pipeline.schema import PAGE_SCHEMA, empty_row
     from pipeline.storage import resolve
@@ -151,15 +152,15 @@ def driver(n: int, work: Path) -> dict:
     reset_peak()
     t = time.perf_counter()
     store = OutputStore(resolve(cfg.output, cfg.storage))
-    store.reconcile()
+    committed = store.reconcile(PLAN_COLUMNS).documents
     t1 = time.perf_counter()
-    plan = plan_against(cfg, store, listed, model_id)
+    plan = plan_against(cfg, store, listed, model_id, committed)
     t2 = time.perf_counter()
     row.update(plan_s=t2 - t, plan_reconcile_s=t1 - t, plan_read_and_run_s=t2 - t1,
                plan_peak_rss_mb=round(peak_mb(), 1), planned=len(plan.todo), skipped=dict(plan.skipped))
     expected = sum(kind_of(i) in ("new", "changed", "retryable") for i in range(n))
     assert len(plan.todo) == expected, (len(plan.todo), expected)
-    del listed
+    del listed, committed
     reset_peak()
 
     run_id = time.strftime("%Y%m%dT%H%M%S000000Z-", time.gmtime()) + "bench0"

@@ -76,12 +76,12 @@ def prepare(cfg: JobConfig) -> Prepared:
         raise ConfigError(str(e)) from None
     store = OutputStore(writable_output(cfg))
     try:
-        report = store.reconcile()
+        report = store.reconcile(PLAN_COLUMNS)
     except (OSError, ValueError) as e:
         raise ConfigError(f"--output {cfg.output!r} is not usable: {explain(cfg.output, e, cfg.storage)}") from None
     if report.orphan_parts_removed or report.superseded_documents:
         log.info("output repaired: %s", report)
-    plan = plan_against(cfg, store, list_inputs(cfg), model_id)
+    plan = plan_against(cfg, store, list_inputs(cfg), model_id, report.documents)
     if plan.other_model:
         others = sorted({m for ids in plan.other_model.values() for m in ids})
         raise ConfigError(
@@ -105,11 +105,13 @@ def list_inputs(cfg: JobConfig) -> pa.Table:
     return unique_listing(pa.concat_tables(listings)) if listings else LISTING_SCHEMA.empty_table()
 
 
-def plan_against(cfg: JobConfig, store: OutputStore, listed: pa.Table, model_id: str) -> Plan:
-    """The plan of `listed` against what the (reconciled) output holds: the documents' columns the plan reads, and
-    the models that wrote their pages."""
-    return plan_run(listed, store.documents(PLAN_COLUMNS), cfg.run.retry_failed, cfg.run.max_attempts,
-                    cfg.input.limit, model_id, store.page_model_table(), cfg.run.reparse)
+def plan_against(cfg: JobConfig, store: OutputStore, listed: pa.Table, model_id: str,
+                 committed: pa.Table | None = None) -> Plan:
+    """The plan of `listed` against what the (reconciled) output holds: the documents' columns the plan reads
+    (`committed`: as reconcile(PLAN_COLUMNS) found them, else read here), and the models that wrote their pages."""
+    committed = store.documents(PLAN_COLUMNS) if committed is None else committed
+    return plan_run(listed, committed, cfg.run.retry_failed, cfg.run.max_attempts, cfg.input.limit, model_id,
+                    store.page_model_table(), cfg.run.reparse)
 
 
 def _first_line(e: Exception) -> str:

@@ -47,6 +47,8 @@ class ReconcileReport:
     orphan_parts_removed: int = 0
     superseded_documents: int = 0
     parts_rewritten: int = 0
+    # reconcile(columns): those columns of the committed rows as the output now holds them, from reconcile's own scan
+    documents: pa.Table | None = field(default=None, repr=False)
 
 
 class DocumentAssembler:
@@ -199,7 +201,10 @@ class OutputStore:
             models.setdefault(uri, set()).add(model)
         return models
 
-    def reconcile(self) -> ReconcileReport:
+    def reconcile(self, columns: list[str] | None = None) -> ReconcileReport:
+        """Repairs the output (see the module's docstring). With `columns`, report.documents holds those columns of
+        every committed row once repaired, in documents()' order: the scan that found the superseded rows read
+        them, so a planner need not read every part again."""
         report = ReconcileReport()
         fs = self.loc.fs
         doc_parts = {p.rsplit("/", 1)[1]: p for p in list_parquet(fs, self.documents_dir)}
@@ -211,18 +216,22 @@ class OutputStore:
         # of every part are read in one scan and compared in Arrow: a million documents are a million rows, not
         # Python strings.
         names = sorted(doc_parts)
+        read = ["uri"] + [c for c in columns or [] if c != "uri"]
+        batches, part = [], []
+        for i, batch in self._scan([doc_parts[n] for n in names], DOCUMENT_SCHEMA, read):
+            batches.append(batch)
+            part.append(pa.repeat(pa.scalar(i, pa.int32()), batch.num_rows))
+        held = pa.Table.from_batches(batches, pa.schema([DOCUMENT_SCHEMA.field(c) for c in read]))
+        held = held.append_column("part", pa.chunked_array(part, pa.int32()))
+        held = held.append_column("row", pa.array(range(held.num_rows), pa.int64()))
+        held = held.join(held.group_by("uri").aggregate([("part", "max")]), "uri")
+        newest = pc.equal(held["part"], held["part_max"])
+        if columns is not None:  # what the rewrites below leave: each URI's rows in its newest part
+            report.documents = held.filter(newest).sort_by("row").select(columns)
+        stale = held.filter(pc.invert(newest)).group_by(["part", "uri"]).aggregate([])
         stale_by_part: dict[str, list[str]] = {}
-        if names:
-            uris, part = [], []
-            for i, batch in self._scan([doc_parts[n] for n in names], DOCUMENT_SCHEMA, ["uri"]):
-                uris.append(batch.column(0))
-                part.append(pa.repeat(pa.scalar(i, pa.int32()), batch.num_rows))
-            held = pa.table({"uri": pa.chunked_array(uris, pa.string()), "part": pa.chunked_array(part, pa.int32())})
-            newest = held.group_by("uri").aggregate([("part", "max")])
-            held = held.join(newest, "uri")
-            stale = held.filter(pc.not_equal(held["part"], held["part_max"])).group_by(["part", "uri"]).aggregate([])
-            for i, uri in zip(stale["part"].to_pylist(), stale["uri"].to_pylist()):
-                stale_by_part.setdefault(names[i], []).append(uri)
+        for i, uri in zip(stale["part"].to_pylist(), stale["uri"].to_pylist()):
+            stale_by_part.setdefault(names[i], []).append(uri)
         for name in sorted(stale_by_part):
             stale = sorted(stale_by_part[name])
             report.superseded_documents += len(stale)

@@ -182,10 +182,16 @@ def test_reconcile_over_many_parts_keeps_each_newest_commit(tmp_path):
             store.loc.fs.create_dir(folder, recursive=True)
             pq.write_table(pa.Table.from_pylist(rows, schema=schema), f"{folder}/{name}", filesystem=store.loc.fs)
         newest.update({u: p for u in uris})
-    report = store.reconcile()
+    expected = store.documents()  # before the repair: each URI's rows in its newest part, in part order
+    expected = expected.filter(pa.array([newest[u] == a for u, a in zip(expected["uri"].to_pylist(),
+                                                                          expected["attempt"].to_pylist())]))
+    report = store.reconcile(["uri", "attempt", "run_id"])
+    assert report.documents.equals(expected.select(["uri", "attempt", "run_id"]))
+    assert report.documents.equals(store.documents(["uri", "attempt", "run_id"]))
     docs = store.documents()
     assert sorted(zip(docs["uri"].to_pylist(), docs["attempt"].to_pylist())) == sorted(newest.items())
     pages = Counter(zip(store.pages()["uri"].to_pylist(), store.pages()["text"].to_pylist()))
     assert pages == Counter({(u, f"{u}@{p}"): 2 for u, p in newest.items()})
     assert report.superseded_documents > 0 and store.reconcile().parts_rewritten == 0
+    assert store.reconcile().documents is None and store.reconcile([]).documents.num_columns == 0
     assert store.page_models() == {} and store.page_model_table().num_rows == 0
