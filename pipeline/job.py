@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 
 from engine.backends import check_options
@@ -17,15 +18,15 @@ from pipeline.checkpoint import (
     CheckpointError, checkpoint_note, localize, validate, validate_drafter, weight_precision)
 from pipeline.config import ConfigError, JobConfig, knob
 from pipeline.local_ray import ray_session
-from pipeline.output import DocumentAssembler, OutputStore, document_row
+from pipeline.output import DocumentAssembler, OutputStore, ReconcileReport, document_row
 from pipeline.page_reading import block_reading, raster_options
-from pipeline.plan import Plan, plan_run
+from pipeline.plan import PLAN_COLUMNS, Plan, plan_run, unique_listing
 from pipeline.progress import PageProgress
 from pipeline.rasterize import RasterOptions
 from pipeline.redact import install_log_redaction, redact
 from pipeline.schema import DOC_TASK_SCHEMA, PAGE_SCHEMA, empty_row
 from pipeline.stats import RunStats, format_table
-from pipeline.storage import (Location, check_writable, explain, list_documents, resolve, retrying,
+from pipeline.storage import (LISTING_SCHEMA, Location, check_writable, explain, list_table, resolve, retrying,
                               write_parquet_atomic, write_text)
 
 log = logging.getLogger("ocria.job")
@@ -76,20 +77,12 @@ def prepare(cfg: JobConfig) -> Prepared:
         raise ConfigError(str(e)) from None
     store = OutputStore(writable_output(cfg))
     try:
-        report = store.reconcile()
+        report = store.reconcile(PLAN_COLUMNS)
     except (OSError, ValueError) as e:
         raise ConfigError(f"--output {cfg.output!r} is not usable: {explain(cfg.output, e, cfg.storage)}") from None
     if report.orphan_parts_removed or report.superseded_documents:
         log.info("output repaired: %s", report)
-    listed = {}
-    for uri in cfg.input.uris:
-        try:
-            for f in list_documents(uri, cfg.storage, cfg.input.include, cfg.input.exclude):
-                listed[f.uri] = f
-        except (OSError, ValueError) as e:
-            raise ConfigError(f"cannot list input {uri!r}: {explain(uri, e, cfg.storage)}") from None
-    plan = plan_run(list(listed.values()), store.documents(), cfg.run.retry_failed, cfg.run.max_attempts,
-                    cfg.input.limit, model_id, store.page_models(), cfg.run.reparse)
+    plan = plan_against(cfg, store, list_inputs(cfg), model_id, report.documents)
     if plan.other_model:
         others = sorted({m for ids in plan.other_model.values() for m in ids})
         raise ConfigError(
@@ -100,6 +93,26 @@ def prepare(cfg: JobConfig) -> Prepared:
     if plan.todo and not ray_address(cfg):  # a local Ray's size is known now: check the pools fit before starting it
         size_pools(cfg, local_cpus(cfg), local_gpus(cfg), " CPUs of the local Ray (--num-cpus)")
     return Prepared(cfg, new_run_id(), store, plan, checkpoint_dir, raster, blocks, drafter)
+
+
+def list_inputs(cfg: JobConfig) -> pa.Table:
+    """Every input's files, each URI once (pipeline.storage.LISTING_SCHEMA)."""
+    listings = []
+    for uri in cfg.input.uris:
+        try:
+            listings.append(list_table(uri, cfg.storage, cfg.input.include, cfg.input.exclude))
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"cannot list input {uri!r}: {explain(uri, e, cfg.storage)}") from None
+    return unique_listing(pa.concat_tables(listings)) if listings else LISTING_SCHEMA.empty_table()
+
+
+def plan_against(cfg: JobConfig, store: OutputStore, listed: pa.Table, model_id: str,
+                 committed: pa.Table | None = None) -> Plan:
+    """The plan of `listed` against what the (reconciled) output holds: the documents' columns the plan reads
+    (`committed`: as reconcile(PLAN_COLUMNS) found them, else read here), and the models that wrote their pages."""
+    committed = store.documents(PLAN_COLUMNS) if committed is None else committed
+    return plan_run(listed, committed, cfg.run.retry_failed, cfg.run.max_attempts, cfg.input.limit, model_id,
+                    store.page_model_table(), cfg.run.reparse)
 
 
 def _first_line(e: Exception) -> str:
@@ -194,7 +207,6 @@ def size_pools(cfg: JobConfig, cluster_cpus: float, cluster_gpus: int, cpus_from
 
 
 def build_dataset(ray, prep: Prepared, pools: PoolSizes):
-    import pyarrow as pa
     from ray.data import ActorPoolStrategy, DataContext
 
     from engine.backends import concurrent_calls
@@ -207,9 +219,9 @@ def build_dataset(ray, prep: Prepared, pools: PoolSizes):
     # log lines every ten seconds, and its execution-plan lines would bury it.
     ctx.enable_progress_bars = False
     ctx.print_on_execution_start = False
-    tasks = pa.Table.from_pylist(
-        [empty_row(DOC_TASK_SCHEMA, uri=u, size_bytes=m.size_bytes, mtime_ns=m.mtime_ns, attempt=m.attempt)
-         for u, m in prep.plan.todo.items()], schema=DOC_TASK_SCHEMA)
+    todo = prep.plan.todo  # built column by column: a first run of an archive plans a million documents
+    tasks = pa.table([list(todo), [m.size_bytes for m in todo.values()], [m.mtime_ns for m in todo.values()],
+                      [m.attempt for m in todo.values()]], schema=DOC_TASK_SCHEMA)
     # Small blocks, cut here in the driver: no repartition task (it would ask for a whole CPU that a small
     # cluster may not have free), and one slow document holds up few others.
     per_block = max(1, min(16, tasks.num_rows // (8 * pools.raster_max)))
@@ -270,7 +282,9 @@ def run(prep: Prepared, echo=print) -> dict:
             finally:
                 stats.engine_restarts = engine_restarts(ray, pools.engines)
     stats.wall_s = time.perf_counter() - t0
-    report = prep.store.reconcile()
+    # a run that committed nothing leaves the output as prepare's reconcile did: at a million documents another
+    # pass over every part would be most of a rerun's time
+    report = prep.store.reconcile() if prep.plan.todo else ReconcileReport()
     stats.extra.update(skipped=dict(prep.plan.skipped), superseded_documents=report.superseded_documents,
                        backend=cfg.model.backend, checkpoint=cfg.model.checkpoint, checkpoint_note=note,
                        precision=precision(prep, on_gpu=stats.gpus > 0))

@@ -16,8 +16,10 @@ tests/test_commit_crash.py stops the process to check each of the claims above.
 from __future__ import annotations
 
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from typing import Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -29,7 +31,11 @@ from pipeline.schema import DOCUMENT_SCHEMA, PAGE_SCHEMA, empty_row
 from pipeline.storage import Location, delete_file, list_parquet, read_parquet, retrying, write_parquet_atomic
 
 
-@dataclass(frozen=True)
+PARTS_PER_SCAN = 256  # parts read at once and held (OutputStore._scan)
+READ_THREADS = 16  # their reads in flight: object stores answer each after a round trip
+
+
+@dataclass(frozen=True, slots=True)  # one per planned document: a million of them on a first run of an archive
 class DocMeta:
     size_bytes: int
     mtime_ns: int
@@ -41,6 +47,8 @@ class ReconcileReport:
     orphan_parts_removed: int = 0
     superseded_documents: int = 0
     parts_rewritten: int = 0
+    # reconcile(columns): those columns of the committed rows as the output now holds them, from reconcile's own scan
+    documents: pa.Table | None = field(default=None, repr=False)
 
 
 class DocumentAssembler:
@@ -127,11 +135,32 @@ class OutputStore:
     def _read(self, path: str, schema: pa.Schema) -> pa.Table:
         return read_parquet(self.loc.fs, path, schema=schema)
 
-    def documents(self) -> pa.Table:
-        """All committed document rows (after reconcile: one per URI)."""
-        parts = list_parquet(self.loc.fs, self.documents_dir)
-        tables = [self._read(p, DOCUMENT_SCHEMA) for p in parts]
-        return pa.concat_tables(tables) if tables else DOCUMENT_SCHEMA.empty_table()
+    def _scan(self, paths: list[str], schema: pa.Schema, columns: list[str] | None = None,
+              where: pc.Expression | None = None) -> Iterator[tuple[int, pa.RecordBatch]]:
+        """(index in `paths`, batch) of the parts' rows, in the order of `paths`.
+
+        An archive's output holds tens of thousands of small parts, each an open and a footer read: one at a time the
+        15 k parts of a 1 M-document output take minutes, so PARTS_PER_SCAN of them are read at once on READ_THREADS
+        threads. Each is read whole and retried as storage.read_parquet does (a read cut off inside pyarrow's Parquet
+        reader would be ArrowInvalid, a damaged file's error, and never retried), and at most PARTS_PER_SCAN are held
+        at a time. A part without a column of `schema` (an older version's) reads it as nulls, as _read does."""
+        kwargs = dict(schema=schema, columns=columns, filters=where)
+        with ThreadPoolExecutor(READ_THREADS) as pool:
+            for first in range(0, len(paths), PARTS_PER_SCAN):
+                group = paths[first : first + PARTS_PER_SCAN]
+                tables = pool.map(lambda path: read_parquet(self.loc.fs, path, **kwargs), group)
+                for i, table in enumerate(tables):
+                    for batch in table.to_batches():
+                        yield first + i, batch
+
+    def _read_parts(self, paths: list[str], schema: pa.Schema, columns: list[str] | None = None) -> pa.Table:
+        """The parts' rows in the order of `paths`."""
+        out = pa.schema([schema.field(c) for c in columns]) if columns else schema
+        return pa.Table.from_batches([b for _, b in self._scan(paths, schema, columns)], out)
+
+    def documents(self, columns: list[str] | None = None) -> pa.Table:
+        """All committed document rows (after reconcile: one per URI); `columns` reads only those."""
+        return self._read_parts(list_parquet(self.loc.fs, self.documents_dir), DOCUMENT_SCHEMA, columns)
 
     def _committed_page_parts(self) -> list[str]:
         """Pages files whose documents file exists (a part is committed once its documents file is written)."""
@@ -140,20 +169,44 @@ class OutputStore:
 
     def pages(self) -> pa.Table:
         """Committed page rows: only parts whose documents file exists."""
-        tables = [self._read(p, PAGE_SCHEMA) for p in self._committed_page_parts()]
-        return pa.concat_tables(tables) if tables else PAGE_SCHEMA.empty_table()
+        return self._read_parts(self._committed_page_parts(), PAGE_SCHEMA)
+
+    def page_model_table(self) -> pa.Table:
+        """The distinct (uri, model_id) of committed page rows that name a model (two columns read, not the text).
+
+        Deduplicated as it streams, a million rows at a time: a document's pages sit in one part, so the table held
+        is about one row per document, not one per page."""
+        out = pa.schema([("uri", pa.string()), ("model_id", pa.string())])
+        parts = self._committed_page_parts()
+        if not parts:
+            return out.empty_table()
+        named = pc.field("model_id").is_valid() & (pc.field("model_id") != "")
+
+        def distinct(batches: list[pa.RecordBatch]) -> pa.Table:
+            return pa.Table.from_batches(batches, out).group_by(["uri", "model_id"]).aggregate([])
+
+        done, batches, rows = [], [], 0
+        for _, batch in self._scan(parts, PAGE_SCHEMA, ["uri", "model_id"], named):
+            batches.append(batch)
+            rows += batch.num_rows
+            if rows >= 1 << 20:
+                done.append(distinct(batches))
+                batches, rows = [], 0
+        done.append(distinct(batches))
+        return distinct([b for t in done for b in t.to_batches()]) if len(done) > 1 else done[0]
 
     def page_models(self) -> dict[str, set[str]]:
-        """uri -> the model ids of its committed page rows (two columns read, not the text)."""
+        """uri -> the model ids of its committed page rows."""
         models: dict[str, set[str]] = {}
-        for p in self._committed_page_parts():
-            t = read_parquet(self.loc.fs, p, columns=["uri", "model_id"])
-            for uri, model in zip(t.column("uri").to_pylist(), t.column("model_id").to_pylist()):
-                if model:
-                    models.setdefault(uri, set()).add(model)
+        t = self.page_model_table()
+        for uri, model in zip(t.column("uri").to_pylist(), t.column("model_id").to_pylist()):
+            models.setdefault(uri, set()).add(model)
         return models
 
-    def reconcile(self) -> ReconcileReport:
+    def reconcile(self, columns: list[str] | None = None) -> ReconcileReport:
+        """Repairs the output (see the module's docstring). With `columns`, report.documents holds those columns of
+        every committed row once repaired, in documents()' order: the scan that found the superseded rows read
+        them, so a planner need not read every part again."""
         report = ReconcileReport()
         fs = self.loc.fs
         doc_parts = {p.rsplit("/", 1)[1]: p for p in list_parquet(fs, self.documents_dir)}
@@ -161,18 +214,28 @@ class OutputStore:
             if path.rsplit("/", 1)[1] not in doc_parts:
                 delete_file(fs, path)
                 report.orphan_parts_removed += 1
-        # Part names sort by run start time, then sequence: the last part holding a URI is its newest commit.
-        newest: dict[str, str] = {}
-        uris_by_part: dict[str, list[str]] = {}
-        for name in sorted(doc_parts):
-            uris = self._read(doc_parts[name], DOCUMENT_SCHEMA).column("uri").to_pylist()
-            uris_by_part[name] = uris
-            for uri in uris:
-                newest[uri] = name
-        for name, uris in uris_by_part.items():
-            stale = sorted({u for u in uris if newest[u] != name})
-            if not stale:
-                continue
+        # Part names sort by run start time, then sequence: the last part holding a URI is its newest commit. The URIs
+        # of every part are read in one scan and compared in Arrow: a million documents are a million rows, not
+        # Python strings.
+        names = sorted(doc_parts)
+        read = ["uri"] + [c for c in columns or [] if c != "uri"]
+        batches, part = [], []
+        for i, batch in self._scan([doc_parts[n] for n in names], DOCUMENT_SCHEMA, read):
+            batches.append(batch)
+            part.append(pa.repeat(pa.scalar(i, pa.int32()), batch.num_rows))
+        held = pa.Table.from_batches(batches, pa.schema([DOCUMENT_SCHEMA.field(c) for c in read]))
+        held = held.append_column("part", pa.chunked_array(part, pa.int32()))
+        held = held.append_column("row", pa.array(range(held.num_rows), pa.int64()))
+        held = held.join(held.group_by("uri").aggregate([("part", "max")]), "uri")
+        newest = pc.equal(held["part"], held["part_max"])
+        if columns is not None:  # what the rewrites below leave: each URI's rows in its newest part
+            report.documents = held.filter(newest).sort_by("row").select(columns)
+        stale = held.filter(pc.invert(newest)).group_by(["part", "uri"]).aggregate([])
+        stale_by_part: dict[str, list[str]] = {}
+        for i, uri in zip(stale["part"].to_pylist(), stale["uri"].to_pylist()):
+            stale_by_part.setdefault(names[i], []).append(uri)
+        for name in sorted(stale_by_part):
+            stale = sorted(stale_by_part[name])
             report.superseded_documents += len(stale)
             report.parts_rewritten += 1
             keep = lambda t: t.filter(pc.invert(pc.is_in(t.column("uri"), value_set=pa.array(stale, pa.string()))))

@@ -9,10 +9,11 @@ from __future__ import annotations
 import importlib.util
 import sys
 
-# module the job imports -> the requirement that provides it (pyproject.toml's dependencies)
+# module the job imports -> the requirement that provides it (pyproject.toml's dependencies). Not Ray: a cluster
+# has its own, and a rerun with nothing to do finishes without importing it
 JOB_MODULES = {
     "click": "click", "pydantic": "pydantic", "yaml": "pyyaml", "numpy": "numpy", "pyarrow": "pyarrow",
-    "boto3": "boto3", "ray": "ray[default,data]", "pymupdf": "pymupdf", "torch": "torch",
+    "boto3": "boto3", "pymupdf": "pymupdf", "torch": "torch",
     "transformers": "transformers", "tokenizers": "tokenizers", "safetensors": "safetensors", "PIL": "pillow",
     "psutil": "psutil", "tqdm": "tqdm",
 }

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
@@ -232,8 +233,22 @@ class ListedFile:
     mtime_ns: int
 
 
-def list_documents(uri: str, storage: StorageConfig, include: list[str], exclude: list[str]) -> list[ListedFile]:
-    """Every file under `uri` (or `uri` itself) whose name matches an include glob and no exclude glob.
+# A listing as the planner takes it: one row per file, sorted by URI.
+LISTING_SCHEMA = pa.schema([("uri", pa.string()), ("size_bytes", pa.int64()), ("mtime_ns", pa.int64())])
+LISTING_CHUNK = 1 << 16  # files turned into Arrow columns at a time
+
+
+def _glob_matcher(patterns: list[str]):
+    """One regex for all of `patterns`, lower-cased, as fnmatch matches each of them (one match per name, not one
+    per pattern: an archive's listing is a million names)."""
+    if not patterns:
+        return lambda s: False
+    return re.compile("|".join(f"(?:{fnmatch.translate(p.lower())})" for p in patterns)).match
+
+
+def list_table(uri: str, storage: StorageConfig, include: list[str], exclude: list[str]) -> pa.Table:
+    """Every file under `uri` (or `uri` itself) whose name matches an include glob and no exclude glob, as a table
+    (LISTING_SCHEMA) sorted by URI: a million files are three Arrow columns, not a million Python objects.
 
     Globs match the path relative to `uri` and the bare file name, so `*.pdf` and `2026/*/*.pdf` both work.
     Raises FileNotFoundError when `uri` does not exist, so a typo is not mistaken for an empty archive."""
@@ -249,20 +264,44 @@ def list_documents(uri: str, storage: StorageConfig, include: list[str], exclude
         infos, base = [info], loc.path.rsplit("/", 1)[0]
     else:
         infos, base = retrying(f"list {uri}", loc.fs.get_file_info, pafs.FileSelector(loc.path, recursive=True)), loc.path
+    included, excluded = _glob_matcher(include), _glob_matcher(exclude)
 
-    def matches(rel: str, patterns: list[str]) -> bool:
-        name = rel.rsplit("/", 1)[-1]
-        return any(fnmatch.fnmatch(rel.lower(), p.lower()) or fnmatch.fnmatch(name.lower(), p.lower()) for p in patterns)
+    def matches(rel: str, match) -> bool:
+        lower = rel.lower()
+        return bool(match(lower) or match(lower.rsplit("/", 1)[-1]))
 
-    out = []
-    for f in infos:
-        if f.type != pafs.FileType.File:
-            continue
-        rel = f.path[len(base) :].lstrip("/")
-        if matches(rel, include) and not matches(rel, exclude):
-            mtime_ns = f.mtime_ns if f.mtime_ns is not None else 0
-            out.append(ListedFile(loc.uri(f.path), f.size or 0, mtime_ns))
-    return sorted(out, key=lambda f: f.uri)
+    prefix = loc.uri("")
+    chunks = []
+    for start in range(0, len(infos), LISTING_CHUNK):
+        uris, sizes, mtimes = [], [], []
+        for f in infos[start : start + LISTING_CHUNK]:
+            if f.type != pafs.FileType.File:
+                continue
+            rel = f.path[len(base) :].lstrip("/")
+            if matches(rel, included) and not matches(rel, excluded):
+                uris.append(prefix + f.path)
+                sizes.append(f.size or 0)
+                mtimes.append(f.mtime_ns if f.mtime_ns is not None else 0)
+        chunks.append(pa.record_batch([pa.array(uris, pa.string()), pa.array(sizes, pa.int64()),
+                                       pa.array(mtimes, pa.int64())], schema=LISTING_SCHEMA))
+    del infos
+    table = pa.Table.from_batches(chunks, LISTING_SCHEMA)
+    return table.take(pc.sort_indices(table["uri"])).combine_chunks() if table.num_rows else table
+
+
+def list_documents(uri: str, storage: StorageConfig, include: list[str], exclude: list[str]) -> list[ListedFile]:
+    """list_table's files as objects, for a listing small enough to hold as them."""
+    return listed_files(list_table(uri, storage, include, exclude))
+
+
+def listed_files(table: pa.Table) -> list[ListedFile]:
+    return [ListedFile(u, s, m) for u, s, m in zip(table["uri"].to_pylist(), table["size_bytes"].to_pylist(),
+                                                    table["mtime_ns"].to_pylist())]
+
+
+def listing_table(listed: list[ListedFile]) -> pa.Table:
+    return pa.table([pa.array([f.uri for f in listed], pa.string()), pa.array([f.size for f in listed], pa.int64()),
+                     pa.array([f.mtime_ns for f in listed], pa.int64())], schema=LISTING_SCHEMA)
 
 
 def read_bytes(fs: pafs.FileSystem, uri: str) -> bytes:
