@@ -50,7 +50,7 @@ def main() -> None:
 
     import pipeline.storage as storage
     from fault_proxy import FAULTS, FaultProxy, Rule
-    from jobs.make_tiny_checkpoint import build_tiny_checkpoint
+    from engine.testing import build_tiny_checkpoint
     from pipeline.config import StorageConfig, load_config
     from pipeline.job import prepare, run
     from pipeline.output import OutputStore
