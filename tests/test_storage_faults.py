@@ -22,7 +22,8 @@ from pipeline.stats import RunStats
 from test_commit_crash import (DRIVER_RUN, assert_exactly_once, assert_no_lost_page, drive, earlier_output, resume,
                                texts_of)
 
-pytestmark = pytest.mark.timeout(180)
+# slow: backoff waits and retry budgets spent on purpose, ~5 min in all (make test-system runs them)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 MIX = ("slowdown", "throttle", "error", "reset")
 
 
