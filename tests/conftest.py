@@ -77,6 +77,38 @@ def sigterm(proc, timeout: float = 60) -> tuple[str, float]:
     return err, time.perf_counter() - t
 
 
+def stop_ray_node(proc, temp: str, also=()) -> None:
+    """A `ray start --block` started in its own session (`proc`) with its own `temp` dir: its process group, then
+    every process whose command line names `temp` (and `also`), terminated, then killed after 15 s. Never `ray
+    stop`, which stops every Ray on the machine."""
+    import signal
+    import subprocess
+
+    import psutil
+
+    procs = [p for p in psutil.process_iter(["cmdline"]) if temp in " ".join(p.info["cmdline"] or [])] + list(also)
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    for p in procs:
+        try:
+            p.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=15)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
 def load_bench(name: str):
     """bench/<name>.py as a module (the bench folder is scripts, not a package)."""
     spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")

@@ -4,18 +4,16 @@ what is missing and the runtime_env that provides it, not in a ModuleNotFoundErr
 `ray start --head`, on its own ports and temp dir, stopped with its own process group (never `ray stop`, which would
 stop every Ray on the machine)."""
 import os
-import signal
-import socket
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
 import time
 
-import psutil
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, stop_ray_node
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -60,25 +58,13 @@ def foreign_cluster(foreign_venv):
                 socket.create_connection(("127.0.0.1", dash), timeout=1).close()
                 break
             except OSError:
-                assert head.poll() is None, "ray start --head exited"
+                assert head.poll() is None, open(log.name).read()[-3000:]
                 time.sleep(1)
         else:
             pytest.fail("the foreign cluster's dashboard never answered")
         yield address, env
     finally:
-        # every process of this cluster names its temp dir on its command line; none of another Ray's does
-        procs = [p for p in psutil.process_iter(["cmdline"]) if temp in " ".join(p.info["cmdline"] or [])]
-        if head.poll() is None:
-            os.killpg(head.pid, signal.SIGTERM)
-        for p in procs:
-            try:
-                p.terminate()
-            except psutil.Error:
-                pass
-        _, alive = psutil.wait_procs(procs, timeout=15)
-        for p in alive:
-            p.kill()
-        head.wait(timeout=30)
+        stop_ray_node(head, temp)  # every process of this cluster names its temp dir; none of another Ray's does
         log.close()
         shutil.rmtree(temp, ignore_errors=True)
 

@@ -18,7 +18,7 @@ import time
 import psutil
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, stop_ray_node
 from pipeline.config import StorageConfig
 from pipeline.output import OutputStore
 from pipeline.storage import resolve
@@ -81,34 +81,15 @@ def _start(args, env, temp, manager_port) -> Node:
 
 
 def _stop(node: Node) -> None:
-    """The node's `ray start --block` group, then any process whose command line names its temp dir."""
-    procs = [p for p in psutil.process_iter(["cmdline"]) if node.temp in " ".join(p.info["cmdline"] or [])]
+    """The node's `ray start --block` group, then any process naming its temp dir or under its raylet."""
+    also = []
     raylet = node.raylet()
     if raylet is not None:
         try:
-            procs += raylet.children(recursive=True) + [raylet]
+            also = raylet.children(recursive=True) + [raylet]
         except psutil.Error:
             pass
-    if node.proc.poll() is None:
-        try:
-            os.killpg(node.proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    for p in procs:
-        try:
-            p.terminate()
-        except psutil.Error:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=15)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-    try:
-        node.proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(node.proc.pid, signal.SIGKILL)
+    stop_ray_node(node.proc, node.temp, also)
     node.log.close()
     shutil.rmtree(node.temp, ignore_errors=True)
 
