@@ -62,11 +62,18 @@ def variant_args(name: str, **options) -> dict:
     """Engine keyword arguments of a variant: options=EngineOptions(options + its overrides), tuning=DecodeTuning(its
     tuning overrides: the decode path's internal switches, which benchmarks may set and users do not). A variant
     on quantized weights needs its checkpoint built too: variant_engine."""
-    v = dict(VARIANTS[name])
-    if v.pop("weights", None):
+    weights, args = _variant(name, options)
+    if weights:
         raise ValueError(f"variant {name} runs quantized weights: build it with variant_engine")
+    return args
+
+
+def _variant(name: str, options: dict) -> tuple[str | None, dict]:
+    """A variant's weight precision (None: as built) and its engine keyword arguments (see variant_args)."""
+    v = dict(VARIANTS[name])
+    weights = v.pop("weights", None)
     tuning = DecodeTuning(**v.pop("tuning", {}))
-    return dict(options=EngineOptions(**options, **v), tuning=tuning)
+    return weights, dict(options=EngineOptions(**options, **v), tuning=tuning)
 
 
 def variant_engine(name: str, hf_raw: dict, sd: dict, device, dtype, **options) -> Engine:
@@ -74,10 +81,7 @@ def variant_engine(name: str, hf_raw: dict, sd: dict, device, dtype, **options) 
     built-in recipe first (round to nearest: random weights have no activations worth calibrating on)."""
     from engine.quantize import builtin_plan, quantize_tensors
 
-    v = dict(VARIANTS[name])
-    weights = v.pop("weights", None)
-    tuning = DecodeTuning(**v.pop("tuning", {}))
-    opts = dict(options=EngineOptions(**options, **v), tuning=tuning)
+    weights, opts = _variant(name, options)
     cfg = parse_config(hf_raw)
     if weights is None:
         return Engine(cfg, sd.items(), device=device, dtype=dtype, **opts)
