@@ -26,6 +26,7 @@ import os
 import sys
 from collections import Counter
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
@@ -183,7 +184,7 @@ def count_decode_step(batch: int, variant: str, layers: int, glue_kernels: dict)
                               block_tables=[list(range(b * per_seq, (b + 1) * per_seq)) for b in range(batch)],
                               padded=batch)
     counter = StepCounter()
-    hooks = scope_layers(lm, counter, glue_kernels)
+    hooks = scope_layers(eng.model, counter, glue_kernels)
     with torch.no_grad(), count_triton_launches(counter), counter:
         runner._decode_forward(batch)  # exactly what capture_decode_graphs records in the graph
     for h in hooks:
@@ -191,12 +192,12 @@ def count_decode_step(batch: int, variant: str, layers: int, glue_kernels: dict)
     return counter.counts, [layer.kind for layer in lm.layers]
 
 
-def scope_layers(lm, counter: StepCounter, glue_kernels: dict) -> list:
+def scope_layers(model, counter: StepCounter, glue_kernels: dict) -> list:
     """Each layer's ops counted under "layer i", the final norm's and head's under theirs, each glue call as its
     compiled regions; returns the hooks to remove."""
-    hooks = []
+    hooks, lm = [], model.language_model
+    model.use(replace(model.path, glue=CountedGlue(model.path.glue, counter, glue_kernels)))
     for i, layer in enumerate(lm.layers):
-        layer.mixer.glue = CountedGlue(layer.mixer.glue, counter, glue_kernels)
         hooks.append(layer.register_forward_pre_hook(lambda m, a, i=i: setattr(counter, "scope", f"layer {i}")))
     hooks.append(lm.norm.register_forward_pre_hook(lambda m, a: setattr(counter, "scope", "final norm + head")))
     return hooks
@@ -222,7 +223,7 @@ def count_spec_step(batch: int, variant: str, layers: int, glue_kernels: dict, b
         ([ctx - 1 + T] * (batch * T), torch.int32), (tables, torch.int32), (list(range(batch)), torch.int64),
         ([T] * batch, torch.int64))))
     counter = StepCounter()
-    hooks = scope_layers(lm, counter, glue_kernels)
+    hooks = scope_layers(eng.model, counter, glue_kernels)
 
     def scoped(obj, name, scope, after):  # the calls of obj.name counted under `scope`, later ones under `after`
         fn = getattr(obj, name)
@@ -235,7 +236,7 @@ def count_spec_step(batch: int, variant: str, layers: int, glue_kernels: dict, b
         setattr(obj, name, call)
 
     spec.drafter.fuse_projections()  # done once, by the warm-up step before capture
-    spec.drafter.glue = CountedGlue(spec.drafter.glue, counter, {})  # compiled on CUDA: one region per call
+    spec.drafter.use_glue(CountedGlue(spec.drafter.glue, counter, {}))  # compiled on CUDA: one region per call
     scoped(spec, "propose", "draft", "draft")
     scoped(spec, "verify", "embed+rope", "accept + next token")
     scoped(spec, "commit", "commit", "accept + next token")

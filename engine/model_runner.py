@@ -16,7 +16,7 @@ from engine import ops
 from engine.config import ModelConfig
 from engine.gdn_ring import GdnRing
 from engine.models.glue import Glue
-from engine.models.layers import DecodeProjections
+from engine.models.layers import DecodePath, DecodeProjections
 from engine.models.qwen3_5 import Qwen3_5Model
 from engine.options import RunnerConfig
 from engine.step_metadata import DecodeInputs, PrefillChunk, build_prefill_metadata, to_device
@@ -62,15 +62,14 @@ class ModelRunner:
         # the attention KV cache's dtype: the model's, or FP8 E4M3 rows with a scale each (kernels/paged_attention)
         self.kv_dtype = config.kv_dtype
         tuning, device = config.tuning, config.device
-        model.language_model.set_fused_attention_decode(tuning.fused_attention_decode)
-        if tuning.gemv:
-            model.set_projections(DecodeProjections.for_model(self._projection_weights(), tuning.pdl,
-                                                              tuning.swiglu_epilogue))
-        model.language_model.set_pdl(tuning.pdl)
-        if config.compile_glue and device.type == "cuda":
-            model.language_model.set_glue(self._compiled_glue())
-            if drafter is not None:
-                drafter.glue = self._compiled_draft_glue()
+        compiled = config.compile_glue and device.type == "cuda"
+        model.use(DecodePath(
+            proj=DecodeProjections.for_model(self._projection_weights(), tuning.pdl, tuning.swiglu_epilogue)
+            if tuning.gemv else DecodeProjections(),
+            glue=self._compiled_glue() if compiled else Glue(), pdl=tuning.pdl,
+            fused_attention_decode=tuning.fused_attention_decode))
+        if compiled and drafter is not None:
+            drafter.use_glue(self._compiled_draft_glue())
         t = cfg.text
         self.attn_layers = [model.language_model.layers[i].self_attn for i in t.full_attention_layers]
         self.gdn_layers = [model.language_model.layers[i].linear_attn for i in t.linear_attention_layers]
@@ -187,7 +186,7 @@ class ModelRunner:
         self.ssm_state = torch.zeros(n, slots, t.linear_num_value_heads, t.linear_key_head_dim,
                                      t.linear_value_head_dim, dtype=state_dtype, device=self.device)
         for i, layer in enumerate(self.gdn_layers):
-            layer.conv_state, layer.ssm_state = self.conv_state[i], self.ssm_state[i]
+            layer.bind_state(self.conv_state[i], self.ssm_state[i])
 
     def _alloc_kv(self, num_blocks: int) -> None:
         t = self.cfg.text
@@ -197,8 +196,8 @@ class ModelRunner:
         self.kv_scales = [torch.ones(shape[:4], dtype=torch.float32, device=self.device) for _ in range(2)] \
             if self.kv_fp8 else None
         for i, layer in enumerate(self.attn_layers):
-            layer.k_cache, layer.v_cache = self.k_cache[i], self.v_cache[i]
-            layer.kv_scales = (self.kv_scales[0][i], self.kv_scales[1][i]) if self.kv_fp8 else None
+            layer.bind_kv_cache(self.k_cache[i], self.v_cache[i],
+                                (self.kv_scales[0][i], self.kv_scales[1][i]) if self.kv_fp8 else None)
         if self.drafter is not None:
             self.drafter.alloc_kv(num_blocks, self.block_size)
 
@@ -245,8 +244,7 @@ class ModelRunner:
         del self.k_cache, self.v_cache
         self.kv_scales = None
         for layer in self.attn_layers:
-            layer.k_cache = layer.v_cache = torch.empty(0)
-            layer.kv_scales = None
+            layer.bind_kv_cache(torch.empty(0), torch.empty(0))
         self.conv_state.zero_()
         self.ssm_state.zero_()
         torch.cuda.empty_cache()

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -139,7 +139,7 @@ def collect_calibration(checkpoint: str | Path, images: list, prompt: str | None
                 rows.setdefault(name, []).append(xf[:: max(1, xf.shape[0] // 64)])
             return super().linear(x, weight, swiglu)
 
-    eng.model.set_projections(Recorder())
+    eng.model.use(replace(eng.model.path, proj=Recorder()))
     sampling = SamplingParams(max_tokens=max_new_tokens)
     for im in images:
         eng.generate([dict(prompt=prompt or DEFAULT_PROMPT, image=im, sampling=sampling)])

@@ -127,7 +127,7 @@ class SpecDecoder:
         self.kept_x = torch.empty(len(runner.gdn_layers), max_num_seqs, block_size, t.gdn_conv_dim,
                                   dtype=runner.dtype, device=runner.device)
         for i, layer in enumerate(runner.gdn_layers):
-            layer.kept_x, layer.ring, layer.fold_after = self.kept_x[i], self.ring.layer(i), self.ring.fold_after
+            layer.bind_verify(self.kept_x[i], self.ring.layer(i), self.ring.fold_after)
 
     def block_len(self, seq: Sequence) -> int:
         """Tokens of the block this sequence verifies next step (1 = no drafts)."""

@@ -107,4 +107,4 @@ def test_pdl_is_the_default_only_where_the_gpu_has_it(ckpt, monkeypatch):
     lm = eng.model.language_model
     assert any(isinstance(m, RMSNorm) for m in lm.modules())
     assert not any(getattr(m, "pdl", False) for m in lm.modules())
-    assert "pdl" not in eng.model.proj.launch
+    assert "pdl" not in eng.model.path.proj.launch

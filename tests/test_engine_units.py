@@ -117,6 +117,8 @@ def test_runner_glue_check_accepts_a_working_compiler(tmp_path):
     """The start-up check that guards the compiled glue (CUDA) runs clean with a working compiler backend."""
     import warnings
 
+    from dataclasses import replace
+
     from engine.interface import SamplingParams
     from engine.llm_engine import Engine
     from engine.testing import build_checkpoint
@@ -128,7 +130,7 @@ def test_runner_glue_check_accepts_a_working_compiler(tmp_path):
         glue = eng.runner._compiled_glue(backend="eager")
     assert glue.compiled
     ref = eng.generate([dict(prompt_token_ids=list(range(3, 30)), sampling=SamplingParams(max_tokens=6))])
-    eng.model.language_model.set_glue(glue)
+    eng.model.use(replace(eng.model.path, glue=glue))
     out = eng.generate([dict(prompt_token_ids=list(range(3, 30)), sampling=SamplingParams(max_tokens=6))])
     assert out[0].output_token_ids == ref[0].output_token_ids
 
@@ -199,7 +201,7 @@ def test_drafter_glue_traces_as_one_graph_and_the_runner_check_accepts_it(tmp_pa
         warnings.simplefilter("error")
         glue = eng.runner._compiled_draft_glue(backend="eager")
     assert glue.compiled
-    eng.spec.drafter.glue = glue
+    eng.spec.drafter.use_glue(glue)
     out = eng.generate(req)[0]
     assert out.output_token_ids == ref[0].output_token_ids
     assert out.spec_steps > 0 and ref[0].spec_steps > 0

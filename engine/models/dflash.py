@@ -257,6 +257,24 @@ class DraftLayer(nn.Module):
         self.attention_conv = conv() if conv else None
         self.mlp_conv = conv() if conv else None
 
+    @torch.no_grad()
+    def fuse_projections(self) -> None:
+        """The q, k, v projections become row views of one [q | k | v] weight, gate and up of one [gate | up]
+        weight: one GEMM each at inference. Views, so the parameters (training, saving) and the fused weights stay
+        one and the same memory; fused again if something replaced the parameters (e.g. .to())."""
+        for name, parts in (("qkv_weight", (self.q_proj, self.k_proj, self.v_proj)),
+                            ("gate_up_weight", (self.gate_proj, self.up_proj))):
+            fused = self.__dict__.get(name)
+            if fused is not None and parts[0].weight.data_ptr() == fused.data_ptr():
+                continue
+            fused = torch.cat([m.weight.data for m in parts])
+            row = 0
+            for m in parts:
+                n = m.weight.shape[0]
+                m.weight.data = fused[row:row + n]
+                row += n
+            setattr(self, name, fused)
+
     def query(self, x, cos, sin):
         q = rms_norm(self.q_proj(x).view(-1, self.nh, self.hd), self.q_norm, self.eps)
         return apply_rotary(q, cos, sin)
@@ -412,22 +430,12 @@ class DFlashDrafter(nn.Module):
 
     @torch.no_grad()
     def fuse_projections(self) -> None:
-        """Each layer's q, k, v projections become row views of one [q | k | v] weight, gate and up of one
-        [gate | up] weight: one GEMM each at inference. Views, so the parameters (training, saving) and the fused
-        weights stay one and the same memory; fused again if something replaced the parameters (e.g. .to())."""
         for layer in self.layers:
-            for name, parts in (("qkv_weight", (layer.q_proj, layer.k_proj, layer.v_proj)),
-                                ("gate_up_weight", (layer.gate_proj, layer.up_proj))):
-                fused = layer.__dict__.get(name)
-                if fused is not None and parts[0].weight.data_ptr() == fused.data_ptr():
-                    continue
-                fused = torch.cat([m.weight.data for m in parts])
-                row = 0
-                for m in parts:
-                    n = m.weight.shape[0]
-                    m.weight.data = fused[row:row + n]
-                    row += n
-                setattr(layer, name, fused)
+            layer.fuse_projections()
+
+    def use_glue(self, glue: DraftGlue) -> None:
+        """Inference's element-wise steps from `glue` (the model runner's compiled one on CUDA)."""
+        self.glue = glue
 
     @torch.no_grad()
     def write_context(self, taps: dict, slot_mapping: torch.Tensor, index: torch.Tensor) -> None:

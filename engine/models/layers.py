@@ -5,7 +5,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dataclasses import dataclass, field
+
 from engine import ops
+from engine.models.glue import Glue
 from engine.models.quant_linear import is_quantized, quant_linear, wants_fp8_input
 
 
@@ -28,7 +31,7 @@ class DecodeProjections:
     swiglu_epilogue: the MLP's gate_up GEMV applies silu(gate) * up to its own output (kernels/small_m_linear.
     linear_silu_mul), so no SwiGLU kernel runs and the [M, 2I] gate_up output is never stored.
     pdl (the model runner passes False where the GPU has no PDL): the GEMVs use programmatic dependent launch
-    (kernels/small_m_linear), overlapping each one's start with the end of the kernel before (TextModel.set_pdl does
+    (kernels/small_m_linear), overlapping each one's start with the end of the kernel before (DecodePath.pdl does
     the same for the other decode kernels).
     The norms stay kernels of their own and the SwiGLU is gate_up's epilogue: computed by the GEMV that reads them,
     as it loads its input, they were slower (kernels/small_m_linear's docstring)."""
@@ -83,3 +86,14 @@ class DecodeProjections:
         if self.swiglu_epilogue and self.gemv(x.shape[0]):
             return self.linear(self.linear(x, gate_up_weight, swiglu=True), down_weight)
         return self.linear(ops.silu_mul(self.linear(x, gate_up_weight)), down_weight)
+
+
+@dataclass(frozen=True)
+class DecodePath:
+    """How the decoder's layers run a step, chosen once by the model runner for its device (engine/options.
+    DecodeTuning) and handed to the model whole (`use`): each layer takes the parts it needs, so no layer attribute
+    is set from outside its class. The defaults are the plain torch path (the CPU's)."""
+    proj: DecodeProjections = field(default_factory=DecodeProjections)
+    glue: Glue = field(default_factory=Glue)
+    pdl: bool = False  # norms', GDN and attention decode kernels with programmatic dependent launch (sm_90+)
+    fused_attention_decode: bool = False  # attention decode inputs (q/k norm, rotary, KV store) from one kernel

@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from engine.config import ModelConfig
-from engine.models.layers import DecodeProjections, param
+from engine.models.layers import DecodePath, param
 from engine.models.qwen3_5_text import TextModel
 from engine.models.qwen3_5_vision import VisionModel
 from engine.rope import inv_frequencies, mrope_cos_sin
@@ -23,11 +23,12 @@ class Qwen3_5Model(nn.Module):
             self.lm_head = nn.Module()
             self.lm_head.weight = param(t.vocab_size, t.hidden_size, dtype=dtype, device=device)
         self.register_buffer("inv_freq", inv_frequencies(t.rotary_dim, t.rope_theta, device), persistent=False)
-        self.proj = DecodeProjections()
+        self.path = DecodePath()
 
-    def set_projections(self, proj: DecodeProjections) -> None:
-        self.proj = proj
-        self.language_model.set_projections(proj)
+    def use(self, path: DecodePath) -> None:
+        """Run steps the way `path` says (engine/models/layers.DecodePath): the decoder's layers and the LM head."""
+        self.path = path
+        self.language_model.use(path)
 
     @property
     def head_weight(self) -> torch.Tensor:
@@ -49,4 +50,4 @@ class Qwen3_5Model(nn.Module):
 
     @torch.no_grad()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.proj.linear(hidden, self.head_weight)
+        return self.path.proj.linear(hidden, self.head_weight)

@@ -1,7 +1,8 @@
 """Qwen3.5 text decoder on a flat packed batch: Gated DeltaNet layers, gated full-attention layers, SwiGLU MLPs.
 
 Every layer reads the step's StepMetadata; caches (paged KV for attention, per-sequence conv + recurrent state
-slots for GDN) are tensors attached by the model runner (`attach_caches`). Projections are fused at load time.
+slots for GDN) are tensors the model runner allocates and each layer binds (`bind_kv_cache`, `bind_state`); how a
+step runs (kernels, glue, launches) comes whole from `TextModel.use(DecodePath)`. Projections are fused at load time.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from engine import ops
 from engine.config import TextConfig
 from engine.models.gdn_prefill import conv1d_prefill_varlen, delta_rule_prefill
 from engine.models.glue import Glue
-from engine.models.layers import DecodeProjections, fused_weight, param
+from engine.models.layers import DecodePath, DecodeProjections, fused_weight, param
 from engine.models.quant_linear import wants_fp8_input
 from engine.step_metadata import StepMetadata
 
@@ -21,12 +22,15 @@ from engine.step_metadata import StepMetadata
 class RMSNorm(nn.Module):
     """Zero-centred RMSNorm: x * rsqrt(mean(x^2) + eps) * (1 + w)."""
 
-    pdl = False  # launched with programmatic dependent launch (TextModel.set_pdl)
+    pdl = False  # launched with programmatic dependent launch (DecodePath.pdl)
 
     def __init__(self, dim: int, eps: float, **factory):
         super().__init__()
         self.eps = eps
         self.weight = param(dim, **factory)
+
+    def use(self, path: DecodePath) -> None:
+        self.pdl = path.pdl
 
     def forward(self, x, residual=None):
         return ops.rmsnorm(x, self.weight, self.eps, residual, pdl=self.pdl)
@@ -40,6 +44,9 @@ class MLP(nn.Module):
         self.down_proj = nn.Module()
         self.down_proj.weight = param(cfg.hidden_size, cfg.intermediate_size, **factory)
         self.proj = DecodeProjections()
+
+    def use(self, path: DecodePath) -> None:
+        self.proj = path.proj
 
     def forward(self, x, x_fp8=None, out_dtype=None):
         return self.proj.mlp(x, self.gate_up_proj.weight, self.down_proj.weight, x_fp8, out_dtype)
@@ -69,8 +76,16 @@ class GatedAttention(nn.Module):
         self.glue = Glue()
         self.proj = DecodeProjections()
 
-    fused_inputs = False  # decode: one kernel for q/k norm + rotary + KV store (TextModel.set_fused_attention_decode)
-    pdl = False  # decode kernels launched with programmatic dependent launch (TextModel.set_pdl)
+    fused_inputs = False  # decode: one kernel for q/k norm + rotary + KV store (DecodePath.fused_attention_decode)
+    pdl = False  # decode kernels launched with programmatic dependent launch (DecodePath.pdl)
+
+    def use(self, path: DecodePath) -> None:
+        self.glue, self.proj, self.pdl, self.fused_inputs = path.glue, path.proj, path.pdl, path.fused_attention_decode
+
+    def bind_kv_cache(self, k_cache: torch.Tensor, v_cache: torch.Tensor, scales=None) -> None:
+        """This layer's [blocks, block_size, kv heads, head_dim] K and V pages (views of the runner's cache), and an
+        FP8 cache's (k_scale, v_scale) rows; empty tensors unbind them."""
+        self.k_cache, self.v_cache, self.kv_scales = k_cache, v_cache, scales
 
     def forward(self, x, meta: StepMetadata, cos, sin):
         if self.fused_inputs and not meta.is_prefill:
@@ -150,7 +165,20 @@ class GatedDeltaNet(nn.Module):
         self.ring = None
         self.fold_after = 0
 
-    pdl = False  # decode kernels launched with programmatic dependent launch (TextModel.set_pdl)
+    pdl = False  # decode kernels launched with programmatic dependent launch (DecodePath.pdl)
+
+    def use(self, path: DecodePath) -> None:
+        self.glue, self.proj, self.pdl = path.glue, path.proj, path.pdl
+
+    def bind_state(self, conv_state: torch.Tensor, ssm_state: torch.Tensor) -> None:
+        """This layer's state slots (views of the runner's pools): conv [slots, conv_dim, kernel - 1] and recurrent
+        [slots, value heads, key dim, value dim]."""
+        self.conv_state, self.ssm_state = conv_state, ssm_state
+
+    def bind_verify(self, kept_x: torch.Tensor, ring, fold_after: int) -> None:
+        """What a speculative verify writes besides the state: the block's conv inputs [max seqs, T, conv_dim] for
+        the commit, and this layer's ring of pending updates with its write-back threshold (engine/gdn_ring)."""
+        self.kept_x, self.ring, self.fold_after = kept_x, ring, fold_after
 
     def forward(self, x, meta: StepMetadata, cos=None, sin=None):
         projected = self.proj.linear(x, self.in_proj.weight)
@@ -239,27 +267,11 @@ class TextModel(nn.Module):
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(input_ids, self.embed_tokens.weight)
 
-    def set_glue(self, glue: Glue) -> None:
-        for layer in self.layers:
-            layer.mixer.glue = glue
-
-    def set_projections(self, proj: DecodeProjections) -> None:
-        for layer in self.layers:
-            layer.mixer.proj = layer.mlp.proj = proj
-
-    def set_fused_attention_decode(self, on: bool) -> None:
-        """Decode steps of the attention layers take their inputs (q/k norm, rotary, KV store) from one kernel
-        (kernels/fused_attn_decode) instead of the compiled glue and a KV store."""
-        for layer in self.layers:
-            if layer.kind == "full_attention":
-                layer.mixer.fused_inputs = on
-
-    def set_pdl(self, on: bool) -> None:
-        """Launch the norms', GDN and attention decode kernels with programmatic dependent launch (CUDA, sm_90+;
-        the GEMVs follow DecodeProjections' own flag): each may start while the kernel before it finishes."""
+    def use(self, path: DecodePath) -> None:
+        """Every norm, mixer and MLP runs its steps the way `path` says (each takes its own parts of it)."""
         for m in self.modules():
-            if isinstance(m, (RMSNorm, GatedDeltaNet, GatedAttention)):
-                m.pdl = on
+            if isinstance(m, (RMSNorm, MLP, GatedAttention, GatedDeltaNet)):
+                m.use(path)
 
     def forward(self, x: torch.Tensor, meta: StepMetadata, cos, sin, taps: dict | None = None,
                 num_layers: int | None = None) -> torch.Tensor | None:
