@@ -38,6 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.engine_bench import sync  # noqa: E402
 from engine.drafter_training import divergences  # noqa: E402
+from engine.interface import SpecStats  # noqa: E402
 from engine.interface import SamplingParams  # noqa: E402
 from engine.llm_engine import Engine  # noqa: E402
 from engine.options import DecodeTuning, EngineOptions  # noqa: E402
@@ -87,15 +88,8 @@ def per_seq_tok_s(outs) -> float:
 
 
 def acceptance(outs) -> tuple[float, list[float]]:
-    steps = sum(o.spec_steps for o in outs)
-    acc = sum(o.spec_accepted for o in outs)
-    width = max((len(o.spec_drafted_by_pos) for o in outs), default=0)
-    by_pos = []
-    for j in range(width):
-        d = sum(o.spec_drafted_by_pos[j] for o in outs if j < len(o.spec_drafted_by_pos))
-        a = sum(o.spec_accepted_by_pos[j] for o in outs if j < len(o.spec_accepted_by_pos))
-        by_pos.append(round(a / d, 4) if d else 0.0)
-    return ((acc + steps) / steps if steps else 0.0), by_pos
+    spec = SpecStats.total(o.spec for o in outs)
+    return spec.tau, [round(x, 4) for x in spec.acceptance_by_position()]
 
 
 def conditional_profile(by_pos: list[float]) -> list[float]:

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from engine.interface import SamplingParams
+from engine.interface import SamplingParams, SpecStats
 from engine.llm_engine import Engine
 from engine.models.dflash import DFlashDrafter
 from engine.taps import prefill_taps
@@ -267,14 +267,10 @@ def divergences(plain_engine, reqs, plain, spec) -> list[dict]:
 
 def tau_row(a, b, block: int) -> dict:
     """tau and acceptance by position of spec outputs b; a: plain outputs of the same requests (or None)."""
-    steps = sum(o.spec_steps for o in b)
-    acc = sum(o.spec_accepted for o in b)
-    width = max(len(o.spec_drafted_by_pos) for o in b)
-    by_pos = [sum(o.spec_accepted_by_pos[j] for o in b if j < len(o.spec_accepted_by_pos)) /
-              max(1, sum(o.spec_drafted_by_pos[j] for o in b if j < len(o.spec_drafted_by_pos))) for j in range(width)]
-    return {"block_size": block, "pages": len(b), "tau": (acc + steps) / steps if steps else 0.0,
-            "verify_steps": steps, "drafted": sum(o.spec_drafted for o in b), "accepted": acc,
-            "acceptance_by_position": [round(x, 4) for x in by_pos],
+    spec = SpecStats.total(o.spec for o in b)
+    return {"block_size": block, "pages": len(b), "tau": spec.tau,
+            "verify_steps": spec.steps, "drafted": spec.drafted, "accepted": spec.accepted,
+            "acceptance_by_position": [round(x, 4) for x in spec.acceptance_by_position()],
             "identical_to_plain": None if a is None else all(x.output_token_ids == y.output_token_ids
                                                              for x, y in zip(a, b)),
             "identical_pages": None if a is None else sum(x.output_token_ids == y.output_token_ids

@@ -41,6 +41,69 @@ class PageRequest:
 
 
 @dataclass
+class SpecStats:
+    """Speculative decoding's counts, one object from the engine's sequence to the Parquet row and the run's stats:
+    verify steps, drafts proposed and accepted, and both by position in the block (index 0 = the first draft)."""
+    steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    drafted_by_pos: list[int] = field(default_factory=list)
+    accepted_by_pos: list[int] = field(default_factory=list)
+
+    def add(self, valid: int, emitted: int) -> None:
+        """One verify step of a block of `valid` tokens (valid - 1 drafts) that gave `emitted` tokens."""
+        self.merge(SpecStats(1, valid - 1, emitted - 1, [1] * (valid - 1), [1] * (emitted - 1)))
+
+    def merge(self, other: SpecStats) -> SpecStats:
+        """Adds other's counts to these (by position, place by place: both lists as long as the longest); returns
+        self."""
+        self.steps += other.steps
+        self.drafted += other.drafted
+        self.accepted += other.accepted
+        width = max(map(len, (self.drafted_by_pos, self.accepted_by_pos, other.drafted_by_pos, other.accepted_by_pos)))
+        for total, part in ((self.drafted_by_pos, other.drafted_by_pos), (self.accepted_by_pos, other.accepted_by_pos)):
+            total.extend([0] * (width - len(total)))
+            for i, n in enumerate(part):
+                total[i] += n
+        return self
+
+    @classmethod
+    def total(cls, stats) -> SpecStats:
+        out = cls()
+        for s in stats:
+            out.merge(s)
+        return out
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens per verify step (accepted drafts + the target's own token); 0 without speculation."""
+        return (self.accepted + self.steps) / self.steps if self.steps else 0.0
+
+    def acceptance_by_position(self) -> list[float]:
+        """The share of drafts accepted at each block position (0 where none was drafted)."""
+        return [a / d if d else 0.0 for a, d in zip(self.accepted_by_pos, self.drafted_by_pos)]
+
+    def columns(self) -> dict:
+        """A page row's speculative-decoding columns (pipeline/schema.py); spec_tau null where nothing was verified."""
+        return dict(spec_steps=self.steps, spec_drafted=self.drafted, spec_accepted=self.accepted,
+                    spec_drafted_by_pos=list(self.drafted_by_pos), spec_accepted_by_pos=list(self.accepted_by_pos),
+                    spec_tau=self.tau if self.steps else None)
+
+    @classmethod
+    def from_columns(cls, row: dict) -> SpecStats:
+        """The counts of a page row (its columns null where the run had no drafter)."""
+        return cls(row.get("spec_steps") or 0, row.get("spec_drafted") or 0, row.get("spec_accepted") or 0,
+                   list(row.get("spec_drafted_by_pos") or ()), list(row.get("spec_accepted_by_pos") or ()))
+
+    def summary(self) -> dict:
+        """tau, verify steps, drafts proposed and accepted, and the share accepted by block position (1 = the first
+        draft; positions never drafted left out)."""
+        return {"verify_steps": self.steps, "drafted": self.drafted, "accepted": self.accepted, "tau": self.tau,
+                "acceptance_by_position": {str(i + 1): a / d for i, (a, d) in
+                                           enumerate(zip(self.accepted_by_pos, self.drafted_by_pos)) if d}}
+
+
+@dataclass
 class PageResult:
     request_id: str
     text: str
@@ -52,11 +115,7 @@ class PageResult:
     ttft_s: float = 0.0  # request submitted -> first output token
     decode_s: float = 0.0  # first token -> last token
     total_s: float = 0.0
-    spec_steps: int = 0  # speculative decoding: verify steps, drafts proposed and accepted (RequestOutput)
-    spec_drafted: int = 0
-    spec_accepted: int = 0
-    spec_drafted_by_pos: tuple[int, ...] = ()  # ... the same by position in the block (1 = the first draft)
-    spec_accepted_by_pos: tuple[int, ...] = ()
+    spec: SpecStats = field(default_factory=SpecStats)  # speculative decoding's counts (zeros without a drafter)
 
 
 def seed_for_request(request_id: str) -> int:

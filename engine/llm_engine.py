@@ -14,7 +14,7 @@ from engine.beam_search import BeamChoice, BeamGroup, BeamStepper
 from engine.block_manager import BlockManager
 from engine.checkpoint import expected_tensors, inspect_checkpoint, iter_checkpoint_tensors, load_weights
 from engine.config import ModelConfig, default_max_model_len
-from engine.interface import SamplingParams, seed_for_request
+from engine.interface import SamplingParams, SpecStats, seed_for_request
 from engine.model_runner import ModelRunner, resolve_dtype
 from engine.models.dflash import DFlashDrafter
 from engine.models.qwen3_5 import Qwen3_5Model
@@ -26,7 +26,7 @@ from engine.sampler import Sampler
 from engine.scheduler import NEED_DRAIN, ScheduledStep, Scheduler
 from engine.sequence import SeqStatus, Sequence
 from engine.spec_graphs import SpecGraphs
-from engine.speculative import SpecDecoder, SpecFlight, SpecStats
+from engine.speculative import SpecDecoder, SpecFlight
 from engine.state_pool import StatePool
 from engine.step_metadata import PrefillChunk, to_device
 
@@ -71,17 +71,7 @@ class RequestOutput:
     num_preemptions: int = 0
     loop_dropped_tokens: int = 0  # output tokens left out of `text` as a loop's repeats (SamplingParams)
     logits: torch.Tensor | None = field(default=None, repr=False)  # [output_tokens, V] when requested
-    # speculative decoding (engine with a drafter): verify steps, drafts proposed and accepted, both by block position
-    spec_steps: int = 0
-    spec_drafted: int = 0
-    spec_accepted: int = 0
-    spec_drafted_by_pos: list[int] = field(default_factory=list)
-    spec_accepted_by_pos: list[int] = field(default_factory=list)
-
-    @property
-    def spec_tau(self) -> float:
-        """Mean tokens per verify step (accepted drafts + 1); 0 without speculation."""
-        return (self.spec_accepted + self.spec_steps) / self.spec_steps if self.spec_steps else 0.0
+    spec: SpecStats = field(default_factory=SpecStats)  # speculative decoding's counts (zeros without a drafter)
 
     @property
     def prompt_tokens(self) -> int:
@@ -392,7 +382,6 @@ class Engine:
         for row, (seq, toks, n, valid) in enumerate(zip(flight.seqs, tokens, spec.emitted.tolist(), spec.valid)):
             if seq.status == SeqStatus.FINISHED:
                 continue  # aborted while in flight
-            seq.spec_stats = seq.spec_stats or SpecStats()
             seq.spec_stats.add(valid, n)
             seq.num_computed = len(seq) - 1 + n  # the block's first n tokens are now in the caches
             for j in range(n):
@@ -466,7 +455,7 @@ class Engine:
             text=text, finish_reason=seq.finish_reason, ttft_s=first - seq.arrival_time, decode_s=last - first,
             total_s=last - seq.arrival_time, num_preemptions=seq.num_preemptions,
             loop_dropped_tokens=seq.loop_drop.left_out if seq.loop_drop is not None else 0,
-            logits=torch.stack(seq.logits) if seq.logits else None, **_spec_fields(seq.spec_stats))
+            logits=torch.stack(seq.logits) if seq.logits else None, spec=seq.spec_stats)
 
     # ------------------------------------------------------------------ convenience
     def generate(self, requests: list[dict], on_finish=None) -> list[RequestOutput]:
@@ -500,9 +489,3 @@ def _kept_logits(flight: InFlight) -> dict[int, torch.Tensor]:
     host = logits[torch.tensor(rows, device=logits.device)].cpu()
     return {r: h.clone() for r, h in zip(rows, host)}  # own storage: a row kept must not hold the step's batch
 
-
-def _spec_fields(stats: SpecStats | None) -> dict:
-    if stats is None:
-        return {}
-    return dict(spec_steps=stats.steps, spec_drafted=stats.drafted, spec_accepted=stats.accepted,
-                spec_drafted_by_pos=list(stats.drafted_by_pos), spec_accepted_by_pos=list(stats.accepted_by_pos))

@@ -98,9 +98,7 @@ def _page_result(req: PageRequest, out: RequestOutput) -> PageResult:
     return PageResult(request_id=req.request_id, text=out.text, prompt_tokens=out.prompt_tokens,
                       output_tokens=out.output_tokens, finish_reason=out.finish_reason, ttft_s=out.ttft_s,
                       decode_s=out.decode_s, total_s=out.total_s, loop_dropped_tokens=out.loop_dropped_tokens,
-                      spec_steps=out.spec_steps, spec_drafted=out.spec_drafted, spec_accepted=out.spec_accepted,
-                      spec_drafted_by_pos=tuple(out.spec_drafted_by_pos),
-                      spec_accepted_by_pos=tuple(out.spec_accepted_by_pos))
+                      spec=out.spec)
 
 
 def _error(req: PageRequest, message: str) -> PageResult:

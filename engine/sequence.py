@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from engine.interface import SamplingParams
+from engine.interface import SamplingParams, SpecStats
 from engine.loop_guard import LoopDrop, LoopGuard
 
 
@@ -55,7 +55,7 @@ class Sequence:
         self.last_token_time: float | None = None
         self.num_preemptions = 0
         self.beam = None  # engine.beam_search.BeamGroup of a beam-search request's members
-        self.spec_stats = None  # engine.speculative.SpecStats when the engine speculates
+        self.spec_stats = SpecStats()  # speculative decoding's counts (zeros when the engine does not speculate)
         self.loop_guard = LoopGuard(sampling.loop_stop_tokens) if sampling.loop_stop_tokens else None
         self.loop_drop = LoopDrop(sampling.loop_drop_tokens) if sampling.loop_drop_tokens else None
 

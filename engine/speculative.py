@@ -42,33 +42,6 @@ from engine.step_metadata import StepMetadata, to_device
 
 
 @dataclass
-class SpecStats:
-    """Per request: verify steps, drafts proposed and accepted, and both by block position (draft j = 0 .. T-2)."""
-    steps: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    drafted_by_pos: list[int] = field(default_factory=list)
-    accepted_by_pos: list[int] = field(default_factory=list)
-
-    def add(self, valid: int, emitted: int) -> None:
-        n = max(len(self.drafted_by_pos), valid - 1)
-        for lst in (self.drafted_by_pos, self.accepted_by_pos):
-            lst.extend([0] * (n - len(lst)))
-        self.steps += 1
-        self.drafted += valid - 1
-        self.accepted += emitted - 1
-        for j in range(valid - 1):
-            self.drafted_by_pos[j] += 1
-        for j in range(emitted - 1):
-            self.accepted_by_pos[j] += 1
-
-    @property
-    def tau(self) -> float:
-        """Mean tokens per verify step (accepted drafts + the target's own token)."""
-        return (self.accepted + self.steps) / self.steps if self.steps else 0.0
-
-
-@dataclass
 class StepPlan:
     """A step's host arrays: per block row s * T + j (positions, cache index, KV slot or -1, context length for the
     verify pass and for the draft pass), per sequence (block table, state slot, valid block length)."""

@@ -33,7 +33,7 @@ from typing import Callable, Sequence, TypeVar
 
 import numpy as np
 
-from engine.interface import PageResult
+from engine.interface import PageResult, SpecStats
 from pipeline.text import markdown_to_text
 from pipeline.vote import majority, vote
 
@@ -390,15 +390,6 @@ def join_block_texts(blocks: list[TextBlock], texts: list[str]) -> str:
     return out
 
 
-def spec_counts(results: Sequence[PageResult]) -> dict:
-    """Speculative-decoding counts of several reads as one: every count summed, by-position ones place by place."""
-    def by_pos(name: str) -> tuple[int, ...]:
-        lists = [getattr(r, name) for r in results]
-        return tuple(sum(v[i] for v in lists if i < len(v)) for i in range(max(map(len, lists), default=0)))
-
-    return dict(spec_steps=sum(r.spec_steps for r in results), spec_drafted=sum(r.spec_drafted for r in results),
-                spec_accepted=sum(r.spec_accepted for r in results), spec_drafted_by_pos=by_pos("spec_drafted_by_pos"),
-                spec_accepted_by_pos=by_pos("spec_accepted_by_pos"))
 
 
 def merge_block_results(request_id: str, blocks: list[TextBlock], results: list[PageResult],
@@ -415,7 +406,7 @@ def merge_block_results(request_id: str, blocks: list[TextBlock], results: list[
         finish_reason=next((f for f in ("length", "loop") if f in reasons), "stop"),
         loop_dropped_tokens=sum(r.loop_dropped_tokens for r in every), ttft_s=first,
         decode_s=max(r.ttft_s + r.decode_s for r in every) - first, total_s=max(r.total_s for r in every),
-        **spec_counts(every))
+        spec=SpecStats.total(r.spec for r in every))
 
 
 def voted_result(results: list[PageResult]) -> PageResult:
@@ -429,7 +420,7 @@ def voted_result(results: list[PageResult]) -> PageResult:
         finish_reason="error" if failed else results[0].finish_reason, error=failed.error if failed else None,
         loop_dropped_tokens=sum(r.loop_dropped_tokens for r in results), ttft_s=first,
         decode_s=max(r.ttft_s + r.decode_s for r in results) - first, total_s=max(r.total_s for r in results),
-        **spec_counts(results))
+        spec=SpecStats.total(r.spec for r in results))
 
 
 def page_blocks(image: np.ndarray, max_lines: int, token_px: int) -> tuple[list[TextBlock], list[np.ndarray]]:

@@ -13,8 +13,8 @@ from typing import Iterator
 import numpy as np
 import pyarrow as pa
 
-from pipeline.blocks import (BlockReading, merge_block_results, prefer_blocks, read_blocks, spec_counts,
-                             voted_result)
+from engine.interface import SpecStats
+from pipeline.blocks import BlockReading, merge_block_results, prefer_blocks, read_blocks, voted_result
 from pipeline.checkpoint import localize
 from pipeline.config import StorageConfig
 from pipeline.isolation import IsolatedRasterizer
@@ -101,16 +101,6 @@ class RasterizeStage:
         self.renderer.close()
 
 
-def spec_columns(reads: list) -> dict:
-    """The page row's speculative-decoding columns from its reads (whole and in blocks): the counts summed, tau the
-    mean tokens per verify step (null where nothing was verified: no drafter)."""
-    counts = spec_counts(reads)
-    steps = counts["spec_steps"]
-    return dict(counts, spec_drafted_by_pos=list(counts["spec_drafted_by_pos"]),
-                spec_accepted_by_pos=list(counts["spec_accepted_by_pos"]),
-                spec_tau=(counts["spec_accepted"] + steps) / steps if steps else None)
-
-
 def _page_id(row: dict) -> str:
     """A page's request id: its document's sha256 and its page index."""
     return f"{row['sha256']}:{row['page_index']}"
@@ -157,7 +147,7 @@ class ParseStage:
                        finish_reason=read.finish_reason, loop_dropped_tokens=read.loop_dropped_tokens,
                        ttft_s=read.ttft_s, decode_s=read.decode_s, parse_s=read.total_s or share, engine_s=share,
                        parse_started_unix=started, parse_ended_unix=ended,
-                       **spec_columns([r for r in (res, blocks) if r is not None]))
+                       **SpecStats.total(r.spec for r in (res, blocks) if r is not None).columns())
             if res is None:  # read in blocks only
                 row.update(status="ok", text=blocks.text, read_by="blocks")
             elif res.finish_reason != "error":

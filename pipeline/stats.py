@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
+from engine.interface import SpecStats
 from pipeline.schema import STATS_SCHEMA
 
 
@@ -36,11 +37,7 @@ class RunStats:
     prompt_tokens: int = 0
     loop_dropped_tokens: int = 0
     pages_loop_dropped: int = 0  # pages whose answer had a loop's repeats left out
-    spec_steps: int = 0  # speculative decoding: verify steps, drafts proposed and accepted (by position in the block)
-    spec_drafted: int = 0
-    spec_accepted: int = 0
-    spec_drafted_by_pos: list[int] = field(default_factory=list)
-    spec_accepted_by_pos: list[int] = field(default_factory=list)
+    spec: SpecStats = field(default_factory=SpecStats)  # speculative decoding's counts over the run's pages
     raster_actors: int = 1
     # Times Ray restarted an engine actor (its process died, or its node was lost) during the run, as Ray's actor
     # table counts them; its batches in flight were run again on the new one. None: Ray's table could not be read.
@@ -70,7 +67,7 @@ class RunStats:
             self.prompt_tokens += r["prompt_tokens"] or 0
             self.loop_dropped_tokens += r["loop_dropped_tokens"] or 0
             self.pages_loop_dropped += bool(r["loop_dropped_tokens"])
-            self._add_speculation(r)
+            self.spec.merge(SpecStats.from_columns(r))
             self.raster_s.append(r["raster_s"] or 0.0)
             self.engine_busy_s += r["engine_s"] or 0.0
             if r["parse_s"] is not None:
@@ -78,23 +75,10 @@ class RunStats:
             if r["ttft_s"] is not None:
                 self.ttft_s.append(r["ttft_s"])
 
-    def _add_speculation(self, r: dict) -> None:
-        self.spec_steps += r.get("spec_steps") or 0
-        self.spec_drafted += r.get("spec_drafted") or 0
-        self.spec_accepted += r.get("spec_accepted") or 0
-        for total, page in ((self.spec_drafted_by_pos, r.get("spec_drafted_by_pos") or ()),
-                            (self.spec_accepted_by_pos, r.get("spec_accepted_by_pos") or ())):
-            total.extend([0] * (len(page) - len(total)))
-            for i, n in enumerate(page):
-                total[i] += n
-
     def speculation(self) -> dict:
         """tau (mean tokens per verify step), drafts proposed and accepted, and the share accepted at each position of
         the block (1 = the first draft); zeros without a drafter."""
-        return {"verify_steps": self.spec_steps, "drafted": self.spec_drafted, "accepted": self.spec_accepted,
-                "tau": (self.spec_accepted + self.spec_steps) / self.spec_steps if self.spec_steps else 0.0,
-                "acceptance_by_position": {str(i + 1): a / d for i, (a, d) in
-                                           enumerate(zip(self.spec_accepted_by_pos, self.spec_drafted_by_pos)) if d}}
+        return self.spec.summary()
 
     def summary(self) -> dict:
         wall = max(self.wall_s, 1e-9)

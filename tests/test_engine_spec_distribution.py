@@ -103,8 +103,8 @@ def test_sampled_speculation_matches_plain_sampling(target, drafter, plain):
     its one-sided 1e-4 critical value (at N = 800 they reach about half of it; drafting the drafter's top token
     instead of a draw puts them at 2.7x with the DFlash2 drafter, 10x with the DFlash one)."""
     outs = sample(engine(target, str(drafter)), range(N))
-    drafted = np.sum([o.spec_drafted_by_pos for o in outs], 0)
-    accepted = np.sum([o.spec_accepted_by_pos for o in outs], 0)
+    drafted = np.sum([o.spec.drafted_by_pos for o in outs], 0)
+    accepted = np.sum([o.spec.accepted_by_pos for o in outs], 0)
     # drafts accepted and rejected at every block position: accepted runs, residual draws and bonus draws all ran
     assert len(drafted) == BLOCK - 1 and (0 < accepted).all() and (accepted < drafted).all(), (accepted, drafted)
     ratios = check_ratios(plain, tokens(outs))

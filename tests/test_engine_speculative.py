@@ -67,9 +67,9 @@ def test_greedy_with_random_drafter_equals_plain(text_ckpt, drafter, plain):
     for rid, want in plain.items():
         o = outs[rid]
         assert o.output_token_ids == want, rid
-        assert o.spec_steps > 0 and o.spec_drafted > 0
-        assert o.spec_accepted == sum(o.spec_accepted_by_pos) and o.spec_drafted == sum(o.spec_drafted_by_pos)
-        assert o.spec_steps + o.spec_accepted == len(want) - 1  # every output token but the prefill's
+        assert o.spec.steps > 0 and o.spec.drafted > 0
+        assert o.spec.accepted == sum(o.spec.accepted_by_pos) and o.spec.drafted == sum(o.spec.drafted_by_pos)
+        assert o.spec.steps + o.spec.accepted == len(want) - 1  # every output token but the prefill's
     assert eng.block_manager.num_free == eng.block_manager.num_blocks
 
 
@@ -91,8 +91,8 @@ def test_batches_above_spec_max_batch_decode_plainly(text_ckpt, drafter, plain, 
         assert outs[rid].output_token_ids == want, rid
     # r0 and r1 speculate until r2 and r3 arrive; r1 (9 tokens) and r3 (17) end while 3-4 decode; r0 (23) and r2
     # (31) outlast them
-    assert outs["r1"].spec_steps > 0 and outs["r3"].spec_steps == 0
-    assert outs["r0"].spec_steps > 0 and outs["r2"].spec_steps > 0
+    assert outs["r1"].spec.steps > 0 and outs["r3"].spec.steps == 0
+    assert outs["r0"].spec.steps > 0 and outs["r2"].spec.steps > 0
     spec = [k for k in kinds if k[0] == "spec"]
     decode = [k for k in kinds if k[0] == "step" and not k[2]]
     assert spec and all(n <= 2 for _, n, _ in spec)
@@ -159,9 +159,9 @@ def test_oracle_drafter_long_acceptances_equal_plain(text_ckpt, drafter, plain, 
     for rid, want in plain.items():
         o = outs[rid]
         assert o.output_token_ids == want, rid
-        taus.append(o.spec_tau)
+        taus.append(o.spec.tau)
         # accepted blocks of every length were committed: whole ones and cut ones
-        assert o.spec_accepted_by_pos[0] > 0 and o.spec_accepted < o.spec_drafted
+        assert o.spec.accepted_by_pos[0] > 0 and o.spec.accepted < o.spec.drafted
     assert min(taus) > 2.0, taus
 
 
@@ -192,7 +192,7 @@ def test_loop_guard_beam_and_opt_out_with_speculation(text_ckpt, drafter):
     want, got = run(None), run(str(drafter))
     for a, b in zip(want, got):
         assert a.output_token_ids == b.output_token_ids and a.finish_reason == b.finish_reason
-    assert got[0].spec_steps == 0 and got[2].spec_drafted == 0 and got[1].spec_steps > 0
+    assert got[0].spec.steps == 0 and got[2].spec.drafted == 0 and got[1].spec.steps > 0
 
 
 def test_slots_left_with_pending_updates_serve_later_sequences(text_ckpt, drafter, plain):
@@ -244,7 +244,7 @@ def test_oracle_drafter_on_the_triton_kernels(text_ckpt, drafter, plain, monkeyp
     outs = run_with_arrivals(eng, reqs, [0, 3])
     for r in reqs:
         o = outs[r["request_id"]]
-        assert o.output_token_ids == plain[r["request_id"]] and o.spec_tau > 2.0
+        assert o.output_token_ids == plain[r["request_id"]] and o.spec.tau > 2.0
 
 
 def test_sampling_with_speculation_runs_seeded(text_ckpt, drafter, plain):
@@ -259,7 +259,7 @@ def test_sampling_with_speculation_runs_seeded(text_ckpt, drafter, plain):
     a, b, c = (eng.generate([dict(prompt_token_ids=ids(15, 40), sampling=s, ignore_eos=True)])[0]
                for s in (sp, sp, SamplingParams(max_tokens=20, temperature=1.0, seed=8)))
     assert a.output_token_ids == b.output_token_ids != c.output_token_ids
-    assert a.spec_steps > 0
+    assert a.spec.steps > 0
 
 
 def test_native_backend_with_a_drafter(vl_ckpt, tmp_path):
@@ -278,4 +278,4 @@ def test_native_backend_with_a_drafter(vl_ckpt, tmp_path):
         backend.close()
     plain, spec = results
     assert spec.text == plain.text and spec.output_tokens == plain.output_tokens
-    assert spec.spec_steps > 0 and spec.spec_drafted > 0 and plain.spec_steps == 0
+    assert spec.spec.steps > 0 and spec.spec.drafted > 0 and plain.spec.steps == 0

@@ -33,6 +33,6 @@ def test_shipped_drafter_is_lossless_and_accepted_on_sample_blocks(blocks):
     spec = Engine.from_checkpoint(str(TARGET), drafter=str(DRAFTER), spec_block_size=16, spec_max_batch=None,
                                  **opts).generate(reqs)
     assert [o.output_token_ids for o in spec] == [o.output_token_ids for o in plain]
-    steps = sum(o.spec_steps for o in spec)
-    tau = (sum(o.spec_accepted for o in spec) + steps) / steps
+    steps = sum(o.spec.steps for o in spec)
+    tau = (sum(o.spec.accepted for o in spec) + steps) / steps
     assert tau > 2.0, f"the shipped drafter accepted {tau:.2f} tokens a step on sample blocks"

@@ -340,5 +340,5 @@ def test_tau_estimate_equals_the_engines_tau(tiny_checkpoint, tmp_path):
                                sampling=SamplingParams(max_tokens=cfg.max_tokens)) for i, im in enumerate(images)])
     assert [o.output_token_ids for o in outs] == [ex.ids[ex.prompt_len:] for ex in answers]
     assert all(o.finish_reason == "length" for o in outs)  # no stop token: the engine and the walk end alike
-    assert (tokens, steps) == (sum(o.spec_accepted + o.spec_steps for o in outs), sum(o.spec_steps for o in outs))
+    assert (tokens, steps) == (sum(o.spec.accepted + o.spec.steps for o in outs), sum(o.spec.steps for o in outs))
     assert tokens / steps > 1.5, tokens / steps  # runs of drafts accepted: the walk is tested on more than misses
