@@ -61,6 +61,10 @@ test-system: $(STAMP)
 research-test: $(STAMP)
 	TRITON_INTERPRET=1 timeout 2400 $(PY) -m pytest -q -p no:cacheprovider research/tests $(PYTEST_ARGS)
 
+# bench/results/README.md written from the result files themselves (stdlib only, so no setup first)
+.PHONY: results-index
+results-index:
+	$(PYTHON) bench/results_index.py
 
 clean:
 	rm -rf out $(VENV) models/tiny-random
