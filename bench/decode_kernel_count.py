@@ -9,7 +9,7 @@ instrumented.
   - glue ops (engine/models/glue.py) are torch.compile'd on CUDA: each call is one inductor region, counted as
     --glue-kernels launches (default 1, a lower bound; --inductor measures it by compiling them for the CPU, where
     inductor fuses the same way). On the H200 the compiled regions launched 3-4 kernels each
-    (bench/results/h200_decode_profile.json: 521 kernels per default step at b1, not 370).
+    (h200_decode_profile.json, since removed, in git at d5d8487: 521 kernels per default step at b1, not 370).
 
 The model is the tiny config with the 4B's layer stack (32 layers, 24 GDN + 8 attention) and the benchmark's context
 size, so the attention split into partitions matches the 4B shape too. Prints a table per layer kind for each
