@@ -166,7 +166,7 @@ def build_engine(batch: int, variant: str, layers: int, drafter_dir: str | None 
     extra = {}
     if drafter_dir is not None:
         write_random_drafter(drafter_dir, cfg.text, num_layers=4, num_taps=4, block_size=block)
-        extra = dict(drafter=drafter_dir, spec_max_batch=None)
+        extra = dict(speculative=dict(drafter=drafter_dir, max_batch=None))
     args = variant_args(variant, max_num_seqs=max(batch, 1), max_model_len=max_len, block_size=32,
                         num_blocks=batch * (max_len // 32) + 1, **extra)
     return Engine(cfg, hf.state_dict().items(), device="cpu", dtype=torch.float32, **args), cfg

@@ -391,8 +391,8 @@ def main(argv=None):
     if args.spec:
         from engine.testing import write_random_drafter
 
-        opts["drafter"] = str(write_random_drafter(out / "drafter", cfg.text, num_layers=4, num_taps=4,
-                                                   block_size=args.spec, dtype=dtype))
+        opts["speculative"] = dict(drafter=str(write_random_drafter(out / "drafter", cfg.text, num_layers=4,
+                                                                    num_taps=4, block_size=args.spec, dtype=dtype)))
     meta = dict(device=str(device), gpu=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
                 dtype=str(dtype), tiny=args.tiny, torch=torch.__version__, triton=triton.__version__,
                 fla_available=fla_available(), copy_bandwidth_GBps=bw / 1e9, engine_options=opts, args=vars(args))

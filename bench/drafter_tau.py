@@ -47,7 +47,8 @@ def main(checkpoint, drafter, page_sets, prefix, blocks, max_tokens, device, dty
     result = {"command": "python bench/drafter_tau.py " + " ".join(sys.argv[1:]),
               "pages": {name: [r["request_id"] for r in reqs] for name, reqs in sets.items()}, "rows": []}
     for block in blocks:
-        engine = Engine.from_checkpoint(checkpoint, drafter=drafter, spec_block_size=block, spec_max_batch=None,
+        engine = Engine.from_checkpoint(checkpoint, speculative=dict(
+            drafter=drafter, num_speculative_tokens=block - 1, max_batch=None),
                                         **opts)
         for name, reqs in sets.items():
             t = time.perf_counter()

@@ -125,8 +125,8 @@ def tiny_rows(args, device, dtype, record) -> None:
     common = dict(device=device, dtype=dtype, max_num_seqs=max_b, enforce_eager=args.device == "cpu")
     plain_engine = Engine.from_checkpoint(args.checkpoint, **common)
     for block, fold_after in ((block, f) for block in args.block_sizes for f in args.fold_after):
-        spec_engine = Engine.from_checkpoint(args.checkpoint, drafter=args.drafter, spec_block_size=block,
-                                             spec_max_batch=None, tuning=DecodeTuning(spec_fold_after=fold_after), **common)
+        spec_engine = Engine.from_checkpoint(args.checkpoint, speculative=dict(
+            drafter=args.drafter, num_speculative_tokens=block - 1, max_batch=None), tuning=DecodeTuning(spec_fold_after=fold_after), **common)
         for batch in args.batches:
             reqs = [dict(request_id=f"b{batch}-{i}", image=images[i % len(images)], prompt=args.prompt,
                          sampling=SamplingParams(max_tokens=args.max_tokens)) for i in range(batch)]
@@ -180,8 +180,8 @@ def shape_4b_rows(args, device, dtype, record, profiles) -> None:
                              num_taps=2 if args.smoke else 5, block_size=block, dtype=dtype)
         # built without graphs: the decoder below is the one whose steps are captured
         spec_engine = Engine(cfg, weights, device=device, dtype=dtype,
-                             options=EngineOptions(**dict(opts, enforce_eager=True), drafter=str(drafter_dir),
-                                                   spec_max_batch=None),
+                             options=EngineOptions(**dict(opts, enforce_eager=True), speculative=dict(
+                                 drafter=str(drafter_dir), max_batch=None)),
                              tuning=DecodeTuning(spec_fold_after=fold_after))
         forced = ProfiledAcceptance(spec_engine.runner, spec_engine.spec.drafter, block, max_b)
         forced.graphs = SpecGraphs(forced, max_b, spec_engine.runner.cache.max_blocks_per_seq,

@@ -42,8 +42,8 @@ def main(argv=None) -> dict:
     args = p.parse_args(argv)
     rows = []
     for B in args.batches:
-        eng = Engine.from_checkpoint(args.checkpoint, dtype="float32", max_num_seqs=B, drafter=args.drafter,
-                                     spec_max_batch=None, kv_cache_memory_gb=1.0)
+        eng = Engine.from_checkpoint(args.checkpoint, dtype="float32", max_num_seqs=B, kv_cache_memory_gb=1.0,
+                                     speculative=dict(drafter=args.drafter, max_batch=None))
         rng = np.random.default_rng(0)
         for i in range(B):
             eng.add_request(f"r{i}", prompt_token_ids=rng.integers(0, 4000, 30).tolist(), ignore_eos=True,

@@ -243,7 +243,8 @@ def measure_tau(checkpoint: str, drafter_dir: Path, images, prompt: str, max_tok
             for i, im in enumerate(images)]
     opts = dict(device=device, dtype=dtype, max_num_seqs=min(64, len(images)))
     plain = Engine.from_checkpoint(checkpoint, **opts).generate(reqs)
-    return [tau_row(plain, Engine.from_checkpoint(checkpoint, drafter=str(drafter_dir), spec_block_size=block,
+    return [tau_row(plain, Engine.from_checkpoint(checkpoint, speculative=dict(
+        drafter=str(drafter_dir), num_speculative_tokens=block - 1),
                                                    **opts).generate(reqs), block) for block in blocks]
 
 

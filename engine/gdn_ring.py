@@ -20,13 +20,13 @@ from engine import ops
 
 
 class GdnRing:
-    def __init__(self, runner, block_size: int, fold_after: int):
-        """Rows for fold_after pending tokens and two blocks per state slot, for every GDN layer (fold_after >= 0:
-        EngineOptions.check)."""
+    def __init__(self, runner, verify_len: int, fold_after: int):
+        """Rows for fold_after pending tokens and two verify blocks per state slot, for every GDN layer (fold_after
+        >= 0: DecodeTuning.check)."""
         t, dev = runner.cfg.text, runner.device
         L, slots = runner.ssm_state.shape[:2]
         self.runner, self.fold_after = runner, fold_after
-        self.rows = fold_after + 2 * block_size
+        self.rows = fold_after + 2 * verify_len
         f32 = dict(dtype=torch.float32, device=dev)
         self.k = torch.zeros(L, slots, self.rows, t.linear_num_key_heads, t.linear_key_head_dim, **f32)
         self.u = torch.zeros(L, slots, self.rows, t.linear_num_value_heads, t.linear_value_head_dim, **f32)

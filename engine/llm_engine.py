@@ -109,12 +109,14 @@ class Engine:
 
         self.model = Qwen3_5Model(cfg, self.dtype, self.device, text_only=self.text_only)
         load_weights(self.model, cfg, weights, expected=expected)
-        drafter, block = None, None
+        drafter, verify_len, spec = None, None, opts.speculative
         if opts.speculates:
-            drafter = DFlashDrafter.from_pretrained(opts.drafter, cfg.text, self.dtype, self.device)
-            block = opts.spec_block_size or drafter.cfg.block_size
-            if block < 2:
-                raise ValueError(f"the drafter's block_size={block}: a verify block needs >= 2 tokens (or no drafter)")
+            drafter = DFlashDrafter.from_pretrained(spec.drafter, cfg.text, self.dtype, self.device)
+            n = spec.num_speculative_tokens
+            verify_len = n + 1 if n is not None else drafter.cfg.block_size
+            if verify_len < 2:
+                raise ValueError(f"the drafter's block_size={verify_len}: a verify step needs >= 1 draft (set "
+                                 "speculative.num_speculative_tokens, or no drafter)")
         pdl = tuning.pdl and ops.pdl_supported(self.device)
         self.runner = ModelRunner(self.model, cfg, RunnerConfig(
             device=self.device, dtype=self.dtype, max_num_seqs=opts.max_num_seqs, max_model_len=self.max_model_len,
@@ -122,12 +124,12 @@ class Engine:
             kv_cache_memory_gb=opts.kv_cache_memory_gb, gpu_memory_utilization=opts.gpu_memory_utilization,
             cuda_graphs=not opts.enforce_eager, compile_glue=opts.compile,
             state_dtype=STATE_DTYPES[opts.gdn_state_dtype], kv_dtype=KV_DTYPES[opts.kv_cache_dtype] or self.dtype,
-            spec_block=block, tuning=replace(tuning, pdl=pdl)), drafter)
+            verify_len=verify_len, tuning=replace(tuning, pdl=pdl)), drafter)
         self.block_manager = BlockManager(self.runner.cache.num_blocks, opts.block_size)
         self.spec = None
         if drafter is not None:
-            most = min(opts.max_num_seqs, opts.spec_max_batch or opts.max_num_seqs)  # sequences a spec step holds
-            self.spec = SpecDecoder(self.runner, drafter, block, most)
+            most = min(opts.max_num_seqs, spec.max_batch or opts.max_num_seqs)  # sequences a spec step holds
+            self.spec = SpecDecoder(self.runner, drafter, verify_len, most)
             if not opts.enforce_eager:  # greedy steps from static buffers, as CUDA graphs where there is CUDA
                 self.spec.graphs = SpecGraphs(self.spec, most, self.runner.cache.max_blocks_per_seq,
                                               self.runner.scratch_slot, capture=True)
@@ -227,8 +229,9 @@ class Engine:
         return len(seq) - 1 + self.spec.block_len(seq)
 
     def _speculates(self, seqs: list[Sequence]) -> bool:
-        """Whether a decode step over seqs is speculative: a drafter, no beam members, a batch within spec_max_batch."""
-        most = self.options.spec_max_batch
+        """Whether a decode step over seqs is speculative: a drafter, no beam members, a batch within
+        speculative.max_batch."""
+        most = self.options.speculative.max_batch if self.spec is not None else None
         return (self.spec is not None and all(s.beam is None for s in seqs)
                 and (most is None or len(seqs) <= most))
 

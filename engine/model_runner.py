@@ -83,7 +83,7 @@ class ModelRunner:
         self._alloc_states(slots, config.state_dtype)
         # speculative steps' pending GDN updates (engine/gdn_ring.GdnRing); allocated before the KV cache takes what
         # memory is left
-        self.gdn_ring = GdnRing(self, config.spec_block, tuning.spec_fold_after) if drafter is not None else None
+        self.gdn_ring = GdnRing(self, config.verify_len, tuning.spec_fold_after) if drafter is not None else None
         num_blocks = config.num_blocks
         if num_blocks is None:
             num_blocks = self._blocks_from_budget(max_num_seqs, config.max_model_len, config.kv_cache_memory_gb,

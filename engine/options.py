@@ -1,7 +1,8 @@
 """What an engine is built with, one object per concern, each handed down whole.
 
   * EngineOptions: what a user sets (vLLM / nano-vllm names): batch and cache sizes, memory, precisions of the
-    caches, speculation. Checked before anything loads (and by the job before Ray starts, engine/backends).
+    caches, and speculation as one SpeculativeConfig. Checked before anything loads (and by the job before Ray
+    starts, engine/backends).
   * DecodeTuning: how the decode path runs (kernel choices and internal constants, each on where it measured faster:
     docs/decisions.md). Not a user option: the engine uses DEFAULT_TUNING; benchmarks and tests may pass another.
   * RunnerConfig: both resolved for one device (defaults filled in, PDL only where the GPU has it): what
@@ -9,7 +10,8 @@
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import difflib
+from dataclasses import dataclass, field, fields
 
 import torch
 
@@ -50,6 +52,49 @@ DEFAULT_TUNING = DecodeTuning()
 
 
 @dataclass(frozen=True)
+class SpeculativeConfig:
+    """Speculative decoding (docs/speculative-decoding.md). A verify step takes num_speculative_tokens + 1 tokens per
+    sequence (its verify_len, the name the engine uses down to the kernels).
+
+    max_batch: the largest decode batch that speculates (None: any); a larger one decodes plainly, one step ahead of
+    the device (a verify pass multiplies the batch's rows by verify_len, which stops paying once the GEMMs are
+    compute-bound). 64: at the 4B shape with the shipped drafter's acceptance (tau ~3.1-3.3, 7 drafts) speculation
+    gave 1.19x plain tok/s at batch 64 and 0.99x at 128 (bench/results/h200_spec_decode.json); a drafter with a
+    higher tau pays at larger batches (tau ~5.6: 1.53x at 128)."""
+    drafter: str | None = None  # a DFlash drafter folder (engine/models/dflash.py); None or "none": off
+    num_speculative_tokens: int | None = None  # drafts per verify step (None: the drafter's block_size - 1)
+    max_batch: int | None = 64
+
+    @classmethod
+    def of(cls, value) -> SpeculativeConfig | None:
+        """From a config mapping (YAML, keyword arguments); ValueError naming a key it does not have, with the
+        nearest one it does."""
+        if value is None or isinstance(value, cls):
+            return value
+        if not isinstance(value, dict):
+            raise ValueError(f"speculative={value!r}: give a mapping of {', '.join(f.name for f in fields(cls))}")
+        names = [f.name for f in fields(cls)]
+        for key in value:
+            if key not in names:
+                close = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
+                raise ValueError(f"speculative.{key} is not a speculation option"
+                                 + (f" (did you mean {close[0]}?)" if close else f" (give {', '.join(names)})"))
+        return cls(**value)
+
+    @property
+    def on(self) -> bool:
+        return self.drafter not in (None, "", "none")
+
+    def check(self) -> None:
+        try:
+            _check_ints(self, (
+                ("num_speculative_tokens", 1, True, "a verify step needs >= 1 draft (None: the drafter's)"),
+                ("max_batch", 1, True, "None: every batch speculates")))
+        except ValueError as e:
+            raise ValueError(f"speculative.{e}") from None
+
+
+@dataclass(frozen=True)
 class EngineOptions:
     max_num_seqs: int = 64
     max_model_len: int | None = None  # default engine.config.default_max_model_len
@@ -67,22 +112,17 @@ class EngineOptions:
     # the attention KV cache: "auto" (the model's dtype) or "fp8" (E4M3 rows, a scale per token and kv head: half
     # the KV bytes a decode step reads and the cache's memory)
     kv_cache_dtype: str = "auto"
-    # speculative decoding: a DFlash drafter folder (engine/models/dflash.py; None or "none": off), the verify
-    # block length (None: the drafter's block_size), and the largest decode batch that speculates (None: any); a
-    # larger one decodes plainly, one step ahead of the device (a verify pass multiplies the batch's rows by the
-    # block, which stops paying once the GEMMs are compute-bound). 64: at the 4B shape with the shipped drafter's
-    # acceptance (tau ~3.1-3.3, block 8) speculation gave 1.19x plain tok/s at batch 64 and 0.99x at 128
-    # (bench/results/h200_spec_decode.json); a drafter with a higher tau pays at larger batches (tau ~5.6: 1.53x at 128)
-    drafter: str | None = None
-    spec_block_size: int | None = None
-    spec_max_batch: int | None = 64
+    # speculative decoding (a SpeculativeConfig, or its mapping): None, or one without a drafter, is off
+    speculative: SpeculativeConfig | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "speculative", SpeculativeConfig.of(self.speculative))
 
     def check(self) -> None:
         """ValueError naming an option whose value no engine can take: the engine checks before it loads anything,
         the job (engine/backends.check_options) before Ray starts."""
-        _check_ints(self, (
-            ("spec_block_size", 2, True, "a verify block needs >= 2 tokens (None: the drafter's)"),
-            ("spec_max_batch", 1, True, "None: every batch speculates")))
+        if self.speculative is not None:
+            self.speculative.check()
         if self.gdn_state_dtype not in STATE_DTYPES:
             raise ValueError(f"gdn_state_dtype={self.gdn_state_dtype!r}: give one of {', '.join(STATE_DTYPES)}")
         if self.kv_cache_dtype not in KV_DTYPES:
@@ -93,7 +133,7 @@ class EngineOptions:
 
     @property
     def speculates(self) -> bool:
-        return self.drafter not in (None, "", "none")
+        return self.speculative is not None and self.speculative.on
 
 
 # engine options that no longer exist -> what a config that still sets one should know (docs/decisions.md has why)
@@ -104,6 +144,10 @@ REMOVED_OPTIONS = {
                     "kernels (the fused GDN decode kernel was slower)",
     "fused_attention_decode": _TUNING, "decode_gemv": _TUNING, "decode_pdl": _TUNING, "swiglu_epilogue": _TUNING,
     "spec_fold_after": _TUNING, "prefill_min_seqs": _TUNING,
+    "drafter": "speculation is one mapping, speculative: {drafter: PATH, num_speculative_tokens: N, max_batch: N} "
+               "(the job sets its drafter from model.drafter / --drafter)",
+    "spec_block_size": "speculative: {num_speculative_tokens: N} gives N drafts a step (a block of N + 1 tokens)",
+    "spec_max_batch": "speculative: {max_batch: N}",
 }
 
 
@@ -123,5 +167,5 @@ class RunnerConfig:
     compile_glue: bool
     state_dtype: torch.dtype
     kv_dtype: torch.dtype  # the model's dtype, or FP8 (kernels/paged_attention)
-    spec_block: int | None  # the verify block when a drafter is loaded
+    verify_len: int | None  # tokens a speculative verify step takes per sequence, when a drafter is loaded
     tuning: DecodeTuning = field(default=DEFAULT_TUNING)

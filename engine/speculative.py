@@ -2,7 +2,8 @@
 prefix. Everything between launch and the token copy runs on the device; the host learns the accepted counts when
 it collects the step.
 
-One step over S sequences, block length T (the drafter's block size or EngineOptions.spec_block_size):
+One step over S sequences, block length T = verify_len (speculative.num_speculative_tokens + 1, or the drafter's
+block size):
 1. draft: the drafter runs [last token, MASK x (T - 1)] for every sequence (engine/models/dflash.py) and proposes
    T - 1 tokens (argmax, or drawn from its distribution for sampled requests).
 2. verify: the target runs [last token, drafts] as S x T decode rows: attention layers store the block's KV and read
@@ -88,16 +89,16 @@ class SpecFlight:
 
 
 class SpecDecoder:
-    def __init__(self, runner, drafter: DFlashDrafter, block_size: int, max_num_seqs: int):
-        self.runner, self.drafter, self.T = runner, drafter, block_size
+    def __init__(self, runner, drafter: DFlashDrafter, verify_len: int, max_num_seqs: int):
+        self.runner, self.drafter, self.T = runner, drafter, verify_len
         self.graphs = None  # engine/spec_graphs.SpecGraphs (the engine sets it unless enforce_eager)
         self.mask_token_id = drafter.cfg.mask_token_id
         t = runner.cfg.text
         self.ring = runner.gdn_ring  # the runner allocates it with the GDN states (engine/gdn_ring)
-        assert self.ring is not None and self.ring.rows >= 2 * block_size, "the runner's ring must hold two blocks"
+        assert self.ring is not None and self.ring.rows >= 2 * verify_len, "the runner's ring must hold two blocks"
         # the block's conv inputs in every GDN layer, with a leading layer axis so that one launch commits them all;
         # each layer's verify writes its own slice (layer.kept_x)
-        self.kept_x = torch.empty(len(runner.gdn_layers), max_num_seqs, block_size, t.gdn_conv_dim,
+        self.kept_x = torch.empty(len(runner.gdn_layers), max_num_seqs, verify_len, t.gdn_conv_dim,
                                   dtype=runner.dtype, device=runner.device)
         for i, layer in enumerate(runner.gdn_layers):
             layer.bind_verify(self.kept_x[i], self.ring.layer(i), self.ring.fold_after)

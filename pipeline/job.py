@@ -249,7 +249,8 @@ def build_dataset(ray, prep: Prepared, pools: PoolSizes):
                           loop_stop_tokens=m.loop_stop_tokens, loop_drop_tokens=m.loop_drop_tokens,
                           loop_ban_next=m.loop_ban_next),
             fallback_to_text_layer=cfg.parse.fallback_to_text_layer, block_reading=prep.blocks,
-            options=dict(m.options, drafter=prep.drafter) if prep.drafter else m.options),
+            options=dict(m.options, speculative=dict(m.options.get("speculative") or {}, drafter=prep.drafter))
+            if prep.drafter else m.options),
         compute=ActorPoolStrategy(size=pools.engines, max_concurrent_calls_per_actor=calls,
                                   enable_true_multi_threading=calls > 1),
         num_gpus=pools.gpus_per_engine, num_cpus=pools.engine_cpus,

@@ -142,8 +142,8 @@ def test_a_python_without_the_job_packages_gets_one_line_naming_them():
 def test_every_listed_mistake_fails_before_ray_in_two_lines_naming_the_fix(tmp_path, tiny_checkpoint, case):
     (tmp_path / "a-file").write_text("not a folder")
     (tmp_path / "typo.yaml").write_text("input: {uris: [samples]}\nparse: {num_actor: 2}\n")
-    (tmp_path / "option.yaml").write_text("input: {uris: [samples]}\nmodel: {options: {spec_max_batchs: 8}}\n")
-    (tmp_path / "value.yaml").write_text("input: {uris: [samples]}\nmodel: {options: {spec_max_batch: 0}}\n")
+    (tmp_path / "option.yaml").write_text("input: {uris: [samples]}\nmodel: {options: {speculative: {max_batchs: 8}}}\n")
+    (tmp_path / "value.yaml").write_text("input: {uris: [samples]}\nmodel: {options: {speculative: {max_batch: 0}}}\n")
     (tmp_path / "removed.yaml").write_text("input: {uris: [samples]}\nmodel: {options: {spec_chunk_verify: true}}\n")
     (tmp_path / "tuning.yaml").write_text("input: {uris: [samples]}\nmodel: {options: {decode_gemv: false}}\n")
     args, says = {
@@ -155,10 +155,10 @@ def test_every_listed_mistake_fails_before_ray_in_two_lines_naming_the_fix(tmp_p
         "misspelled-key": (["--config", str(tmp_path / "typo.yaml")],
                            r"parse.num_actor: unknown key \(did you mean parse.num_actors\?\)"),
         "misspelled-engine-option": (["--config", str(tmp_path / "option.yaml")],
-                                     r"model.options.spec_max_batchs is not an option of the native backend "
-                                     r"\(did you mean spec_max_batch\?\)"),
+                                     r"model.options.speculative.max_batchs is not a speculation option "
+                                     r"\(did you mean max_batch\?\)"),
         "bad-engine-option-value": (["--config", str(tmp_path / "value.yaml")],
-                                    r"model.options.spec_max_batch=0: give an integer >= 1"),
+                                    r"model.options.speculative.max_batch=0: give an integer >= 1"),
         "removed-engine-option": (["--config", str(tmp_path / "removed.yaml")],
                                   r"model.options.spec_chunk_verify was removed: the GDN verify runs token by token"),
         "internal-tuning-option": (["--config", str(tmp_path / "tuning.yaml")],
@@ -187,7 +187,7 @@ def test_every_removed_engine_option_is_refused_in_one_line_saying_so():
     for key, why in REMOVED_OPTIONS.items():
         assert key not in fields
         with pytest.raises(ValueError) as e:
-            check_options("native", {"spec_max_batch": 8, key: True})
+            check_options("native", {"max_num_seqs": 8, key: True})
         assert str(e.value) == f"model.options.{key} was removed: {why}; delete the key"
         assert "\n" not in why
 

@@ -58,8 +58,8 @@ def drafter(target, tmp_path_factory, request):
 def engine(target, drafter=None) -> Engine:
     cfg, weights = target
     return Engine(cfg, weights.items(), "cpu", "float32", expected=expected_tensors(cfg, True),
-                  options=EngineOptions(max_num_seqs=128, num_blocks=400, block_size=8, drafter=drafter,
-                                        spec_max_batch=None))
+                  options=EngineOptions(max_num_seqs=128, num_blocks=400, block_size=8,
+                                        speculative=dict(drafter=drafter, max_batch=None)))
 
 
 def sample(eng: Engine, seeds) -> list:

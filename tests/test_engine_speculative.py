@@ -62,7 +62,7 @@ def run_with_arrivals(eng, reqs, arrive_at):
 def test_greedy_with_random_drafter_equals_plain(text_ckpt, drafter, plain):
     """Joins mid-decode, chunked prefill (a 24-token budget) and per-request caps (max_tokens cuts blocks)."""
     eng = Engine.from_checkpoint(text_ckpt, dtype="float32", max_num_seqs=4, num_blocks=64, block_size=8,
-                                 max_num_batched_tokens=24, drafter=str(drafter))
+                                 max_num_batched_tokens=24, speculative=dict(drafter=str(drafter)))
     outs = run_with_arrivals(eng, requests(), [0, 3, 4, 9])
     for rid, want in plain.items():
         o = outs[rid]
@@ -74,12 +74,12 @@ def test_greedy_with_random_drafter_equals_plain(text_ckpt, drafter, plain):
 
 
 @pytest.mark.parametrize("fold_after", [0, 3])
-def test_batches_above_spec_max_batch_decode_plainly(text_ckpt, drafter, plain, fold_after):
-    """spec_max_batch=2: while 3-4 sequences decode the steps are plain (one step ahead of the device), once 2 or
+def test_batches_above_speculative_max_batch_decode_plainly(text_ckpt, drafter, plain, fold_after):
+    """speculative max_batch=2: while 3-4 sequences decode the steps are plain (one step ahead of the device), once 2 or
     fewer are left they speculate, also right after a plain step still in flight; the outputs stay plain
     decoding's (requests arrive while others speculate: a plain step folds their pending GDN updates first)."""
     eng = Engine.from_checkpoint(text_ckpt, dtype="float32", max_num_seqs=4, num_blocks=64, block_size=8,
-                                 drafter=str(drafter), spec_max_batch=2,
+                                 speculative=dict(drafter=str(drafter), max_batch=2),
                                  tuning=DecodeTuning(spec_fold_after=fold_after))
     kinds = []
     launch_spec, launch = eng._launch_spec, eng._launch
@@ -99,12 +99,16 @@ def test_batches_above_spec_max_batch_decode_plainly(text_ckpt, drafter, plain, 
     assert any(n > 2 for _, n, _ in decode)
     assert any(after_plain for _, _, after_plain in spec)  # launched while a plain step was in flight
     assert eng.block_manager.num_free == eng.block_manager.num_blocks
-    for bad, says in ((dict(spec_max_batch=0), "spec_max_batch=0: give an integer >= 1"),
-                      (dict(tuning=DecodeTuning(spec_fold_after=-1)), "spec_fold_after=-1: give an integer >= 0"),
-                      (dict(spec_block_size=1), "spec_block_size=1: give an integer >= 2")):
+    spec = dict(drafter=str(drafter))
+    for bad, says in ((dict(speculative=dict(spec, max_batch=0)), r"speculative.max_batch=0: give an integer >= 1"),
+                      (dict(speculative=spec, tuning=DecodeTuning(spec_fold_after=-1)),
+                       "spec_fold_after=-1: give an integer >= 0"),
+                      (dict(speculative=dict(spec, num_speculative_tokens=0)),
+                       r"speculative.num_speculative_tokens=0: give an integer >= 1"),
+                      (dict(speculative=dict(spec, max_batches=2)),
+                       r"speculative.max_batches is not a speculation option \(did you mean max_batch\?\)")):
         with pytest.raises(ValueError, match=says):
-            Engine.from_checkpoint(text_ckpt, dtype="float32", max_num_seqs=4, num_blocks=64, drafter=str(drafter),
-                                   **bad)
+            Engine.from_checkpoint(text_ckpt, dtype="float32", max_num_seqs=4, num_blocks=64, **bad)
 
 
 class Oracle(SpecDecoder):
@@ -131,8 +135,8 @@ class Oracle(SpecDecoder):
 def oracle_engine(text_ckpt, drafter, plain, static=True, **opts):
     """static: greedy steps through engine/spec_graphs' static buffers (padded batches, the scratch state slot), as
     the engine runs them unless enforce_eager; else the eager step."""
-    eng = Engine.from_checkpoint(text_ckpt, dtype="float32", max_num_seqs=4, block_size=8, drafter=str(drafter),
-                                 **opts)
+    eng = Engine.from_checkpoint(text_ckpt, dtype="float32", max_num_seqs=4, block_size=8,
+                                 speculative=dict(drafter=str(drafter)), **opts)
     oracle = Oracle(eng.runner, eng.spec.drafter, eng.spec.T, 4)
     oracle.reference = plain
     if static:
@@ -169,7 +173,7 @@ def test_preemption_with_speculation_equals_plain(text_ckpt, drafter, plain):
     """12 blocks of 8 tokens for four sequences growing by up to 31 tokens plus a 5-token block: decode preempts
     (with GDN updates pending in the preempted sequences' slots, which the next sequence there must not see)."""
     for eng in (Engine.from_checkpoint(text_ckpt, dtype="float32", max_num_seqs=4, num_blocks=14, block_size=8,
-                                       drafter=str(drafter)),
+                                       speculative=dict(drafter=str(drafter))),
                 oracle_engine(text_ckpt, drafter, plain, num_blocks=14, tuning=DecodeTuning(spec_fold_after=6))):
         outs = {o.request_id: o for o in eng.generate(requests())}
         assert sum(o.num_preemptions for o in outs.values()) > 0
@@ -182,7 +186,7 @@ def test_loop_guard_beam_and_opt_out_with_speculation(text_ckpt, drafter):
     num_speculative_tokens=0 give plain decoding's results."""
     def run(drafter_path):
         eng = Engine.from_checkpoint(text_ckpt, dtype="float32", max_num_seqs=6, num_blocks=64, block_size=8,
-                                     drafter=drafter_path)
+                                     speculative=dict(drafter=drafter_path))
         return eng.generate([
             dict(prompt_token_ids=ids(9, 20), sampling=SamplingParams(max_tokens=12, num_beams=2), ignore_eos=True),
             dict(prompt_token_ids=ids(11, 21), sampling=SamplingParams(max_tokens=40, loop_stop_tokens=4),
@@ -229,10 +233,10 @@ def test_drafter_for_another_target_is_refused(text_ckpt, tmp_path):
                                   ("num_target_layers", 36, "num_target_layers=36")):
         (d / "config.json").write_text(json.dumps(dict(cfg, **{field: value})))
         with pytest.raises(DrafterConfigError, match=message):
-            Engine.from_checkpoint(text_ckpt, dtype="float32", num_blocks=16, drafter=str(d))
+            Engine.from_checkpoint(text_ckpt, dtype="float32", num_blocks=16, speculative=dict(drafter=str(d)))
     (d / "config.json").write_text(json.dumps(dict(cfg, num_hidden_layers=3)))
     with pytest.raises(DrafterConfigError, match="missing"):
-        Engine.from_checkpoint(text_ckpt, dtype="float32", num_blocks=16, drafter=str(d))
+        Engine.from_checkpoint(text_ckpt, dtype="float32", num_blocks=16, speculative=dict(drafter=str(d)))
 
 
 def test_oracle_drafter_on_the_triton_kernels(text_ckpt, drafter, plain, monkeypatch):
@@ -251,7 +255,7 @@ def test_sampling_with_speculation_runs_seeded(text_ckpt, drafter, plain):
     """Sampled requests go through rejection sampling: top_k=1 sampling gives greedy's tokens, a seed gives the
     same tokens twice, another seed other tokens."""
     eng = Engine.from_checkpoint(text_ckpt, dtype="float32", max_num_seqs=4, num_blocks=64, block_size=8,
-                                 drafter=str(drafter))
+                                 speculative=dict(drafter=str(drafter)))
     top1 = eng.generate([dict(r, sampling=SamplingParams(max_tokens=REQS[i][1], temperature=0.9, top_k=1, seed=i))
                          for i, r in enumerate(requests())])
     assert {o.request_id: o.output_token_ids for o in top1} == plain
@@ -273,7 +277,8 @@ def test_native_backend_with_a_drafter(vl_ckpt, tmp_path):
     req = [PageRequest("p", page, sampling=SamplingParams(max_tokens=12))]
     results = []
     for d in (None, str(drafter)):
-        backend = load_backend("native", str(vl_ckpt), device="cpu", dtype="float32", num_blocks=64, drafter=d)
+        backend = load_backend("native", str(vl_ckpt), device="cpu", dtype="float32", num_blocks=64,
+                               speculative=dict(drafter=d))
         results.append(backend.parse(req)[0])
         backend.close()
     plain, spec = results

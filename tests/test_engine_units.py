@@ -194,7 +194,7 @@ def test_drafter_glue_traces_as_one_graph_and_the_runner_check_accepts_it(tmp_pa
                 torch.testing.assert_close(x, y)
     ckpt = build_checkpoint(tmp_path / "c", vision=False)
     drafter = write_random_drafter(tmp_path / "d", ckpt, block_size=4)
-    eng = Engine.from_checkpoint(ckpt, num_blocks=32, drafter=str(drafter))
+    eng = Engine.from_checkpoint(ckpt, num_blocks=32, speculative=dict(drafter=str(drafter)))
     req = [dict(prompt_token_ids=list(range(3, 30)), sampling=SamplingParams(max_tokens=9))]
     ref = eng.generate(req)
     with warnings.catch_warnings():
@@ -244,7 +244,7 @@ def test_glue_check_falls_back_to_eager_when_a_compiled_function_is_wrong(tmp_pa
 
     ckpt = build_checkpoint(tmp_path / "c", vision=False)
     eng = Engine.from_checkpoint(ckpt, num_blocks=32,
-                                 drafter=str(write_random_drafter(tmp_path / "d", ckpt, block_size=4)))
+                                 speculative=dict(drafter=str(write_random_drafter(tmp_path / "d", ckpt, block_size=4))))
     wrong = DraftGlue(True, backend="eager")
     right_norm = wrong.norm
     wrong.norm = lambda x, w, eps: 2 * right_norm(x, w, eps)

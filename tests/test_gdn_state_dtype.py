@@ -38,4 +38,4 @@ def test_bad_state_dtype_refused_naming_the_option(text_ckpt, tmp_path):
     drafter = write_random_drafter(tmp_path / "d", text_ckpt, block_size=4, seed=1)
     with pytest.raises(ValueError, match="gdn_state_dtype='bfloat16' with a drafter: .* float32 state only"):
         Engine.from_checkpoint(text_ckpt, dtype="float32", max_num_seqs=2, num_blocks=32, gdn_state_dtype="bfloat16",
-                               drafter=str(drafter))
+                               speculative=dict(drafter=str(drafter)))

@@ -92,7 +92,7 @@ def test_speculation_counts_reach_the_page_rows_and_the_stats(tiny_checkpoint, t
         stage.backend.close()
         return out
 
-    plain, spec = read({}), read({"drafter": str(drafter)})
+    plain, spec = read({}), read({"speculative": {"drafter": str(drafter)}})
     assert [r["text"] for r in spec] == [r["text"] for r in plain]
     assert all(r["spec_steps"] is None or r["spec_steps"] == 0 for r in plain)
     assert all(r["spec_tau"] is None for r in plain)

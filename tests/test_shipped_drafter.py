@@ -30,7 +30,8 @@ def test_shipped_drafter_is_lossless_and_accepted_on_sample_blocks(blocks):
             for i, im in enumerate(blocks)]
     opts = dict(device="cpu", dtype="float32", max_num_seqs=len(reqs))
     plain = Engine.from_checkpoint(str(TARGET), **opts).generate(reqs)
-    spec = Engine.from_checkpoint(str(TARGET), drafter=str(DRAFTER), spec_block_size=16, spec_max_batch=None,
+    spec = Engine.from_checkpoint(str(TARGET), speculative=dict(
+        drafter=str(DRAFTER), num_speculative_tokens=15, max_batch=None),
                                  **opts).generate(reqs)
     assert [o.output_token_ids for o in spec] == [o.output_token_ids for o in plain]
     steps = sum(o.spec.steps for o in spec)

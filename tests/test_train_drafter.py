@@ -335,7 +335,7 @@ def test_tau_estimate_equals_the_engines_tau(tiny_checkpoint, tmp_path):
         bp = block_pass(d, answers, embed, head, EVERY_ANCHOR, None, "cpu")
         tokens, steps = walk_tau(answers, accepted_drafts(bp, greedy_drafts(d, bp)))
     spec = Engine.from_checkpoint(str(tiny_checkpoint), dtype="float32", max_num_seqs=2,
-                                  drafter=str(tmp_path / "drafter"), spec_block_size=4)
+                                  speculative=dict(drafter=str(tmp_path / "drafter"), num_speculative_tokens=3))
     outs = spec.generate([dict(request_id=f"p{i}", prompt=cfg.prompt, image=im,
                                sampling=SamplingParams(max_tokens=cfg.max_tokens)) for i, im in enumerate(images)])
     assert [o.output_token_ids for o in outs] == [ex.ids[ex.prompt_len:] for ex in answers]
