@@ -1,8 +1,8 @@
 """ocria-tiny read with beam search in the native engine: what beams buy in CER, whether the engine's beam search is
 transformers', and how often a beam member continues itself.
 
-    python -m research.ocria_tiny.beam_quality export --pages build/beam_pages      # here: held-out pages (pymupdf, .synth)
-    python3 -m research.ocria_tiny.beam_quality run --pages build/beam_pages --out $OUT/beam   # H200 (carry build/beam_pages)
+    python -m research.ocria_tiny.beam_quality export --pages build/beam_pages       # here (pymupdf, .synth)
+    python3 -m research.ocria_tiny.beam_quality run --pages build/beam_pages --out $OUT/beam   # H200, carry the pages
     python -m research.ocria_tiny.beam_quality parents --pages build/beam_pages --out parents.json   # CPU
 
 `export` draws the held-out synthetic pages research.ocria_tiny.eval_ocr scores (same config, pool and seeds) and writes
@@ -165,7 +165,8 @@ def main(argv=None) -> None:
     ex = sub.add_parser("export", help="held-out pages as PNG files with their reference text")
     ex.add_argument("--pages", type=Path, required=True)
     ex.add_argument("--heldout", type=int, default=24)
-    ex.add_argument("--config", type=Path, default=ROOT / "research/ocria_tiny/results/eval_full_pages_1536_config.yaml")
+    ex.add_argument("--config", type=Path,
+                    default=ROOT / "research/ocria_tiny/results/eval_full_pages_1536_config.yaml")
     ex.add_argument("--synth", type=Path, default=ROOT / ".synth")
     rn = sub.add_parser("run", help="pages read greedy and with beams (CER, pages/s); fp32 against transformers")
     rn.add_argument("--pages", type=Path, required=True, help="the exported pages")
