@@ -1,19 +1,16 @@
-"""Beam search in the native engine on the GPU: is it right, what does it buy, what does it cost.
+"""Beam search in the native engine on the GPU: what it costs at Qwen3.5-4B's shape.
 
-    python bench/beam_search_bench.py export --pages build/beam_pages      # here: held-out pages (pymupdf, .synth)
-    python3 bench/beam_search_bench.py run --pages build/beam_pages --out $OUT/beam   # H200 (carry build/beam_pages)
-    python3 bench/beam_search_bench.py copy --out $OUT/copy    # H200: the per-step cache copy alone, two ways
+    python3 bench/beam_search_bench.py run --out $OUT/beam4b    # H200: the beam step against greedy steps
+    python3 bench/beam_search_bench.py copy --out $OUT/copy     # H200: the per-step cache copy alone, two ways
 
-`export` draws the held-out synthetic pages research.ocria_tiny.eval_ocr scores (same config, pool and seeds) and writes them as
-PNG files with their reference text, so the GPU machine needs neither pymupdf nor the text pools.
-`run` does three things, each recorded as soon as it is done:
-  1. ocria-tiny, bf16, CUDA graphs: every page read greedy and with --beams, timed (pages/s) and scored (CER);
-  2. the same engine in fp32 against transformers' generate(num_beams, early_stopping=True) in fp32 on the first
-     --check-pages pages, greedy and with beams: identical texts are expected (TF32 off on both sides);
-  3. Qwen3.5-4B's shape with random weights (bench/engine_bench.py's page requests, ignore_eos): decode step time of
-     greedy and beam requests at the same number of sequences per step, so the difference is what beam search adds
-     (its selection and the state and KV copies); next to it, the copies timed alone at the mean number of blocks
-     each member copies per step, and the decode memory roofline.
+`run`: Qwen3.5-4B's shape with random weights (bench/engine_bench.py's page requests, ignore_eos): decode step time of
+greedy and beam requests at the same number of sequences per step, so the difference is what beam search adds (its
+selection and the state and KV copies); next to it, the copies timed alone at the mean number of blocks each member
+copies per step, and the decode memory roofline.
+`copy`: ModelRunner.copy_caches' work without a model, by index_copy and by kernels/copy_rows.
+
+What beam search buys in reading quality, and the engine's beam search against transformers', are ocria-tiny
+research: research/ocria_tiny/beam_quality.py.
 """
 from __future__ import annotations
 
@@ -31,96 +28,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.engine_bench import sync  # noqa: E402
-from research.ocria_tiny.eval_ocr import Score, markdown_to_text  # noqa: E402
-
-TINY = ROOT / "models" / "ocria-tiny"
-
-
-def export(args) -> None:
-    from PIL import Image
-
-    from research.ocria_tiny.eval_ocr import heldout_pages, pool_fingerprint
-    from research.ocria_tiny.train_config import load_config
-
-    cfg = load_config(args.config, [])
-    args.pages.mkdir(parents=True, exist_ok=True)
-    refs = []
-    for p in heldout_pages(args.heldout, cfg, args.synth):
-        Image.fromarray(p.image).save(args.pages / f"{p.name}.png", optimize=True)
-        refs.append({"page": p.name, "reference_text": p.reference_text})
-    meta = {"config": str(args.config), "pool": pool_fingerprint(args.synth), "pages": refs}
-    (args.pages / "pages.json").write_text(json.dumps(meta, indent=1) + "\n")
-    print(f"wrote {len(refs)} pages to {args.pages}")
-
-
-def load_pages(folder: Path) -> tuple[list[str], list[np.ndarray], list[str]]:
-    from PIL import Image
-
-    meta = json.loads((folder / "pages.json").read_text())
-    names = [p["page"] for p in meta["pages"]]
-    images = [np.asarray(Image.open(folder / f"{n}.png").convert("RGB")) for n in names]
-    return names, images, [p["reference_text"] for p in meta["pages"]]
-
 
 def empty_cache() -> None:
     gc.collect()  # a closed engine's sequences and beam groups refer to each other: free its caches now
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-
-
-def read_timed(reader, images, max_new_tokens: int) -> tuple[list[str], float]:
-    device = reader.backend.engine.device
-    reader.read(images[:2], 8)  # warm-up: first-use compilation stays out of the timing
-    sync(device)
-    t = time.perf_counter()
-    texts = reader.read(images, max_new_tokens)
-    sync(device)
-    return texts, time.perf_counter() - t
-
-
-def tiny_quality(pages, beams: list[int], max_new_tokens: int, device: str) -> list[dict]:
-    from research.ocria_tiny.eval_ocr import EnginePageReader
-
-    names, images, refs = pages
-    rows = []
-    for k in beams:
-        reader = EnginePageReader(TINY, device, num_beams=k, batch=len(images), dtype="auto")  # bf16 on CUDA
-        texts, wall = read_timed(reader, images, max_new_tokens)
-        score = Score()
-        for hyp, ref in zip(texts, refs):
-            score.add(markdown_to_text(hyp), ref)
-        dtype = str(reader.backend.engine.dtype).replace("torch.", "")
-        rows.append({"part": f"ocria-tiny {dtype}", "num_beams": k, "pages": len(images), "wall_s": wall,
-                     "pages_per_s": len(images) / wall, **{f"text_{k2}": v for k2, v in score.summary().items()}})
-        reader.close()
-        empty_cache()
-    return rows
-
-
-def tiny_exactness(pages, beams: list[int], n: int, max_new_tokens: int, device: str) -> list[dict]:
-    from research.ocria_tiny.eval_ocr import EnginePageReader, HFPageReader
-
-    names, images, _ = pages
-    images = images[:n]
-    hf = HFPageReader(TINY, device)
-    rows = []
-    for k in beams:
-        hf.num_beams = k
-        reader = EnginePageReader(TINY, device, num_beams=k, batch=len(images), dtype="float32")
-        native = reader.read(images, max_new_tokens)
-        reference = [hf.read([im], max_new_tokens)[0] for im in images]  # one at a time: no padding
-        same = [a == b for a, b in zip(native, reference)]
-        diff = Score()
-        for a, b in zip(native, reference):
-            diff.add(a, b)
-        rows.append({"part": "ocria-tiny fp32 vs transformers", "num_beams": k, "pages": len(images),
-                     "identical": sum(same), "cer_between": diff.summary()["cer"],
-                     "first_mismatch": next(({"page": nm, "native": a[:120], "transformers": b[:120]}
-                                             for nm, a, b, s in zip(names, native, reference, same) if not s), None)})
-        reader.close()
-    del hf, reader
-    empty_cache()
-    return rows
 
 
 def copy_cost(engine, rows: int, blocks_per_member: int, iters: int = 20) -> float:
@@ -147,7 +59,7 @@ def shape_4b(args) -> list[dict]:
     from engine.llm_engine import Engine, EngineOptions
     from bench import engine_bench as b
 
-    torch._dynamo.reset()  # the glue compiled for ocria-tiny's engines would count against dynamo's recompile limit
+    torch._dynamo.reset()  # glue compiled for other engines in this process would count against the recompile limit
     bargs = argparse.Namespace(page_image_tokens=args.page_image_tokens, page_gen=args.page_gen, text_prompt=8,
                                text_gen=8)
     device = torch.device(args.device)
@@ -254,33 +166,6 @@ def copy_variants(args) -> None:
         sys.exit("copy_rows and index_copy disagree")
 
 
-def parent_shares(args) -> None:
-    """How often a beam member continues itself (its parent is its own row) when ocria-tiny reads real pages: the
-    share of the per-step cache copy that kernels/copy_rows leaves out."""
-    from research.ocria_tiny.eval_ocr import EnginePageReader
-
-    names, images, _ = load_pages(args.pages)
-    reader = EnginePageReader(TINY, args.device, num_beams=args.beams, batch=args.num_pages)
-    engine = reader.backend.engine
-    copy, steps = engine.beams.copy_to_members, []
-
-    def recording_copy(beams):
-        for _, choice in beams:
-            if choice.num_rows > 1:  # forked: rows are members
-                steps.append((choice.parents.cpu() == torch.arange(choice.parents.shape[1])).float().mean(1))
-        return copy(beams)
-
-    engine.beams.copy_to_members = recording_copy
-    reader.read(images[:args.num_pages], args.max_new_tokens)
-    stay = torch.cat(steps)
-    out = {"command": "python bench/beam_search_bench.py " + " ".join(sys.argv[1:]), "pages": names[:args.num_pages],
-           "num_beams": args.beams, "request_steps": len(stay), "share_of_members_continuing_themselves":
-           float(stay.mean()), "share_of_steps_where_all_do": float((stay == 1).float().mean())}
-    print(json.dumps(out, indent=1))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=1) + "\n")
-
-
 def table(rows: list[dict]) -> str:
     lines = [f"{'part':<34}{'beams':>6}{'batch':>6}{'pages/s':>9}{'CER':>7}{'ident.':>8}{'step ms':>9}"
              f"{'+ms':>7}{'copy ms':>8}{'roof ms':>8}"]
@@ -296,50 +181,26 @@ def table(rows: list[dict]) -> str:
 
 
 def run(args) -> None:
-    torch.backends.cuda.matmul.allow_tf32 = False  # the fp32 comparison must not compute in TF32 on one side
-    torch.backends.cudnn.allow_tf32 = False
     args.out.mkdir(parents=True, exist_ok=True)
     result = {"command": "python3 bench/beam_search_bench.py " + " ".join(sys.argv[1:]),
               "device": torch.cuda.get_device_name() if args.device == "cuda" else args.device,
               "torch": torch.__version__, "rows": []}
-    if not args.skip_tiny:
-        meta = json.loads((args.pages / "pages.json").read_text())
-        result["pages"] = {k: v for k, v in meta.items() if k != "pages"}
-
-    def record(rows):
-        result["rows"] += rows
-        (args.out / "beam_search.json").write_text(json.dumps(result, indent=1) + "\n")
-        print(table(rows), flush=True)
-
-    if not args.skip_tiny:
-        t = time.perf_counter()
-        pages = tuple(x[:args.num_pages] for x in load_pages(args.pages))
-        record(tiny_quality(pages, [1] + args.beams, args.max_new_tokens, args.device))
-        record(tiny_exactness(pages, [1] + args.beams, args.check_pages, args.max_new_tokens, args.device))
-        print(f"ocria-tiny parts: {time.perf_counter() - t:.0f} s", flush=True)
-    if args.batches_4b:
-        record(shape_4b(args))
+    result["rows"] = shape_4b(args)
+    (args.out / "beam_search.json").write_text(json.dumps(result, indent=1) + "\n")
     print("\n" + table(result["rows"]))
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    ex = sub.add_parser("export")
-    ex.add_argument("--pages", type=Path, required=True)
-    ex.add_argument("--heldout", type=int, default=24)
-    ex.add_argument("--config", type=Path, default=ROOT / "research/ocria_tiny/results/eval_full_pages_1536_config.yaml")
-    ex.add_argument("--synth", type=Path, default=ROOT / ".synth")
-    rn = sub.add_parser("run")
-    rn.add_argument("--pages", type=Path, default=None, help="the exported pages (not needed with --skip-tiny)")
+    rn = sub.add_parser("run", help="the beam step against greedy steps, at the 4B shape")
     rn.add_argument("--out", type=Path, required=True)
     rn.add_argument("--beams", default="4", type=lambda s: [int(x) for x in s.split(",")])
-    rn.add_argument("--skip-tiny", action="store_true", help="part 3 only")
-    rn.add_argument("--num-pages", type=int, default=None, help="default: all exported pages")
-    rn.add_argument("--check-pages", type=int, default=4)
+    rn.add_argument("--skip-tiny", action="store_true",
+                    help="accepted so the recorded commands run as written: the ocria-tiny parts are "
+                         "research/ocria_tiny/beam_quality.py's")
     rn.add_argument("--device", default="cuda", help="cpu: a smoke run of the script (with --tiny-shapes)")
-    rn.add_argument("--tiny-shapes", action="store_true", help="part 3 at bench/engine_bench.py's tiny shapes")
-    rn.add_argument("--max-new-tokens", type=int, default=1024)
+    rn.add_argument("--tiny-shapes", action="store_true", help="bench/engine_bench.py's tiny shapes")
     rn.add_argument("--batches-4b", default="8,32", type=lambda s: [int(x) for x in s.split(",") if x])
     rn.add_argument("--page-image-tokens", type=int, default=1296)
     rn.add_argument("--page-gen", type=int, default=750)
@@ -351,17 +212,8 @@ def main(argv=None) -> None:
     cp.add_argument("--blocks-per-member", type=int, default=12, help="KV blocks since the prompt (mid-answer)")
     cp.add_argument("--stay-shares", default="0,0.5,0.8,1", type=lambda s: [float(x) for x in s.split(",")])
     cp.add_argument("--iters", type=int, default=10)
-    ps = sub.add_parser("parents", help="how often beam members continue themselves (ocria-tiny)")
-    ps.add_argument("--pages", type=Path, required=True)
-    ps.add_argument("--out", type=Path, required=True)
-    ps.add_argument("--device", default="cpu")
-    ps.add_argument("--beams", type=int, default=4)
-    ps.add_argument("--num-pages", type=int, default=4)
-    ps.add_argument("--max-new-tokens", type=int, default=1024)
     args = ap.parse_args(argv)
-    if args.cmd == "run" and not args.skip_tiny and args.pages is None:
-        ap.error("run needs --pages (from `export`), or --skip-tiny")
-    {"export": export, "run": run, "copy": copy_variants, "parents": parent_shares}[args.cmd](args)
+    {"run": run, "copy": copy_variants}[args.cmd](args)
 
 
 if __name__ == "__main__":

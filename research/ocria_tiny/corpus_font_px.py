@@ -3,7 +3,7 @@ born-digital first pages that research.ocria_tiny.eval_ocr scores (the text laye
 render scale (pipeline.rasterize.render_scale) at each longest side. ocria-tiny reads 16-32 px lines after run D
 (research/ocria_tiny/commands.md, session 10); this says which resolution puts real pages' body text there.
 
-    python bench/corpus_font_px.py --out bench/results/corpus_font_px.json
+    python -m research.ocria_tiny.corpus_font_px --out research/ocria_tiny/results/corpus_font_px.json
 """
 from __future__ import annotations
 
@@ -14,11 +14,10 @@ from pathlib import Path
 import click
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from research.ocria_tiny.eval_ocr import born_digital_rows
 from pipeline.rasterize import RasterOptions, render_scale
+from research.ocria_tiny.eval_ocr import born_digital_rows
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def char_font_pt(page) -> np.ndarray:
@@ -57,7 +56,8 @@ def main(corpus: str, pages: int, longest: str, out: str | None) -> None:
         files.append({"file": row["filename"], "chars": int(pt.size), "font_pt_p50": float(np.median(pt))})
         for s in sides:
             per_side[s].append(pt * render_scale(page.rect.width, page.rect.height, RasterOptions(s, s * s)))
-    result = {"pages": len(files), "files": files, "command": "python bench/corpus_font_px.py " + " ".join(sys.argv[1:]),
+    result = {"pages": len(files), "files": files,
+              "command": "python -m research.ocria_tiny.corpus_font_px " + " ".join(sys.argv[1:]),
               "font_px_by_longest_side": {}}
     print(f"{'longest px':>10} {'p10':>6} {'p50':>6} {'p90':>6}   (font px of each character, {len(files)} pages)")
     for s in sides:

@@ -1,7 +1,7 @@
 """The training vision attention on the GPU: flash attention's variable-length kernel against the padded, masked SDPA
 call (research/ocria_tiny/packed_vision_attention.py), forward and backward, at a 1,536 px training batch's shape.
 
-    python3 bench/vision_attention_bench.py --out $OUT/vision_attention.json
+    python3 -m research.ocria_tiny.vision_attention_bench --out $OUT/vision_attention.json
 
 Checks: both bf16 paths against an fp32 reference (the padded call in fp32, TF32 off) on small odd lengths and at the
 batch shape; then times forward + backward of each. The roofline is the attention's matmul FLOPs (forward 4 * L^2 * d
@@ -16,10 +16,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.kernels_bench import rel_error  # noqa: E402
-from research.ocria_tiny.packed_vision_attention import padded_attention, varlen_flash_attention  # noqa: E402
+from bench.kernels_bench import rel_error
+from research.ocria_tiny.packed_vision_attention import padded_attention, varlen_flash_attention
 
 DENSE_BF16_TFLOPS = 989.0  # H200 SXM datasheet, dense
 
@@ -89,7 +87,7 @@ def main() -> None:
     batch = [96 * int(w) for w in torch.randint(67, 79, (args.images,), generator=gen)]
     checks = [check([37, 1, 250, 99, 1023], heads, dim, seed=1), check(batch[:8], heads, dim, seed=2)]
     timed = timing(batch, heads, dim)
-    res = {"command": "python3 bench/vision_attention_bench.py " + " ".join(sys.argv[1:]),
+    res = {"command": "python3 -m research.ocria_tiny.vision_attention_bench " + " ".join(sys.argv[1:]),
            "device": torch.cuda.get_device_name(), "torch": torch.__version__, "heads": heads, "head_dim": dim,
            "checks": checks, "timing": timed}
     args.out.parent.mkdir(parents=True, exist_ok=True)
