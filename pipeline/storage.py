@@ -121,7 +121,12 @@ CURL_CAUSES = {6: "its host name does not resolve", 7: "nothing answers at its a
                60: "its TLS certificate is not trusted"}
 _CURL_CODE = re.compile(r"curlCode: (\d+)|CURL error \[(\d+)\]")
 UNREACHABLE_MARKERS = ("NETWORK_CONNECTION", "Could not connect", "Could not resolve", "Timeout was reached",
-                       "UNAVAILABLE: Retry policy exhausted", "DEADLINE_EXCEEDED")
+                       "DEADLINE_EXCEEDED")
+# google-cloud-cpp's retry loop ends the same way whether its tries got no answer (a curl code then says why) or got
+# 5xx answers (its last message is the store's): only the first is unreachable.
+GCS_RETRIES_SPENT = "UNAVAILABLE: Retry policy exhausted"
+_GCS_LAST = re.compile(r"with a last message of (.*?)(?: error_info=|$)", re.S)
+_HTTP_STATUS = re.compile(r"HTTP status (\d{3})")
 NO_GCS_TOKEN = "Could not create a OAuth2 access token"
 _GCS_UNDERLYING = re.compile(r"The underlying error message was: (.*?)(?: error_info=|$)", re.S)
 
@@ -129,9 +134,9 @@ _GCS_UNDERLYING = re.compile(r"The underlying error message was: (.*?)(?: error_
 def unreachable_cause(e: BaseException) -> str | None:
     """Why a storage request got no answer (in words), or None when it got one (an HTTP error is an answer)."""
     text = str(e)
-    if not any(m in text for m in UNREACHABLE_MARKERS):
-        return None
     m = _CURL_CODE.search(text)
+    if not any(mk in text for mk in UNREACHABLE_MARKERS) and not (GCS_RETRIES_SPENT in text and m):
+        return None
     code = int(m.group(1) or m.group(2)) if m else None
     return CURL_CAUSES.get(code, f"network error (curl code {code})" if code else "no answer")
 
@@ -159,7 +164,23 @@ def explain(uri: str, e: OSError, storage: StorageConfig | None = None) -> str:
                       f"up, and that this machine can reach it")
     if cause:
         return redact(f"cannot reach the object store for {uri}: {cause}")
+    answer = error_answer(text)
+    if answer and scheme in ("s3", "gs") and transient(e):
+        where = (f"the {'S3' if scheme == 's3' else 'GCS'} endpoint {endpoint_of(scheme, storage)[0]}"
+                 if storage is not None else "the object store")
+        return redact(f"{where} answered {answer} for {uri} on every try: it is reached but failing or throttling; "
+                      f"run again later (a document that failed this way is retried by the next run)")
     return redact(text)
+
+
+def error_answer(text: str) -> str | None:
+    """The error a store answered with, in short (S3: its HTTP status; GCS: the status and the store's last message),
+    or None when the text names none."""
+    m = _HTTP_STATUS.search(text)
+    if m and m.group(1)[0] in "45":
+        return f"HTTP {m.group(1)}"
+    m = _GCS_LAST.search(text) if GCS_RETRIES_SPENT in text else None
+    return f"UNAVAILABLE ({m.group(1).strip()!r})" if m else None
 
 
 # One storage operation (a read, an upload, a listing, a delete) is tried again as a whole when it fails with an error

@@ -218,3 +218,24 @@ def test_a_checkpoint_copy_under_transient_faults_is_byte_identical(faulty, tiny
         if f.is_file():
             assert (local / f.relative_to(tiny_checkpoint)).read_bytes() == f.read_bytes(), f
     assert proxy.faults() >= 1, proxy.seen
+
+
+@pytest.mark.parametrize("fault", ["slowdown", "error"])
+def test_a_store_that_keeps_answering_5xx_is_named_as_answering_not_as_unreachable(faulty, fault):
+    """An operation that spent its tries on 503s or 500s says what the store answered (a server that answers is
+    reached), and that it is worth running again; not "cannot reach", which sends an operator to the network."""
+    store, proxy, cfg = faulty
+    b = store.new_bucket()
+    store.put(f"{b}/in/a.pdf", b"%PDF-1.7 " * 100)
+    fs = storage.resolve(store.uri(b), cfg).fs
+    uri = store.uri(f"{b}/in/a.pdf")
+    proxy.set_rules(Rule("get", fault, rate=1.0))
+    with pytest.raises(OSError) as e:
+        storage.read_bytes(fs, uri)
+    said = storage.explain(uri, e.value, cfg)
+    assert "cannot reach" not in said and "no answer" not in said, said
+    name, url = ("S3", cfg.s3_endpoint) if store.scheme == "s3" else ("GCS", cfg.gcs_endpoint)
+    # S3 gives the status; google-cloud-cpp gives its own status and the store's last message instead
+    answer = f"HTTP {503 if fault == 'slowdown' else 500}" if store.scheme == "s3" else "UNAVAILABLE ('injected by"
+    assert said.startswith(f"the {name} endpoint {url} answered {answer}"), said
+    assert f"for {uri} on every try: it is reached but failing or throttling; run again later" in said, said
