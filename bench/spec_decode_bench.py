@@ -126,7 +126,8 @@ def tiny_rows(args, device, dtype, record) -> None:
     plain_engine = Engine.from_checkpoint(args.checkpoint, **common)
     for block, fold_after in ((block, f) for block in args.block_sizes for f in args.fold_after):
         spec_engine = Engine.from_checkpoint(args.checkpoint, speculative=dict(
-            drafter=args.drafter, num_speculative_tokens=block - 1, max_batch=None), tuning=DecodeTuning(spec_fold_after=fold_after), **common)
+            drafter=args.drafter, num_speculative_tokens=block - 1, max_batch=None),
+                                             tuning=DecodeTuning(spec_fold_after=fold_after), **common)
         for batch in args.batches:
             reqs = [dict(request_id=f"b{batch}-{i}", image=images[i % len(images)], prompt=args.prompt,
                          sampling=SamplingParams(max_tokens=args.max_tokens)) for i in range(batch)]

@@ -142,7 +142,8 @@ def test_a_python_without_the_job_packages_gets_one_line_naming_them():
 def test_every_listed_mistake_fails_before_ray_in_two_lines_naming_the_fix(tmp_path, tiny_checkpoint, case):
     (tmp_path / "a-file").write_text("not a folder")
     (tmp_path / "typo.yaml").write_text("input: {uris: [samples]}\nparse: {num_actor: 2}\n")
-    (tmp_path / "option.yaml").write_text("input: {uris: [samples]}\nmodel: {options: {speculative: {max_batchs: 8}}}\n")
+    (tmp_path / "option.yaml").write_text(
+        "input: {uris: [samples]}\nmodel: {options: {speculative: {max_batchs: 8}}}\n")
     (tmp_path / "value.yaml").write_text("input: {uris: [samples]}\nmodel: {options: {speculative: {max_batch: 0}}}\n")
     (tmp_path / "removed.yaml").write_text("input: {uris: [samples]}\nmodel: {options: {spec_chunk_verify: true}}\n")
     (tmp_path / "tuning.yaml").write_text("input: {uris: [samples]}\nmodel: {options: {decode_gemv: false}}\n")

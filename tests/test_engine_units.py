@@ -244,7 +244,8 @@ def test_glue_check_falls_back_to_eager_when_a_compiled_function_is_wrong(tmp_pa
 
     ckpt = build_checkpoint(tmp_path / "c", vision=False)
     eng = Engine.from_checkpoint(ckpt, num_blocks=32,
-                                 speculative=dict(drafter=str(write_random_drafter(tmp_path / "d", ckpt, block_size=4))))
+                                 speculative=dict(drafter=str(write_random_drafter(tmp_path / "d", ckpt,
+                                                                                   block_size=4))))
     wrong = DraftGlue(True, backend="eager")
     right_norm = wrong.norm
     wrong.norm = lambda x, w, eps: 2 * right_norm(x, w, eps)

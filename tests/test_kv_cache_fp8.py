@@ -50,8 +50,8 @@ def test_fp8_cache_speculative_greedy_equals_plain(text_ckpt, tmp_path):
     """Speculation stays lossless over an FP8 cache: the verify reads the same rows plain decoding would."""
     drafter = write_random_drafter(tmp_path / "d", text_ckpt, block_size=4, seed=5)
     plain = [o.output_token_ids for o in engine(text_ckpt, kv_cache_dtype="fp8").generate(requests())]
-    spec = [o.output_token_ids for o in engine(text_ckpt, kv_cache_dtype="fp8", speculative=dict(drafter=str(drafter))).generate(
-        requests())]
+    spec_engine = engine(text_ckpt, kv_cache_dtype="fp8", speculative=dict(drafter=str(drafter)))
+    spec = [o.output_token_ids for o in spec_engine.generate(requests())]
     assert spec == plain
 
 

@@ -80,7 +80,8 @@ class GatedAttention(nn.Module):
     pdl = False  # decode kernels launched with programmatic dependent launch (DecodePath.pdl)
 
     def use(self, path: DecodePath) -> None:
-        self.glue, self.proj, self.pdl, self.fused_inputs = path.glue, path.proj, path.pdl, path.fused_attention_decode
+        self.glue, self.proj, self.pdl = path.glue, path.proj, path.pdl
+        self.fused_inputs = path.fused_attention_decode
 
     def bind_kv_cache(self, k_cache: torch.Tensor, v_cache: torch.Tensor, scales=None) -> None:
         """This layer's [blocks, block_size, kv heads, head_dim] K and V pages (views of the runner's cache), and an
