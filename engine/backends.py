@@ -63,6 +63,10 @@ def check_options(name: str, options: dict) -> None:
     for key in options:
         if key in REMOVED_OPTIONS:
             raise ValueError(f"model.options.{key} was removed: {REMOVED_OPTIONS[key]}; delete the key")
+    if isinstance(options.get("speculative"), dict) and "drafter" in options["speculative"]:
+        # the job checks and localizes model.drafter before Ray starts; one given here would reach the engines as is
+        raise ValueError("model.options.speculative.drafter: set model.drafter (--drafter) instead, the job checks "
+                         "that folder before it starts")
     from engine.native_backend import NativeBackend
     from engine.options import EngineOptions
 

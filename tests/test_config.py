@@ -193,6 +193,19 @@ def test_every_removed_engine_option_is_refused_in_one_line_saying_so():
         assert "\n" not in why
 
 
+
+def test_speculation_options_are_checked_as_one_mapping():
+    """model.options.speculative: its keys checked with the nearest valid one; its drafter comes from model.drafter."""
+    from engine.backends import check_options
+
+    check_options("native", {"speculative": {"max_batch": 8, "num_speculative_tokens": 7}})
+    for bad, says in (({"max_batchs": 8}, r"speculative.max_batchs is not a speculation option \(did you mean "
+                                          r"max_batch\?\)"),
+                      ({"num_speculative_tokens": 0}, r"speculative.num_speculative_tokens=0: give an integer >= 1"),
+                      ({"drafter": "d"}, r"speculative.drafter: set model.drafter \(--drafter\) instead")):
+        with pytest.raises(ValueError, match=r"^model.options." + says):
+            check_options("native", {"speculative": bad})
+
 def test_bad_drafter_fails_before_ray(tmp_path, tiny_checkpoint):
     """--drafter: a DFlash drafter whose config does not fit the checkpoint is refused before Ray starts, in a line
     naming the field and the way out."""
