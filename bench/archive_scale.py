@@ -39,6 +39,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench import harness  # noqa: E402
+
 PER_DIR = 1000
 PER_PART = 64  # run.commit_every_docs' default
 CHECKPOINT = ROOT / "models" / "ocria-tiny"
@@ -240,6 +242,10 @@ def main() -> None:
     if args.phase == "nothing":
         print(json.dumps(nothing_to_do(args.n, args.work)))
         return
+    results = harness.ResultFile(args.out, harness.result_meta(
+        __file__, "the driver's listing, resume plan and commit at " + ", ".join(f"{n:,}" for n in args.sizes)
+        + " documents (real files on the local disk, a synthetic previous output), and a rerun with nothing to do: "
+        "seconds and peak memory", device="cpu"))
     rows = []
     for n in args.sizes:
         work = args.work / str(n)
@@ -252,17 +258,16 @@ def main() -> None:
         rows.append(row)
         print(json.dumps({k: row[k] for k in ("documents", "list_s", "plan_s", "commit_s", "nothing_to_do_s",
                                               "peak_rss_mb", "nothing_to_do_peak_rss_mb")}), flush=True)
-        write(args.out, rows)  # after each size: a 1 M-file folder takes minutes to delete
+        write(results, rows)  # after each size: a 1 M-file folder takes minutes to delete
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
 
 
-def write(out: Path, rows: list[dict]) -> None:
+def write(results: harness.ResultFile, rows: list[dict]) -> None:
     import pyarrow
 
     result = {
         "meta": {
-            "command": "python " + " ".join([str(Path(__file__).relative_to(ROOT))] + sys.argv[1:]),
             "machine": f"dev VM, {platform.machine()}: {os.cpu_count()} CPU cores (shared with other work), "
                        f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB, local disk",
             "python": platform.python_version(), "pyarrow": pyarrow.__version__,
@@ -282,8 +287,7 @@ def write(out: Path, rows: list[dict]) -> None:
         },
         "rows": rows,
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")
+    results.write(result)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench import harness  # noqa: E402
 from bench.engine_bench import sync  # noqa: E402
 
 def empty_cache() -> None:
@@ -96,7 +97,7 @@ def shape_4b(args) -> list[dict]:
     return rows
 
 
-def copy_variants(args) -> None:
+def copy_variants(args, argv=None) -> None:
     """ModelRunner.copy_caches' work at the 4B shape without a model: each member's GDN state (conv + fp32
     recurrent) and its KV blocks since the prompt, copied by index_select + index_copy (every row) and by
     kernels/copy_rows (moved rows only), for shares of members that continue themselves; next to each, the time the
@@ -120,7 +121,7 @@ def copy_variants(args) -> None:
     caches["v"] = torch.zeros_like(caches["k"])
     bw = b.copy_bandwidth(dev, (2 << 30) if dev.type == "cuda" else (64 << 20))
     g = torch.Generator().manual_seed(0)
-    result = {"command": "python3 bench/beam_search_bench.py " + " ".join(sys.argv[1:]), "rows": rows,
+    result = {"rows": rows,
               "blocks_per_member": nb, "copy_bandwidth_GBps": bw / 1e9,
               "row_bytes": {k: c[:, 0].numel() * c.element_size() for k, c in caches.items()}, "results": []}
     print(f"{'stay':>6}{'same':>6}{'index_copy ms':>15}{'copy_rows ms':>14}{'moved-bytes ms':>16}")
@@ -160,8 +161,10 @@ def copy_variants(args) -> None:
         result["results"].append(r)
         print(f"{stay:>6.2f}{str(identical):>6}{r['index_copy_ms']:>15.2f}{r['copy_rows_ms']:>14.2f}"
               f"{r['moved_bytes_ms']:>16.2f}", flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "beam_copy.json").write_text(json.dumps(result, indent=1) + "\n")
+    harness.write_result(args.out / "beam_copy.json", result, harness.result_meta(
+        __file__, "ModelRunner.copy_caches' work without a model: each beam member's GDN state and KV blocks copied by "
+        "index_copy and by kernels/copy_rows, at shares of members that stay, with the moved bytes' time at the copy "
+        "bandwidth", argv, dev))
     if not all(r["identical"] for r in result["results"]):
         sys.exit("copy_rows and index_copy disagree")
 
@@ -180,13 +183,13 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def run(args) -> None:
+def run(args, argv=None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
-    result = {"command": "python3 bench/beam_search_bench.py " + " ".join(sys.argv[1:]),
-              "device": torch.cuda.get_device_name() if args.device == "cuda" else args.device,
-              "torch": torch.__version__, "rows": []}
-    result["rows"] = shape_4b(args)
-    (args.out / "beam_search.json").write_text(json.dumps(result, indent=1) + "\n")
+    meta = harness.result_meta(
+        __file__, "beam search at the 4B shape (random weights, page requests): decode step time of greedy and beam "
+        "requests at the same sequences per step, the cache copies alone, the decode roofline", argv, args.device)
+    result = {"torch": torch.__version__, "rows": shape_4b(args)}
+    harness.write_result(args.out / "beam_search.json", result, meta)
     print("\n" + table(result["rows"]))
 
 
@@ -213,7 +216,7 @@ def main(argv=None) -> None:
     cp.add_argument("--stay-shares", default="0,0.5,0.8,1", type=lambda s: [float(x) for x in s.split(",")])
     cp.add_argument("--iters", type=int, default=10)
     args = ap.parse_args(argv)
-    {"run": run, "copy": copy_variants}[args.cmd](args)
+    {"run": run, "copy": copy_variants}[args.cmd](args, argv)
 
 
 if __name__ == "__main__":

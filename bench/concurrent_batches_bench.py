@@ -8,7 +8,6 @@ engine; checks that every page gets the same tokens either way.
 """
 from __future__ import annotations
 
-import json
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -20,6 +19,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench import harness  # noqa: E402
 from engine.interface import PageRequest, SamplingParams
 from engine.native_backend import NativeBackend
 
@@ -60,18 +60,20 @@ def main(checkpoint, device, batches, batch_size, page_px, min_tokens, max_token
     n = batches * batch_size
     tokens = sum(r.output_tokens for b in seq for r in b)
     result = {
-        "checkpoint": Path(checkpoint).name, "device": device, "batches": batches, "batch_size": batch_size,
+        "checkpoint": Path(checkpoint).name, "batches": batches, "batch_size": batch_size,
         "page_px": page_px, "output_tokens_per_page": [min_tokens, max_tokens], "pages": n, "output_tokens": tokens,
         "one_call_at_a_time": {"s": t_seq, "pages_per_s": n / t_seq, "tokens_per_s": tokens / t_seq},
         "two_calls_at_once": {"s": t_conc, "pages_per_s": n / t_conc, "tokens_per_s": tokens / t_conc},
         "speedup": t_seq / t_conc, "same_outputs": same,
-        "command": "python bench/concurrent_batches_bench.py " + " ".join(sys.argv[1:]),
     }
     print(f"{n} pages, {tokens} tokens ({device}): one call at a time {t_seq:.1f} s ({n / t_seq:.2f} pages/s), "
           f"two at once {t_conc:.1f} s ({n / t_conc:.2f} pages/s): x{t_seq / t_conc:.2f}; same outputs: {same}")
     backend.close()
     if out:
-        Path(out).write_text(json.dumps(result, indent=2) + "\n")
+        harness.write_result(out, result, harness.result_meta(
+            __file__, f"parse.concurrent_batches: {batches} batches of {batch_size} pages with {min_tokens}-"
+            f"{max_tokens} output tokens each, parsed one call at a time vs two calls at once on one engine "
+            f"({Path(checkpoint).name})", device=device), indent=2)
     if not same:
         sys.exit("outputs differ between the two ways")
 

@@ -21,7 +21,6 @@ the compiled glue and a KV store instead of their fused kernel).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections import Counter
@@ -35,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
+from bench import harness  # noqa: E402
 from bench.op_names import NO_DEVICE_WORK  # noqa: E402
 
 GEMMS = {"mm", "addmm", "bmm", "matmul", "linear"}
@@ -321,7 +321,11 @@ def main(argv=None):
         print(f"kernels per decode step: {variants[0]} {base} -> {name} {n} ({base - n} fewer, "
               f"{100 * (base - n) / base:.0f}%)")
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2))
+        step = f"one greedy speculative step (block {args.spec})" if args.spec else "one decode step"
+        harness.write_result(args.json, result, harness.result_meta(
+            __file__, f"kernels {step} launches at batch {args.batch}, {args.layers} layers, per variant "
+            f"({', '.join(variants)}), counted on the CPU with every kernel forced to Triton (each compiled glue call "
+            f"counted as glue_kernels_per_call launches)", argv, "cpu"), indent=2)
     return result
 
 

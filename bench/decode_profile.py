@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import math
 import re
 import sys
@@ -40,6 +39,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import harness  # noqa: E402
 from bench.op_names import NO_DEVICE_WORK  # noqa: E402
 from engine.config import parse_config  # noqa: E402
 from engine.llm_engine import Engine  # noqa: E402
@@ -393,9 +393,14 @@ def main(argv=None):
 
         opts["speculative"] = dict(drafter=str(write_random_drafter(out / "drafter", cfg.text, num_layers=4,
                                                                     num_taps=4, block_size=args.spec, dtype=dtype)))
-    meta = dict(device=str(device), gpu=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+    meta = dict(device=str(device), gpu=harness.device_name(device),
                 dtype=str(dtype), tiny=args.tiny, torch=torch.__version__, triton=triton.__version__,
                 fla_available=fla_available(), copy_bandwidth_GBps=bw / 1e9, engine_options=opts, args=vars(args))
+    step = f"speculative step (a random drafter, block {args.spec})" if args.spec else "decode step"
+    results = harness.ResultFile(out / "decode_profile.json", harness.result_meta(
+        __file__, f"where one {step}'s device time goes ({'tiny' if args.tiny else '4B'} shape, random weights, "
+        f"{str(dtype).removeprefix('torch.')}), per precision, variant and batch: graph step time, eager kernels by "
+        f"category, scope and GEMM, against the roofline", argv, device))
     ours, runs, rng = our_triton_kernels(), [], np.random.default_rng(0)
     for precision, variant in [(p, v) for p in args.precisions.split(",") for v in variants]:
         t = time.perf_counter()
@@ -412,7 +417,7 @@ def main(argv=None):
         for b in batches:
             runs.append(dict(variant=name, **profile_batch(engine, b, args, cfg, dtype, bw, rng, ours)))
             print_run(runs[-1], args.top)
-            (out / "decode_profile.json").write_text(json.dumps(dict(meta=meta, runs=runs), indent=1))
+            results.write(dict(meta=meta, runs=runs))
         del engine  # weights, caches and graph pools go before the next variant's engine is built
         gc.collect()
         if device.type == "cuda":

@@ -21,6 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import harness  # noqa: E402
 from engine.drafter_training import Example, collect  # noqa: E402
 from engine.interface import DEFAULT_PROMPT, SamplingParams  # noqa: E402
 from engine.llm_engine import Engine  # noqa: E402
@@ -164,11 +165,7 @@ def main(checkpoint, pages, max_pages, device, dtype, batch, max_tokens, num_tap
                     a.taps[lid].float().abs().max()).cpu())
              for a, b, s in zip(old, new, same) if s for lid in layers]
     result = {
-        "what": "drafter training collection: block images a second, the eager collection (one eager generate with "
-                "a tap recorder) against engine/drafter_training.collect (answers through the normal path, taps from "
-                "packed teacher-forced prefills), same pages, same run",
-        "command": " ".join(sys.argv), "device": torch.cuda.get_device_name() if device.startswith("cuda") else
-        "cpu", "torch_threads": torch.get_num_threads(), "checkpoint": checkpoint, "dtype": dtype, "batch": batch,
+        "torch_threads": torch.get_num_threads(), "checkpoint": checkpoint, "dtype": dtype, "batch": batch,
         "max_tokens": max_tokens, "tap_layers": layers,
         "tap_tokens": tap_tokens or engine.runner.max_num_batched_tokens,
         "images": len(images), "answers": len(new), "answer_tokens": sum(len(e.ids) - e.prompt_len for e in new),
@@ -181,7 +178,10 @@ def main(checkpoint, pages, max_pages, device, dtype, batch, max_tokens, num_tap
     }
     click.echo(json.dumps(result, indent=1))
     if out:
-        Path(out).write_text(json.dumps(result, indent=1) + "\n")
+        harness.write_result(out, result, harness.result_meta(
+            __file__, "drafter training collection: block images a second, the eager collection (one eager generate "
+            "with a tap recorder) against engine/drafter_training.collect (answers through the normal path, taps "
+            "from packed teacher-forced prefills), same pages, same run", device=device))
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import harness  # noqa: E402
 from engine.interface import DEFAULT_PROMPT, SamplingParams  # noqa: E402
 from engine.llm_engine import Engine  # noqa: E402
 from engine.drafter_training import divergences, tau_row  # noqa: E402
@@ -44,8 +45,11 @@ def main(checkpoint, drafter, page_sets, prefix, blocks, max_tokens, device, dty
     opts = dict(device=device, dtype=dtype, max_num_seqs=min(128, max(1, *map(len, sets.values()))))
     plain_engine = Engine.from_checkpoint(checkpoint, **opts) if check_plain else None
     plain = {name: plain_engine.generate(reqs) if check_plain else None for name, reqs in sets.items()}
-    result = {"command": "python bench/drafter_tau.py " + " ".join(sys.argv[1:]),
-              "pages": {name: [r["request_id"] for r in reqs] for name, reqs in sets.items()}, "rows": []}
+    results = harness.ResultFile(out, harness.result_meta(
+        __file__, f"tau of the drafter {Path(drafter).name} on {Path(checkpoint).name}'s greedy reads of block "
+        f"images at block {', '.join(map(str, blocks))} ({dtype})"
+        + (", answers checked against plain decoding" if check_plain else ""), device=device))
+    result = {"pages": {name: [r["request_id"] for r in reqs] for name, reqs in sets.items()}, "rows": []}
     for block in blocks:
         engine = Engine.from_checkpoint(checkpoint, speculative=dict(
             drafter=drafter, num_speculative_tokens=block - 1, max_batch=None),
@@ -59,7 +63,7 @@ def main(checkpoint, drafter, page_sets, prefix, blocks, max_tokens, device, dty
                 row["divergences"] = divergences(plain_engine, reqs, plain[name], spec)
             result["rows"].append(row)
             click.echo(json.dumps(row))
-            Path(out).write_text(json.dumps(result, indent=1) + "\n")
+            results.write(result)
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import harness  # noqa: E402
 from engine.config import parse_config  # noqa: E402
 from engine.interface import SamplingParams  # noqa: E402
 from engine.llm_engine import Engine  # noqa: E402
@@ -423,19 +424,24 @@ def main(argv=None):
     t = time.perf_counter()
     engine = Engine(cfg, hf.state_dict().items(), device=device, dtype=dtype, options=EngineOptions(**opts))
     build_s = time.perf_counter() - t
-    meta = dict(device=str(device), gpu=torch.cuda.get_device_name(device) if device.type == "cuda" else
-                platform.processor() or "cpu", dtype=str(dtype), tiny=tiny, fla_available=fla_available(),
-                copy_bandwidth_GBps=bw / 1e9, cuda_graphs=bool(engine.runner.graphs), engine_build_s=build_s,
-                compiled_glue=engine.model.language_model.layers[0].mixer.glue.compiled,
+    meta = dict(device=str(device), gpu=harness.device_name(device), dtype=str(dtype), tiny=tiny,
+                fla_available=fla_available(), copy_bandwidth_GBps=bw / 1e9, cuda_graphs=bool(engine.runner.graphs),
+                engine_build_s=build_s, compiled_glue=engine.model.language_model.layers[0].mixer.glue.compiled,
                 kv_blocks=engine.runner.cache.num_blocks, block_size=block, max_model_len=max_len,
                 args=vars(args), torch=torch.__version__, host=platform.node())
     results = []
     rng = np.random.default_rng(0)
+    written = harness.ResultFile(out / "benchmark.json", harness.result_meta(
+        __file__, f"the native engine ({args.variants})"
+        + ("" if args.skip_transformers else " against transformers")
+        + f", {'tiny' if tiny else 'Qwen3.5-4B'} shape, random weights, {str(dtype).removeprefix('torch.')}, "
+        f"{' and '.join(scenarios)} scenarios at batch {', '.join(map(str, batches))}: tok/s, TTFT, decode ms per "
+        f"step, host overhead, the decode roofline", argv, device))
 
     def record(r):  # the JSON is rewritten after every run, so a later failure keeps what was measured
         results.append(r)
         print(json.dumps({k: v for k, v in r.items() if k != "roofline_bytes"}), flush=True)
-        (out / "benchmark.json").write_text(json.dumps(dict(meta=meta, results=results), indent=2))
+        written.write(dict(meta=meta, results=results), indent=2)
 
     variants = args.variants.split(",")
     unknown = [v for v in variants if v not in VARIANTS]
@@ -466,7 +472,7 @@ def main(argv=None):
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    (out / "benchmark.json").write_text(json.dumps(dict(meta=meta, results=results), indent=2))
+    written.write(dict(meta=meta, results=results), indent=2)
     if not args.skip_transformers:
         for kind in scenarios:
             run_transformers(hf, kind, 1, dict_args(args, hf_max_new=2), rng, cfg, device, dtype)  # warm-up

@@ -8,7 +8,6 @@ fla installed (GPU), its kernel too, timed and compared with the reference.
 """
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
@@ -19,6 +18,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench import harness  # noqa: E402
 from engine.models.gdn_prefill import (
     chunked_delta_rule_torch,
     delta_rule_fla,
@@ -98,11 +98,11 @@ def main(device, seqs, tokens, repeat, out):
     x = inputs(lens, device)
     ref_o, ref_s = per_sequence(x, lens)
     o, s = batched(x, lens)
-    result = {"device": device, "lens": lens, "shape": {"Hk": HK, "Hv": HV, "dk": DK, "dv": DV},
+    result = {"lens": lens, "shape": {"Hk": HK, "Hv": HV, "dk": DK, "dv": DV},
               "max_abs_diff_o": (o.float() - ref_o.float()).abs().max().item(),
               "max_abs_diff_state": (s - ref_s).abs().max().item(),
-              "gpu": torch.cuda.get_device_name() if device == "cuda" else None, "torch": torch.__version__,
-              "command": "python bench/gdn_prefill_bench.py " + " ".join(sys.argv[1:]), "runs": {}}
+              "gpu": harness.device_name(device) if device == "cuda" else None, "torch": torch.__version__,
+              "runs": {}}
     paths = [("per_sequence", per_sequence), ("batched", batched)]
     if device == "cuda" and fla_available():
         paths.append(("fla", fla))
@@ -120,8 +120,10 @@ def main(device, seqs, tokens, repeat, out):
     if "fla_vs_reference" in result:
         print("fla vs the per-sequence reference (max |diff| / max |ref|):", result["fla_vs_reference"])
     if out:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(json.dumps(result, indent=2) + "\n")
+        harness.write_result(out, result, harness.result_meta(
+            __file__, f"the torch GDN prefill (no fla) at the 4B layer shape, {seqs} sequences of ~{tokens} tokens: "
+            f"one call per sequence vs the whole step in one call (and fla's kernel where installed): ms, torch ops "
+            f"and kernels, outputs compared", device=device), indent=2)
 
 
 if __name__ == "__main__":

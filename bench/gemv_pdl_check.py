@@ -10,7 +10,6 @@ writes --out JSON, exits 1 on any failure.
     python3 bench/gemv_pdl_check.py --tiny --out /tmp/check.json         # CPU smoke run (PDL off only)
 """
 import argparse
-import json
 import os
 import sys
 
@@ -18,6 +17,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench import harness  # noqa: E402
 from kernels import small_m_linear as sml
 
 REAL = dict(hidden=2560, inter=9216, in_proj=12352)
@@ -86,9 +86,11 @@ def main(argv=None):
                          ok=bool(same and torch.isfinite(outs[0]).all().item() and rel_err <= MAX_REL_ERR)))
     for r in rows:
         print(f"{r['check']:45s} M={r['M']:2d} identical={r['identical']} rel_err={r['rel_err_vs_ref']:.5f} ok={r['ok']}")
-    with open(args.out, "w") as f:
-        json.dump(dict(device=torch.cuda.get_device_name() if device == "cuda" else "cpu", dtype=str(dtype),
-                       shapes=shapes, max_rel_err=MAX_REL_ERR, rows=rows), f, indent=1)
+    meta = harness.result_meta(
+        __file__, f"a chain of 4 decode GEMVs ({'tiny' if args.tiny else '4B'} shapes, bf16) {where} with PDL "
+        f"{' and '.join('on' if p else 'off' for p in pdl_settings)}, M = 1, 3, 8, 16: outputs identical, finite and "
+        f"within max_rel_err of the torch references", argv, device)
+    harness.write_result(args.out, dict(dtype=str(dtype), shapes=shapes, max_rel_err=MAX_REL_ERR, rows=rows), meta)
     return 0 if all(r["ok"] for r in rows) else 1
 
 

@@ -10,7 +10,6 @@ outputs is reported, since rounding can flip near-tied tokens in either implemen
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -21,6 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import harness  # noqa: E402
 from engine.backend_transformers import TransformersBackend  # noqa: E402
 from engine.interface import PageRequest, SamplingParams  # noqa: E402
 from engine.native_backend import NativeBackend  # noqa: E402
@@ -61,6 +61,10 @@ def main() -> None:
     torch.backends.cuda.matmul.allow_tf32 = False  # cuDNN's default TF32 would make the reference the imprecise side
     torch.backends.cudnn.allow_tf32 = False
     results = []
+    out = args.out and harness.ResultFile(args.out, harness.result_meta(
+        __file__, f"the native engine on CUDA against transformers, greedy page requests token for token, "
+        f"{args.requests} requests per dtype ({args.dtypes}): float32 on the tiny random checkpoint, bfloat16 on "
+        f"models/ocria-tiny", device="cuda"))
     trained = Path(__file__).resolve().parents[1] / "models" / "ocria-tiny"
     print(f"{'dtype':<10}{'identical':>12}{'errors':>8}{'native s':>10}{'total s':>10}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
@@ -77,9 +81,8 @@ def main() -> None:
             results.append(r)
             print(f"{r['dtype']:<10}{r['identical']:>5} / {r['requests']:<4}{len(r['native_errors']):>8}"
                   f"{r['native_s']:>10.2f}{r['total_s']:>10.2f}", flush=True)
-            if args.out:  # after each comparison, so a time limit keeps what was checked
-                Path(args.out).write_text(json.dumps({"command": "python3 bench/gpu_check.py " + " ".join(sys.argv[1:]),
-                                                      "results": results}, indent=2))
+            if out:  # after each comparison, so a time limit keeps what was checked
+                out.write({"results": results}, indent=2)
     fp32 = next((r for r in results if r["dtype"] == "float32"), None)
     if fp32 is not None and (fp32["identical"] != fp32["requests"] or fp32["native_errors"]):
         sys.exit("fp32 outputs differ from transformers")

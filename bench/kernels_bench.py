@@ -9,7 +9,6 @@ A few launch configurations of the heavier kernels are swept too, so defaults ca
     python3 bench/kernels_bench.py --dry-run --out /tmp/k.json       # CPU smoke test: tiny shapes, references only
 """
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -20,6 +19,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench import harness  # noqa: E402
 from kernels import conv1d_update, gated_rmsnorm, gdn_recurrent, paged_attention, rmsnorm, silu_mul  # noqa: E402
 
 # Qwen3.5-4B decode shapes
@@ -223,7 +223,7 @@ def main(argv=None):
         device, shapes, copy_size = torch.device("cuda"), REAL, 1 << 30
     dtype = torch.bfloat16
     copy_bw = copy_bandwidth(device, copy_size)
-    meta = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "torch": torch.__version__,
+    meta = {"device": harness.device_name(device), "torch": torch.__version__,
             "dtype": str(dtype), "copy_bandwidth_GBps": copy_bw / 1e9, "dry_run": args.dry_run}
     try:
         import triton
@@ -253,9 +253,10 @@ def main(argv=None):
               f"{case.bytes / 1e6:8.2f} {gbps:7.0f} {row['pct_copy_bw']:6.1f}")
         for name, us in row.get("configs_graph_us", {}).items():
             print(f"    {name:44s} {us:8.1f} us  ({case.bytes / (us * 1e-6) / 1e9:6.0f} GB/s)")
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    harness.write_result(args.out, {"meta": meta, "rows": rows}, harness.result_meta(
+        __file__, f"each decode kernel against its torch reference at batch {', '.join(map(str, args.batch_sizes))}"
+        f"{' (tiny shapes on the CPU)' if args.dry_run else ''}: error, eager and CUDA-graph times, % of the copy "
+        f"bandwidth" + ("" if args.no_sweep else ", and the launch sweeps"), argv, device))
     print(f"wrote {args.out}")
     return rows
 

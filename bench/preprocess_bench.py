@@ -6,7 +6,6 @@ device-side expansion costs when it runs on this CPU instead.
 """
 from __future__ import annotations
 
-import json
 import os
 import platform
 import statistics
@@ -21,6 +20,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench import harness  # noqa: E402
 from engine.processor import ImageProcessor
 from pipeline.rasterize import render_page
 
@@ -56,13 +56,14 @@ def main(pdf: str, longest_px: int, repeat: int, out: str | None) -> None:
         "uint8_patches_ms": timed_ms(lambda: proc.merge_order_patches(image), repeat), "uint8_patches_mb": raw.nbytes / 1e6,
         "expand_on_this_cpu_ms": timed_ms(lambda: proc.expand_patches(raw_t), repeat),
         "cpu": platform.processor() or platform.machine(), "torch": torch.__version__,
-        "command": "python bench/preprocess_bench.py " + " ".join(sys.argv[1:]),
     }
     print(f"page {image.shape[1]}x{image.shape[0]} -> grid {grid}: float patches {result['float_patches_ms']:.1f} ms "
           f"({result['float_patches_mb']:.1f} MB), uint8 patches {result['uint8_patches_ms']:.1f} ms "
           f"({result['uint8_patches_mb']:.1f} MB); expansion on this CPU {result['expand_on_this_cpu_ms']:.1f} ms")
     if out:
-        Path(out).write_text(json.dumps(result, indent=2) + "\n")
+        harness.write_result(out, result, harness.result_meta(
+            __file__, f"host cost of a {longest_px} px page's vision input, one core: float patches vs uint8 patches, "
+            f"and the uint8 patches' expansion on this CPU", device="cpu"), indent=2)
 
 
 if __name__ == "__main__":

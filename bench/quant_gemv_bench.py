@@ -19,7 +19,6 @@ the weight as stored (data + scales) + x + y.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -29,6 +28,8 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+
+from bench import harness  # noqa: E402
 
 SHAPES = {"gate_up": (18432, 2560), "gdn_qkvz": (12288, 2560), "attn_qkv": (10240, 2560), "down": (2560, 9216),
           "out_proj": (2560, 4096)}
@@ -179,12 +180,13 @@ def main(argv=None):
         raise SystemExit(f"the NVFP4 decode is wrong on {device}: {check}")
     rows = measure(shapes, args.rows, device, sweep=not args.no_sweep, budget_s=args.budget_s,
                    log=lambda m: print(m, flush=True))
-    meta = dict(decode_check=check, device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu", torch=torch.__version__,
-                cold_bytes=COLD_BYTES, elapsed_s=time.time() - t0, command=" ".join(
-                    ["python3", "bench/quant_gemv_bench.py", *(argv if argv is not None else sys.argv[1:])]))
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(dict(meta=meta, rows=rows), f, indent=1)
+    meta = dict(decode_check=check, device=harness.device_name(device), torch=torch.__version__,
+                cold_bytes=COLD_BYTES, elapsed_s=time.time() - t0)
+    harness.write_result(args.out, dict(meta=meta, rows=rows), harness.result_meta(
+        __file__, f"every decode projection shape at {', '.join(map(str, args.rows))} rows, "
+        + ("tiny shapes in the CPU interpreter" if args.dry_run else "CUDA graphs, the weight rotated out of L2")
+        + ": bf16 (ours, cuBLAS), FP8 (our W8A16 GEMV, cuBLAS W8A8), NVFP4 (our GEMV, dequantize + cuBLAS), against "
+        "the copy bandwidth; decode_check: the NVFP4 decode bit for bit", argv, device))
     print(f"wrote {args.out} in {meta['elapsed_s']:.0f} s")
 
 

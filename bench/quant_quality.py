@@ -29,6 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench import harness  # noqa: E402
+
 TARGET_POINTS = {"fp8": 0.2, "nvfp4": 0.5}
 # the ocria-tiny evaluation and its 1,536 px page config
 EVAL_MODULE = "research.ocria_tiny.eval_ocr"
@@ -121,13 +123,14 @@ def main(argv: list[str] | None = None) -> int:
                 row["target_points"] = TARGET_POINTS[kind]
                 row["within_target"] = row["vs_" + base_name]["cer_diff_points"] <= TARGET_POINTS[kind]
         rows[name] = row
-    out = {"command": " ".join(["python", "bench/quant_quality.py", *(argv or sys.argv[1:])]),
-           "pages": f"held-out synthetic pages {args.heldout_from}-{args.heldout_from + args.heldout - 1}",
+    out = {"pages": f"held-out synthetic pages {args.heldout_from}-{args.heldout_from + args.heldout - 1}",
            "note": args.note, "pool": results[base_name].get("pool"), "eval": f"{EVAL_MODULE} {EVAL_CONFIG}", "eval_flags": EVAL_FLAGS, "models": rows,
            "per_page": {name: [{"page": p["page"], "cer": p["model_text"]["cer"], "ref_chars": p["model_text"]["ref_chars"]}
                                for p in r["per_page"]] for name, r in results.items()}}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=1) + "\n")
+    harness.write_result(args.out, out, harness.result_meta(
+        __file__, f"{' vs '.join(models)} on held-out synthetic pages {args.heldout_from}-"
+        f"{args.heldout_from + args.heldout - 1} (CPU fp32, one read per 8-line block): CER of each, the difference to "
+        f"{base_name} with a paired bootstrap interval, pages read identically", argv, "cpu"))
     print(json.dumps(rows, indent=1))
     return 0
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import platform
 import sys
 import time
 from pathlib import Path
@@ -44,6 +43,7 @@ from engine.interface import SamplingParams  # noqa: E402
 from engine.llm_engine import Engine, EngineOptions  # noqa: E402
 from engine.models.quant_linear import QuantWeight  # noqa: E402
 from engine.quantize import builtin_plan, dequantize_tensors, quantize_tensors  # noqa: E402
+from bench import harness  # noqa: E402
 from bench import quant_gemv_bench as quant_gemv  # noqa: E402
 from bench import engine_bench as eb  # noqa: E402
 
@@ -175,16 +175,19 @@ def main(argv=None) -> int:
     del hf
     max_len = max(args.prompt + args.gen, args.page_tokens + 1, args.page_image_tokens + 24 + args.check_tokens)
     opts = eb.engine_options(max(max(batches), args.prefill_batch, args.quality_prompts), max_len, device)
-    meta = dict(device=str(device), gpu=torch.cuda.get_device_name(device) if device.type == "cuda" else
-                platform.processor() or "cpu", dtype=str(dtype), smoke=small, copy_bandwidth_GBps=bw / 1e9,
+    meta = dict(device=str(device), gpu=harness.device_name(device), dtype=str(dtype), smoke=small,
+                copy_bandwidth_GBps=bw / 1e9,
                 args={k: v for k, v in vars(args).items() if k != "out"} | {"out": str(args.out)},
-                torch=torch.__version__, command=" ".join(["python", "bench/quantized_decode_bench.py",
-                                                           *(argv if argv is not None else sys.argv[1:])]))
+                torch=torch.__version__)
     result = dict(meta=meta, rows=[], prefill=[], quality=[], gemv=[])
+    results = harness.ResultFile(args.out, harness.result_meta(
+        __file__, f"{' / '.join(precisions)} at the {'toy' if small else '4B'} shape (random weights): decode ms per "
+        f"step at batch {', '.join(map(str, batches))} against each format's roofline, prefill tokens/s, logit error "
+        f"and greedy agreement against bf16 and each format's dequantized twin, the decode GEMVs alone",
+        argv, device))
 
     def save():
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
+        results.write(result)
 
     result["gemv"] = quant_gemv.measure(quant_gemv.TINY_SHAPES if small else quant_gemv.SHAPES, GEMV_ROWS, device,
                                         sweep=False)

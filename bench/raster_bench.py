@@ -6,7 +6,6 @@ and without text-layer extraction, and what PNG encoding would cost (why pages t
 from __future__ import annotations
 
 import csv
-import json
 import os
 import platform
 import sys
@@ -19,6 +18,7 @@ import pymupdf
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench import harness  # noqa: E402
 from pipeline.rasterize import RasterOptions, rasterize, render_page  # noqa: E402
 
 
@@ -57,13 +57,14 @@ def main(corpus: str, out: str | None, repeat: int) -> None:
         pymupdf.Pixmap(pymupdf.csRGB, arr.shape[1], arr.shape[0], arr.tobytes(), False).tobytes("png")
         n += 1
     results["render+png (first file)"] = {"pages": n, "pages_per_s_per_core": n / (time.perf_counter() - t0)}
-    report = {"command": "python bench/raster_bench.py --out bench/results/raster_cpu.json",
-              "files": len(data), "target_longest_px": 1288, "cpu": platform.processor() or platform.machine(),
+    report = {"files": len(data), "target_longest_px": 1288, "cpu": platform.processor() or platform.machine(),
               "pymupdf": pymupdf.VersionBind, "results": results}
     for k, v in results.items():
         print(f"{k:<26} {v['pages']:>5} pages  {v['pages_per_s_per_core']:8.1f} pages/s/core")
     if out:
-        Path(out).write_text(json.dumps(report, indent=2))
+        harness.write_result(out, report, harness.result_meta(
+            __file__, "PyMuPDF rasterization, one core, 1288 px longest side, corpus pages: pages/s with and without "
+            "text-layer extraction, and with PNG encoding", device="cpu"), indent=2)
 
 
 if __name__ == "__main__":

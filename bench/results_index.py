@@ -3,7 +3,9 @@
 Every result is a JSON file (or a folder with a report.json) that says what it is (`what`), the command that made it
 (`command`, `commands`, or `meta.command`), where it ran (`device`, `devices`, `meta.device`, else the card prefix of
 its name) and, where a README or doc quotes it, the statement (`claim`) and its number(s) (`figure`). Other files
-(plots, samples) belong to the JSON whose name they extend. The README is never edited by hand:
+(plots, samples) belong to the JSON whose name they extend. The bench scripts write `what`, `command`, `device` and
+`commit` themselves (bench/harness.py; pipeline/report.py for the job benchmark), and a rerun over a file keeps its
+`claim` and `figure`. The README is never edited by hand:
 
     python bench/results_index.py            # write bench/results/README.md
     python bench/results_index.py --check    # exit 1 when it differs from what would be written

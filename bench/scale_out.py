@@ -18,7 +18,6 @@ engine has started, loaded the model, captured its graphs and returned a first b
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -28,6 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench import harness
 from bench.gpu_sampler import GpuSampler
 from pipeline.corpus import make_corpus
 
@@ -184,9 +184,14 @@ def main(argv=None) -> dict:
     print(f"checkpoint {checkpoint} ({timings['checkpoint_s']:.1f} s); corpus {docs_per_engine * args.engines} docs x "
           f"{args.pages_per_doc} pages ({timings['corpus_s']:.1f} s)", flush=True)
 
-    result = {"command": " ".join(sys.argv), "args": vars(args), "timings": timings, "runs": [], "scaling": [],
-              "device": _device_note(args.device)}
+    result = {"args": vars(args), "timings": timings, "runs": [], "scaling": []}
     json_path = out / "scale_out.json"
+    unit = "GPU" if args.device == "cuda" else "engine"
+    # the driver opens no CUDA context (the engines' processes own the GPUs): the device key is the run's own note
+    results = harness.ResultFile(json_path, harness.result_meta(
+        __file__, f"the parse job (local Ray, PyMuPDF, one engine actor per {unit}) on 1 then {args.engines} "
+        f"{unit}s, {args.pages} generated pages per {unit}, {'tiny' if tiny else '4B'} shape, random weights, "
+        f"{args.gen_tokens} tokens a page: pages/s and scaling efficiency", argv, _device_note(args.device)))
     plan = [(1, docs_per_engine)] + ([(args.engines, docs_per_engine * args.engines)] if args.engines > 1 else [])
     sampler = GpuSampler(out / "gpu_samples.csv").start()
     try:
@@ -196,11 +201,11 @@ def main(argv=None) -> dict:
             print(f"--- run: {engines} engine(s), {n_docs} documents", flush=True)
             result["runs"].append(run_one(args, checkpoint, corpus, engines, n_docs, sampler))
             result["scaling"] = scaling_rows(result["runs"])
-            json_path.write_text(json.dumps(result, indent=2, sort_keys=True, default=str) + "\n")  # kept if a later run dies
+            results.write(result, indent=2, default=str)  # kept if a later run dies
     finally:
         sampler.stop()
     result["timings"]["total_s"] = time.perf_counter() - t_start
-    json_path.write_text(json.dumps(result, indent=2, sort_keys=True, default=str) + "\n")
+    results.write(result, indent=2, default=str)
     print(format_rows(result["scaling"], "GPUs" if args.device == "cuda" else "eng"))
     print(f"wrote {json_path}  (total {result['timings']['total_s']:.0f} s)")
     return result

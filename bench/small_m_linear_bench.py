@@ -15,7 +15,6 @@ Times are per call, including the gap between consecutive kernels of a graph.
     python3 bench/small_m_linear_bench.py --dry-run --out /tmp/sml.json       # CPU smoke test: tiny shapes, interpreter
 """
 import argparse
-import json
 import math
 import os
 import statistics
@@ -26,6 +25,8 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+
+from bench import harness  # noqa: E402
 
 # (N, K) of the 4B decode projections (nn.Linear weight [N, K])
 SHAPES = {"gate_up": (18432, 2560), "in_proj": (12352, 2560), "down": (2560, 9216), "out_proj": (2560, 4096),
@@ -244,7 +245,7 @@ def main(argv=None):
     copy_bw = kb.copy_bandwidth(device, copy_size)
     import triton
 
-    meta = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "torch": torch.__version__,
+    meta = {"device": harness.device_name(device), "torch": torch.__version__,
             "triton": triton.__version__, "dtype": str(dtype), "copy_bandwidth_GBps": copy_bw / 1e9,
             "sm_count": sml.sm_count(device), "dry_run": args.dry_run, "cold_bytes": COLD_BYTES}
     print(f"{meta['device']}  copy bandwidth {copy_bw / 1e9:.0f} GB/s  triton {meta['triton']}  torch {meta['torch']}",
@@ -253,15 +254,18 @@ def main(argv=None):
           f"{'ours':>7s} {'graph':>7s} {'%copy':>6s} | {'best':>7s} {'%copy':>6s} config    (us)", flush=True)
     gen = torch.Generator(device=device).manual_seed(0)
     rows = []
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    results = harness.ResultFile(args.out, harness.result_meta(
+        __file__, f"kernels/small_m_linear (Triton decode GEMV) against cuBLAS at the "
+        f"{'tiny (CPU interpreter)' if args.dry_run else '4B'} weight shapes, M = "
+        f"{', '.join(map(str, args.batch_sizes))}, bf16: error, eager and CUDA-graph times against the copy bandwidth"
+        + ("" if args.no_sweep else ", and the launch sweep's best"), argv, device))
     for name, (N, K) in shapes.items():
         for M in args.batch_sizes:
             row = run_case(name, N, K, M, device, dtype, copy_bw, not args.no_sweep, t_start + args.budget_s, gen)
             rows.append(row)
             print_row(row)
             meta["elapsed_s"] = time.time() - t_start
-            with open(args.out, "w") as f:
-                json.dump({"meta": meta, "rows": rows}, f, indent=1)
+            results.write({"meta": meta, "rows": rows})
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     print(f"wrote {args.out} in {time.time() - t_start:.0f} s")

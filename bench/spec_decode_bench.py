@@ -36,6 +36,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench import harness  # noqa: E402
 from bench.engine_bench import sync  # noqa: E402
 from engine.drafter_training import divergences  # noqa: E402
 from engine.interface import SpecStats  # noqa: E402
@@ -267,16 +268,17 @@ def main(argv=None) -> None:
         args.max_tokens, args.page_image_tokens, args.page_gen = 6, 16, 8
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    results = {"command": "python3 bench/spec_decode_bench.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-               "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-               "rows": [], "notes": []}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    results = {"rows": [], "notes": []}
+    out = harness.ResultFile(args.out, harness.result_meta(
+        __file__, f"speculative against plain decoding per sequence in the same run, block "
+        f"{', '.join(map(str, args.block_sizes))}{' (toy sizes)' if args.smoke else ''}, parts "
+        f"{' and '.join(args.parts)}: tiny = ocria-tiny with a drafter on block images (tau, tok/s per sequence, "
+        f"answers checked), 4b = the 4B shape with acceptance drawn from a profile", argv, device))
 
     def record(part, item):
         results[part].append(item)
         print(json.dumps(item), flush=True)
-        out.write_text(json.dumps(results, indent=1) + "\n")
+        out.write(results)
 
     if "tiny" in args.parts:
         if args.drafter and args.pages:

@@ -20,6 +20,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench import harness  # noqa: E402
 from engine.interface import SamplingParams  # noqa: E402
 from engine.llm_engine import Engine  # noqa: E402
 
@@ -72,12 +73,15 @@ def main(argv=None) -> dict:
                "table_bytes_copied_per_row": padded * T * graphs.max_blocks * 4}
         print(json.dumps(row), flush=True)
         rows.append(row)
-    result = {"command": "python bench/spec_host_cost.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-              "device": "cpu (host work only: nothing here waits for a device)", "rows": rows,
+    result = {"rows": rows,
               "note": "the baseline column times the same plan and fill plus building and copying the per-row "
                       "tables the step used before (S x T rows), so the difference is that work alone"}
     if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+        result = harness.write_result(args.out, result, harness.result_meta(
+            __file__, f"host time of a speculative step's inputs (SpecDecoder.plan + SpecGraphs.fill), "
+            f"{Path(args.checkpoint).name} with its drafter, batch {', '.join(map(str, args.batches))}, against the "
+            f"block tables built and copied one row per block row", argv,
+            f"{harness.cpu_name()}: host work only, nothing here waits for a device"))
     return result
 
 

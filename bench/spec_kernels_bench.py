@@ -42,6 +42,7 @@ if "--smoke" in sys.argv:  # before triton is imported: the CPU check runs every
 
 import torch  # noqa: E402
 
+from bench import harness  # noqa: E402
 from bench.engine_bench import copy_bandwidth  # noqa: E402
 from kernels import gdn_verify as gv  # noqa: E402
 from kernels.gdn_recurrent import gdn_recurrent_triton  # noqa: E402
@@ -310,16 +311,20 @@ def main(argv=None) -> dict:
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "h200_spec_kernels.json"))
     args = p.parse_args(argv)
     device = torch.device("cpu" if args.smoke else args.device)
-    results = {"command": "python3 bench/spec_kernels_bench.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-               "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (interpreter)",
-               "rows": []}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    results = {"rows": []}
+    name = harness.device_name(device)
+    out = harness.ResultFile(args.out, harness.result_meta(
+        __file__, f"the speculative step's kernels at the {'toy' if args.smoke else '4B'} shape, each launch "
+        f"configuration {'run once in the interpreter' if args.smoke else 'timed in a CUDA graph'} and checked "
+        f"against the default's output: GDN verify, fold and a layer's step, conv verify / commit"
+        + ("" if args.short else ", verify attention")
+        + (" (short: defaults against a few neighbours)" if args.short else ""), argv,
+        name if device.type == "cuda" else f"{name}, Triton interpreter"))
 
     def record(row):
         results["rows"].append(row)
         print(json.dumps(row), flush=True)
-        out.write_text(json.dumps(results, indent=1) + "\n")
+        out.write(results)
 
     bw = copy_bandwidth(device, (1 << 30) if device.type == "cuda" else (16 << 20))
     results["copy_bandwidth_gb_s"] = round(bw / 1e9, 1)

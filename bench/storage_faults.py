@@ -26,6 +26,8 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
 os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1")
 
+from bench import harness  # noqa: E402
+
 
 def make_pdf(i: int, pages: int = 2) -> bytes:
     import pymupdf
@@ -109,8 +111,10 @@ def main() -> None:
         pages_duplicated=sum(1 for n in page_keys.values() if n > 1),
     )
     server.stop()
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    harness.write_result(args.out, result, harness.result_meta(
+        __file__, f"one whole job ({args.docs} documents x 2 pages, local Ray, a tiny random model on the CPU) reading "
+        f"and writing S3 (moto) through tests/fault_proxy.py, each of its five faults at {args.rate:g} a request: "
+        f"every document counted in the output (committed once, lost, duplicated)", device="cpu"), indent=2)
     print(json.dumps(result, indent=2))
 
 

@@ -32,8 +32,16 @@ COMPARED = ("pages", "pages_per_s_steady", "pages_per_s", "gpu_busy_steady", "gp
             "output_tokens_per_s_steady", "output_tokens_per_s", "latency_p50_s", "latency_p90_s", "latency_p99_s",
             "raster_s_per_page_p50", "usd_per_million_pages", "usd_per_million_pages_overall", "wall_s", "command_s")
 
-GPU_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "gpu.yaml"
+ROOT = Path(__file__).resolve().parents[1]
+GPU_CONFIG = ROOT / "configs" / "gpu.yaml"
 REPORT_JSON, REPORT_PNG = "report.json", "report.png"
+REPORT_WHAT = ("the parse job's benchmark rerun (jobs/benchmark_job.py, the real job on a local Ray): pages/s over "
+               "time, engine busy share, per-stage time, page latency, tokens/s and $ per million pages, steady and "
+               "overall")
+HEADLINE_WHAT = ("the whole parse job through jobs/benchmark_job.py, one row per setup, rewritten by each rerun "
+                 "(pipeline/report.py)")
+# what a README quotes from a result file (bench/results_index.py reads them): a rerun keeps them
+QUOTED_KEYS = ("claim", "figure")
 MATPLOTLIB_MISSING = ("the report's plots need matplotlib: pip install matplotlib (it comes with the dev and gpu "
                       "extras: pip install -e '.[dev]')")
 
@@ -213,6 +221,34 @@ def gpu_name() -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return out[0].strip() if out else None
+
+
+def git_commit() -> str | None:
+    """The checkout's short HEAD; None without git or outside a checkout of this repository (an installed package).
+    bench/harness.py says the same for the bench scripts; the pipeline package ships without bench/."""
+    try:
+        proc = subprocess.run(["git", "-c", f"safe.directory={ROOT}", "rev-parse", "--show-toplevel", "--short",
+                               "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = proc.stdout.split()
+    if proc.returncode or len(lines) != 2 or Path(lines[0]).resolve() != ROOT:
+        return None
+    return lines[1]
+
+
+def quoted(path: Path, echo=print) -> dict:
+    """The claim and figure of the result file `path` that a rerun replaces, said when there are any: the figure is
+    the old run's, so both are to be read again against the new numbers."""
+    try:
+        old = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    kept = {k: old[k] for k in QUOTED_KEYS if k in old} if isinstance(old, dict) else {}
+    if kept:
+        echo(f"{path}: kept {' and '.join(kept)} of the file this run replaces; the figure is the old run's: read "
+             f"the claim again against the new numbers")
+    return kept
 
 
 def gpu_key(gpus: int, name: str | None) -> str:
@@ -423,13 +459,14 @@ def write_headline(results: Path, report: dict, command: str = "", report_path: 
     data = {"runs": []}
     if path.is_file():
         data = json.loads(path.read_text())
+    kept = quoted(path)
 
     def key(r: dict) -> tuple:
         return r["gpus"], r["precision"], r["gdn_state_dtype"], json.dumps(r["settings"], sort_keys=True)
 
     runs = [r for r in data.get("runs", []) if key(r) != key(entry)] + [entry]
-    data = {"what": "the whole parse job through jobs/benchmark_job.py, one row per setup, rewritten by each rerun "
-                    "(pipeline/report.py)", "steady_window": STEADY_WINDOW,
+    # the rows keep their own commands; the file's commit is the last rerun's
+    data = {**kept, "what": HEADLINE_WHAT, "commit": git_commit(), "steady_window": STEADY_WINDOW,
             "usd_per_million_pages": "in the steady window, at cost.usd_per_gpu_hour per GPU (per engine actor on CPU)",
             "runs": runs}
     results.mkdir(parents=True, exist_ok=True)
@@ -525,7 +562,9 @@ def run_benchmark(bench: Benchmark, echo=print) -> dict:
     setup = describe_setup(bench.cfg, summary, bench.corpus)
     report = build_report(summary, pages, setup, command_s=command_s,
                           startup_s=summary["stream_started_unix"] - t_call if summary["stream_started_unix"] else None)
-    report["command"] = bench.command
+    device = f"{setup['gpus']} x {setup['gpu_name']}" if setup["gpu_name"] else setup["device"]
+    report = {**quoted(out / REPORT_JSON, echo), "what": REPORT_WHAT, "command": bench.command, "device": device,
+              "commit": git_commit(), **report}
     if bench.baseline:
         rows = compare(bench.baseline, report)
         report["baseline"] = {"run_id": bench.baseline.get("run_id"), "created": bench.baseline.get("created"),

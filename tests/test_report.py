@@ -13,8 +13,8 @@ import pytest
 
 from conftest import RAY_PROBE, ROOT
 from pipeline.config import ConfigError
-from pipeline.report import (STEADY_WINDOW, build_report, compare, format_comparison, gpu_key, load_job_output,
-                             load_report, plot, require_matplotlib, write_headline)
+from pipeline.report import (STEADY_WINDOW, build_report, compare, format_comparison, git_commit, gpu_key,
+                             load_job_output, load_report, plot, require_matplotlib, write_headline)
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -140,6 +140,25 @@ def test_headline_keeps_one_row_per_setup(tmp_path):
         assert r["pages_per_s_steady"] == pytest.approx(2.0) and r["gpu_busy_steady"] == pytest.approx(1.0)
 
 
+def test_headline_keeps_its_claim_and_indexes(tmp_path, capsys):
+    """A rerun rewrites the headline file: the claim and figure a README quotes stay (and it says the figure is the
+    old run's), the commit is the rerun's, and bench/results_index.py finds what, command and card."""
+    from bench import results_index
+
+    rep = build_report(_summary(), _pages(), {"gpus": 1, "gpu_key": "h100", "precision": "bfloat16",
+                                              "gdn_state_dtype": "float32", "settings_vs_gpu_yaml": {}})
+    path = write_headline(tmp_path, rep, "python jobs/benchmark_job.py --pages 24")
+    assert "kept" not in capsys.readouterr().out
+    path.write_text(json.dumps(dict(json.loads(path.read_text()), claim="2 pages/s", figure="2.0"), indent=2))
+    write_headline(tmp_path, rep, "python jobs/benchmark_job.py --pages 24")
+    assert "kept claim and figure of the file this run replaces" in capsys.readouterr().out
+    data = json.loads(path.read_text())
+    assert list(data)[:4] == ["claim", "figure", "what", "commit"] and len(data["runs"]) == 1
+    (entry,), problems = results_index.collect(tmp_path)
+    assert not problems and entry.card == "H100" and entry.claims == (("2 pages/s", "2.0"),)
+    assert entry.command == "python jobs/benchmark_job.py --pages 24"
+
+
 def test_gpu_key_names_the_card():
     assert gpu_key(1, "NVIDIA H200") == "h200" and gpu_key(8, "NVIDIA H100 80GB HBM3") == "h100"
     assert gpu_key(1, "NVIDIA A100-SXM4-80GB") == "a100" and gpu_key(0, None) == "cpu"
@@ -207,6 +226,9 @@ def test_report_from_a_real_cpu_run(cpu_benchmark):
     out = tmp / "r"
     rep = json.loads((out / "report.json").read_text(), parse_constant=lambda c: pytest.fail(f"{c} in report.json"))
     assert rep == load_report(out)
+    # what bench/results_index.py reads, written by the run itself
+    assert rep["what"] and rep["command"].startswith("python ") and "--pages 16" in rep["command"]
+    assert rep["device"] == "cpu" and rep["commit"] == git_commit()
     summary, pages = load_job_output(str(out / "output"))
     assert rep["run_id"] == summary["run_id"] and len(pages) == 16
     m, w, s = rep["metrics"], rep["steady_window"], rep["setup"]
