@@ -19,9 +19,10 @@ import json
 import os
 import platform
 import shlex
-import subprocess
 import sys
 from pathlib import Path
+
+from pipeline.provenance import git_commit
 
 ROOT = Path(__file__).resolve().parents[1]
 KEEP = ("claim", "figure")
@@ -65,21 +66,6 @@ def device_name(device=None) -> str:
     if kind is None or kind == "cpu":
         return cpu_name()
     return kind
-
-
-def git_commit(root: Path = ROOT) -> str | None:
-    """The short HEAD of the checkout at `root`; None without git or a repository of its own there (a copy of the
-    working tree, or one inside another repository)."""
-    try:
-        # safe.directory: a copy owned by another user (the device machine's) is still read
-        proc = subprocess.run(["git", "-c", f"safe.directory={root}", "rev-parse", "--show-toplevel", "--short",
-                               "HEAD"], cwd=root, capture_output=True, text=True, timeout=30, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    lines = proc.stdout.split()
-    if proc.returncode or len(lines) != 2 or Path(lines[0]).resolve() != Path(root).resolve():
-        return None
-    return lines[1]
 
 
 def result_meta(script: str | Path, what: str, argv: list | None = None, device=None) -> dict:

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.config import ConfigError, JobConfig, StorageConfig, load_config
+from pipeline.provenance import git_commit
 from pipeline.stats import percentiles
 
 STEADY_WINDOW = (
@@ -221,20 +222,6 @@ def gpu_name() -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return out[0].strip() if out else None
-
-
-def git_commit() -> str | None:
-    """The checkout's short HEAD; None without git or outside a checkout of this repository (an installed package).
-    bench/harness.py says the same for the bench scripts; the pipeline package ships without bench/."""
-    try:
-        proc = subprocess.run(["git", "-c", f"safe.directory={ROOT}", "rev-parse", "--show-toplevel", "--short",
-                               "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=30, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    lines = proc.stdout.split()
-    if proc.returncode or len(lines) != 2 or Path(lines[0]).resolve() != ROOT:
-        return None
-    return lines[1]
 
 
 def quoted(path: Path, echo=print) -> dict:
