@@ -70,6 +70,8 @@ tree = size(p for p in tracked if not p.startswith(spare))
 print(f"tree {size(tracked) / 2**20:.1f} MiB; {tree / 2**20:.1f} MiB without: rm -rf {chr(32).join(spare)}"
       " (git checkout -- . after)")
 for script, carry in (("drafter_h200.sh", [".drafter/synth", ".whl/gen"]),
+                      ("drafter_h200.sh SCALING",
+                       [".drafter/synth", ".drafter/heldout", ".drafter/corpus", ".whl/gen"]),
                       ("spec_h200.sh", [".drafter/heldout", ".whl/bench"]),
                       ("drafter_tau.py", [".drafter/heldout", ".drafter/corpus", ".whl/bench"])):
     total = tree + size(carry)

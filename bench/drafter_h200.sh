@@ -18,6 +18,17 @@
 # 4. with SPEC_BENCH="<its flags>" (e.g. "--block-sizes 16"), bench/spec_decode_bench.py with the new drafter.
 # OUT gets drafter/ (config.json, model.safetensors, train_log.json), tau.json, log.txt [, collect_bench.json,
 # h200_spec_decode.json].
+# SCALING="N1 N2 ..." (pages, ascending) runs tau against data instead of 1, 3 and 4: bench/drafter_scaling.py draws
+# the largest size's pages as 1 does, the target answers them once, then per size a drafter with 1's flags learns the
+# answers to the first N pages for SCALING_S seconds and its tau is measured as 3 measures it (TAU_BLOCKS, plain
+# decoding checked) -> OUT/drafter_scaling.json (+ .png; drafters in OUT/drafter_scaling/pages_N), with
+# collection_speedup from COLLECT_BENCH's collect_bench.json when it ran. SCALING_FLAGS: more drafter_scaling.py flags
+# (e.g. "--set dflash2=true --set distill=0.5"; TRAIN_FLAGS are not passed). Sizes whose answers would not fit its
+# memory budget are dropped (its docstring: ~2.7 MB a page in bf16). Rows are written as measured, so a timeout
+# keeps the sizes done. E.g., inside one 600 s device call (carry .drafter .whl/gen; ~22 block images/s collected
+# on an H100, ~3.5 a page, so 1,200 pages ~190 s, then 4 x 25 s of training and the tau reads):
+#   SCALING="200 400 800 1200" SCALING_S=25 COLLECT_BENCH=.drafter/heldout COLLECT_BENCH_TIMEOUT=60 \
+#     SCALING_TIMEOUT=470 bash bench/drafter_h200.sh $OUT
 set -euo pipefail
 OUT=${1:?usage: drafter_h200.sh OUT}
 DEVICE=${DEVICE:-cuda} DTYPE=${DTYPE:-bfloat16} PAGES=${PAGES:-700} TRAIN_S=${TRAIN_S:-120} WORKERS=${WORKERS:-12}
@@ -39,6 +50,35 @@ if [ -n "${COLLECT_BENCH:-}" ]; then
     --num-taps "$TAPS" --kv-cache-memory-gb 8 --out "$OUT/collect_bench.json" || echo "collect bench stopped (rc $?)"
 fi
 t1=$(date +%s)
+if [ -n "${SCALING:-}" ]; then
+  bench_json=()
+  if [ -n "${COLLECT_BENCH:-}" ] && [ -f "$OUT/collect_bench.json" ]; then
+    bench_json=(--collect-bench "$OUT/collect_bench.json")
+  fi
+  timeout "${SCALING_TIMEOUT:-3000}" $PY bench/drafter_scaling.py --checkpoint models/ocria-tiny \
+    --render research.ocria_tiny.drafter_pages:block_images --render-arg synth=.drafter/synth --render-arg split=train \
+    --render-arg checkpoint=models/ocria-tiny --render-first "$FIRST" --render-workers "$WORKERS" --sizes "$SCALING" \
+    --blocks "${TAU_BLOCKS:-16 8}" --tau-pages "$TAU_DIR/heldout" --tau-pages "$TAU_DIR/corpus" \
+    --train-seconds "${SCALING_S:-60}" --device "$DEVICE" --dtype "$DTYPE" --set collect_batch="$COLLECT" \
+    --set kv_cache_memory_gb=8 --set max_tokens="$MAX_TOKENS" --set num_layers="$LAYERS" \
+    --set intermediate_size="$FFN" --set num_taps="$TAPS" --set block_size=16 --set gamma=7 --set anchors="$ANCHORS" \
+    --set pages_per_step="$PER_STEP" --set lr="$LR" --set val_pages="$VAL" --set val_every="$VAL_EVERY" \
+    ${SCALING_FLAGS:-} ${bench_json[@]+"${bench_json[@]}"} \
+    --out "$OUT/drafter_scaling.json" || echo "scaling stopped (rc $?)"
+  $PY - "$OUT/drafter_scaling.json" <<'EOF' || true
+import json, sys
+r = json.load(open(sys.argv[1]))
+print(f"collection: {r.get('collection_pages')} pages, {r.get('collection_images')} block images in "
+      f"{r.get('collection_s')} s ({r.get('collection_pages_per_s')} pages/s; speedup over the eager collection "
+      f"{r.get('collection_speedup')}); dropped {r.get('dropped')}")
+print(f"{'pages':>7} {'answers':>8} {'steps':>6} {'split':8} {'block':>5} {'tau':>6} identical")
+for x in r["rows"]:
+    print(f"{x['pages']:7d} {x['answers']:8d} {x['steps']:6d} {x['split']:8} {x['block_size']:5d} {x['tau']:6.2f} "
+          f"{x['identical_to_plain']}")
+EOF
+  echo "seconds: collect bench $((t1 - t0)), scaling $(($(date +%s) - t1))"
+  exit 0
+fi
 timeout "${TRAIN_TIMEOUT:-900}" $PY jobs/train_drafter.py --checkpoint models/ocria-tiny \
   --render research.ocria_tiny.drafter_pages:block_images --render-arg synth=.drafter/synth --render-arg split=train \
   --render-arg checkpoint=models/ocria-tiny --render-pages "$PAGES" --render-first "$FIRST" --render-workers "$WORKERS" \

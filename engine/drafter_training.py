@@ -81,10 +81,13 @@ def collect(engine: Engine, images: list[np.ndarray], layer_ids, prompt: str, ma
 
 
 def collect_groups(engine: Engine, images, group: int, layer_ids, prompt: str, max_tokens: int, soft_top_k: int = 0,
-                   tap_tokens: int | None = None, timings: dict | None = None) -> tuple[list[Example], int]:
+                   tap_tokens: int | None = None, timings: dict | None = None,
+                   on_group=None) -> tuple[list[Example], int]:
     """collect() over the `images` iterator, `group` pages at a time (a drawn source renders the next group's pages
     meanwhile) -> (the examples, the pages read). timings: collect's, summed over the groups, and pages_wait_s: the
-    seconds spent waiting for pages (drawn ones not yet drawn; files are all read before)."""
+    seconds spent waiting for pages (drawn ones not yet drawn; files are all read before). on_group(examples, pages):
+    called after each group with the examples and pages so far, e.g. to stop a collection that will not fit in memory
+    by raising before the rest is read."""
     examples, pages, waited = [], 0, 0.0
     while True:
         t = time.perf_counter()
@@ -97,6 +100,8 @@ def collect_groups(engine: Engine, images, group: int, layer_ids, prompt: str, m
         pages += len(part)
         for k, v in (part_timings or {}).items():
             timings[k] = round(timings.get(k, 0) + v, 1)
+        if on_group is not None:
+            on_group(examples, pages)
     if timings is not None:
         timings["pages_wait_s"] = round(waited, 1)
     return examples, pages

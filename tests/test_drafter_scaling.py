@@ -1,0 +1,73 @@
+"""bench/drafter_scaling.py as a CPU dry run on the tiny random VL checkpoint: one collection, three sizes of a few
+pages, a few steps each; every (size, split, block) has its tau row, each drafter learned from the answers to its
+first pages only, the collection bench's speedup is carried over, a PNG is drawn, and a budget the answers cannot fit
+stops the run after its first group of pages."""
+import json
+import itertools
+
+import click
+import numpy as np
+import pytest
+from PIL import Image
+
+from conftest import load_bench
+
+SIZES, BLOCKS, SPLITS = (2, 3, 5), (4, 3), ("heldout", "corpus")
+
+
+def write_images(folder, n: int, seed: int):
+    folder.mkdir()
+    rng = np.random.default_rng(seed)
+    for i in range(n):
+        Image.fromarray(rng.integers(0, 256, (48 + 16 * (i % 3), 64, 3), dtype=np.uint8)).save(folder / f"p{i}.png")
+    return folder
+
+
+def flags(ckpt, pages, tmp_path, out, *more):
+    return ["--checkpoint", str(ckpt), "--pages", str(pages), "--tau-pages", str(tmp_path / "heldout"),
+            "--tau-pages", str(tmp_path / "corpus"), "--steps", "3", "--set", "max_tokens=10", "--set", "num_layers=1",
+            "--set", "num_taps=2", "--set", "block_size=4", "--set", "anchors=6", "--set", "gamma=4",
+            "--set", "pages_per_step=2", "--set", "collect_batch=4", "--set", "collect_group=2",
+            "--set", "save_dtype=float32", "--out", str(out), *more]
+
+
+@pytest.mark.slow  # a collection, three drafters' training and their tau reads
+def test_drafter_scaling_dry_run(tiny_checkpoint, tmp_path):
+    pages = write_images(tmp_path / "pages", 5, seed=0)
+    write_images(tmp_path / "heldout", 2, seed=1)
+    write_images(tmp_path / "corpus", 1, seed=2)
+    bench_json = tmp_path / "collect_bench.json"
+    load_bench("drafter_collect_bench").main(
+        ["--checkpoint", str(tiny_checkpoint), "--pages", str(pages), "--max-pages", "2", "--batch", "2",
+         "--max-tokens", "6", "--num-taps", "2", "--warmup", "0", "--out", str(bench_json)], standalone_mode=False)
+    out = tmp_path / "scaling" / "drafter_scaling.json"
+    load_bench("drafter_scaling").main(
+        flags(tiny_checkpoint, pages, tmp_path, out, "--sizes", ",".join(map(str, SIZES)),
+              "--blocks", ",".join(map(str, BLOCKS)), "--collect-bench", str(bench_json)), standalone_mode=False)
+    result = json.loads(out.read_text())
+    for key in ("what", "command", "device", "torch", "commit", "config", "collection_s", "collection_pages_per_s",
+                "collection_images_per_s", "collection_gb", "collection_mb_per_page", "rows", "png"):
+        assert key in result, key
+    assert result["collection_speedup"] == json.loads(bench_json.read_text())["speedup"]
+    assert result["collection_pages"] == SIZES[-1] and result["dropped"] == {}
+    rows = result["rows"]
+    assert sorted((r["pages"], r["split"], r["block_size"]) for r in rows) == \
+        sorted(itertools.product(SIZES, SPLITS, BLOCKS))
+    for r in rows:
+        assert r["tau"] >= 1.0 and r["identical_to_plain"], r
+        assert r["steps"] == 3 and r["train_seconds"] >= 0
+    # each drafter saw the answers to its first pages only: one answer a page here (random weights, no early stop)
+    per_size = {r["pages"]: r for r in rows}
+    assert [per_size[n]["answers"] for n in SIZES] == list(SIZES)
+    assert [per_size[n]["block_images"] for n in SIZES] == list(SIZES)
+    tokens = [per_size[n]["answer_tokens"] for n in SIZES]
+    assert tokens == sorted(tokens) and len(set(tokens)) == len(SIZES)
+    for n in SIZES:
+        log = json.loads((out.with_suffix("") / f"pages_{n}" / "train_log.json").read_text())
+        assert log["answers"] == n and log["answer_tokens"] == per_size[n]["answer_tokens"]
+    assert (out.parent / result["png"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # a budget the smallest size's answers cannot fit: stopped after the first group, saying why
+    with pytest.raises(click.ClickException, match="over the budget"):
+        load_bench("drafter_scaling").main(
+            flags(tiny_checkpoint, pages, tmp_path, tmp_path / "small.json", "--sizes", "4",
+                  "--memory-gb", str(result["collection_mb_per_page"] / 2**10)), standalone_mode=False)
