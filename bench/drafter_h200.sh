@@ -36,11 +36,7 @@ LAYERS=${LAYERS:-4} FFN=${FFN:-1024} TAPS=${TAPS:-4} PER_STEP=${PER_STEP:-32} LR
 COLLECT=${COLLECT:-256} FIRST=${FIRST:-0} VAL=${VAL:-0} VAL_EVERY=${VAL_EVERY:-200} PY=${PY:-python3} TAU_DIR=${TAU_DIR:-.drafter}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/log.txt") 2>&1
-if compgen -G ".whl/gen/*.whl" >/dev/null && [ "$DEVICE" = cuda ]; then
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/gen/*.whl
-  export PYTHONPATH=/tmp/site
-fi
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+source bench/device_env.sh
 $PY -c "import torch, pymupdf; print('torch', torch.__version__, 'pymupdf', pymupdf.VersionBind,
       torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu')"
 t0=$(date +%s)

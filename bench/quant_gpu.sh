@@ -1,16 +1,11 @@
 #!/usr/bin/env bash
-# #59's GPU measurements in one device call (no carried wheels needed): the decode step profiled per precision, the
+# #59's GPU measurements in one device call (carried wheels, if any, installed by bench/device_env.sh): the decode step profiled per precision, the
 # small-M quantized GEMV sweep, then (PARTS has "bench") the quantized decode benchmark. Results under $1 (default $OUT).
 #   PARTS="profile gemv bench" bash bench/quant_gpu.sh $OUT
 set -uo pipefail
 out=${1:-$OUT}; PARTS=${PARTS:-profile gemv}
-export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+source bench/device_env.sh
 gpu=$(python3 -c "import torch; n=torch.cuda.get_device_name(); print('h200' if 'H200' in n else 'h100')")
-step() {
-  local s=$1; shift; local t0=$SECONDS
-  timeout "$s" "$@" 2>&1 | grep -v -i warn | grep -v "^\[transformers\]" | tail -n ${TAIL:-40}
-  echo "== rc ${PIPESTATUS[0]} in $((SECONDS - t0)) s: $*"
-}
 [[ " $PARTS " == *" profile "* ]] && TAIL=60 step ${PROFILE_S:-240} python3 bench/decode_profile.py --variants default \
   --precisions ${PRECISIONS:-bf16,fp8,nvfp4} --batch-sizes ${PROFILE_BATCHES:-1,8} --steps 5 --graph-steps 20 --top 8 \
   --out "$out/prof" && cp "$out/prof/decode_profile.json" "$out/${gpu}_quant_decode_profile.json"

@@ -24,11 +24,7 @@ PARTS=${PARTS:-kernels profile} PY=${PY:-python3} BLOCKS_4B=${BLOCKS_4B:-16 8 4}
 FOLD_AFTER=${FOLD_AFTER:-0} TINY_BLOCKS=${TINY_BLOCKS:-16 8}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/log.txt") 2>&1
-if compgen -G ".whl/bench/*.whl" >/dev/null; then
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/bench/*.whl
-  export PYTHONPATH=/tmp/site
-fi
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+source bench/device_env.sh
 # ocria-tiny's conditional acceptance by block position with its shipped drafter, measured at block 16 on the 85
 # held-out blocks in bf16 on the GPU (bench/results/h100_drafter_dflash2_tau_e.json; the drafter before it:
 # [0.692,0.659,0.658,0.633,...], h100_drafter_dflash2_tau_d.json)

@@ -9,13 +9,8 @@
 # one 600 s call. The next: VARIANTS=native,native_bf16_state_fp8_kv,native_fp8_bf16_state_fp8_kv BATCHES=256.
 set -uo pipefail
 out=${1:-$OUT}
-export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+source bench/device_env.sh
 gpu=$(python3 -c "import torch; n=torch.cuda.get_device_name(); print('h200' if 'H200' in n else 'h100')")
-if compgen -G ".whl/bench/*.whl" >/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/bench/*.whl
-  export PYTHONPATH=/tmp/site
-fi
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 t0=$SECONDS
 timeout ${ENGINE_S:-540} python3 bench/engine_bench.py --device cuda --scenarios page --skip-transformers \
   --variants ${VARIANTS:-native,native_bf16_state,native_fp8_kv,native_bf16_state_fp8_kv} --batch-sizes ${BATCHES:-128,256} \
