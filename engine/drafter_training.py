@@ -281,4 +281,3 @@ def tau_row(a, b, block: int) -> dict:
                                                              for x, y in zip(a, b)),
             "identical_pages": None if a is None else sum(x.output_token_ids == y.output_token_ids
                                                           for x, y in zip(a, b))}
-

@@ -491,4 +491,3 @@ def _kept_logits(flight: InFlight) -> dict[int, torch.Tensor]:
         return {}
     host = logits[torch.tensor(rows, device=logits.device)].cpu()
     return {r: h.clone() for r, h in zip(rows, host)}  # own storage: a row kept must not hold the step's batch
-

@@ -29,7 +29,7 @@ token's state would cost T writes. The price: anything else that reads GDN state
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
