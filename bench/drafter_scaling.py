@@ -47,7 +47,7 @@ from engine.drafter_training import Example, collect_groups  # noqa: E402
 from engine.llm_engine import Engine  # noqa: E402
 from engine.models.dflash import build_target_layer_ids  # noqa: E402
 from engine.options import DecodeTuning  # noqa: E402
-from pipeline.train_drafter import RenderedPages, TrainDrafterConfig, load_pages, render_function, train  # noqa: E402
+from pipeline.train_drafter import TrainDrafterConfig, drawn_pages, load_pages, train  # noqa: E402
 
 ROW_FIELDS = ("tau", "verify_steps", "drafted", "accepted", "acceptance_by_position", "identical_to_plain",
               "identical_pages", "seconds")
@@ -79,14 +79,13 @@ def parse_ints(text: str) -> list[int]:
 
 def page_lists(cfg: TrainDrafterConfig, most: int):
     """The source's pages in order, each as its list of images: a --pages folder or Parquet gives one image a page;
-    drawn pages come from worker processes (RenderedPages) while the target reads the ones drawn before."""
+    drawn pages come from worker processes (drawn_pages) while the target reads the ones drawn before."""
     if cfg.pages is not None:
         images = load_pages(cfg.pages)
         if len(images) < most:
             raise click.UsageError(f"--pages {cfg.pages}: {len(images)} images, fewer than the largest size {most}")
         return iter([im] for im in images[:most])
-    return iter(RenderedPages(render_function(cfg.render, cfg.render_args), cfg.render_first, most,
-                              cfg.render_workers, ahead=max(2 * cfg.render_workers, cfg.collect_group)))
+    return iter(drawn_pages(cfg, most))
 
 
 def plot(result: dict, png: Path) -> bool:

@@ -22,10 +22,9 @@ import shlex
 import sys
 from pathlib import Path
 
-from pipeline.provenance import git_commit
+from pipeline.provenance import git_commit, quoted
 
 ROOT = Path(__file__).resolve().parents[1]
-KEEP = ("claim", "figure")
 
 
 def command_line(script: str | Path, argv: list | None = None) -> str:
@@ -75,37 +74,25 @@ def result_meta(script: str | Path, what: str, argv: list | None = None, device=
             "device": device if isinstance(device, dict) else device_name(device), "commit": git_commit()}
 
 
-def carried(path: Path, keep=KEEP) -> dict:
-    """The `keep` keys of the result file at `path` (none when there is no file or no JSON object there)."""
-    try:
-        old = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return {}
-    return {k: old[k] for k in keep if k in old} if isinstance(old, dict) else {}
-
-
 class ResultFile:
     """One result JSON, written once or rewritten as rows come in: the carried keys, the meta, the data. What it
     carries is read before its first write, so later writes of the same run keep it too."""
 
-    def __init__(self, path: str | Path, meta: dict, keep=KEEP):
+    def __init__(self, path: str | Path, meta: dict):
         self.path = Path(path)
         self.meta = dict(meta)
-        self.kept = carried(self.path, keep)
-        self.noted = False
+        self.kept = None  # the replaced file's quoted keys, read at the first write
 
     def write(self, data: dict, **dumps) -> dict:
         """Writes {kept, meta, data} (json.dumps options in `dumps`, indent 1 unless given); returns it."""
+        if self.kept is None:
+            self.kept = quoted(self.path, lambda line: print(line, file=sys.stderr))
         out = {**self.kept, **self.meta, **data}
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.write_text(json.dumps(out, **{"indent": 1, **dumps}) + "\n")
-        if self.kept and not self.noted:
-            self.noted = True
-            print(f"{self.path}: kept {' and '.join(self.kept)} of the file this run replaces; the figure is the "
-                  f"old run's: read the claim again against the new numbers", file=sys.stderr)
         return out
 
 
-def write_result(path: str | Path, data: dict, meta: dict, keep=KEEP, **dumps) -> dict:
+def write_result(path: str | Path, data: dict, meta: dict, **dumps) -> dict:
     """A result file written once (ResultFile.write)."""
-    return ResultFile(path, meta, keep).write(data, **dumps)
+    return ResultFile(path, meta).write(data, **dumps)

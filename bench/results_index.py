@@ -134,7 +134,7 @@ def card_of(data: dict, name: str) -> str:
     return ""
 
 
-def git_commit(path: Path) -> str:
+def last_commit(path: Path) -> str:
     """The last commit that wrote `path`, or 'uncommitted'."""
     try:
         out = subprocess.run(["git", "log", "-1", "--format=%h", "--", str(path)], cwd=ROOT, capture_output=True,
@@ -148,7 +148,7 @@ def commit_of(data: dict, path: Path) -> str:
     for scope in _scopes(data):
         if isinstance(scope.get("commit"), str) and scope["commit"].strip():
             return scope["commit"].strip()
-    return git_commit(path)
+    return last_commit(path)
 
 
 def claims_of(data: dict) -> tuple[tuple[str, str], ...]:

@@ -51,21 +51,33 @@ class SpecStats:
     accepted_by_pos: list[int] = field(default_factory=list)
 
     def add(self, valid: int, emitted: int) -> None:
-        """One verify step of a block of `valid` tokens (valid - 1 drafts) that gave `emitted` tokens."""
-        self.merge(SpecStats(1, valid - 1, emitted - 1, [1] * (valid - 1), [1] * (emitted - 1)))
+        """One verify step of a block of `valid` tokens (valid - 1 drafts) that gave `emitted` tokens. In place: the
+        engine calls it for every sequence of every speculative step."""
+        self._widen(valid - 1)
+        self.steps += 1
+        self.drafted += valid - 1
+        self.accepted += emitted - 1
+        for j in range(valid - 1):
+            self.drafted_by_pos[j] += 1
+        for j in range(emitted - 1):
+            self.accepted_by_pos[j] += 1
 
     def merge(self, other: SpecStats) -> SpecStats:
-        """Adds other's counts to these (by position, place by place: both lists as long as the longest); returns
-        self."""
+        """Adds other's counts to these (by position, place by place); returns self."""
+        self._widen(len(other.drafted_by_pos), len(other.accepted_by_pos))
         self.steps += other.steps
         self.drafted += other.drafted
         self.accepted += other.accepted
-        width = max(map(len, (self.drafted_by_pos, self.accepted_by_pos, other.drafted_by_pos, other.accepted_by_pos)))
         for total, part in ((self.drafted_by_pos, other.drafted_by_pos), (self.accepted_by_pos, other.accepted_by_pos)):
-            total.extend([0] * (width - len(total)))
             for i, n in enumerate(part):
                 total[i] += n
         return self
+
+    def _widen(self, *widths: int) -> None:
+        """Both by-position lists as long as the longest of them and `widths`."""
+        width = max(len(self.drafted_by_pos), len(self.accepted_by_pos), *widths)
+        for lst in (self.drafted_by_pos, self.accepted_by_pos):
+            lst.extend([0] * (width - len(lst)))
 
     @classmethod
     def total(cls, stats) -> SpecStats:

@@ -390,8 +390,6 @@ def join_block_texts(blocks: list[TextBlock], texts: list[str]) -> str:
     return out
 
 
-
-
 def merge_block_results(request_id: str, blocks: list[TextBlock], results: list[PageResult],
                         spent: list[PageResult] = ()) -> PageResult:
     """Page `request_id`'s result from its blocks' (read together in one engine call, and the reads set aside,

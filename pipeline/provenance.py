@@ -1,11 +1,15 @@
-"""Where a result came from, for the files the job and the benchmarks write: the commit of the checkout that made it.
-Standard library only: the bench scripts import it on GPU machines that have none of the job's packages."""
+"""Where a result came from, for the files the job and the benchmarks write: the commit of the checkout that made it,
+and what a README quotes from the file a new run replaces. Standard library only: the bench scripts import it on GPU
+machines that have none of the job's packages."""
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# what a README quotes from a result file (bench/results_index.py reads them): a rerun keeps them
+QUOTED_KEYS = ("claim", "figure")
 
 
 def git_commit(root: Path = ROOT) -> str | None:
@@ -21,3 +25,18 @@ def git_commit(root: Path = ROOT) -> str | None:
     if proc.returncode or len(lines) != 2 or Path(lines[0]).resolve() != Path(root).resolve():
         return None
     return lines[1]
+
+
+def quoted(path: Path, echo=None) -> dict:
+    """The claim and figure of the result file at `path` that a new run is about to replace (none when there is no
+    file or no JSON object there), said through `echo` when there are any: the figure is the old run's, so both are
+    to be read again against the new numbers."""
+    try:
+        old = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}
+    kept = {k: old[k] for k in QUOTED_KEYS if k in old} if isinstance(old, dict) else {}
+    if kept and echo is not None:
+        echo(f"{path}: kept {' and '.join(kept)} of the file this run replaces; the figure is the old run's: read "
+             f"the claim again against the new numbers")
+    return kept

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.config import ConfigError, JobConfig, StorageConfig, load_config
-from pipeline.provenance import git_commit
+from pipeline.provenance import git_commit, quoted
 from pipeline.stats import percentiles
 
 STEADY_WINDOW = (
@@ -41,8 +41,6 @@ REPORT_WHAT = ("the parse job's benchmark rerun (jobs/benchmark_job.py, the real
                "overall")
 HEADLINE_WHAT = ("the whole parse job through jobs/benchmark_job.py, one row per setup, rewritten by each rerun "
                  "(pipeline/report.py)")
-# what a README quotes from a result file (bench/results_index.py reads them): a rerun keeps them
-QUOTED_KEYS = ("claim", "figure")
 MATPLOTLIB_MISSING = ("the report's plots need matplotlib: pip install matplotlib (it comes with the dev and gpu "
                       "extras: pip install -e '.[dev]')")
 
@@ -222,20 +220,6 @@ def gpu_name() -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return out[0].strip() if out else None
-
-
-def quoted(path: Path, echo=print) -> dict:
-    """The claim and figure of the result file `path` that a rerun replaces, said when there are any: the figure is
-    the old run's, so both are to be read again against the new numbers."""
-    try:
-        old = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    kept = {k: old[k] for k in QUOTED_KEYS if k in old} if isinstance(old, dict) else {}
-    if kept:
-        echo(f"{path}: kept {' and '.join(kept)} of the file this run replaces; the figure is the old run's: read "
-             f"the claim again against the new numbers")
-    return kept
 
 
 def gpu_key(gpus: int, name: str | None) -> str:
@@ -446,7 +430,7 @@ def write_headline(results: Path, report: dict, command: str = "", report_path: 
     data = {"runs": []}
     if path.is_file():
         data = json.loads(path.read_text())
-    kept = quoted(path)
+    kept = quoted(path, print)
 
     def key(r: dict) -> tuple:
         return r["gpus"], r["precision"], r["gdn_state_dtype"], json.dumps(r["settings"], sort_keys=True)

@@ -156,18 +156,17 @@ def explain(uri: str, e: OSError, storage: StorageConfig | None = None) -> str:
         return redact(f"no usable GCS credentials for {uri} ({why.group(1).strip() if why else 'no access token'}): "
                       f"pyarrow's GCS client found none it could use in {CREDENTIAL_SOURCES['gs']} (or, on GCP, the "
                       f"metadata server): fix them, or set storage.anonymous for a public bucket or an emulator")
+    name = {"s3": "S3", "gs": "GCS"}.get(scheme)
+    url, knob = endpoint_of(scheme, storage) if name and storage is not None else (None, None)
     cause = unreachable_cause(e)
-    if cause and scheme in ("s3", "gs") and storage is not None:
-        url, knob = endpoint_of(scheme, storage)
-        name = "S3" if scheme == "s3" else "GCS"
+    if cause and url:
         return redact(f"cannot reach the {name} endpoint {url} for {uri}: {cause}; check {knob}, that the server is "
                       f"up, and that this machine can reach it")
     if cause:
         return redact(f"cannot reach the object store for {uri}: {cause}")
     answer = error_answer(text)
-    if answer and scheme in ("s3", "gs") and transient(e):
-        where = (f"the {'S3' if scheme == 's3' else 'GCS'} endpoint {endpoint_of(scheme, storage)[0]}"
-                 if storage is not None else "the object store")
+    if answer and name and transient(e):
+        where = f"the {name} endpoint {url}" if url else "the object store"
         return redact(f"{where} answered {answer} for {uri} on every try: it is reached but failing or throttling; "
                       f"run again later (a document that failed this way is retried by the next run)")
     return redact(text)

@@ -162,14 +162,20 @@ def render_function(spec: str, args: dict):
     return functools.partial(fn, **args)
 
 
+def drawn_pages(cfg: TrainDrafterConfig, count: int) -> RenderedPages:
+    """Pages cfg.render_first .. + count - 1 drawn by cfg.render in worker processes, each as its list of images,
+    drawn ahead of the reader by enough to keep a collection group waiting for none."""
+    return RenderedPages(render_function(cfg.render, cfg.render_args), cfg.render_first, count, cfg.render_workers,
+                         ahead=max(2 * cfg.render_workers, cfg.collect_group))
+
+
 def page_source(cfg: TrainDrafterConfig):
     """(the pages' RGB uint8 images in order, their count or None where not known before they are drawn): read from
     cfg.pages, or drawn by cfg.render in worker processes as they are consumed (RenderedPages)."""
     if cfg.pages is not None:
         images = load_pages(cfg.pages)
         return iter(images), len(images)
-    stream = RenderedPages(render_function(cfg.render, cfg.render_args), cfg.render_first, cfg.render_pages,
-                           cfg.render_workers, ahead=max(2 * cfg.render_workers, cfg.collect_group))
+    stream = drawn_pages(cfg, cfg.render_pages)
 
     def images():
         pages = iter(stream)

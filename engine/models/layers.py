@@ -1,11 +1,11 @@
 """Small building blocks shared by the text and vision models."""
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-from dataclasses import dataclass, field
 
 from engine import ops
 from engine.models.glue import Glue
