@@ -3,7 +3,8 @@
 # them; puts the checkout and /tmp/site on PYTHONPATH; and defines step LIMIT_S CMD...: CMD under its own time limit,
 # its last TAIL (40) lines without warnings and its exit status, so a slow step leaves the others' results under $OUT.
 # DEVICE=cpu (a dry run here) installs nothing: this machine has its own environment.
-wheels=$( (compgen -G ".whl/*/*.whl"; compgen -G ".gpu/wheels/*.whl") || true)
+# one path per wheel file name: .whl/gen and .whl/bench share pydantic's, and a warm machine keeps an earlier call's
+wheels=$( ( (compgen -G ".whl/*/*.whl"; compgen -G ".gpu/wheels/*.whl") || true) | awk -F/ '!seen[$NF]++')
 if [ -n "$wheels" ] && [ "${DEVICE:-cuda}" = cuda ]; then
   # shellcheck disable=SC2086  # one path per word
   ${PY:-python3} -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $wheels
