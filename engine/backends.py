@@ -52,10 +52,11 @@ def load_backend(
     return cls(checkpoint_dir, device=device, dtype=dtype, **options)
 
 
-def check_options(name: str, options: dict) -> None:
+def check_options(name: str, options: dict, drafter: str | None = None) -> None:
     """ValueError naming an option the native backend does not take (with the nearest one it does, or what replaced
-    a removed one), or an engine option's value no engine can take, so that the mistake fails where the job starts,
-    not in every engine's actor. Other backends are not checked."""
+    a removed one), or an engine option's value no engine can take (with `drafter`, the model.drafter the job will
+    hand in as speculative.drafter), so that the mistake fails where the job starts, not in every engine's actor.
+    Other backends are not checked."""
     if name != "native":
         return
     from engine.options import REMOVED_OPTIONS
@@ -82,6 +83,9 @@ def check_options(name: str, options: dict) -> None:
                              + (f" (did you mean {close[0]}?)" if close else "")
                              + " (engine.options.EngineOptions lists the engine's)")
     try:
-        EngineOptions(**{k: v for k, v in options.items() if k in fields}).check()
+        given = {k: v for k, v in options.items() if k in fields}
+        if drafter is not None:
+            given["speculative"] = dict(given.get("speculative") or {}, drafter=drafter)
+        EngineOptions(**given).check()
     except ValueError as e:
         raise ValueError(f"model.options.{e}") from None

@@ -72,7 +72,7 @@ def prepare(cfg: JobConfig) -> Prepared:
     except CheckpointError as e:
         raise ConfigError(str(e)) from None
     try:
-        check_options(cfg.model.backend, cfg.model.options)
+        check_options(cfg.model.backend, cfg.model.options, drafter)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     store = OutputStore(writable_output(cfg))

@@ -493,7 +493,8 @@ def plan_benchmark(config_path: str | None, overrides: dict, out: str, *, baseli
     try:
         from engine.backends import check_options
 
-        check_options(cfg.model.backend, cfg.model.options)  # prepare() checks it too, but after the corpus is made
+        # prepare() checks it too (and the drafter's folder), but after the corpus is made
+        check_options(cfg.model.backend, cfg.model.options, cfg.model.drafter)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     if generated:

@@ -206,6 +206,17 @@ def test_speculation_options_are_checked_as_one_mapping():
         with pytest.raises(ValueError, match=r"^model.options." + says):
             check_options("native", {"speculative": bad})
 
+
+def test_options_that_exclude_speculation_fail_with_a_drafter_before_ray():
+    """configs/gpu.yaml keeps the GDN state in bf16, which the speculative verify cannot step: with --drafter the
+    job's check says so where it starts, not in every engine actor."""
+    from engine.backends import check_options
+
+    check_options("native", {"gdn_state_dtype": "bfloat16"})
+    check_options("native", {"gdn_state_dtype": "float32"}, drafter="models/ocria-tiny-drafter")
+    with pytest.raises(ValueError, match=r"^model.options.gdn_state_dtype='bfloat16' with a drafter: .*float32"):
+        check_options("native", {"gdn_state_dtype": "bfloat16"}, drafter="models/ocria-tiny-drafter")
+
 def test_bad_drafter_fails_before_ray(tmp_path, tiny_checkpoint):
     """--drafter: a DFlash drafter whose config does not fit the checkpoint is refused before Ray starts, in a line
     naming the field and the way out."""
