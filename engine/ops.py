@@ -12,7 +12,7 @@ from kernels.paged_attention import dequantize_kv_ref, paged_decode_attention, s
 from kernels.quant_linear import FP8 as KV_FP8  # noqa: F401 (a dtype: not in __all__)
 from kernels.quant_linear import FP8_GEMV_MAX_M, NVFP4_GEMV_MAX_M  # noqa: F401 (numbers: not in __all__)
 from kernels.quant_linear import (
-    dequant_fp8_ref, dequant_nvfp4_ref, fp8_linear, fp8_matmul, nvfp4_linear, nvfp4_matmul)
+    dequant_fp8_ref, dequant_nvfp4_ref, fp8_linear, fp8_matmul, nvfp4_linear, nvfp4_matmul, quant_workspace_size)
 from kernels.rmsnorm import rmsnorm
 from kernels.silu_mul import silu_mul
 from kernels.small_m_linear import MAX_M  # noqa: F401 (a number: not in __all__)
@@ -23,5 +23,6 @@ __all__ = ["SplitKWorkspace", "causal_conv1d_update", "causal_conv1d_verify", "c
            "default_launch", "dequant_fp8_ref", "dequantize_kv_ref", "dequant_nvfp4_ref", "fp8_linear", "fp8_matmul",
            "fused_attn_decode_inputs", "gated_rmsnorm", "gates_from_raw", "gdn_fold", "gdn_recurrent",
            "gdn_ring_advance", "gdn_verify", "l2norm_ref", "linear_silu_mul", "nvfp4_linear", "nvfp4_matmul",
-           "paged_decode_attention", "pdl_supported", "quant_fp8_per_token", "rmsnorm", "rmsnorm_quant_fp8", "silu_mul",
-           "silu_mul_quant_fp8", "small_m_linear", "split_ranges", "store_kvcache", "use_triton"]
+           "paged_decode_attention", "pdl_supported", "quant_fp8_per_token", "quant_workspace_size", "rmsnorm",
+           "rmsnorm_quant_fp8", "silu_mul", "silu_mul_quant_fp8", "small_m_linear", "split_ranges", "store_kvcache",
+           "use_triton"]

@@ -303,6 +303,20 @@ def quant_cases(batch_sizes, fp8_quant, quant_linear):
                        lambda B=B, N=N, K_in=K_in: gpu_decode(quant_linear, lambda: quant_linear.nvfp4_linear_triton(
                            torch.empty(B, K_in, dtype=bf16), torch.empty(N, K_in // 2, dtype=u8),
                            torch.empty(N, K_in // 16, dtype=fp8), torch.empty(N, dtype=f32))))]
+        if B <= quant_linear.NVFP4_GEMV_MAX_M:  # what the engine launches: gate_up with the SwiGLU epilogue, and
+            # every projection with PDL (down_proj split along K, so its in-kernel reduction too)
+            fp8_w = lambda N, K_in: (torch.empty(N, K_in, dtype=fp8), torch.empty(N, dtype=f32))  # noqa: E731
+            nv_w = lambda N, K_in: (torch.empty(N, K_in // 2, dtype=u8), torch.empty(N, K_in // 16, dtype=fp8),  # noqa: E731
+                                    torch.empty(N, dtype=f32))
+            for fmt, run, weight in (("fp8", quant_linear.fp8_linear_triton, fp8_w),
+                                     ("nvfp4", quant_linear.nvfp4_linear_triton, nv_w)):
+                for name, N, K_in, launch in (("silu_mul", 2 * inter, hidden, dict(swiglu=True)),
+                                              ("silu_mul pdl", 2 * inter, hidden, dict(swiglu=True, pdl=True)),
+                                              ("down pdl", hidden, inter, dict(pdl=True))):
+                    cases.append((f"{fmt}_linear M={B} {name}", quant_linear,
+                                  lambda B=B, N=N, K_in=K_in, run=run, weight=weight, launch=launch: gpu_decode(
+                                      quant_linear, lambda: run(torch.empty(B, K_in, dtype=bf16), *weight(N, K_in),
+                                                                **launch))))
     cases.append(("dequant_nvfp4 bf16", quant_linear, lambda: gpu_decode(quant_linear, lambda: (
         quant_linear.dequant_nvfp4_triton(torch.empty(2 * inter, hidden // 2, dtype=u8),
                                           torch.empty(2 * inter, hidden // 16, dtype=fp8),

@@ -20,20 +20,24 @@ On the GPU the E2M1 decode is a few bit operations and two bf16x2 multiplies per
 arithmetic decode it replaced made the NVFP4 GEMV compute-bound at 6 % of the copy bandwidth. The Triton interpreter
 runs the same kernels on CPU with the arithmetic decode (_e2m1_decode), so the tests check the tiling, masks and
 scales; the bit recipe is checked against the reference on the GPU (tests/test_kernels_quant_linear.py, CUDA only,
-and every quant_gemv_bench launch). Split-K (default_launch: where N alone gives too few programs, e.g. the 4B
-down_proj) stores each split's scaled fp32 partial and kernels/small_m_linear's reduction kernel adds them in split
-order (deterministic, one rounding).
+and every quant_gemv_bench launch).
 
-Not done here (see docs/quantization.md): the in-kernel split-K reduction, PDL and the SwiGLU epilogue of
-kernels/small_m_linear.
+The rest is kernels/small_m_linear's, shared with it: split-K where N alone gives too few programs (default_launch;
+the 4B down_proj and out_proj) with the last program of a tile adding the partials in split order (deterministic,
+one rounding; a SplitKWorkspace sized by quant_workspace_size); the SwiGLU epilogue (swiglu=True: a fused
+[gate | up] weight [2N, K], output silu(gate) * up [M, N]); PDL (pdl=True, sm_90+: the weight's first lines
+prefetched into L2 before waiting for the kernel before). The FP8 decode step ran 64 separate split-K reductions and
+32 SwiGLU kernels that the bf16 step does without (bench/results/h100_quant_decode_profile_c.json).
 """
 import torch
 import triton
 import triton.language as tl
 
 from kernels._common import (
-    cast_rtne, cdiv, check, next_pow2, output, require_last_dim_contiguous, sm_count, use_triton)
-from kernels.small_m_linear import MAX_SPLIT_K, _split_k_reduce_kernel, pick_split_k, split_ranges
+    cast_rtne, cdiv, check, next_pow2, output, pdl_enter, pdl_launch, require_last_dim_contiguous, sm_count, use_triton)
+from kernels.silu_mul import silu_mul_ref
+from kernels.small_m_linear import (
+    MAX_SPLIT_K, _finish_tile, _prefetch_weight_lines, pick_split_k, split_ranges, workspace_checked)
 
 MAX_M = 64  # rows of x one program multiplies (its MMA's N side); more rows take more programs along the grid's m axis
 # Rows up to which the GEMV serves (more: the GEMMs of fp8_matmul / nvfp4_matmul). FP8 hands over to the FP8 tensor
@@ -126,6 +130,22 @@ def nvfp4_linear_ref(x, packed, block_scale, row_scale, out=None):
     return y
 
 
+def _validate_swiglu(w):
+    check(w.shape[0] % 2 == 0, f"swiglu needs a fused [gate | up] weight [2N, K], got {w.shape[0]} rows (odd)")
+
+
+def fp8_linear_silu_mul_ref(x, w8, row_scale, out=None):
+    """fp8_linear_ref of a fused [gate | up] weight (rounded to x's dtype), then kernels/silu_mul: [M, N]."""
+    _validate_swiglu(w8)
+    return silu_mul_ref(fp8_linear_ref(x, w8, row_scale), out)
+
+
+def nvfp4_linear_silu_mul_ref(x, packed, block_scale, row_scale, out=None):
+    """nvfp4_linear_ref of a fused [gate | up] weight (rounded to x's dtype), then kernels/silu_mul: [M, N]."""
+    _validate_swiglu(packed)
+    return silu_mul_ref(nvfp4_linear_ref(x, packed, block_scale, row_scale), out)
+
+
 @triton.jit
 def _e2m1_decode(codes):
     """4-bit E2M1 codes (int) -> fp32: sign bit 3, exponent bits 2..1, mantissa bit 0 (bias 1, subnormal at e=0)."""
@@ -176,27 +196,45 @@ def _nvfp4_tiles(b, s, ASM: tl.constexpr):
 
 @triton.jit(do_not_specialize=["M"])
 def _quant_gemv_kernel(
-    x_ptr, w_ptr, bs_ptr, rs_ptr, out_ptr, part_ptr,
+    x_ptr, w_ptr, bs_ptr, rs_ptr, out_ptr, part_ptr, count_ptr,
     M, N, K, K_PER_SPLIT, sxm, swn, sbn, som,
     M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NVFP4: tl.constexpr,
-    UPCAST_DOT: tl.constexpr, SPLIT: tl.constexpr, ASM: tl.constexpr,
+    UPCAST_DOT: tl.constexpr, SPLIT: tl.constexpr, ASM: tl.constexpr, PDL: tl.constexpr,
+    PREFETCH_LINES: tl.constexpr, SWIGLU: tl.constexpr,
 ):
     """NVFP4: w_ptr is packed [N, K/2] uint8, bs_ptr block scales [N, K/16] fp8; else w_ptr is fp8 [N, K].
-    SPLIT: program (n, s) sums K range s (K_PER_SPLIT, a multiple of BLOCK_K) and stores its scaled fp32 partial to
-    part_ptr [S, M, N]; a second kernel adds them in split order. NVFP4 tiles are [BLOCK_N, groups of 16, 8 bytes]:
-    a group's scale broadcasts along its bytes without a reshuffle, and the low (high) nibbles multiply x's even (odd)
+    SPLIT: program (m, n, s) sums K range s (K_PER_SPLIT, a multiple of BLOCK_K) and stores its scaled fp32 partial
+    to part_ptr [S, M, W_ROWS]; the last of a tile's programs to finish (count_ptr, one counter per (m, n) tile) adds
+    them in split order, as kernels/small_m_linear does. SWIGLU: N output columns of a [gate | up] weight of 2N rows,
+    tile row r < BLOCK_N/2 gate row j, the others up row N + j. NVFP4 tiles are [BLOCK_N, groups of 16, 8 bytes]: a
+    group's scale broadcasts along its bytes without a reshuffle, and the low (high) nibbles multiply x's even (odd)
     columns in two dots, so the decoded values never need interleaving."""
     pid_m = tl.program_id(0)  # the fastest-varying axis: a weight tile's row blocks run together and share it in L2
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
     k_lo = pid_k * K_PER_SPLIT
     k_hi = tl.minimum(K, k_lo + K_PER_SPLIT)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask_n = offs_n < N
+    if SWIGLU:
+        HALF_N: tl.constexpr = BLOCK_N // 2
+        r = tl.arange(0, BLOCK_N)
+        out_cols = pid_n * HALF_N + r % HALF_N
+        offs_n = tl.where(r < HALF_N, out_cols, N + out_cols)  # weight rows (and split-K partial columns)
+        mask_n = out_cols < N
+        W_ROWS = 2 * N
+    else:
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < N
+        W_ROWS = N
     offs_m = pid_m * M_PAD + tl.arange(0, M_PAD)
     mask_m = offs_m < M
     offs_k = tl.arange(0, BLOCK_K)
     rows = offs_n.to(tl.int64)[:, None] * swn
+
+    if PDL:  # as kernels/small_m_linear: the weights' first lines into L2, then wait for the kernel before
+        W_PER_K: tl.constexpr = 2 if NVFP4 else 1  # K elements a stored byte holds
+        _prefetch_weight_lines(w_ptr, offs_n, W_ROWS, swn, k_lo // W_PER_K, k_hi // W_PER_K, PREFETCH_LINES)
+        pdl_enter(PDL)
+
     acc = tl.zeros((BLOCK_N, M_PAD), dtype=tl.float32)
     for k in range(k_lo, k_hi, BLOCK_K):
         if NVFP4:
@@ -232,11 +270,8 @@ def _quant_gemv_kernel(
                 acc = tl.dot(w.to(tl.float32).to(tl.bfloat16), tl.trans(xk.to(tl.bfloat16)), acc)
     res = tl.trans(acc)  # [M_PAD, BLOCK_N]
     res = res * tl.load(rs_ptr + offs_n, mask=mask_n, other=0.0)[None, :]
-    mask = mask_m[:, None] & mask_n[None, :]
-    if SPLIT:
-        tl.store(part_ptr + (pid_k * M + offs_m[:, None]) * N + offs_n[None, :], res, mask=mask)
-    else:
-        tl.store(out_ptr + offs_m[:, None] * som + offs_n[None, :], cast_rtne(res, out_ptr.dtype.element_ty), mask=mask)
+    _finish_tile(res, out_ptr, part_ptr, count_ptr, pid_m * tl.num_programs(1) + pid_n, pid_k, tl.num_programs(2),
+                 offs_m, offs_n, mask_m, mask_n, M, N, W_ROWS, pid_n, som, BLOCK_N, SPLIT, SWIGLU)
 
 
 def asm_decode(x: torch.Tensor) -> bool:
@@ -245,74 +280,105 @@ def asm_decode(x: torch.Tensor) -> bool:
 
 
 def default_launch(N: int, K: int, device, nvfp4: bool = False) -> dict:
-    """32-row tiles; K split as kernels/small_m_linear splits it (no split where the N tiles give every SM a program,
-    else about 8 chunks of 128 a split: 9 splits for the 4B down_proj, 4 for out_proj). Unsplit FP8 launches take
-    256-element K chunks four stages deep (the fastest FP8 launch on an H100's gate_up at 1-8 rows); NVFP4 keeps
-    128 (46.2 against 73.7 us there: half the registers, bench/results/h100_quant_gemv_b.json)."""
-    split = pick_split_k(N, K, 32, 128, sm_count(device))
-    if split == 1 and not nvfp4:
+    """32-row tiles (N counts weight rows: a fused [gate | up] has 2N); K split as kernels/small_m_linear splits it
+    (no split where the N tiles give every SM a program, else about 8 chunks of 128 a split: 9 splits for the 4B
+    down_proj, 4 for out_proj). Unsplit FP8 launches take 256-element K chunks four stages deep, but 128 three deep
+    where the tiles make more than four waves of programs (the 4B gate_up: 21.2 against 26.9 us at 1 and 8 rows on
+    an H100, where gdn_qkvz and attn_qkv, 2.4-2.9 waves, were 6-7 % faster the other way,
+    bench/results/h100_quant_gemv_c.json); NVFP4 keeps 128 (46.2 against 73.7 us on gate_up: half the registers,
+    h100_quant_gemv_b.json)."""
+    sms = sm_count(device)
+    split = pick_split_k(N, K, 32, 128, sms)
+    if split == 1 and not nvfp4 and cdiv(N, 32) <= 4 * sms:
         return dict(block_n=32, block_k=256, split_k=1, num_stages=4)
     return dict(block_n=32, block_k=128, split_k=split, num_stages=3)
 
 
+def quant_workspace_size(N: int, K: int, device, nvfp4: bool = False, max_m: int = 16) -> tuple[int, int]:
+    """(fp32 partials, int32 counters) that a default launch of up to max_m rows on an [N, K] weight (N weight rows)
+    needs in its SplitKWorkspace; (0, 0) where it does not split."""
+    d = default_launch(N, K, device, nvfp4)
+    m_pad = min(MAX_M, max(16, next_pow2(max_m)))
+    if m_pad > 16:
+        d.update(block_k=128, num_stages=3)
+    S = split_ranges(K, d["block_k"], d["split_k"])[1]
+    return (S * max_m * N, cdiv(max_m, m_pad) * cdiv(N, d["block_n"])) if S > 1 else (0, 0)
+
+
 def _launch(x, w, bs, row_scale, out, nvfp4, block_n=None, block_k=None, split_k=None, num_warps=4,
-            num_stages=None):
+            num_stages=None, workspace=None, pdl=False, prefetch_lines=8, swiglu=False):
     require_last_dim_contiguous("x", x)
     require_last_dim_contiguous("weight", w)
     M = x.shape[0]
-    N = w.shape[0]
+    W_ROWS = w.shape[0]
+    N = W_ROWS // 2 if swiglu else W_ROWS  # output columns
     K = w.shape[1] * (2 if nvfp4 else 1)
     y = output(out, (M, N), x.dtype, x.device)
     if M == 0 or N == 0:
         return y
-    d = default_launch(N, K, x.device, nvfp4)
+    d = default_launch(W_ROWS, K, x.device, nvfp4)
     m_pad = min(MAX_M, max(16, next_pow2(M)))
     if m_pad > 16:  # more rows of x: 128-element chunks keep the tiles in registers (no spills at 64 rows)
         d.update(block_k=128, num_stages=3)
     block_n, block_k = block_n or d["block_n"], block_k or d["block_k"]
     check(block_n >= 16 and block_n == next_pow2(block_n), f"block_n must be a power of two >= 16, got {block_n}")
     check(block_k >= 32 and block_k == next_pow2(block_k), f"block_k must be a power of two >= 32, got {block_k}")
+    check(prefetch_lines >= 1 and prefetch_lines == next_pow2(prefetch_lines),
+          f"prefetch_lines must be a power of two, got {prefetch_lines}")
+    pdl_args = pdl_launch(pdl)
     split = d["split_k"] if split_k is None else split_k
     check(isinstance(split, int) and 1 <= split <= MAX_SPLIT_K, f"split_k must be an int in [1, {MAX_SPLIT_K}]")
     k_per_split, S = split_ranges(K, block_k, split)
-    parts = torch.empty(S * M * N if S > 1 else 1, dtype=torch.float32, device=x.device)
-    _quant_gemv_kernel[(cdiv(M, m_pad), cdiv(N, block_n), S)](
-        x, w, bs if bs is not None else row_scale, row_scale, y, parts,
+    grid = (cdiv(M, m_pad), cdiv(W_ROWS, block_n), S)  # with swiglu cdiv(N, block_n // 2) tiles: the same number
+    if S > 1:
+        parts, counters = workspace_checked(workspace, S * M * W_ROWS, grid[0] * grid[1], x.device)
+    else:
+        parts, counters = y, y  # unused
+    _quant_gemv_kernel[grid](
+        x, w, bs if bs is not None else row_scale, row_scale, y, parts, counters,
         M, N, K, k_per_split, x.stride(0), w.stride(0), bs.stride(0) if bs is not None else 0, y.stride(0),
         M_PAD=m_pad, BLOCK_N=block_n, BLOCK_K=block_k, NVFP4=nvfp4,
         UPCAST_DOT=not x.is_cuda,  # the CPU interpreter multiplies bf16 tiles as raw integers: give it fp32
-        SPLIT=S > 1, ASM=nvfp4 and asm_decode(x),
-        num_warps=num_warps, num_stages=num_stages or d["num_stages"])
-    if S > 1:
-        block = min(1024, next_pow2(N))
-        _split_k_reduce_kernel[(M, cdiv(N, block))](parts, y, M, N, S, y.stride(0), BLOCK=block, num_warps=4)
+        SPLIT=S > 1, ASM=nvfp4 and asm_decode(x), PREFETCH_LINES=prefetch_lines, SWIGLU=bool(swiglu),
+        num_warps=num_warps, num_stages=num_stages or d["num_stages"], **pdl_args)
     return y
 
 
-def fp8_linear_triton(x, w8, row_scale, out=None, **launch):
-    """W8A16: x [M, K] in the model dtype times the FP8 weight dequantized in registers. Launch options
-    (default_launch's where None): block_n, block_k, split_k, num_warps, num_stages."""
+def fp8_linear_triton(x, w8, row_scale, out=None, swiglu=False, **launch):
+    """W8A16: x [M, K] in the model dtype times the FP8 weight dequantized in registers; swiglu: silu(gate) * up of a
+    fused [gate | up] weight, [M, N]. Launch options (default_launch's where None): block_n, block_k, split_k,
+    num_warps, num_stages; workspace (a SplitKWorkspace, used when K is split), pdl, prefetch_lines."""
     _validate_fp8(x, w8, row_scale, None)
-    return _launch(x, w8, None, row_scale, out, False, **launch)
+    if swiglu:
+        _validate_swiglu(w8)
+    return _launch(x, w8, None, row_scale, out, False, swiglu=swiglu, **launch)
 
 
-def nvfp4_linear_triton(x, packed, block_scale, row_scale, out=None, **launch):
-    """W4A16; launch options as fp8_linear_triton."""
+def nvfp4_linear_triton(x, packed, block_scale, row_scale, out=None, swiglu=False, **launch):
+    """W4A16; swiglu and launch options as fp8_linear_triton."""
     _validate_nvfp4(x, packed, block_scale, row_scale)
-    return _launch(x, packed, block_scale, row_scale, out, True, **launch)
+    if swiglu:
+        _validate_swiglu(packed)
+    return _launch(x, packed, block_scale, row_scale, out, True, swiglu=swiglu, **launch)
 
 
-def fp8_linear(x, w8, row_scale, out=None, **launch):
-    """Small-M FP8-weight linear, W8A16: Triton on CUDA (M <= FP8_GEMV_MAX_M), else the torch reference."""
+def fp8_linear(x, w8, row_scale, out=None, swiglu=False, **launch):
+    """Small-M FP8-weight linear, W8A16 (swiglu: with the SwiGLU epilogue): Triton on CUDA (M <= FP8_GEMV_MAX_M),
+    else the torch reference."""
     if use_triton(x) and x.shape[0] <= FP8_GEMV_MAX_M:
-        return fp8_linear_triton(x, w8, row_scale, out, **launch)
+        return fp8_linear_triton(x, w8, row_scale, out, swiglu=swiglu, **launch)
+    if swiglu:
+        return fp8_linear_silu_mul_ref(x, w8, row_scale, out)
     return fp8_linear_ref(x, w8, row_scale, out=out)
 
 
-def nvfp4_linear(x, packed, block_scale, row_scale, out=None, **launch):
-    """Small-M NVFP4-weight linear (W4A16): Triton on CUDA (M <= NVFP4_GEMV_MAX_M), else the torch reference."""
+def nvfp4_linear(x, packed, block_scale, row_scale, out=None, swiglu=False, **launch):
+    """Small-M NVFP4-weight linear (W4A16; swiglu as fp8_linear): Triton on CUDA (M <= NVFP4_GEMV_MAX_M), else the
+    torch reference."""
     if use_triton(x) and x.shape[0] <= NVFP4_GEMV_MAX_M:
-        return nvfp4_linear_triton(x, packed, block_scale, row_scale, out, **launch)
+        return nvfp4_linear_triton(x, packed, block_scale, row_scale, out, swiglu=swiglu, **launch)
+    if swiglu:
+        return nvfp4_linear_silu_mul_ref(x, packed, block_scale, row_scale, out)
     return nvfp4_linear_ref(x, packed, block_scale, row_scale, out)
 
 

@@ -14,8 +14,8 @@ The kernel is therefore built around streaming the weight:
   * split-K (split_k > 1): programs [N tiles x K splits]. Every program writes its fp32 partial [M, BLOCK_N] to a
     workspace; the last program of a tile to finish (an atomic per-tile counter, release/acquire) sums the partials
     in fixed split order (deterministic), writes y and re-arms the counter to 0. (A second small kernel summing them
-    instead, like cuBLAS's splitKreduce, was slower at the shapes that split; kernels/quant_linear sums its partials
-    that way.)
+    instead, like cuBLAS's splitKreduce, was slower at the shapes that split.) kernels/quant_linear shares this
+    reduction, the output epilogue and the PDL prologue.
 
 Fused output epilogue:
   * linear_silu_mul: the weight is a fused [gate | up] projection [2N, K] and the output is silu(x @ gate.T) *
@@ -76,6 +76,21 @@ def small_m_linear_workspace(N, device, max_m=MAX_M, max_split_k=MAX_SPLIT_K, mi
     """A workspace valid for any launch with M <= max_m, split_k <= max_split_k, block_n >= min_block_n."""
     return SplitKWorkspace(torch.empty(max_split_k * max_m * N, dtype=torch.float32, device=device),
                            torch.zeros(cdiv(N, min_block_n), dtype=torch.int32, device=device))
+
+
+def workspace_checked(workspace: SplitKWorkspace | None, n_parts: int, n_tiles: int, device) -> SplitKWorkspace:
+    """The split-K workspace of a launch with n_parts partials and n_tiles counters: `workspace` once checked, or a
+    fresh one (its counters zeroed: an extra memset kernel, which callers that care avoid by passing one)."""
+    if workspace is None:
+        return SplitKWorkspace(torch.empty(n_parts, dtype=torch.float32, device=device),
+                               torch.zeros(n_tiles, dtype=torch.int32, device=device))
+    parts, counters = workspace
+    check(parts.dtype == torch.float32 and parts.is_contiguous() and parts.numel() >= n_parts,
+          f"workspace.partials must be contiguous fp32 with >= {n_parts} elements, got {parts.dtype} {parts.numel()}")
+    check(counters.dtype == torch.int32 and counters.numel() >= n_tiles,
+          f"workspace.counters must be int32 with >= {n_tiles} elements, got {counters.dtype} {counters.numel()}")
+    check(parts.device == device and counters.device == device, "workspace must be on x's device")
+    return workspace
 
 
 def _validate(x, weight):
@@ -159,13 +174,7 @@ def _small_m_linear_kernel(
     k_hi = tl.minimum(K, k_lo + K_PER_SPLIT)
 
     if PDL:  # launched early, while the kernel before finishes (programmatic dependent launch, sm_90+)
-        # the weights do not depend on that kernel: pull this program's first lines of them into L2 meanwhile
-        line = 128 // w_ptr.dtype.element_ty.primitive_bitwidth * 8
-        cols = tl.minimum(k_lo + tl.arange(0, PREFETCH_LINES) * line, k_hi - 1)
-        rows = tl.minimum(offs_n, W_ROWS - 1).to(tl.int64)
-        tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l",
-                                  [w_ptr + rows[:, None] * swn + cols[None, :]], dtype=tl.int32, is_pure=False,
-                                  pack=1)
+        _prefetch_weight_lines(w_ptr, offs_n, W_ROWS, swn, k_lo, k_hi, PREFETCH_LINES)
         pdl_enter(PDL)  # the inputs (and the split-K workspace) are the kernel before's to finish
 
     w_ptrs = w_ptr + offs_n.to(tl.int64)[:, None] * swn + (k_lo + offs_k)[None, :]
@@ -187,21 +196,43 @@ def _small_m_linear_kernel(
         x_ptrs += BLOCK_K
     res = tl.trans(acc)  # [M_PAD, BLOCK_N]
 
-    mask = mask_m[:, None] & mask_n[None, :]
+    _finish_tile(res, out_ptr, part_ptr, count_ptr, pid_n, pid_k, tl.num_programs(1), offs_m, offs_n, mask_m, mask_n,
+                 M, N, W_ROWS, pid_n, som, BLOCK_N, SPLIT, SWIGLU)
+
+
+@triton.jit
+def _prefetch_weight_lines(w_ptr, offs_n, W_ROWS, swn, col_lo, col_hi, PREFETCH_LINES: tl.constexpr):
+    """Pull the first PREFETCH_LINES 128-byte lines of weight rows offs_n (columns col_lo .. col_hi of the stored
+    tensor) into L2: a PDL-launched GEMV does it before waiting for the kernel before, whose outputs the weights do
+    not depend on."""
+    line = 128 // w_ptr.dtype.element_ty.primitive_bitwidth * 8
+    cols = tl.minimum(col_lo + tl.arange(0, PREFETCH_LINES) * line, col_hi - 1)
+    rows = tl.minimum(offs_n, W_ROWS - 1).to(tl.int64)
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l",
+                              [w_ptr + rows[:, None] * swn + cols[None, :]], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _finish_tile(res, out_ptr, part_ptr, count_ptr, tile, pid_k, S, offs_m, offs_n, mask_m, mask_n, M, N, W_ROWS,
+                 pid_n, som, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, SWIGLU: tl.constexpr):
+    """A program's fp32 sums res [M_PAD, BLOCK_N] (weight rows offs_n) to the output: stored (_store_output), or
+    (SPLIT, this program summed split pid_k of S) stored as a partial [S, M, W_ROWS] fp32 in part_ptr, and the last
+    program of the tile to finish (count_ptr[tile]) adds all S in split order, stores and re-arms the counter."""
     if SPLIT:
-        p_ptrs = part_ptr + offs_m[:, None] * W_ROWS + offs_n[None, :]  # partials [S, M, W_ROWS] fp32
+        M_PAD: tl.constexpr = res.shape[0]
+        mask = mask_m[:, None] & mask_n[None, :]
+        p_ptrs = part_ptr + offs_m[:, None] * W_ROWS + offs_n[None, :]
         tl.store(p_ptrs + pid_k * M * W_ROWS, res, mask=mask)
         # All of this program's partial stores happen before the counter increment (barrier, then a release
         # atomic); the program that sees count == S-1 acquires them all and reduces in split order.
         tl.debug_barrier()
-        count = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
-        S = tl.num_programs(1)
+        count = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu")
         if count == S - 1:
             total = tl.zeros((M_PAD, BLOCK_N), dtype=tl.float32)
             for s in range(S):  # .cg: read L2, where the other SMs' stores are, never a stale L1 line
                 total += tl.load(p_ptrs + s * M * W_ROWS, mask=mask, other=0.0, cache_modifier=".cg")
             _store_output(out_ptr, total, offs_m, offs_n, mask_m, pid_n, N, som, BLOCK_N, SWIGLU)
-            tl.store(count_ptr + pid_n, 0)  # re-arm for the next launch (kernel boundaries order it)
+            tl.store(count_ptr + tile, 0)  # re-arm for the next launch (kernel boundaries order it)
     else:
         _store_output(out_ptr, res, offs_m, offs_n, mask_m, pid_n, N, som, BLOCK_N, SWIGLU)
 
@@ -223,18 +254,6 @@ def _store_output(out_ptr, res, offs_m, offs_n, mask_m, pid_n, N, som, BLOCK_N: 
     else:
         tl.store(out_ptr + offs_m[:, None] * som + offs_n[None, :], cast_rtne(res, dtype),
                  mask=mask_m[:, None] & (offs_n < N)[None, :])
-
-
-@triton.jit
-def _split_k_reduce_kernel(part_ptr, out_ptr, M, N, S, som, BLOCK: tl.constexpr):
-    """y[m] = the sum over S split-K partials [S, M, N] fp32, in split order: kernels/quant_linear's reduction."""
-    m = tl.program_id(0)
-    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < N
-    total = tl.zeros((BLOCK,), dtype=tl.float32)
-    for s in range(S):
-        total += tl.load(part_ptr + (s * M + m) * N + offs, mask=mask, other=0.0)
-    tl.store(out_ptr + m * som + offs, cast_rtne(total, out_ptr.dtype.element_ty), mask=mask)
 
 
 def small_m_linear_triton(x, weight, out=None, **launch):
@@ -278,17 +297,7 @@ def _launch(x, weight, out, block_n=None, block_k=None, split_k=None, num_warps=
           f"split_k must be an int in [1, {MAX_SPLIT_K}], got {split!r}")
     k_per_split, S = split_ranges(K, BLOCK_K, split)
     if S > 1:
-        n_parts = S * M * W_ROWS
-        if workspace is None:
-            workspace = SplitKWorkspace(torch.empty(n_parts, dtype=torch.float32, device=x.device),
-                                        torch.zeros(n_tiles, dtype=torch.int32, device=x.device))
-        parts, counters = workspace
-        check(parts.dtype == torch.float32 and parts.is_contiguous() and parts.numel() >= n_parts,
-              f"workspace.partials must be contiguous fp32 with >= {n_parts} elements, "
-              f"got {parts.dtype} {parts.numel()}")
-        check(counters.dtype == torch.int32 and counters.numel() >= n_tiles,
-              f"workspace.counters must be int32 with >= {n_tiles} elements, got {counters.dtype} {counters.numel()}")
-        check(parts.device == x.device and counters.device == x.device, "workspace must be on x's device")
+        parts, counters = workspace_checked(workspace, S * M * W_ROWS, n_tiles, x.device)
     else:
         parts, counters = y, y  # unused
     _small_m_linear_kernel[(n_tiles, S)](

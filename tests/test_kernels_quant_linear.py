@@ -9,9 +9,11 @@ import torch
 from kernels.testing import assert_close, poisoned, require_interpreted  # sets TRITON_INTERPRET first
 from kernels import fp8_quant as fq  # noqa: I001
 from kernels.quant_linear import (
-    FP8, E2M1_VALUES, _quant_gemv_kernel, dequant_nvfp4_ref, dequant_nvfp4_triton, fp8_linear_ref, fp8_linear_triton,
-    fp8_matmul, nvfp4_linear_ref, nvfp4_linear_triton, unpack_e2m1,
+    FP8, E2M1_VALUES, _quant_gemv_kernel, default_launch, dequant_nvfp4_ref, dequant_nvfp4_triton, fp8_linear,
+    fp8_linear_ref, fp8_linear_silu_mul_ref, fp8_linear_triton, fp8_matmul, nvfp4_linear, nvfp4_linear_ref,
+    nvfp4_linear_silu_mul_ref, nvfp4_linear_triton, quant_workspace_size, unpack_e2m1,
 )
+from kernels.small_m_linear import SplitKWorkspace
 
 
 def fp8_weight(N, K, gen):
@@ -30,12 +32,13 @@ def nvfp4_weight(N, K, gen):
 def test_default_launch_splits_k_like_small_m_linear():
     """No split where the 32-row tiles give every SM a program; ~8 chunks of 128 a split elsewhere (the 4B down_proj
     9 splits, out_proj 4); a split launch on odd shapes gives the reference's result."""
-    from kernels.quant_linear import default_launch
-
     cpu = torch.device("cpu")
     splits = {(N, K): default_launch(N, K, cpu)["split_k"] for N, K in ((18432, 2560), (12352, 2560), (2560, 9216),
                                                                        (2560, 4096))}
     assert splits == {(18432, 2560): 1, (12352, 2560): 1, (2560, 9216): 9, (2560, 4096): 4}
+    # unsplit FP8: 128-wide K chunks where the tiles make more than four waves (gate_up, 576 tiles on 132 SMs)
+    assert {(N, default_launch(N, K, cpu)["block_k"]) for N, K in ((18432, 2560), (12352, 2560), (10240, 2560))} == \
+        {(18432, 128), (12352, 256), (10240, 256)}
     gen = torch.Generator().manual_seed(9)
     x = torch.randn(3, 400, generator=gen).to(torch.bfloat16)
     w8, row = fp8_weight(40, 400, gen)
@@ -87,6 +90,52 @@ def test_fp8_gemv_matches_ref(M, N, K, dtype):
     exact = x.float() @ (w8.float() * row[:, None]).T
     assert (w8a8 - exact).norm() / exact.norm() < 0.06
     assert (want.float() - exact).norm() / exact.norm() < (1e-5 if dtype == torch.float32 else 1e-2)
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
+@pytest.mark.parametrize("M,N,K,split", [(1, 40, 48, 1), (3, 37, 208, 3), (8, 100, 400, 4), (16, 24, 96, 1)])
+def test_swiglu_epilogue_matches_linear_then_silu_mul(fmt, M, N, K, split):
+    """swiglu=True on a fused [gate | up] weight [2N, K] (N odd included, K split or not): the reference's linear
+    rounded to the dtype, then silu(gate) * up; the CPU fallback (fp8_linear / nvfp4_linear) gives the same."""
+    require_interpreted(_quant_gemv_kernel)
+    gen = torch.Generator().manual_seed(M * 31 + N * 7 + K + split)
+    x = torch.randn(M, K, generator=gen).to(torch.bfloat16)
+    if fmt == "fp8":
+        w = fp8_weight(2 * N, K, gen)
+        got = fp8_linear_triton(x, *w, out=poisoned((M, N), torch.bfloat16), swiglu=True, block_k=32, split_k=split)
+        want, fallback = fp8_linear_silu_mul_ref(x, *w), fp8_linear(x, *w, swiglu=True)
+    else:
+        w = nvfp4_weight(2 * N, K, gen)
+        got = nvfp4_linear_triton(x, *w, out=poisoned((M, N), torch.bfloat16), swiglu=True, block_k=32,
+                                  split_k=split)
+        want, fallback = nvfp4_linear_silu_mul_ref(x, *w), nvfp4_linear(x, *w, swiglu=True)
+    assert got.shape == (M, N)
+    assert_close(got, want, torch.bfloat16)
+    assert torch.equal(fallback, want)
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
+def test_split_k_workspace_is_reused_and_left_rearmed(fmt):
+    """A split launch adds its partials in-kernel through the caller's workspace (the engine's one per step): the
+    counters are back at 0 after each launch, so a second launch (other rows, two row blocks of 64) is right too;
+    quant_workspace_size is what the default launch asks of it; a short workspace fails in a line naming the need."""
+    require_interpreted(_quant_gemv_kernel)
+    gen = torch.Generator().manual_seed(5)
+    N, K = 2560, 9216  # the 4B down_proj: 9 splits by default
+    assert default_launch(N, K, torch.device("cpu"), fmt == "nvfp4")["split_k"] == 9
+    parts, counters = quant_workspace_size(N, K, torch.device("cpu"), fmt == "nvfp4", max_m=70)
+    ws = SplitKWorkspace(torch.empty(parts), torch.zeros(counters, dtype=torch.int32))
+    w = fp8_weight(48, 640, gen) if fmt == "fp8" else nvfp4_weight(48, 640, gen)
+    run = fp8_linear_triton if fmt == "fp8" else nvfp4_linear_triton
+    ref = fp8_linear_ref if fmt == "fp8" else nvfp4_linear_ref
+    for M in (3, 70):
+        x = torch.randn(M, 640, generator=gen).to(torch.bfloat16)
+        assert_close(run(x, *w, out=poisoned((M, 48), torch.bfloat16), block_k=32, split_k=4, workspace=ws),
+                     ref(x, *w), torch.bfloat16)
+        assert not ws.counters.any()
+    with pytest.raises(ValueError, match=r"workspace.partials must be contiguous fp32 with >= 576 elements"):
+        run(torch.randn(3, 640).to(torch.bfloat16), *w, block_k=32, split_k=4,
+            workspace=SplitKWorkspace(torch.empty(10), torch.zeros(4, dtype=torch.int32)))
 
 
 @pytest.mark.parametrize("N,K", [(40, 48), (33, 544)])

@@ -259,12 +259,14 @@ def test_quantized_logits_agree_with_bf16(src, fp8_ckpt, nvfp4_ckpt, tmp_path):
 
 
 @pytest.mark.parametrize("which,kernels_used", [
-    ("nvfp4_ckpt", {"nvfp4_linear_triton", "fp8_linear_triton", "silu_mul_quant_fp8_triton"}),
-    ("fp8_ckpt", {"fp8_linear_triton", "rmsnorm_quant_fp8_triton", "silu_mul_quant_fp8_triton",
-                  "quant_fp8_per_token_triton"}),
+    ("nvfp4_ckpt", {"nvfp4_linear_triton", "nvfp4_linear_triton swiglu", "fp8_linear_triton",
+                    "silu_mul_quant_fp8_triton"}),
+    ("fp8_ckpt", {"fp8_linear_triton", "fp8_linear_triton swiglu", "rmsnorm_quant_fp8_triton",
+                  "silu_mul_quant_fp8_triton", "quant_fp8_per_token_triton"}),
 ])
 def test_quantized_engine_on_the_triton_kernels(request, monkeypatch, which, kernels_used):
-    """Every kernel forced to Triton (interpreter): decode projections run the quantized GEMVs, FP8 activations come
+    """Every kernel forced to Triton (interpreter): decode projections run the quantized GEMVs (gate_up with its
+    SwiGLU epilogue, as the bf16 GEMV does), FP8 activations come
     from the fused producers (RMSNorm + residual + quant before an FP8 gate_up, SiLU*mul + quant before an FP8
     down_proj) or the per-token quantizer, and the tokens and logits are those of the torch reference path."""
     import kernels.fp8_quant as fq
@@ -279,7 +281,8 @@ def test_quantized_engine_on_the_triton_kernels(request, monkeypatch, which, ker
     for mod, name in ((ql, "nvfp4_linear_triton"), (ql, "fp8_linear_triton"), (fq, "silu_mul_quant_fp8_triton"),
                       (fq, "rmsnorm_quant_fp8_triton"), (fq, "quant_fp8_per_token_triton")):
         fn = getattr(mod, name)
-        monkeypatch.setattr(mod, name, lambda *a, _fn=fn, _n=name, **k: (calls.append(_n), _fn(*a, **k))[1])
+        monkeypatch.setattr(mod, name, lambda *a, _fn=fn, _n=name, **k: (
+            calls.append(_n + (" swiglu" if k.get("swiglu") else "")), _fn(*a, **k))[1])
     monkeypatch.setenv("OCRIA_FORCE_TRITON", "1")
     got = Engine.from_checkpoint(ckpt, dtype="float32", max_num_seqs=2, num_blocks=32).generate(req)[0]
     assert got.output_token_ids == ref.output_token_ids

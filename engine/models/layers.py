@@ -9,7 +9,8 @@ from torch import nn
 
 from engine import ops
 from engine.models.glue import Glue
-from engine.models.quant_linear import is_quantized, quant_linear, wants_fp8_input
+from engine.models.quant_linear import QuantWeight, is_quantized, leaves, quant_linear, wants_fp8_input
+from engine.quant_config import NVFP4
 
 
 def fused_weight(shard_sizes: list[int], in_features: int, **factory) -> nn.Parameter:
@@ -34,29 +35,33 @@ class DecodeProjections:
     (kernels/small_m_linear), overlapping each one's start with the end of the kernel before (DecodePath.pdl does
     the same for the other decode kernels).
     The norms stay kernels of their own and the SwiGLU is gate_up's epilogue: computed by the GEMV that reads them,
-    as it loads its input, they were slower (kernels/small_m_linear's docstring)."""
+    as it loads its input, they were slower (kernels/small_m_linear's docstring).
+    Quantized weights' GEMVs (kernels/quant_linear) take the same workspace, PDL and SwiGLU epilogue."""
 
     def __init__(self, workspace: ops.SplitKWorkspace | None = None, pdl: bool = False, swiglu_epilogue: bool = False):
         self.workspace, self.swiglu_epilogue = workspace, swiglu_epilogue
         self.launch = dict(workspace=workspace, pdl=True) if pdl else dict(workspace=workspace)
 
     @classmethod
-    def for_model(cls, weights: list[torch.Tensor], pdl: bool = False,
-                  swiglu_epilogue: bool = False) -> DecodeProjections:
-        """Sized for the largest split-K launch among `weights` at MAX_M rows. Disabled (the torch ops) where the
-        kernels would run their torch references anyway (CPU, unless OCRIA_FORCE_TRITON=1)."""
-        weights = [w for w in weights if isinstance(w, torch.Tensor)]  # quantized ones need no split-K workspace
-        w = weights[0]
+    def for_model(cls, weights: list, pdl: bool = False, swiglu_epilogue: bool = False) -> DecodeProjections:
+        """Sized for the largest split-K launch among `weights` (bf16 tensors, quantized weights) at MAX_M rows.
+        Disabled (the torch ops) where the kernels would run their torch references anyway (CPU, unless
+        OCRIA_FORCE_TRITON=1)."""
+        blocks = [b for w in weights for b in leaves(w)]
+        w = next(b for b in blocks if isinstance(b, torch.Tensor))  # the head is never quantized
         if not ops.use_triton(w):
             return cls()
         parts, tiles = 1, 1
-        for wt in weights:
-            N, K = wt.shape
-            d = ops.default_launch(N, K, wt.dtype, wt.device)
-            S = ops.split_ranges(K, d["block_k"], d["split_k"])[1]
-            if S > 1:
-                parts, tiles = max(parts, S * ops.MAX_M * N), max(tiles, -(-N // d["block_n"]))
-        # (linear_silu_mul launches gate_up with the plain launch's tiles and splits: the same workspace fits it)
+        for b in blocks:
+            if isinstance(b, QuantWeight):
+                need = ops.quant_workspace_size(*b.shape, b.data.device, b.kind == NVFP4, ops.MAX_M)
+            else:
+                N, K = b.shape
+                d = ops.default_launch(N, K, b.dtype, b.device)
+                S = ops.split_ranges(K, d["block_k"], d["split_k"])[1]
+                need = (S * ops.MAX_M * N, -(-N // d["block_n"])) if S > 1 else (0, 0)
+            parts, tiles = max(parts, need[0]), max(tiles, need[1])
+        # (the SwiGLU epilogue launches gate_up with the plain launch's tiles and splits: the same workspace fits it)
         return cls(ops.SplitKWorkspace(torch.empty(parts, dtype=torch.float32, device=w.device),
                                    torch.zeros(tiles, dtype=torch.int32, device=w.device)), pdl, swiglu_epilogue)
 
@@ -66,9 +71,9 @@ class DecodeProjections:
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, swiglu: bool = False) -> torch.Tensor:
         """x @ weight.T; swiglu (GEMV only, see mlp): silu(gate) * up of a fused [gate | up] weight's product.
-        Quantized weights (engine/models/quant_linear) pick their own kernels."""
+        Quantized weights (engine/models/quant_linear) pick their own kernels, with this launch."""
         if is_quantized(weight):
-            return quant_linear(x, weight)
+            return quant_linear(x, weight, launch=self.launch, swiglu=swiglu)
         if self.gemv(x.shape[0]):
             return (ops.linear_silu_mul if swiglu else ops.small_m_linear)(x, weight, **self.launch)
         return F.linear(x, weight)
@@ -77,13 +82,16 @@ class DecodeProjections:
         """down(silu(gate) * up) of a SwiGLU MLP with a fused [gate | up] weight. Quantized weights: x may come
         quantized already (x_fp8 = (q, scale) from the norm, x None, out_dtype given) for an FP8 W8A8 gate_up, and an
         FP8 W8A8 down_proj gets its input from the SwiGLU kernel that also quantizes it (kernels/fp8_quant)."""
+        fused = self.swiglu_epilogue and x is not None and self.gemv(x.shape[0])
+        if fused and isinstance(gate_up_weight, QuantWeight):  # the quantized GEMV's own SwiGLU epilogue
+            return self.linear(self.linear(x, gate_up_weight, swiglu=True), down_weight)
         if is_quantized(gate_up_weight) or is_quantized(down_weight):
-            gate_up = quant_linear(x, gate_up_weight, x_fp8, out_dtype) if is_quantized(gate_up_weight) else \
-                self.linear(x, gate_up_weight)
+            gate_up = quant_linear(x, gate_up_weight, x_fp8, out_dtype, launch=self.launch) \
+                if is_quantized(gate_up_weight) else self.linear(x, gate_up_weight)
             if wants_fp8_input(down_weight, gate_up.shape[0]):
                 return quant_linear(None, down_weight, ops.silu_mul_quant_fp8(gate_up), out_dtype=gate_up.dtype)
             return self.linear(ops.silu_mul(gate_up), down_weight)
-        if self.swiglu_epilogue and self.gemv(x.shape[0]):
+        if fused:
             return self.linear(self.linear(x, gate_up_weight, swiglu=True), down_weight)
         return self.linear(ops.silu_mul(self.linear(x, gate_up_weight)), down_weight)
 

@@ -6,7 +6,8 @@ A projection module's `.weight` is normally a bf16 [N, K] parameter; in a quanti
   * SplitWeight: row blocks of different kinds, e.g. the GDN in_proj [qkv | z | b | a] with qkv and z in FP8 and the
     small b and a (gates) in bf16; the product is the blocks' products side by side.
 quant_linear(x, weight) runs one: decode-sized inputs through the in-register-dequantizing GEMVs (kernels/quant_linear;
-FP8 W8A16 up to FP8_GEMV_MAX_M rows, NVFP4 up to NVFP4_GEMV_MAX_M), larger ones through torch._scaled_mm (FP8 W8A8,
+FP8 W8A16 up to FP8_GEMV_MAX_M rows, NVFP4 up to NVFP4_GEMV_MAX_M; with the bf16 GEMVs' split-K workspace, PDL and
+SwiGLU epilogue), larger ones through torch._scaled_mm (FP8 W8A8,
 activations quantized per token by kernels/fp8_quant or already by a fused producer: x_fp8) or a dequantize-then-GEMM
 (NVFP4); on CPU the torch references of the same products.
 """
@@ -93,11 +94,22 @@ def is_quantized(weight) -> bool:
     return isinstance(weight, (QuantWeight, SplitWeight))
 
 
+def leaves(weight) -> list:
+    """What a projection weight multiplies by, block by block: a bf16 tensor or QuantWeight as it is, a SplitWeight's
+    parts (a PlainWeight as its tensor)."""
+    if isinstance(weight, SplitWeight):
+        return [p.weight if isinstance(p, PlainWeight) else p for p in weight.parts]
+    return [weight]
+
+
 def quant_linear(x: torch.Tensor | None, weight, x_fp8: tuple[torch.Tensor, torch.Tensor] | None = None,
-                 out_dtype: torch.dtype | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+                 out_dtype: torch.dtype | None = None, out: torch.Tensor | None = None, swiglu: bool = False,
+                 launch: dict | None = None) -> torch.Tensor:
     """x [M, K] @ weight.T -> [M, N] in x's dtype (or out_dtype). x_fp8: (q, scale) of x quantized per token already
     by a fused producer (kernels/fp8_quant); x may then be None, when wants_fp8_input(weight, M). out: where the
-    GEMVs write (a column block of a SplitWeight's output)."""
+    GEMVs write (a column block of a SplitWeight's output). swiglu: silu(gate) * up of a fused [gate | up] weight,
+    [M, N/2]: the GEMV's epilogue where a QuantWeight's GEMV serves the rows, else kernels/silu_mul after.
+    launch: the GEMVs' shared launch options (engine/models/layers.DecodeProjections: split-K workspace, PDL)."""
     if x is None:
         if x_fp8 is None or out_dtype is None or not wants_fp8_input(weight, x_fp8[0].shape[0]):
             raise ValueError("quant_linear without x needs x_fp8, out_dtype and a weight that takes FP8 input")
@@ -105,27 +117,38 @@ def quant_linear(x: torch.Tensor | None, weight, x_fp8: tuple[torch.Tensor, torc
     else:
         out_dtype, rows = x.dtype, x.shape[0]
     gemv = x is not None and ops.use_triton(x) and rows <= ops.MAX_M
+    launch = launch if gemv and launch else {}
+    if swiglu and not (isinstance(weight, QuantWeight) and gemv and rows <= gemv_rows(weight)):
+        return ops.silu_mul(quant_linear(x, weight, x_fp8, out_dtype, launch=launch))
     if isinstance(weight, SplitWeight):
         if not gemv:
             return torch.cat([quant_linear(x, p, x_fp8, out_dtype) for p in weight.parts], dim=-1)
         y = torch.empty(rows, weight.shape[0], dtype=out_dtype, device=x.device) if out is None else out
         col = 0
         for p in weight.parts:  # each GEMV writes its column block: no concatenation
-            quant_linear(x, p, out=y[:, col:col + p.shape[0]])
+            quant_linear(x, p, out=y[:, col:col + p.shape[0]], launch=launch)
             col += p.shape[0]
         return y
     if isinstance(weight, PlainWeight):
         if gemv:
-            return ops.small_m_linear(x, weight.weight, out=out)
+            return ops.small_m_linear(x, weight.weight, out=out, **launch)
         return torch.nn.functional.linear(x, weight.weight)
+    if rows <= gemv_rows(weight):  # W8A16 / W4A16 GEMV (see kernels/quant_linear)
+        run = ops.nvfp4_linear if weight.kind == NVFP4 else ops.fp8_linear
+        scales = (weight.block_scale, weight.row_scale) if weight.kind == NVFP4 else (weight.row_scale,)
+        return run(x, weight.data, *scales, out=out, swiglu=swiglu, **launch)
     if weight.kind == NVFP4:
-        if rows <= ops.NVFP4_GEMV_MAX_M:
-            return ops.nvfp4_linear(x, weight.data, weight.block_scale, weight.row_scale, out=out)
         return ops.nvfp4_matmul(x, weight.data, weight.block_scale, weight.row_scale)
-    if not weight.act_fp8 or rows <= ops.FP8_GEMV_MAX_M:  # W8A16 (see kernels/quant_linear)
-        return ops.fp8_linear(x, weight.data, weight.row_scale, out=out)
     xq, xs = x_fp8 if x_fp8 is not None else ops.quant_fp8_per_token(x)
     return ops.fp8_matmul(xq, xs, weight.data, weight.row_scale, out_dtype)
+
+
+def gemv_rows(weight: QuantWeight) -> int:
+    """Rows up to which a QuantWeight's product runs on its GEMV: NVFP4's bound, FP8 W8A8's, any for FP8 W8A16
+    (kernels/quant_linear.fp8_linear falls back to its reference past the bound)."""
+    if weight.kind == NVFP4:
+        return ops.NVFP4_GEMV_MAX_M
+    return ops.FP8_GEMV_MAX_M if weight.act_fp8 else 1 << 62
 
 
 def wants_fp8_input(weight, rows: int) -> bool:
