@@ -10,7 +10,8 @@
   * `gemv`: each decode projection shape alone at 1-64 rows, default launches (bench/quant_gemv_bench.measure: CUDA
     graphs, weights rotated out of L2; bf16 small_m_linear and cuBLAS, FP8 ours and torch._scaled_mm, NVFP4 ours);
   * `quality`: each quantized engine against its dequantized twin (the same quantized weights expanded to bf16:
-    differences are our kernels' and FP8 activation quantization's) and against the original bf16 weights.
+    differences are our kernels' and FP8 activation quantization's), the same weights run weight-only against the
+    twin (our kernels' rounding alone: a kernel bug shows here), and each against the original bf16 weights.
 The quantized engines are built from the bf16 weights by engine.quantize.quantize_tensors with the built-in recipes
 (engine/quantize.py BUILTIN_RECIPES: fp8 = every projection FP8 W8A8 but the GDN gates, run W8A16 by the decode
 GEMVs up to 16 rows; nvfp4 = NVFP4, down_proj FP8),
@@ -58,14 +59,17 @@ def weight_bytes(model) -> int:
     return params + quant + model.head_weight.numel() * model.head_weight.element_size()
 
 
-def build_engine(precision: str, hf_raw: dict, sd: dict, device, dtype, opts: dict, twin: bool = False) -> Engine:
+def build_engine(precision: str, hf_raw: dict, sd: dict, device, dtype, opts: dict, twin: bool = False,
+                 weight_only: bool = False) -> Engine:
     """The engine on `precision` weights quantized from `sd`; twin: on those quantized weights dequantized back to
-    `dtype` (plain projections), the reference that tells our kernels' error from quantization's."""
+    `dtype` (plain projections), the reference that tells our kernels' error from quantization's; weight_only: the
+    same weights with no FP8 activations anywhere (W8A16 / W4A16 prefill too), so that against the twin only our
+    kernels' rounding differs."""
     if precision == "bf16":
         return Engine(parse_config(hf_raw), sd.items(), device=device, dtype=dtype, options=EngineOptions(**opts))
     cfg = parse_config(hf_raw)
     plan, act_fp8 = builtin_plan(cfg, precision)
-    tensors, qc, _ = quantize_tensors(cfg, sd, plan, act_fp8=act_fp8)
+    tensors, qc, _ = quantize_tensors(cfg, sd, plan, act_fp8=act_fp8 and not weight_only)
     if twin:
         tensors = dequantize_tensors(tensors, qc, dtype)
         return Engine(cfg, tensors.items(), device=device, dtype=dtype, options=EngineOptions(**opts))
@@ -199,6 +203,10 @@ def main(argv=None) -> int:
             twin = build_engine(precision, hf_raw, sd, device, dtype, opts, twin=True)
             twin_pages = page_outputs(twin, args, cfg)
             del twin
+            wo = build_engine(precision, hf_raw, sd, device, dtype, opts, weight_only=True)
+            result["quality"].append(quality_row(f"{precision} weight-only", "dequantized twin",
+                                                 page_outputs(wo, args, cfg), twin_pages))
+            del wo
             gc.collect()
         engine = build_engine(precision, hf_raw, sd, device, dtype, opts)
         pages = page_outputs(engine, args, cfg)
