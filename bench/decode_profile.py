@@ -50,7 +50,7 @@ from engine.sequence import SeqStatus  # noqa: E402
 from bench import engine_bench as eb  # noqa: E402
 
 SCOPE = "prof::"  # prefix of our profiler ranges
-GEMM_OPS = {"aten::mm", "aten::addmm", "aten::linear", "aten::matmul"}
+GEMM_OPS = {"aten::mm", "aten::addmm", "aten::linear", "aten::matmul", "aten::_scaled_mm"}
 GEMM_NAME = re.compile(r"gemm|gemv|nvjet|cutlass|xmma|splitkreduce|cublas|small_m_linear", re.IGNORECASE)  # cuBLAS(Lt), ours
 # CPU fallback only: aten ops doing no work of their own (views, allocations, no-op casts); GEMM ops stand for their
 # kernel there (their children are bookkeeping)

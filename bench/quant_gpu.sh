@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# #59's GPU measurements in one device call (carried wheels, if any, installed by bench/device_env.sh): the decode step profiled per precision, the
-# small-M quantized GEMV sweep, then (PARTS has "bench") the quantized decode benchmark. Results under $1 (default $OUT).
-#   PARTS="profile gemv bench" bash bench/quant_gpu.sh $OUT
+# #59's GPU measurements in one device call (carried wheels, if any, installed by bench/device_env.sh; carry
+# .whl/bench for fla): the decode step profiled per precision, the small-M quantized GEMV sweep, (PARTS has "bench")
+# the quantized decode benchmark, (PARTS has "prefill") where a page-load prefill goes per variant, bf16 and FP8.
+# Results under $1 (default $OUT). One part takes 1-4 minutes of a 10-minute call.
+#   PARTS="profile gemv bench prefill" bash bench/quant_gpu.sh $OUT
 set -uo pipefail
 out=${1:-$OUT}; PARTS=${PARTS:-profile gemv}
 source bench/device_env.sh
@@ -13,4 +15,7 @@ gpu=$(python3 -c "import torch; n=torch.cuda.get_device_name(); print('h200' if 
   ${GEMV_FLAGS:-} --out "$out/${gpu}_quant_gemv.json"
 [[ " $PARTS " == *" bench "* ]] && step ${BENCH_S:-400} python3 bench/quantized_decode_bench.py \
   --batch-sizes ${BATCHES:-1,8,32,64,128,256} ${BENCH_FLAGS:-} --out "$out/${gpu}_quantized_decode.json"
-rm -rf "$out/prof"
+[[ " $PARTS " == *" prefill "* ]] && TAIL=50 step ${PREFILL_S:-200} python3 bench/prefill_profile.py \
+  --variants ${PREFILL_VARIANTS:-default,fp8} --pages ${PREFILL_PAGES:-16} --out "$out/pp" \
+  && cp "$out/pp/prefill_profile.json" "$out/${gpu}_prefill_profile.json"
+rm -rf "$out/prof" "$out/pp"

@@ -122,3 +122,19 @@ def test_tiny_cpu_profile_of_speculative_steps(tmp_path):
     # the LM head runs twice a step: in the verify pass over batch x block rows, and in the draft pass over the
     # block's block - 1 masked positions a sequence
     assert {g["M"] for g in r["gemms"] if g["weight"] == "lm_head" and g["scope"] == "norm+head"} == {2 * 4, 2 * 3}
+
+
+@pytest.mark.timeout(300)
+def test_tiny_cpu_prefill_profile_attributes_the_vision_tower_and_layers(tmp_path):
+    """bench/prefill_profile.py on the tiny model: page prefills timed, their kernels split by scope (the vision tower,
+    both layer kinds, the head) and GEMM shape; the scopes add up to the kernel total."""
+    prof = load_bench("prefill_profile")
+    assert prof.main(["--tiny", "--device", "cpu", "--pages", "2", "--repeats", "1", "--variants", "default",
+                      "--out", str(tmp_path)]) == 0
+    (r,) = json.loads((tmp_path / "prefill_profile.json").read_text())["runs"]
+    assert r["variant"] == "default" and r["pages"] == 2 and r["ms_per_page"] > 0 and r["tokens_per_s"] > 0
+    assert r["prompt_tokens"] == 2 * (16 + 18)  # 16 merged image tokens + 18 of scaffolding a page
+    assert {"vision", "linear_attention", "full_attention", "norm+head"} <= set(r["scopes"])
+    assert sum(s["ms"] for s in r["scopes"].values()) == pytest.approx(r["kernel_sum_ms"], rel=1e-6)
+    assert 0 < r["gemm_share"] <= 1 and r["gemm_TFLOP"] > 0
+    assert any(g["scope"] == "vision" and g["M"] == 2 * 4 * 16 for g in r["gemms"])  # 4 patches a merged token
