@@ -37,7 +37,7 @@ from kernels._common import (
     cast_rtne, cdiv, check, next_pow2, output, pdl_enter, pdl_launch, require_last_dim_contiguous, sm_count, use_triton)
 from kernels.silu_mul import silu_mul_ref
 from kernels.small_m_linear import (
-    MAX_SPLIT_K, _finish_tile, _prefetch_weight_lines, pick_split_k, split_ranges, workspace_checked)
+    MAX_SPLIT_K, _finish_tile, _prefetch_weight_lines, _tile_rows, pick_split_k, split_ranges, workspace_checked)
 
 MAX_M = 64  # rows of x one program multiplies (its MMA's N side); more rows take more programs along the grid's m axis
 # Rows up to which the GEMV serves (more: the GEMMs of fp8_matmul / nvfp4_matmul). FP8 hands over to the FP8 tensor
@@ -214,17 +214,7 @@ def _quant_gemv_kernel(
     pid_k = tl.program_id(2)
     k_lo = pid_k * K_PER_SPLIT
     k_hi = tl.minimum(K, k_lo + K_PER_SPLIT)
-    if SWIGLU:
-        HALF_N: tl.constexpr = BLOCK_N // 2
-        r = tl.arange(0, BLOCK_N)
-        out_cols = pid_n * HALF_N + r % HALF_N
-        offs_n = tl.where(r < HALF_N, out_cols, N + out_cols)  # weight rows (and split-K partial columns)
-        mask_n = out_cols < N
-        W_ROWS = 2 * N
-    else:
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < N
-        W_ROWS = N
+    offs_n, mask_n, W_ROWS = _tile_rows(pid_n, N, BLOCK_N, SWIGLU)
     offs_m = pid_m * M_PAD + tl.arange(0, M_PAD)
     mask_m = offs_m < M
     offs_k = tl.arange(0, BLOCK_K)

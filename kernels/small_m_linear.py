@@ -156,17 +156,7 @@ def _small_m_linear_kernel(
     [gate | up]; tile row r < BLOCK_N/2 is gate row j, the others up row N + j (j = the output column)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
-    if SWIGLU:
-        HALF: tl.constexpr = BLOCK_N // 2
-        r = tl.arange(0, BLOCK_N)
-        out_cols = pid_n * HALF + r % HALF
-        offs_n = tl.where(r < HALF, out_cols, N + out_cols)  # weight rows (and split-K partial columns, 2N wide)
-        mask_n = out_cols < N
-        W_ROWS = 2 * N
-    else:
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < N
-        W_ROWS = N
+    offs_n, mask_n, W_ROWS = _tile_rows(pid_n, N, BLOCK_N, SWIGLU)
     offs_m = tl.arange(0, M_PAD)
     offs_k = tl.arange(0, BLOCK_K)
     mask_m = offs_m < M
@@ -198,6 +188,20 @@ def _small_m_linear_kernel(
 
     _finish_tile(res, out_ptr, part_ptr, count_ptr, pid_n, pid_k, tl.num_programs(1), offs_m, offs_n, mask_m, mask_n,
                  M, N, W_ROWS, pid_n, som, BLOCK_N, SPLIT, SWIGLU)
+
+
+@triton.jit
+def _tile_rows(pid_n, N, BLOCK_N: tl.constexpr, SWIGLU: tl.constexpr):
+    """(weight rows of N tile pid_n, their mask, the weight's rows). SWIGLU: N output columns of a [gate | up] weight
+    of 2N rows; tile row r < BLOCK_N/2 is gate row j, the others up row N + j (j = the output column)."""
+    if SWIGLU:
+        HALF: tl.constexpr = BLOCK_N // 2
+        r = tl.arange(0, BLOCK_N)
+        out_cols = pid_n * HALF + r % HALF
+        offs_n = tl.where(r < HALF, out_cols, N + out_cols)  # weight rows (and split-K partial columns, 2N wide)
+        return offs_n, out_cols < N, 2 * N
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    return offs_n, offs_n < N, N
 
 
 @triton.jit
