@@ -8,7 +8,8 @@
 #    block_images; the PyMuPDF wheel carried in .whl/gen): the target answers them (the engine's normal path), its
 #    taps come from packed teacher-forced prefills, the drafter learns its answers for TRAIN_S seconds;
 #    COLLECT_BENCH=DIR first times that collection against the eager one on DIR's block images
-#    (bench/drafter_collect_bench.py -> OUT/collect_bench.json);
+#    (bench/drafter_collect_bench.py -> OUT/collect_bench.json, rewritten after each phase), within
+#    COLLECT_BENCH_TIMEOUT (120 s): it bounds itself 20 s inside it (--seconds: no eager batch starts after it);
 # 3. bench/drafter_tau.py: tau at block 16 and 8 (TAU_BLOCKS) on the held-out synthetic blocks and the corpus blocks
 #    made here (research/ocria_tiny/drafter_pages.py --split heldout; bench/drafter_block_pages.py), answers checked
 #    against plain decoding.
@@ -22,13 +23,16 @@
 # the largest size's pages as 1 does, the target answers them once, then per size a drafter with 1's flags learns the
 # answers to the first N pages for SCALING_S seconds and its tau is measured as 3 measures it (TAU_BLOCKS, plain
 # decoding checked) -> OUT/drafter_scaling.json (+ .png; drafters in OUT/drafter_scaling/pages_N), with
-# collection_speedup from COLLECT_BENCH's collect_bench.json when it ran. SCALING_FLAGS: more drafter_scaling.py flags
+# collection_speedup from COLLECT_BENCH's collect_bench.json when it ran, and under `collection` where the collection's
+# time went (the start until the first answers, the steady images/s and ms an image waiting for pages, preprocessing,
+# answering, tapping and other host work; the renderers' capacity; echoed at each size's line too).
+# SCALING_FLAGS: more drafter_scaling.py flags
 # (e.g. "--set dflash2=true --set distill=0.5"; TRAIN_FLAGS are not passed). Sizes whose answers would not fit its
 # memory budget are dropped (its docstring: ~2.7 MB a page in bf16). Rows are written as measured, so a timeout
 # keeps the sizes done. E.g., inside one 600 s device call (carry .drafter .whl/gen; ~22 block images/s collected
 # on an H100, ~3.5 a page, so 1,200 pages ~190 s, then 4 x 25 s of training and the tau reads):
-#   SCALING="200 400 800 1200" SCALING_S=25 COLLECT_BENCH=.drafter/heldout COLLECT_BENCH_TIMEOUT=60 \
-#     SCALING_TIMEOUT=470 bash bench/drafter_h200.sh $OUT
+#   SCALING="200 400 800 1200" SCALING_S=25 COLLECT_BENCH=.drafter/heldout COLLECT_BENCH_TIMEOUT=90 \
+#     SCALING_TIMEOUT=440 bash bench/drafter_h200.sh $OUT
 set -euo pipefail
 OUT=${1:?usage: drafter_h200.sh OUT}
 DEVICE=${DEVICE:-cuda} DTYPE=${DTYPE:-bfloat16} PAGES=${PAGES:-700} TRAIN_S=${TRAIN_S:-120} WORKERS=${WORKERS:-12}
@@ -41,9 +45,11 @@ $PY -c "import torch, pymupdf; print('torch', torch.__version__, 'pymupdf', pymu
       torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu')"
 t0=$(date +%s)
 if [ -n "${COLLECT_BENCH:-}" ]; then
-  timeout "${COLLECT_BENCH_TIMEOUT:-600}" $PY bench/drafter_collect_bench.py --checkpoint models/ocria-tiny \
+  COLLECT_BENCH_TIMEOUT=${COLLECT_BENCH_TIMEOUT:-120}
+  timeout "$COLLECT_BENCH_TIMEOUT" $PY bench/drafter_collect_bench.py --checkpoint models/ocria-tiny \
     --pages "$COLLECT_BENCH" --device "$DEVICE" --dtype "$DTYPE" --batch "$COLLECT" --max-tokens "$MAX_TOKENS" \
-    --num-taps "$TAPS" --kv-cache-memory-gb 8 --out "$OUT/collect_bench.json" || echo "collect bench stopped (rc $?)"
+    --num-taps "$TAPS" --kv-cache-memory-gb 8 --seconds $((COLLECT_BENCH_TIMEOUT > 40 ? COLLECT_BENCH_TIMEOUT - 20 : \
+    COLLECT_BENCH_TIMEOUT / 2)) --out "$OUT/collect_bench.json" || echo "collect bench stopped (rc $?)"
 fi
 t1=$(date +%s)
 if [ -n "${SCALING:-}" ]; then
@@ -67,6 +73,7 @@ r = json.load(open(sys.argv[1]))
 print(f"collection: {r.get('collection_pages')} pages, {r.get('collection_images')} block images in "
       f"{r.get('collection_s')} s ({r.get('collection_pages_per_s')} pages/s; speedup over the eager collection "
       f"{r.get('collection_speedup')}); dropped {r.get('dropped')}")
+print(f"collection time: {(r.get('collection') or {}).get('line')}")
 print(f"{'pages':>7} {'answers':>8} {'steps':>6} {'split':8} {'block':>5} {'tau':>6} identical")
 for x in r["rows"]:
     print(f"{x['pages']:7d} {x['answers']:8d} {x['steps']:6d} {x['split']:8} {x['block_size']:5d} {x['tau']:6.2f} "

@@ -26,7 +26,10 @@ project each size before its pages are read, and the sizes beyond the budget are
 first group of pages and, if it does not fit, the run stops there, saying so.
 
 Time: at ~22 block images/s (H100, bench/results/h100_drafter_dflash2_tau_e.json) 1,000 pages take ~160 s to
-collect, 50 k ~2.2 h: one 600 s device call holds ~2 k pages beside the training and tau reads.
+collect, 50 k ~2.2 h: one 600 s device call holds ~2 k pages beside the training and tau reads. Where that time
+goes is the JSON's `collection` (engine/drafter_training.collection_summary, rewritten after each size and echoed on
+its line): the start until the first answers, the steady images/s after the first group, the seconds and ms an image
+spent waiting for drawn pages, preprocessing, answering, tapping and in other host work, and the renderers' capacity.
 """
 from __future__ import annotations
 
@@ -43,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import harness  # noqa: E402
 from bench.drafter_tau import load_page_sets, plain_reads, tau_rows  # noqa: E402
-from engine.drafter_training import Example, collect_groups  # noqa: E402
+from engine.drafter_training import Example, collect_groups, collection_summary  # noqa: E402
 from engine.llm_engine import Engine  # noqa: E402
 from engine.models.dflash import build_target_layer_ids  # noqa: E402
 from engine.options import DecodeTuning  # noqa: E402
@@ -78,14 +81,15 @@ def parse_ints(text: str) -> list[int]:
 
 
 def page_lists(cfg: TrainDrafterConfig, most: int):
-    """The source's pages in order, each as its list of images: a --pages folder or Parquet gives one image a page;
-    drawn pages come from worker processes (drawn_pages) while the target reads the ones drawn before."""
+    """The source's pages in order, each as its list of images (an iterable): a --pages folder or Parquet gives one
+    image a page; drawn pages come from worker processes (drawn_pages, a RenderedPages with its stats) while the
+    target reads the ones drawn before."""
     if cfg.pages is not None:
         images = load_pages(cfg.pages)
         if len(images) < most:
             raise click.UsageError(f"--pages {cfg.pages}: {len(images)} images, fewer than the largest size {most}")
-        return iter([im] for im in images[:most])
-    return iter(drawn_pages(cfg, most))
+        return [[im] for im in images[:most]]
+    return drawn_pages(cfg, most)
 
 
 def plot(result: dict, png: Path) -> bool:
@@ -189,11 +193,12 @@ def main(checkpoint, pages, render, render_args, render_first, render_workers, s
     }
     if collect_bench:
         bench = json.loads(Path(collect_bench).read_text())
-        # its speedup is the eager collection's seconds over the collection's, on the same images in that run
-        result["collection_speedup"] = bench["speedup"]
-        result["collection_bench"] = {k: bench.get(k) for k in ("device", "images", "batch", "eager_images_per_s",
-                                                                "collect_images_per_s", "answers_identical",
-                                                                "answers_compared")}
+        # its speedup: the eager collection's seconds over the collection's on the same images in that run, or
+        # their rates' ratio where its --seconds stopped the eager one early; none where it stopped before that
+        result["collection_speedup"] = bench.get("speedup")
+        result["collection_bench"] = {k: bench.get(k) for k in (
+            "device", "complete", "images", "batch", "eager_images", "eager_images_per_s", "collect_images_per_s",
+            "speedup_basis", "collect_ms_per_image", "phases_s", "answers_identical", "answers_compared")}
 
     def write():
         results.write(result)
@@ -208,7 +213,13 @@ def main(checkpoint, pages, render, render_args, render_first, render_workers, s
     examples, bounds, used, dropped = [], [], 0, {}  # bounds: per size kept, (pages, answers, block images)
     read = {"pages": 0, "images": 0}
     timings: dict = {}
-    source = page_lists(base, sizes[-1])
+    pages_in = page_lists(base, sizes[-1])
+    source = iter(pages_in)
+
+    def summarize():  # where the collection's time went so far (engine/drafter_training.collection_summary)
+        result["collection"] = collection_summary(timings, result["target_load_s"], getattr(pages_in, "stats", None))
+        result["collection_timings"] = {k: v for k, v in timings.items() if k != "groups"}
+        return result["collection"]
 
     def take(n):  # the next n pages' images, counting the pages started
         for images in itertools.islice(source, n):
@@ -253,7 +264,8 @@ def main(checkpoint, pages, render, render_args, render_first, render_workers, s
             read["images"] += images
             bounds.append((n, len(examples), read["images"]))
             click.echo(f"collected the answers to {n} pages ({read['images']} images, {len(examples)} answers, "
-                       f"{used / 2**30:.2f} GB) at {time.perf_counter() - t1:.0f} s")
+                       f"{used / 2**30:.2f} GB) at {time.perf_counter() - t1:.0f} s: {summarize()['line']}")
+            write()  # a run stopped later keeps the collection's breakdown so far
     finally:
         if hasattr(source, "close"):  # drawn pages: the renderers end here
             source.close()
@@ -267,10 +279,12 @@ def main(checkpoint, pages, render, render_args, render_first, render_workers, s
                   collection_pages_per_s=round(read["pages"] / collection_s, 3),
                   collection_images_per_s=round(read["images"] / collection_s, 3),
                   collection_gb=round(used / 2**30, 2), collection_mb_per_page=round(used / read["pages"] / 2**20, 3),
-                  collection_timings=timings, dropped=dropped)
+                  dropped=dropped)
+    summarize()
     write()
     click.echo(f"collection: {read['pages']} pages, {read['images']} images, {len(examples)} answers in "
-               f"{collection_s:.0f} s ({result['collection_pages_per_s']} pages/s), {used / 2**30:.2f} GB")
+               f"{collection_s:.0f} s ({result['collection_pages_per_s']} pages/s), {used / 2**30:.2f} GB: "
+               f"{result['collection']['line']}")
     plain = plain_reads(checkpoint, tau_sets, device, dtype)[1] if check_plain else None
     png = out.with_suffix(".png")
     for n, answers, images in bounds:
@@ -278,7 +292,7 @@ def main(checkpoint, pages, render, render_args, render_first, render_workers, s
         # only the target's embedding and LM head are used when the answers are given: a small KV cache will do
         cfg = base.model_copy(update=dict(out=str(drafters / f"pages_{n}"), kv_cache_memory_gb=1.0
                                           if torch.device(device).type == "cuda" else base.kv_cache_memory_gb))
-        log = train(cfg, echo=click.echo, collected=subset)
+        log = train(cfg, echo=click.echo, collected=subset, collected_pages=n)
         losses = log["losses"]
         size = dict(pages=n, answers=len(subset), train_answers=log["answers"], block_images=images,
                     answer_tokens=sum(len(e.ids) - e.prompt_len for e in subset), train_seconds=log["train_seconds"],

@@ -43,8 +43,10 @@ def collect(engine: Engine, images: list[np.ndarray], layer_ids, prompt: str, ma
        distribution at each answer token from the same prefill, its top soft_top_k probabilities renormalised
        (Example.soft; the forward then runs every layer and the LM head on the answer rows).
 
-    timings: receives the seconds spent preprocessing, answering and tapping, and the answering's prefill and decode
-    steps with their host launch, device and waiting seconds."""
+    timings: receives the seconds spent preprocessing, answering (generate) and tapping (taps_s: taps_host_s
+    launching the packed prefills, taps_wait_s waiting for the device after), the host work after (host_s), the
+    answering's prefill and decode steps with their host launch, device and waiting seconds, and the taps' steps and
+    tokens. On CUDA the one sync added is after the taps (the caller's next step would wait there anyway)."""
     t0 = time.perf_counter()
     inputs = [engine.processor.page_inputs(image, prompt, compact=True) for image in images]
     t1 = time.perf_counter()
@@ -56,56 +58,154 @@ def collect(engine: Engine, images: list[np.ndarray], layer_ids, prompt: str, ma
                                    for n, (ids, pixels, grids) in enumerate(inputs)])
     finally:
         engine.record_steps, (steps_run, engine.step_log) = recording, (engine.step_log, log)
-    t2 = time.perf_counter()
+    t2 = time.perf_counter()  # generate returns once every answer's tokens are on the host: the device is done
     kept = []
     for n, o in enumerate(answers):
         if o.finish_reason == "error":
             raise RuntimeError(f"page {n}: {o.error}")
         if len(o.output_token_ids) >= 2:  # the last answer token is never fed: one token leaves nothing to learn
             kept.append((o.prompt_token_ids + o.output_token_ids, len(o.prompt_token_ids), inputs[n]))
+    tap_stats = {} if timings is not None else None
+    t3 = time.perf_counter()
     taps = prefill_taps(engine, [dict(token_ids=ids[:-1], pixel_values=pixels, image_grids=grids,
                                       soft_from=prompt_len - 1) for ids, prompt_len, (_, pixels, grids) in kept],
-                        layer_ids, token_budget=tap_tokens, soft_top_k=soft_top_k)
+                        layer_ids, token_budget=tap_tokens, soft_top_k=soft_top_k, stats=tap_stats)
+    t4 = time.perf_counter()
+    if timings is not None and engine.device.type == "cuda":
+        torch.cuda.synchronize(engine.device)
+    t5 = time.perf_counter()
+    out = [Example(ids, prompt_len, t.taps, t.soft) for (ids, prompt_len, _), t in zip(kept, taps)]
     if timings is not None:  # where collecting went: the answers' steps of each kind, their launch and device seconds
-        if engine.device.type == "cuda":
-            torch.cuda.synchronize(engine.device)
-        timings.update(preprocess_s=round(t1 - t0, 1), generate_s=round(t2 - t1, 1),
-                       taps_s=round(time.perf_counter() - t2, 1))
+        timings.update(images=len(images), answers=len(out), preprocess_s=round(t1 - t0, 3),
+                       generate_s=round(t2 - t1, 3), taps_s=round(t5 - t3, 3), taps_host_s=round(t4 - t3, 3),
+                       taps_wait_s=round(t5 - t4, 3), taps_steps=tap_stats.get("steps", 0),
+                       taps_tokens=tap_stats.get("tokens", 0),
+                       host_s=round((t3 - t2) + (time.perf_counter() - t5), 3))
         for kind, prefill in (("prefill", True), ("decode", False)):
             steps = [r for r in steps_run if r.is_prefill == prefill]
             timings.update({f"{kind}_steps": len(steps),
-                            f"{kind}_launch_s": round(sum(r.t_launched - r.t_start for r in steps), 1),
-                            f"{kind}_device_s": round(sum(r.device_s for r in steps), 1),
-                            f"{kind}_wait_s": round(sum(r.wait_s for r in steps), 1)})
-    return [Example(ids, prompt_len, t.taps, t.soft) for (ids, prompt_len, _), t in zip(kept, taps)]
+                            f"{kind}_launch_s": round(sum(r.t_launched - r.t_start for r in steps), 3),
+                            f"{kind}_device_s": round(sum(r.device_s for r in steps), 3),
+                            f"{kind}_wait_s": round(sum(r.wait_s for r in steps), 3)})
+    return out
+
+
+# the parts of a collection group's wall time (collect_groups' group records): they add up to its total_s
+PARTS = ("pages_wait_s", "preprocess_s", "generate_s", "taps_s", "other_s")
 
 
 def collect_groups(engine: Engine, images, group: int, layer_ids, prompt: str, max_tokens: int, soft_top_k: int = 0,
                    tap_tokens: int | None = None, timings: dict | None = None,
                    on_group=None) -> tuple[list[Example], int]:
     """collect() over the `images` iterator, `group` pages at a time (a drawn source renders the next group's pages
-    meanwhile) -> (the examples, the pages read). timings: collect's, summed over the groups, and pages_wait_s: the
-    seconds spent waiting for pages (drawn ones not yet drawn; files are all read before). on_group(examples, pages):
-    called after each group with the examples and pages so far, e.g. to stop a collection that will not fit in memory
-    by raising before the rest is read."""
-    examples, pages, waited = [], 0, 0.0
+    meanwhile) -> (the examples, the pages read). timings: collect's, summed over the groups (added to what is there,
+    so several calls can share one dict), pages_wait_s: the seconds spent waiting for pages (drawn ones not yet
+    drawn; files are all read before), and `groups`: a record per group of its images, its wall seconds (total_s)
+    and their PARTS, other_s being what the rest leave (collect's host work after the answers, on_group, this
+    loop); collection_summary reads them. on_group(examples, pages): called after each group with the examples and
+    pages so far, e.g. to stop a collection that will not fit in memory by raising before the rest is read."""
+    examples, pages = [], 0
     while True:
         t = time.perf_counter()
         part = list(itertools.islice(images, group))
-        waited += time.perf_counter() - t
+        waited = time.perf_counter() - t
+        if timings is not None:
+            timings["pages_wait_s"] = round(timings.get("pages_wait_s", 0) + waited, 3)
         if not part:
             break
         part_timings = {} if timings is not None else None
         examples += collect(engine, part, layer_ids, prompt, max_tokens, soft_top_k, part_timings, tap_tokens)
         pages += len(part)
-        for k, v in (part_timings or {}).items():
-            timings[k] = round(timings.get(k, 0) + v, 1)
         if on_group is not None:
             on_group(examples, pages)
-    if timings is not None:
-        timings["pages_wait_s"] = round(waited, 1)
+        if timings is not None:
+            for k, v in part_timings.items():
+                timings[k] = round(timings.get(k, 0) + v, 3)
+            record = dict(part_timings, pages_wait_s=round(waited, 3), total_s=round(time.perf_counter() - t, 3))
+            record["other_s"] = round(max(0.0, record["total_s"] - sum(record.get(k, 0) for k in PARTS)), 3)
+            timings.setdefault("groups", []).append(record)
     return examples, pages
 
+
+def collection_summary(timings: dict, target_load_s: float | None = None, render: dict | None = None) -> dict:
+    """Where a collection's time went, from collect_groups' timings: its images and wall seconds, their PARTS; the
+    start (until the first group's answers: its pages' wait, which holds the renderers' start, and its collection,
+    which holds the first prefills' compiles and autotuning; target_load_s, the engine's load and graph capture,
+    before it) and what it cost beyond the steady rate (excess_s); the steady part (the groups after the first):
+    images a second, the PARTS in seconds and in ms an image, and the answering's and taps' detail (host launch,
+    device and wait seconds). render: RenderedPages.stats, with the renderers' capacity (pages and images a second
+    their workers could draw). `line`: the one-line form the progress lines echo."""
+    from engine.models.gdn_prefill import fla_available
+
+    groups = timings.get("groups", [])
+    detail = ("prefill_steps", "prefill_launch_s", "prefill_device_s", "prefill_wait_s", "decode_steps",
+              "decode_launch_s", "decode_device_s", "decode_wait_s", "taps_steps", "taps_tokens", "taps_host_s",
+              "taps_wait_s", "host_s")
+
+    def totals(rows):
+        images, seconds = sum(r["images"] for r in rows), sum(r["total_s"] for r in rows)
+        parts = {k[:-2]: sum(r.get(k, 0) for r in rows) for k in PARTS}
+        return {"groups": len(rows), "images": images, "seconds": round(seconds, 2),
+                "images_per_s": round(images / seconds, 2) if seconds > 0 else None,
+                "parts_s": {k: round(v, 2) for k, v in parts.items()},
+                "ms_per_image": {k: round(1e3 * v / images, 2) if images else None for k, v in parts.items()},
+                "detail": {k: round(sum(r.get(k, 0) for r in rows), 2) for k in detail}}
+
+    summary = {"fla": fla_available(), "target_load_s": target_load_s, **totals(groups), "start": None,
+               "steady": None, "render": None}
+    if groups:
+        first = groups[0]
+        summary["start"] = {"until_first_answers_s": round(first["total_s"], 2), "images": first["images"],
+                            "parts_s": {k[:-2]: round(first.get(k, 0), 2) for k in PARTS}, "excess_s": None,
+                            "detail": {k: round(first.get(k, 0), 2) for k in detail}}
+    if len(groups) > 1:
+        steady = totals(groups[1:])
+        summary["steady"] = steady
+        if steady["images_per_s"]:
+            summary["start"]["excess_s"] = round(first["total_s"] - first["images"] / steady["images_per_s"], 2)
+    if render:
+        r = dict(render)
+        if r.get("pages") and r.get("render_s"):
+            per_page = r["render_s"] / r["pages"]
+            r.update(render_s_per_page=round(per_page, 3), capacity_pages_per_s=round(r["workers"] / per_page, 2),
+                     capacity_images_per_s=round(r["workers"] / per_page * r["images"] / r["pages"], 2))
+        summary["render"] = r
+    summary["line"] = breakdown_line(summary)
+    return summary
+
+
+def breakdown_line(summary: dict) -> str:
+    """collection_summary in one line: start, then the steady rate and its ms an image by part."""
+    def parts(ms):
+        return ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in ms.items())
+
+    text = []
+    if summary.get("target_load_s") is not None:
+        text.append(f"target load {summary['target_load_s']:.1f} s")
+    start = summary.get("start")
+    if start:
+        p = start["parts_s"]
+        text.append(f"first answers at {start['until_first_answers_s']:.1f} s ({start['images']} images; pages wait "
+                    f"{p['pages_wait']:.1f}, generate {p['generate']:.1f}, taps {p['taps']:.1f}"
+                    + (f"; {start['excess_s']:.1f} s over the steady rate" if start["excess_s"] is not None else "")
+                    + ")")
+    steady = summary.get("steady")
+    if steady:
+        d = steady["detail"]
+        text.append(f"steady {steady['images']} images in {steady['seconds']:.1f} s, {steady['images_per_s']} "
+                    f"images/s, ms an image: {parts(steady['ms_per_image'])} (seconds: prefill launch "
+                    f"{d['prefill_launch_s']} in {d['prefill_steps']} steps, decode launch {d['decode_launch_s']} "
+                    f"and wait {d['decode_wait_s']} in {d['decode_steps']}, taps launch {d['taps_host_s']} in "
+                    f"{d['taps_steps']} and wait {d['taps_wait_s']})")
+    else:
+        text.append(f"{summary['images']} images in {summary['seconds']:.1f} s, ms an image: "
+                    f"{parts(summary['ms_per_image'])}")
+    r = summary.get("render")
+    if r and r.get("capacity_images_per_s") is not None:
+        text.append(f"renderers {r['workers']} x {r['render_s_per_page']} s a page: up to "
+                    f"{r['capacity_images_per_s']} images/s (first page after {r['first_page_s']} s)")
+    text.append(f"fla {summary['fla']}")
+    return "; ".join(text)
 
 
 @dataclass

@@ -34,7 +34,7 @@ class SequenceTaps:
 
 @torch.no_grad()
 def prefill_taps(engine, sequences: list[dict], layer_ids, *, token_budget: int | None = None,
-                 soft_top_k: int = 0) -> list[SequenceTaps]:
+                 soft_top_k: int = 0, stats: dict | None = None) -> list[SequenceTaps]:
     """The hidden states of the layers `layer_ids` at every token of each sequence, computed by the prefill path of
     an idle `engine` (engine.llm_engine.Engine; its KV blocks and GDN state slots are borrowed and given back).
 
@@ -42,7 +42,7 @@ def prefill_taps(engine, sequences: list[dict], layer_ids, *, token_budget: int 
     them; uint8 compact patches are expanded on the device), and with soft_top_k > 0 soft_from: the first row whose
     next-token distribution is kept (SequenceTaps.soft; a page's prompt length - 1 for the distributions at its
     answer tokens; the forward then runs every layer and the LM head on those rows). token_budget: tokens a step
-    (default the engine's max_num_batched_tokens)."""
+    (default the engine's max_num_batched_tokens). stats: receives the steps run and the tokens they fed."""
     if engine.has_unfinished():
         raise RuntimeError("prefill_taps needs an idle engine: it borrows the KV blocks and state slots of requests")
     layer_ids = list(layer_ids)
@@ -114,6 +114,9 @@ def prefill_taps(engine, sequences: list[dict], layer_ids, *, token_budget: int 
                 s.num_computed = e
                 row += n
             taps, hidden = runner.run_prefill_taps(chunks, layer_ids, final=soft is not None)
+            if stats is not None:
+                stats["steps"] = stats.get("steps", 0) + 1
+                stats["tokens"] = stats.get("tokens", 0) + row
             out.index_copy_(1, to_device(np.concatenate(dest), torch.int64, engine.device),
                             torch.stack([taps[lid] for lid in layer_ids]))
             if logit_rows:

@@ -18,7 +18,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from engine.drafter_training import (EVERY_ANCHOR, Example, accepted_drafts, block_loss, block_pass, collect_groups,
-                                     greedy_drafts, measure_tau, walk_tau)
+                                     collection_summary, greedy_drafts, measure_tau, walk_tau)
 from engine.interface import DEFAULT_PROMPT
 from engine.llm_engine import Engine
 from engine.models.dflash import DFlashConfig, DFlashDrafter, build_target_layer_ids
@@ -111,6 +111,13 @@ def load_pages(path: str | Path) -> list[np.ndarray]:
     raise click.UsageError(f"--pages {path}: give a folder of images or a .parquet of raster rows")
 
 
+def timed_render(render, n: int):
+    """(render(n), the seconds it took): what a RenderedPages worker runs, so the reader learns what drawing costs."""
+    t = time.perf_counter()
+    images = render(n)
+    return images, time.perf_counter() - t
+
+
 class RenderedPages:
     """The images of pages first .. first + count - 1, each drawn by render(n) in one of `workers` processes (a
     picklable function: a module's, or a functools.partial of one), yielded page by page in page order whatever
@@ -118,11 +125,19 @@ class RenderedPages:
     that keeps the workers busy while the reader works and the memory flat whatever the count. A failed page raises
     its error here. Leaving the iteration early (break, close, an exception in the reader) cancels the pages not
     started and waits for the workers to end. Workers start from a fork server: forking this process, which may hold
-    CUDA and many threads, is what that avoids."""
+    CUDA and many threads, is what that avoids.
+
+    stats (of the latest iteration): the pages and images yielded, their MB, the seconds the workers spent drawing
+    them (render_s, summed over the workers), and first_page_s: from the iteration's start (the workers' start) to
+    the first page in hand."""
 
     def __init__(self, render, first: int, count: int, workers: int, ahead: int | None = None):
         self.render, self.first, self.count, self.workers = render, first, count, workers
         self.ahead = max(ahead or 2 * workers, workers)
+        self.stats = self._new_stats()
+
+    def _new_stats(self) -> dict:
+        return {"workers": self.workers, "pages": 0, "images": 0, "mb": 0.0, "render_s": 0.0, "first_page_s": None}
 
     def __iter__(self):
         import multiprocessing
@@ -130,18 +145,26 @@ class RenderedPages:
         from concurrent.futures import ProcessPoolExecutor
 
         end = self.first + self.count
+        self.stats = stats = self._new_stats()
+        t0 = time.perf_counter()
         with ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("forkserver")) as pool:
             queued, n = deque(), self.first
             try:
                 while queued or n < end:
                     while n < end and len(queued) < self.ahead:
-                        queued.append((n, pool.submit(self.render, n)))
+                        queued.append((n, pool.submit(timed_render, self.render, n)))
                         n += 1
                     page, done = queued.popleft()
                     try:
-                        images = done.result()
+                        images, seconds = done.result()
                     except Exception as e:
                         raise RuntimeError(f"drawing page {page} failed: {e!r}") from e
+                    if stats["first_page_s"] is None:
+                        stats["first_page_s"] = round(time.perf_counter() - t0, 2)
+                    stats["pages"] += 1
+                    stats["images"] += len(images)
+                    stats["mb"] = round(stats["mb"] + sum(getattr(im, "nbytes", 0) for im in images) / 2**20, 2)
+                    stats["render_s"] = round(stats["render_s"] + seconds, 3)
                     yield images
             finally:
                 for _, f in queued:
@@ -208,9 +231,12 @@ def lr_factor(step: int, steps: int, elapsed: float, max_seconds: float | None) 
     return warm * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def train(cfg: TrainDrafterConfig, echo=print, collected: list[Example] | None = None) -> dict:
+def train(cfg: TrainDrafterConfig, echo=print, collected: list[Example] | None = None,
+          collected_pages: int | None = None) -> dict:
     """collected: the target's answers to cfg.pages already collected (collect()), e.g. to train several drafters
-    on one collection; the target is then not run again (its soft labels must be there if cfg.distill > 0)."""
+    on one collection; the target is then not run again (its soft labels must be there if cfg.distill > 0).
+    collected_pages: the pages those answers are to (a drawn page gives several block images, a page may give no
+    answer), for the log; default the pages of cfg.pages less the held-out ones."""
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
     images, count = page_source(cfg)  # drawn pages start rendering now, while the target loads
@@ -223,9 +249,11 @@ def train(cfg: TrainDrafterConfig, echo=print, collected: list[Example] | None =
                                    "left")
         # prompts start in groups of an eighth of the batch, not one by one as answers end: prefill steps run
         # eagerly, each with a fixed host cost (most of them started only a few pages)
+        t_load = time.perf_counter()
         target = Engine.from_checkpoint(cfg.checkpoint, device=cfg.device, dtype=cfg.dtype,
                                         max_num_seqs=cfg.collect_batch, kv_cache_memory_gb=cfg.kv_cache_memory_gb,
                                         tuning=DecodeTuning(prefill_min_seqs=max(1, cfg.collect_batch // 8)))
+        target_load_s = round(time.perf_counter() - t_load, 1)  # weights, glue compile, graph capture
         t = target.cfg.text
         layer_ids = build_target_layer_ids(t.num_hidden_layers, cfg.num_taps)
         mask = cfg.mask_token_id
@@ -248,7 +276,9 @@ def train(cfg: TrainDrafterConfig, echo=print, collected: list[Example] | None =
             drafter.init_for_training(torch.Generator().manual_seed(cfg.seed))
         t0, timings = time.perf_counter(), {}
         if collected is not None:
-            examples, train_pages = list(collected), (count - cfg.heldout if count is not None else None)
+            examples = list(collected)
+            train_pages = collected_pages if collected_pages is not None else \
+                (count - cfg.heldout if count is not None else None)
         else:
             examples, train_pages = collect_groups(
                 target, images, cfg.collect_group, layer_ids, cfg.prompt, cfg.max_tokens,
@@ -256,9 +286,10 @@ def train(cfg: TrainDrafterConfig, echo=print, collected: list[Example] | None =
     finally:
         if hasattr(images, "close"):  # drawn pages: the renderers end here
             images.close()
-    echo(f"collected {len(examples)} answers to {train_pages} pages ({sum(len(e.ids) - e.prompt_len for e in examples)}"
-         f" tokens; prompts {sum(e.prompt_len for e in examples)} tokens) in {time.perf_counter() - t0:.0f} s "
-         f"{timings or ''}")
+    summary = collection_summary(timings, target_load_s) if timings else None
+    echo(f"collected {len(examples)} answers to {'the given' if train_pages is None else train_pages} pages "
+         f"({sum(len(e.ids) - e.prompt_len for e in examples)} tokens; prompts {sum(e.prompt_len for e in examples)} "
+         "tokens) " + (f"in {time.perf_counter() - t0:.0f} s: {summary['line']}" if summary else "before this run"))
     if not examples:
         raise RuntimeError("the target answered no page with 2 or more tokens: nothing to train on")
     if cfg.val_pages >= len(examples):
@@ -334,7 +365,8 @@ def train(cfg: TrainDrafterConfig, echo=print, collected: list[Example] | None =
     drafter.save_pretrained(out, num_target_layers=t.num_hidden_layers, dtype=getattr(torch, cfg.save_dtype))
     log = {"config": cfg.model_dump(), "drafter": dcfg.to_json(), "train_pages": train_pages,
            "answers": len(examples), "answer_tokens": sum(len(e.ids) - e.prompt_len for e in examples),
-           "steps": len(losses), "train_seconds": round(time.perf_counter() - t_train, 1), "collect": timings,
+           "steps": len(losses), "train_seconds": round(time.perf_counter() - t_train, 1),
+           "collect": {k: v for k, v in timings.items() if k != "groups"}, "collection": summary,
            "losses": losses}
     if val:
         log.update(val_answers=len(val), val_losses=val_losses, val_tau_estimate=val_tau, best_step=best[1])

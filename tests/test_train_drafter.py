@@ -145,6 +145,70 @@ def test_collected_taps_equal_the_eager_recorders(tiny_checkpoint):
     assert engine.scheduler.states.num_free == 3
 
 
+def test_collection_reports_where_its_time_went(tiny_checkpoint, tmp_path):
+    """collect_groups' timings say where a collection's time went, per group and summed (collection_summary): the
+    groups' images and wall seconds, their parts (waiting for pages, preprocessing, answering, tapping, other host
+    work), none negative and adding up to the group's wall time, within the time measured around the calls; the
+    start (the first group) apart from the steady part (the groups after it) with its images a second; the
+    renderers' capacity. A second call with the same dict adds to it (drafter_scaling collects size by size). A
+    drafter trained on answers collected before says how many pages they came from (not "None")."""
+    import re
+    import time
+
+    from engine.drafter_training import PARTS, collect_groups, collection_summary
+    from engine.llm_engine import Engine
+
+    engine = Engine.from_checkpoint(str(tiny_checkpoint), dtype="float32", max_num_seqs=2)
+    rng = np.random.default_rng(2)
+    images = [rng.integers(0, 256, (48 + 16 * (i % 2), 64, 3), dtype=np.uint8) for i in range(5)]
+
+    def slow_pages(ims):  # pages that take a while to come, as drawn ones do
+        for im in ims:
+            time.sleep(0.05)
+            yield im
+
+    timings, t = {}, time.perf_counter()
+    examples, pages = collect_groups(engine, slow_pages(images[:3]), 2, [0, 1], "Read.", 6, timings=timings)
+    more, more_pages = collect_groups(engine, slow_pages(images[3:]), 2, [0, 1], "Read.", 6, timings=timings)
+    wall = time.perf_counter() - t
+    assert pages + more_pages == 5 and len(examples) + len(more) <= 5
+    groups = timings["groups"]
+    assert [g["images"] for g in groups] == [2, 1, 2]
+    for g in groups:
+        assert all(g[k] >= 0 for k in PARTS), g
+        assert sum(g[k] for k in PARTS) == pytest.approx(g["total_s"], abs=0.01), g
+        assert g["pages_wait_s"] >= 0.05 * g["images"] - 0.01 and g["generate_s"] > 0 and g["taps_s"] > 0, g
+    assert timings["pages_wait_s"] == pytest.approx(sum(g["pages_wait_s"] for g in groups), abs=0.01)  # not reset
+    s = collection_summary(timings, target_load_s=1.5, render=dict(workers=2, pages=5, images=10, mb=1.0,
+                                                                   render_s=2.5, first_page_s=0.7))
+    assert s["images"] == 5 and s["groups"] == 3 and 0 < s["seconds"] <= wall + 0.01
+    assert set(s["parts_s"]) == {k[:-2] for k in PARTS} == set(s["ms_per_image"])
+    assert sum(s["parts_s"].values()) <= s["seconds"] + 0.05
+    start, steady = s["start"], s["steady"]
+    assert start["images"] == 2 and start["until_first_answers_s"] == pytest.approx(groups[0]["total_s"], abs=0.01)
+    assert steady["images"] == 3 and steady["groups"] == 2
+    assert steady["images_per_s"] == pytest.approx(3 / steady["seconds"], rel=0.02)
+    assert sum(steady["parts_s"].values()) <= steady["seconds"] + 0.05 and start["excess_s"] is not None
+    assert steady["detail"]["taps_steps"] >= 2 and steady["detail"]["decode_steps"] > 0
+    assert s["render"]["capacity_pages_per_s"] == pytest.approx(4.0) and s["render"]["capacity_images_per_s"] == 8.0
+    assert s["fla"] is False and "images/s" in s["line"] and "target load 1.5 s" in s["line"], s["line"]
+    assert "first answers at" in s["line"] and "renderers 2 x 0.5 s a page" in s["line"], s["line"]
+    # one group only: no steady part, the whole collection's ms an image
+    one = collection_summary({"groups": groups[:1]})
+    assert one["steady"] is None and one["start"]["excess_s"] is None and "ms an image" in one["line"]
+    # a drafter trained on those answers: the pages given, or no page count, never "None"
+    cfg = TrainDrafterConfig(checkpoint=str(tiny_checkpoint), out=str(tmp_path / "d"),
+                             render="research.ocria_tiny.drafter_pages:block_images", render_pages=9, max_tokens=6,
+                             num_layers=1, num_taps=2, block_size=4, anchors=4, gamma=4, steps=1, pages_per_step=2,
+                             save_dtype="float32")
+    for given, want in ((5, r"collected \d+ answers to 5 pages \("), (None, r"collected \d+ answers to the given pages")):
+        lines = []
+        log = train(cfg, echo=lines.append, collected=examples + more, collected_pages=given)
+        line = next(x for x in lines if x.startswith("collected"))
+        assert re.match(want, line) and "None" not in line and "before this run" in line, line
+        assert log["train_pages"] == given
+
+
 def test_lr_factor_warms_up_then_cools_to_zero_by_steps_or_time():
     from pipeline.train_drafter import lr_factor
 

@@ -95,3 +95,8 @@ def test_pages_drawn_in_worker_processes_stream_in_order_and_stop(tmp_path, lice
         assert not status.exists() or "zombie" in status.read_text(), pid
     with pytest.raises(RuntimeError, match=r"drawing page 1 failed: ValueError\('no page 1'\)"):
         list(RenderedPages(partial(draw, log=str(log), fail=1), first=0, count=4, workers=2))
+    # what drawing cost: pages, images and the workers' seconds (the collection's breakdown reports them)
+    drawn = RenderedPages(partial(draw, log=str(log), **kw), first=5, count=2, workers=2)
+    assert sum(map(len, drawn)) == drawn.stats["images"] == len(block_images(5, **kw)) + len(block_images(6, **kw))
+    assert drawn.stats["pages"] == 2 and drawn.stats["render_s"] > 0 and drawn.stats["mb"] > 0
+    assert 0 < drawn.stats["first_page_s"] and drawn.stats["workers"] == 2
