@@ -203,6 +203,9 @@ def main(checkpoint, pages, render, render_args, render_first, render_workers, s
     def write():
         results.write(result)
 
+    pages_in = page_lists(base, sizes[-1])
+    if hasattr(pages_in, "start"):
+        pages_in.start()  # the workers draw the first pages while the target loads
     # the target as jobs/train_drafter builds it: prompts start in groups of an eighth of the batch
     t0 = time.perf_counter()
     target = Engine.from_checkpoint(checkpoint, device=device, dtype=dtype, max_num_seqs=base.collect_batch,
@@ -213,7 +216,6 @@ def main(checkpoint, pages, render, render_args, render_first, render_workers, s
     examples, bounds, used, dropped = [], [], 0, {}  # bounds: per size kept, (pages, answers, block images)
     read = {"pages": 0, "images": 0}
     timings: dict = {}
-    pages_in = page_lists(base, sizes[-1])
     source = iter(pages_in)
 
     def summarize():  # where the collection's time went so far (engine/drafter_training.collection_summary)

@@ -128,48 +128,63 @@ class RenderedPages:
     CUDA and many threads, is what that avoids.
 
     stats (of the latest iteration): the pages and images yielded, their MB, the seconds the workers spent drawing
-    them (render_s, summed over the workers), and first_page_s: from the iteration's start (the workers' start) to
-    the first page in hand."""
+    them (render_s, summed over the workers), and first_page_s: from the workers' start (start(), or the iteration's
+    start) to the first page in hand."""
 
     def __init__(self, render, first: int, count: int, workers: int, ahead: int | None = None):
         self.render, self.first, self.count, self.workers = render, first, count, workers
         self.ahead = max(ahead or 2 * workers, workers)
         self.stats = self._new_stats()
+        self._pool = None
 
     def _new_stats(self) -> dict:
         return {"workers": self.workers, "pages": 0, "images": 0, "mb": 0.0, "render_s": 0.0, "first_page_s": None}
 
-    def __iter__(self):
-        import multiprocessing
-        from collections import deque
-        from concurrent.futures import ProcessPoolExecutor
+    def start(self) -> RenderedPages:
+        """Start the workers and queue the first `ahead` pages now (before the target loads, say: the workers' start
+        and the first pages then cost the reader nothing); an iteration goes on from them. Iterating starts them
+        too."""
+        if self._pool is None:
+            import multiprocessing
+            from collections import deque
+            from concurrent.futures import ProcessPoolExecutor
 
-        end = self.first + self.count
-        self.stats = stats = self._new_stats()
-        t0 = time.perf_counter()
-        with ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("forkserver")) as pool:
-            queued, n = deque(), self.first
-            try:
-                while queued or n < end:
-                    while n < end and len(queued) < self.ahead:
-                        queued.append((n, pool.submit(timed_render, self.render, n)))
-                        n += 1
-                    page, done = queued.popleft()
-                    try:
-                        images, seconds = done.result()
-                    except Exception as e:
-                        raise RuntimeError(f"drawing page {page} failed: {e!r}") from e
-                    if stats["first_page_s"] is None:
-                        stats["first_page_s"] = round(time.perf_counter() - t0, 2)
-                    stats["pages"] += 1
-                    stats["images"] += len(images)
-                    stats["mb"] = round(stats["mb"] + sum(getattr(im, "nbytes", 0) for im in images) / 2**20, 2)
-                    stats["render_s"] = round(stats["render_s"] + seconds, 3)
-                    yield images
-            finally:
-                for _, f in queued:
-                    f.cancel()
-                pool.shutdown(wait=True, cancel_futures=True)
+            self.stats = self._new_stats()
+            self._t0 = time.perf_counter()
+            self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("forkserver"))
+            self._queued, self._next = deque(), self.first
+            self._fill()
+        return self
+
+    def _fill(self) -> None:
+        while self._next < self.first + self.count and len(self._queued) < self.ahead:
+            self._queued.append((self._next, self._pool.submit(timed_render, self.render, self._next)))
+            self._next += 1
+
+    def __iter__(self):
+        self.start()
+        pool, queued, stats = self._pool, self._queued, self.stats
+        try:
+            while queued:
+                self._fill()
+                page, done = queued.popleft()
+                try:
+                    images, seconds = done.result()
+                except Exception as e:
+                    raise RuntimeError(f"drawing page {page} failed: {e!r}") from e
+                if stats["first_page_s"] is None:
+                    stats["first_page_s"] = round(time.perf_counter() - self._t0, 2)
+                stats["pages"] += 1
+                stats["images"] += len(images)
+                stats["mb"] = round(stats["mb"] + sum(getattr(im, "nbytes", 0) for im in images) / 2**20, 2)
+                stats["render_s"] = round(stats["render_s"] + seconds, 3)
+                yield images
+                self._fill()
+        finally:
+            for _, f in queued:
+                f.cancel()
+            pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
 
 
 def render_function(spec: str, args: dict):
@@ -198,7 +213,7 @@ def page_source(cfg: TrainDrafterConfig):
     if cfg.pages is not None:
         images = load_pages(cfg.pages)
         return iter(images), len(images)
-    stream = drawn_pages(cfg, cfg.render_pages)
+    stream = drawn_pages(cfg, cfg.render_pages).start()  # drawing while the target loads
 
     def images():
         pages = iter(stream)
@@ -239,7 +254,7 @@ def train(cfg: TrainDrafterConfig, echo=print, collected: list[Example] | None =
     answer), for the log; default the pages of cfg.pages less the held-out ones."""
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
-    images, count = page_source(cfg)  # drawn pages start rendering now, while the target loads
+    images, count = page_source(cfg)  # drawn pages start rendering now (RenderedPages.start), while the target loads
     try:
         heldout = list(itertools.islice(images, cfg.heldout))
         if count is not None and count <= cfg.heldout:

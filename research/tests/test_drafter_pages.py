@@ -51,7 +51,7 @@ def draw(n, log, fail=-1, **kw):
 def test_pages_drawn_in_worker_processes_stream_in_order_and_stop(tmp_path, licence_prose, monkeypatch):
     """pipeline/train_drafter's drawn pages (--render): block_images run in 2 worker processes yield, page by page in page
     order, the images the sequential renderer draws for the same page numbers, which are those of the PNG files the
-    script writes; leaving the stream early ends its workers with no page drawn beyond its bounded queue; a page
+    script writes; they are drawn from page_source's call on, before the first is read; leaving the stream early ends its workers with no page drawn beyond its bounded queue; a page
     that fails raises its error in the reader."""
     import pytest
 
@@ -66,6 +66,10 @@ def test_pages_drawn_in_worker_processes_stream_in_order_and_stop(tmp_path, lice
     cfg = TrainDrafterConfig(checkpoint=ckpt, out=str(tmp_path / "d"), render="probe_render:draw",
                              render_args=dict(kw, log=str(log)), render_pages=3, render_first=5, render_workers=2)
     images, count = page_source(cfg)
+    deadline = time.time() + 60  # the workers draw before the reader asks (while a target would load)
+    while not (log.exists() and len(log.read_text().splitlines()) == 3) and time.time() < deadline:
+        time.sleep(0.2)
+    assert log.exists() and len(log.read_text().splitlines()) == 3, "no page drawn before the first was read"
     drawn = list(images)
     from research.ocria_tiny.drafter_pages import block_images
 
