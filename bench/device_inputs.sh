@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The ignored inputs that the device scripts carry to the GPU machine, made again from the repository, this machine's
 # text sources and ../shared (CPU, about a minute; PyPI for the wheels). A fresh checkout has none of them.
-#   .whl/gen          PyMuPDF 1.24.14 (the 2.0 wheel is over the carry limit) and pydantic: bench/drafter_h200.sh draws
-#                     its training pages on the GPU machine
+#   .whl/gen          PyMuPDF 1.24.14 (the 2.0 wheel is over the carry limit), pydantic and fla: bench/drafter_h200.sh
+#                     draws its training pages on the GPU machine and prefills through fla's chunked GDN
 #   .whl/bench        pydantic and fla: bench/spec_h200.sh, bench/drafter_tau.py, bench/engine_bench.py
 #   .drafter/synth    fonts and a sample of the train text pool (POOL_PROSE paragraphs, POOL_CODE code runs)
 #   .drafter/heldout  24 held-out synthetic pages cut into the blocks the job reads (85 block images)
@@ -24,6 +24,9 @@ if [[ " $PARTS " == *" wheels "* ]]; then
   $PY -m pip download -q --no-deps $plat -d .whl/gen "pymupdf==1.24.14" 2> >(grep -v "is ignored" >&2)
   $PY -m pip download -q --no-deps $plat -d .whl/bench "fla-core==0.6.0" "flash-linear-attention==0.6.0" einops \
     2> >(grep -v "is ignored" >&2)
+  # the drafter run's collection prefills (answers and taps) through fla's chunked GDN too: without it the torch form
+  # launches ~2,000 kernels a prefill step, the likely cap of its ~51 block images a second (docs/decisions.md)
+  cp .whl/bench/fla_core-*.whl .whl/bench/flash_linear_attention-*.whl .whl/bench/einops-*.whl .whl/gen/
   du -sh .whl/gen .whl/bench
 fi
 if [[ " $PARTS " == *" drafter "* ]]; then
@@ -69,13 +72,16 @@ spare = ("models/ocria-tiny-fp8/", "models/ocria-tiny-nvfp4/", "bench/results/",
 tree = size(p for p in tracked if not p.startswith(spare))
 print(f"tree {size(tracked) / 2**20:.1f} MiB; {tree / 2**20:.1f} MiB without: rm -rf {chr(32).join(spare)}"
       " (git checkout -- . after)")
-for script, carry in (("drafter_h200.sh", [".drafter/synth", ".whl/gen"]),
-                      ("drafter_h200.sh SCALING",
-                       [".drafter/synth", ".drafter/heldout", ".drafter/corpus", ".whl/gen"]),
-                      ("spec_h200.sh", [".drafter/heldout", ".whl/bench"]),
-                      ("drafter_tau.py", [".drafter/heldout", ".drafter/corpus", ".whl/bench"])):
-    total = tree + size(carry)
+# the drafter runs train their own drafters: the shipped one may stay behind too (not to --init from it)
+drafter = size(p for p in tracked if p.startswith("models/ocria-tiny-drafter/"))
+for script, carry, less in (("drafter_h200.sh", [".drafter/synth", ".whl/gen"], drafter),
+                            ("drafter_h200.sh SCALING",
+                             [".drafter/synth", ".drafter/heldout", ".drafter/corpus", ".whl/gen"], drafter),
+                            ("spec_h200.sh", [".drafter/heldout", ".whl/bench"], 0),
+                            ("drafter_tau.py", [".drafter/heldout", ".drafter/corpus", ".whl/bench"], 0)):
+    total = tree - less + size(carry)
     verdict = "fits" if total <= LIMIT else "OVER"
-    print(f"{script:16} carry {chr(32).join(carry):45} {total / 2**20:5.1f} MiB of 64: {verdict}")
+    print(f"{script:16} carry {chr(32).join(carry):45} {total / 2**20:5.1f} MiB of 64: {verdict}"
+          + (" (without models/ocria-tiny-drafter too)" if less else ""))
 '
 fi
