@@ -41,7 +41,9 @@ OK_REL_ERR = 1e-2
 def fp8_configs(N, K):
     """(name, launch options) around the default; default_launch fills what a config leaves out."""
     return [("default", {}), ("bn64", dict(block_n=64)), ("bk128_st3", dict(block_k=128, num_stages=3)),
-            ("bk512_st3", dict(block_k=512, num_stages=3)), ("bn64_w8", dict(block_n=64, num_warps=8))]
+            ("bk512_st3", dict(block_k=512, num_stages=3)), ("bn64_w8", dict(block_n=64, num_warps=8)),
+            ("asm", dict(fp8_asm=True)), ("asm_bk128_st3", dict(fp8_asm=True, block_k=128, num_stages=3)),
+            ("asm_bk256_st4", dict(fp8_asm=True, block_k=256, num_stages=4))]
 
 
 def nvfp4_configs(N, K):
@@ -51,9 +53,10 @@ def nvfp4_configs(N, K):
 
 
 def decode_check(device) -> dict:
-    """The NVFP4 decode bit for bit: every code at every nibble and block scales over E4M3's range (subnormals too),
-    through the dequantize kernel (on sm_90+ the GPU's bit-level decode, which the CPU tests cannot run) against the
-    reference's bf16 weight, and the GEMV's product against the reference's."""
+    """The bit-level decodes bit for bit (on sm_90+; the CPU tests cannot run them): NVFP4's, every code at every
+    nibble and block scales over E4M3's range (subnormals too), through the dequantize kernel against the
+    reference's bf16 weight, and the GEMV's product against the reference's; FP8's (fp8_asm, which the sweep times),
+    every non-NaN code through the GEMV (fp8_asm_mismatches: outputs that differ from the reference's)."""
     from kernels import quant_linear as ql
 
     gen = torch.Generator().manual_seed(11)
@@ -69,9 +72,21 @@ def decode_check(device) -> dict:
     got = ql.dequant_nvfp4_triton(packed, bs, row, torch.bfloat16)
     x = torch.randn(5, K, generator=gen).to(torch.bfloat16).to(device)
     y, ref = ql.nvfp4_linear_triton(x, packed, bs, row).float(), ql.nvfp4_linear_ref(x, packed, bs, row).float()
+    # FP8 by bit moves (fp8_asm): one-hot rows of x pick single weights, so each output is one weight times its
+    # row scale, rounded once, as the reference's; every non-NaN E4M3 code is a column of w8
+    codes = torch.tensor([c for c in range(256) if c & 0x7F != 0x7F], dtype=torch.int32).to(torch.uint8)
+    w8 = codes.view(ql.FP8).repeat(8, 1).to(device)  # [8, 254]
+    rs = torch.exp2(torch.arange(8).float() - 4).to(device)
+    fp8_bad = 0
+    for k0 in range(0, w8.shape[1], 16):
+        cols = torch.arange(k0, min(k0 + 16, w8.shape[1]))
+        onehot = torch.zeros(len(cols), w8.shape[1], dtype=torch.bfloat16, device=device)
+        onehot[torch.arange(len(cols)), cols.to(device)] = 1
+        got8 = ql.fp8_linear_triton(onehot, w8, rs, fp8_asm=True)
+        fp8_bad += int((got8 != ql.fp8_linear_ref(onehot, w8, rs)).sum())
     return dict(asm_decode=ql.asm_decode(x), dequant_exact=bool(torch.equal(got, want)),
                 dequant_mismatches=int((got != want).sum()),
-                gemv_rel_err=float((y - ref).norm() / ref.norm()))
+                gemv_rel_err=float((y - ref).norm() / ref.norm()), fp8_asm_mismatches=fp8_bad)
 
 
 def measure(shapes: dict, rows_m, device, sweep: bool = True, budget_s: float = 300.0, log=print) -> list[dict]:
@@ -175,7 +190,7 @@ def main(argv=None):
     shapes = TINY_SHAPES if args.dry_run else {k: SHAPES[k] for k in (args.shapes or SHAPES)}
     t0 = time.time()
     check = decode_check(device)
-    print(f"NVFP4 decode check: {check}", flush=True)
+    print(f"decode check: {check}", flush=True)
     if not check["dequant_exact"] or check["gemv_rel_err"] > OK_REL_ERR:
         raise SystemExit(f"the NVFP4 decode is wrong on {device}: {check}")
     rows = measure(shapes, args.rows, device, sweep=not args.no_sweep, budget_s=args.budget_s,

@@ -311,6 +311,8 @@ def quant_cases(batch_sizes, fp8_quant, quant_linear):
             for fmt, run, weight in (("fp8", quant_linear.fp8_linear_triton, fp8_w),
                                      ("nvfp4", quant_linear.nvfp4_linear_triton, nv_w)):
                 for name, N, K_in, launch in (("silu_mul", 2 * inter, hidden, dict(swiglu=True)),
+                                              *((("fp8_asm", 2 * inter, hidden, dict(fp8_asm=True)),) if fmt == "fp8"
+                                                else ()),
                                               ("silu_mul pdl", 2 * inter, hidden, dict(swiglu=True, pdl=True)),
                                               ("down pdl", hidden, inter, dict(pdl=True))):
                     cases.append((f"{fmt}_linear M={B} {name}", quant_linear,

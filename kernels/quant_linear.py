@@ -178,6 +178,25 @@ mul.rn.bf16x2 a, a, bias; mul.rn.bf16x2 $3, a, $6;
 }
 """)
 
+# E4M3 -> bf16 on the GPU (fp8_asm, a launch option the sweep measures against the conversion through fp32): bytes
+# 0,1 (2,3) of the word move to the high byte of $0's (and $1's) halves, the sign stays at bit 15 and the exponent
+# and mantissa bits shift right by 4 to bf16's bits 10..4, which reads as the E4M3 value times 2^-120 (subnormal for
+# exponent 0, which both formats then scale alike); one mul.bf16x2 by 2^120 (0x7B80) makes it exact. Three lane ops
+# a weight where the conversion through fp32 took ~5 (kernels/compile_check's PTX: 154 cvt in the gate_up loop).
+_E4M3_ASM = tl.constexpr("""
+{
+.reg .b32 t, s, z, bias;
+mov.b32 z, 0;
+mov.b32 bias, 0x7B807B80;
+prmt.b32 t, $2, z, 0x1404;
+and.b32 s, t, 0x80008000; shr.b32 t, t, 4; and.b32 t, t, 0x07F007F0; or.b32 t, t, s;
+mul.rn.bf16x2 $0, t, bias;
+prmt.b32 t, $2, z, 0x3424;
+and.b32 s, t, 0x80008000; shr.b32 t, t, 4; and.b32 t, t, 0x07F007F0; or.b32 t, t, s;
+mul.rn.bf16x2 $1, t, bias;
+}
+""")
+
 
 @triton.jit
 def _nvfp4_tiles(b, s, ASM: tl.constexpr):
@@ -200,7 +219,7 @@ def _quant_gemv_kernel(
     M, N, K, K_PER_SPLIT, sxm, swn, sbn, som,
     M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NVFP4: tl.constexpr,
     UPCAST_DOT: tl.constexpr, SPLIT: tl.constexpr, ASM: tl.constexpr, PDL: tl.constexpr,
-    PREFETCH_LINES: tl.constexpr, SWIGLU: tl.constexpr,
+    PREFETCH_LINES: tl.constexpr, SWIGLU: tl.constexpr, FP8_ASM: tl.constexpr,
 ):
     """NVFP4: w_ptr is packed [N, K/2] uint8, bs_ptr block scales [N, K/16] fp8; else w_ptr is fp8 [N, K].
     SPLIT: program (m, n, s) sums K range s (K_PER_SPLIT, a multiple of BLOCK_K) and stores its scaled fp32 partial
@@ -255,6 +274,10 @@ def _quant_gemv_kernel(
                          mask=mask_m[:, None] & mask_k[None, :], other=0.0)
             if UPCAST_DOT or x_ptr.dtype.element_ty == tl.float32:  # fp32 operands, full-precision products
                 acc = tl.dot(w.to(tl.float32), tl.trans(xk.to(tl.float32)), acc, input_precision="ieee")
+            elif FP8_ASM:  # the bits moved into bf16 (_E4M3_ASM)
+                wb = tl.inline_asm_elementwise(_E4M3_ASM, "=r,=r,r", [w.to(tl.uint8, bitcast=True)],
+                                               dtype=tl.bfloat16, is_pure=True, pack=4)
+                acc = tl.dot(wb, tl.trans(xk.to(tl.bfloat16)), acc)
             else:  # bf16 tensor-core MMA: FP8 weights are exact in bf16. Through fp32: the direct fp8 -> bf16
                 # conversion made the H100 GEMV 36.0 us on gate_up at 1 row against 25.1 this way
                 acc = tl.dot(w.to(tl.float32).to(tl.bfloat16), tl.trans(xk.to(tl.bfloat16)), acc)
@@ -265,7 +288,8 @@ def _quant_gemv_kernel(
 
 
 def asm_decode(x: torch.Tensor) -> bool:
-    """Whether the NVFP4 kernels decode with _E2M1_ASM: compiled for sm_90+ and multiplying bf16."""
+    """Whether the bit-level decodes can run (_E2M1_ASM for NVFP4, _E4M3_ASM where fp8_asm asks): compiled for sm_90+
+    and multiplying bf16."""
     return x.is_cuda and x.dtype == torch.bfloat16 and torch.cuda.get_device_capability(x.device) >= (9, 0)
 
 
@@ -296,7 +320,7 @@ def quant_workspace_size(N: int, K: int, device, nvfp4: bool = False, max_m: int
 
 
 def _launch(x, w, bs, row_scale, out, nvfp4, block_n=None, block_k=None, split_k=None, num_warps=4,
-            num_stages=None, workspace=None, pdl=False, prefetch_lines=8, swiglu=False):
+            num_stages=None, workspace=None, pdl=False, prefetch_lines=8, swiglu=False, fp8_asm=False):
     require_last_dim_contiguous("x", x)
     require_last_dim_contiguous("weight", w)
     M = x.shape[0]
@@ -330,6 +354,7 @@ def _launch(x, w, bs, row_scale, out, nvfp4, block_n=None, block_k=None, split_k
         M_PAD=m_pad, BLOCK_N=block_n, BLOCK_K=block_k, NVFP4=nvfp4,
         UPCAST_DOT=not x.is_cuda,  # the CPU interpreter multiplies bf16 tiles as raw integers: give it fp32
         SPLIT=S > 1, ASM=nvfp4 and asm_decode(x), PREFETCH_LINES=prefetch_lines, SWIGLU=bool(swiglu),
+        FP8_ASM=bool(fp8_asm) and not nvfp4 and asm_decode(x),
         num_warps=num_warps, num_stages=num_stages or d["num_stages"], **pdl_args)
     return y
 
@@ -337,7 +362,8 @@ def _launch(x, w, bs, row_scale, out, nvfp4, block_n=None, block_k=None, split_k
 def fp8_linear_triton(x, w8, row_scale, out=None, swiglu=False, **launch):
     """W8A16: x [M, K] in the model dtype times the FP8 weight dequantized in registers; swiglu: silu(gate) * up of a
     fused [gate | up] weight, [M, N]. Launch options (default_launch's where None): block_n, block_k, split_k,
-    num_warps, num_stages; workspace (a SplitKWorkspace, used when K is split), pdl, prefetch_lines."""
+    num_warps, num_stages; workspace (a SplitKWorkspace, used when K is split), pdl, prefetch_lines; fp8_asm (sm_90+
+    with bf16 x, else ignored): decode the weight by bit moves (_E4M3_ASM) instead of converting through fp32."""
     _validate_fp8(x, w8, row_scale, None)
     if swiglu:
         _validate_swiglu(w8)

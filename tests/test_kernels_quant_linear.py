@@ -49,6 +49,28 @@ def test_default_launch_splits_k_like_small_m_linear():
                                      split_k=3), nvfp4_linear_ref(x, packed, bs, rs))
 
 
+def test_e4m3_bit_decode_recipe_gives_every_code_exactly():
+    """_E4M3_ASM's recipe (the GPU runs it as PTX; the interpreter cannot) emulated with its own constants: each byte
+    at the high end of a 16-bit half, the sign kept, the other bits shifted right by 4, read as bf16 and multiplied
+    by the bias, equals float8_e4m3fn's value for all 254 non-NaN codes, subnormals and -0 included."""
+    import re
+
+    from kernels.quant_linear import _E4M3_ASM
+
+    asm = _E4M3_ASM.value
+    sign, field = (int(v, 16) for v in re.findall(r"and\.b32 \w+, \w+, (0x[0-9A-F]+);", asm)[:2])
+    shift = int(re.search(r"shr\.b32 t, t, (\d+);", asm).group(1))
+    bias = int(re.search(r"mov\.b32 bias, (0x[0-9A-F]+);", asm).group(1), 16) & 0xFFFF
+    codes = torch.tensor([c for c in range(256) if c & 0x7F != 0x7F], dtype=torch.int32)
+    half = codes << 8
+    bits = (half & (sign & 0xFFFF)) | ((half >> shift) & (field & 0xFFFF))
+    as_bf16 = bits.to(torch.int16).view(torch.bfloat16).double()
+    scale = torch.tensor([bias], dtype=torch.int32).to(torch.int16).view(torch.bfloat16).double()
+    want = codes.to(torch.uint8).view(FP8).double()
+    assert torch.equal(as_bf16 * scale, want)
+    assert torch.equal(torch.signbit(as_bf16 * scale), torch.signbit(want))
+
+
 def test_unpack_e2m1_codes():
     """Every code once: low nibble = even element, bit 3 = sign."""
     codes = torch.arange(16, dtype=torch.uint8)

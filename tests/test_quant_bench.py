@@ -39,3 +39,13 @@ def test_quantized_decode_bench_smoke(tmp_path, monkeypatch):
         assert timed == {"bf16", "fp8", "nvfp4"}, g["cases"]
         wb = g["weight_bytes"]
         assert wb["nvfp4"] < wb["fp8"] < wb["bf16"]
+
+
+def test_gemv_bench_decode_check_on_cpu():
+    """bench/quant_gemv_bench.decode_check, which stops a GPU run whose bit-level decodes are wrong, runs its checks
+    here on the interpreter's decodes: every NVFP4 code and every non-NaN FP8 code exact."""
+    import torch
+
+    check = load_bench("quant_gemv_bench").decode_check(torch.device("cpu"))
+    assert check == dict(asm_decode=False, dequant_exact=True, dequant_mismatches=0, gemv_rel_err=0.0,
+                         fp8_asm_mismatches=0)
