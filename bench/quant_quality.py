@@ -36,13 +36,20 @@ TARGET_POINTS = {"fp8": 0.2, "nvfp4": 0.5}
 EVAL_MODULE = "research.ocria_tiny.eval_ocr"
 EVAL_CONFIG = "research/ocria_tiny/results/eval_full_pages_1536_config.yaml"
 EVAL_FLAGS = ["--reader", "native",
-              "--no-tesseract", "--loop-drop-tokens", "64", "--loop-ban-next", "--device", "cpu", "--dtype", "float32",
+              "--no-tesseract", "--loop-drop-tokens", "64", "--loop-ban-next",
               "--glyph-px", "32", "--block-lines", "8", "--block-scales", "1", "--corpus-pages", "0"]
 
 
-def run_eval(model: Path, synth: Path, n: int, first: int, batch: int, out: Path, options: list[str] = ()) -> dict:
+def eval_flags(device: str, dtype: str) -> list[str]:
+    """The evaluation's flags: EVAL_FLAGS on `device` in `dtype` (CPU fp32 by default; a GPU reads in bf16, many
+    more pages in the same time)."""
+    return [*EVAL_FLAGS, "--device", device, "--dtype", dtype]
+
+
+def run_eval(model: Path, synth: Path, n: int, first: int, batch: int, out: Path, options: list[str] = (),
+             flags: list[str] = ()) -> dict:
     cmd = [sys.executable, "-m", EVAL_MODULE, "--config", EVAL_CONFIG, "--model", str(model), "--synth", str(synth), "--heldout", str(n),
-           "--heldout-from", str(first), "--batch", str(batch), "--out", str(out), *EVAL_FLAGS,
+           "--heldout-from", str(first), "--batch", str(batch), "--out", str(out), *(flags or eval_flags("cpu", "float32")),
            *(f"--engine-option={o}" for o in options)]
     subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
     return json.loads(out.read_text())
@@ -84,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--note", default="", help="how the inputs were made (kept in the results)")
+    ap.add_argument("--device", default="cpu", help="where the evaluation reads (cuda: in --dtype bfloat16, say)")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--work", type=Path, default=None,
                     help="keep each model's eval JSON here and reuse it when it is there (same pages and flags)")
     args = ap.parse_args(argv)
@@ -96,10 +105,10 @@ def main(argv: list[str] | None = None) -> int:
         work.mkdir(parents=True, exist_ok=True)
         for name, path in models.items():
             t0 = time.time()
-            cached = work / f"{name}_{args.heldout_from}_{args.heldout}.json"
+            cached = work / f"{name}_{args.heldout_from}_{args.heldout}_{args.device}_{args.dtype}.json"
             full = (json.loads(cached.read_text()) if cached.is_file() else
                     run_eval(Path(path), args.synth, args.heldout, args.heldout_from, args.batch, cached,
-                             options[name]))
+                             options[name], eval_flags(args.device, args.dtype)))
             results[name], read_from[name] = full["heldout_synthetic"], full["model"]
             seconds[name] = results[name]["model_text"].get("seconds", round(time.time() - t0, 1))
             print(name, results[name]["model_text"], file=sys.stderr)
@@ -124,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
                 row["within_target"] = row["vs_" + base_name]["cer_diff_points"] <= TARGET_POINTS[kind]
         rows[name] = row
     out = {"pages": f"held-out synthetic pages {args.heldout_from}-{args.heldout_from + args.heldout - 1}",
-           "note": args.note, "pool": results[base_name].get("pool"), "eval": f"{EVAL_MODULE} {EVAL_CONFIG}", "eval_flags": EVAL_FLAGS, "models": rows,
+           "note": args.note, "pool": results[base_name].get("pool"), "eval": f"{EVAL_MODULE} {EVAL_CONFIG}", "eval_flags": eval_flags(args.device, args.dtype), "models": rows,
            "per_page": {name: [{"page": p["page"], "cer": p["model_text"]["cer"], "ref_chars": p["model_text"]["ref_chars"]}
                                for p in r["per_page"]] for name, r in results.items()}}
     harness.write_result(args.out, out, harness.result_meta(
