@@ -300,12 +300,15 @@ def default_launch(N: int, K: int, device, nvfp4: bool = False) -> dict:
     where the tiles make more than four waves of programs (the 4B gate_up: 21.2 against 26.9 us at 1 and 8 rows on
     an H100, where gdn_qkvz and attn_qkv, 2.4-2.9 waves, were 6-7 % faster the other way,
     bench/results/h100_quant_gemv_c.json); NVFP4 keeps 128 (46.2 against 73.7 us on gate_up: half the registers,
-    h100_quant_gemv_b.json)."""
+    h100_quant_gemv_b.json), and takes 64-row tiles where they still make two waves of programs: gate_up 46.0
+    against 49.7 us and down 23.2 against 28.3 at 1 row, where gdn_qkvz, attn_qkv and out_proj (1.2-1.5 waves at
+    64 rows) lost 15-20 % (h100_quant_gemv_c.json)."""
     sms = sm_count(device)
     split = pick_split_k(N, K, 32, 128, sms)
     if split == 1 and not nvfp4 and cdiv(N, 32) <= 4 * sms:
         return dict(block_n=32, block_k=256, split_k=1, num_stages=4)
-    return dict(block_n=32, block_k=128, split_k=split, num_stages=3)
+    block_n = 64 if nvfp4 and cdiv(N, 64) * split >= 2 * sms else 32
+    return dict(block_n=block_n, block_k=128, split_k=split, num_stages=3)
 
 
 def quant_workspace_size(N: int, K: int, device, nvfp4: bool = False, max_m: int = 16) -> tuple[int, int]:

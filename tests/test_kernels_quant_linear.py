@@ -39,6 +39,11 @@ def test_default_launch_splits_k_like_small_m_linear():
     # unsplit FP8: 128-wide K chunks where the tiles make more than four waves (gate_up, 576 tiles on 132 SMs)
     assert {(N, default_launch(N, K, cpu)["block_k"]) for N, K in ((18432, 2560), (12352, 2560), (10240, 2560))} == \
         {(18432, 128), (12352, 256), (10240, 256)}
+    # NVFP4: 64-row tiles where they still make two waves (gate_up, down), 32 elsewhere
+    shapes = {"gate_up": (18432, 2560), "gdn_qkvz": (12352, 2560), "attn_qkv": (10240, 2560), "down": (2560, 9216),
+              "out_proj": (2560, 4096)}
+    assert {k: default_launch(*nk, cpu, nvfp4=True)["block_n"] for k, nk in shapes.items()} == \
+        {"gate_up": 64, "gdn_qkvz": 32, "attn_qkv": 32, "down": 64, "out_proj": 32}
     gen = torch.Generator().manual_seed(9)
     x = torch.randn(3, 400, generator=gen).to(torch.bfloat16)
     w8, row = fp8_weight(40, 400, gen)
