@@ -47,10 +47,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench import harness  # noqa: E402
 from bench.drafter_tau import load_page_sets, plain_reads, tau_rows  # noqa: E402
 from engine.drafter_training import Example, collect_groups, collection_summary  # noqa: E402
-from engine.llm_engine import Engine  # noqa: E402
 from engine.models.dflash import build_target_layer_ids  # noqa: E402
-from engine.options import DecodeTuning  # noqa: E402
-from pipeline.train_drafter import TrainDrafterConfig, drawn_pages, load_pages, train  # noqa: E402
+from pipeline.train_drafter import (  # noqa: E402
+    TrainDrafterConfig, collection_target, drawn_pages, load_pages, train)
 
 ROW_FIELDS = ("tau", "verify_steps", "drafted", "accepted", "acceptance_by_position", "identical_to_plain",
               "identical_pages", "seconds")
@@ -206,11 +205,8 @@ def main(checkpoint, pages, render, render_args, render_first, render_workers, s
     pages_in = page_lists(base, sizes[-1])
     if hasattr(pages_in, "start"):
         pages_in.start()  # the workers draw the first pages while the target loads
-    # the target as jobs/train_drafter builds it: prompts start in groups of an eighth of the batch
     t0 = time.perf_counter()
-    target = Engine.from_checkpoint(checkpoint, device=device, dtype=dtype, max_num_seqs=base.collect_batch,
-                                    kv_cache_memory_gb=base.kv_cache_memory_gb,
-                                    tuning=DecodeTuning(prefill_min_seqs=max(1, base.collect_batch // 8)))
+    target = collection_target(base)  # as jobs/train_drafter builds it
     layer_ids = build_target_layer_ids(target.cfg.text.num_hidden_layers, base.num_taps)
     result["target_load_s"] = round(time.perf_counter() - t0, 1)
     examples, bounds, used, dropped = [], [], 0, {}  # bounds: per size kept, (pages, answers, block images)

@@ -48,6 +48,9 @@ class TrainDrafterConfig(BaseModel):
                                    "max_num_batched_tokens)")
     kv_cache_memory_gb: float | None = Field(None, gt=0, description="the target's KV cache (CUDA; the taps of "
                                              "every page stay on the device beside it)")
+    prefill_tokens: int | None = Field(None, ge=1, description="tokens one prefill step of the target may take while "
+                                       "it answers (null: the engine's max_num_batched_tokens): the prefill runs "
+                                       "eagerly, so fewer, larger steps launch fewer kernels a page")
     prompt: str = DEFAULT_PROMPT
     max_tokens: int = Field(256, ge=2, description="answer tokens the target generates per page")
     num_layers: int = Field(2, ge=1)
@@ -225,6 +228,16 @@ def page_source(cfg: TrainDrafterConfig):
     return images(), None
 
 
+def collection_target(cfg: TrainDrafterConfig) -> Engine:
+    """The target engine that answers the training pages. Prompts start in groups of an eighth of the batch, not one
+    by one as answers end: prefill steps run eagerly, each with a fixed host cost (most of them started only a few
+    pages); cfg.prefill_tokens bounds a step's tokens."""
+    options = {} if cfg.prefill_tokens is None else {"max_num_batched_tokens": cfg.prefill_tokens}
+    return Engine.from_checkpoint(cfg.checkpoint, device=cfg.device, dtype=cfg.dtype, max_num_seqs=cfg.collect_batch,
+                                  kv_cache_memory_gb=cfg.kv_cache_memory_gb,
+                                  tuning=DecodeTuning(prefill_min_seqs=max(1, cfg.collect_batch // 8)), **options)
+
+
 def page_stream(n: int, rng: random.Random):
     """Page indices forever, each pass over the n pages in a fresh order."""
     while True:
@@ -262,12 +275,8 @@ def train(cfg: TrainDrafterConfig, echo=print, collected: list[Example] | None =
         if count is not None and cfg.val_pages >= count - cfg.heldout:
             raise click.UsageError(f"--val-pages {cfg.val_pages}: {count - cfg.heldout} training pages, none would be "
                                    "left")
-        # prompts start in groups of an eighth of the batch, not one by one as answers end: prefill steps run
-        # eagerly, each with a fixed host cost (most of them started only a few pages)
         t_load = time.perf_counter()
-        target = Engine.from_checkpoint(cfg.checkpoint, device=cfg.device, dtype=cfg.dtype,
-                                        max_num_seqs=cfg.collect_batch, kv_cache_memory_gb=cfg.kv_cache_memory_gb,
-                                        tuning=DecodeTuning(prefill_min_seqs=max(1, cfg.collect_batch // 8)))
+        target = collection_target(cfg)
         target_load_s = round(time.perf_counter() - t_load, 1)  # weights, glue compile, graph capture
         t = target.cfg.text
         layer_ids = build_target_layer_ids(t.num_hidden_layers, cfg.num_taps)
