@@ -382,10 +382,19 @@ def nvfp4_linear_triton(x, packed, block_scale, row_scale, out=None, swiglu=Fals
 
 
 def fp8_linear(x, w8, row_scale, out=None, swiglu=False, **launch):
-    """Small-M FP8-weight linear, W8A16 (swiglu: with the SwiGLU epilogue): Triton on CUDA (M <= FP8_GEMV_MAX_M),
-    else the torch reference."""
-    if use_triton(x) and x.shape[0] <= FP8_GEMV_MAX_M:
-        return fp8_linear_triton(x, w8, row_scale, out, swiglu=swiglu, **launch)
+    """FP8-weight linear, W8A16 (swiglu: with the SwiGLU epilogue): on CUDA the Triton GEMV up to FP8_GEMV_MAX_M rows,
+    past it (a W8A16 checkpoint's prefill) the weight dequantized to x's dtype, then cuBLAS; elsewhere the torch
+    reference. The reference's fp32 product of the FP8 weight, per call, took seconds a 4B prefill on a GPU."""
+    if use_triton(x):
+        _validate_fp8(x, w8, row_scale, None)
+        if x.shape[0] <= FP8_GEMV_MAX_M:
+            return fp8_linear_triton(x, w8, row_scale, out, swiglu=swiglu, **launch)
+        w = (w8.float() * row_scale[:, None]).to(x.dtype)  # each weight rounded once, as the dequantized twin's
+        y = torch.nn.functional.linear(x, w)
+        if swiglu:
+            _validate_swiglu(w8)
+            return silu_mul_ref(y, out)
+        return y if out is None else out.copy_(y)
     if swiglu:
         return fp8_linear_silu_mul_ref(x, w8, row_scale, out)
     return fp8_linear_ref(x, w8, row_scale, out=out)

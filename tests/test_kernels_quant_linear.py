@@ -141,6 +141,23 @@ def test_swiglu_epilogue_matches_linear_then_silu_mul(fmt, M, N, K, split):
     assert torch.equal(fallback, want)
 
 
+def test_fp8_past_the_gemv_rows_multiplies_the_dequantized_weight(monkeypatch):
+    """fp8_linear past FP8_GEMV_MAX_M rows where the kernels run (a W8A16 checkpoint's prefill): the weight dequantized
+    to x's dtype (each weight rounded once) through the library GEMM, not the fp32 reference; with swiglu too."""
+    from kernels.quant_linear import FP8_GEMV_MAX_M
+
+    monkeypatch.setenv("OCRIA_FORCE_TRITON", "1")
+    gen = torch.Generator().manual_seed(3)
+    M, N, K = FP8_GEMV_MAX_M + 9, 2 * 37, 96
+    x = torch.randn(M, K, generator=gen).to(torch.bfloat16)
+    w8, row = fp8_weight(N, K, gen)
+    twin = (w8.float() * row[:, None]).to(torch.bfloat16)
+    got = fp8_linear(x, w8, row, out=poisoned((M, N), torch.bfloat16))
+    assert torch.equal(got, torch.nn.functional.linear(x, twin))
+    assert_close(got, fp8_linear_ref(x, w8, row), torch.bfloat16)
+    assert_close(fp8_linear(x, w8, row, swiglu=True), fp8_linear_silu_mul_ref(x, w8, row), torch.bfloat16)
+
+
 @pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
 def test_split_k_workspace_is_reused_and_left_rearmed(fmt):
     """A split launch adds its partials in-kernel through the caller's workspace (the engine's one per step): the
