@@ -136,11 +136,12 @@ def gemm_of(op):
 
 
 def gemm_shape(op) -> tuple[int, int, int] | None:
-    """(M, K, N) from the recorded shapes: mm/addmm/matmul multiply [M, K] @ [K, N], linear [M, K] by [N, K]^T."""
+    """(M, K, N) from the recorded shapes: mm/addmm/matmul multiply [M, K] @ [K, N], linear [M, K] by [N, K]^T;
+    _scaled_mm's first two matrices are the operands (its row-wise scales, [M, 1] and [1, N], come after)."""
     mats = [s for s in (op.input_shapes or []) if len(s) == 2]
     if len(mats) < 2:
         return None
-    (m, k), b = mats[-2], mats[-1]
+    (m, k), b = mats[:2] if op.name == "aten::_scaled_mm" else mats[-2:]
     return m, k, (b[0] if op.name == "aten::linear" else b[1])
 
 

@@ -138,3 +138,19 @@ def test_tiny_cpu_prefill_profile_attributes_the_vision_tower_and_layers(tmp_pat
     assert sum(s["ms"] for s in r["scopes"].values()) == pytest.approx(r["kernel_sum_ms"], rel=1e-6)
     assert 0 < r["gemm_share"] <= 1 and r["gemm_TFLOP"] > 0
     assert any(g["scope"] == "vision" and g["M"] == 2 * 4 * 16 for g in r["gemms"])  # 4 patches a merged token
+
+
+def test_gemm_shape_of_each_gemm_op():
+    """(M, K, N) from each GEMM op's recorded input shapes: addmm's bias and _scaled_mm's row-wise scales are not
+    its operands (a prefill profile's FP8 GEMMs would count K = 1 FLOPs otherwise)."""
+    from types import SimpleNamespace
+
+    prof = load()
+
+    def op(name, shapes):
+        return SimpleNamespace(name=name, input_shapes=shapes)
+
+    assert prof.gemm_shape(op("aten::mm", [[8, 32], [32, 64]])) == (8, 32, 64)
+    assert prof.gemm_shape(op("aten::addmm", [[64], [8, 32], [32, 64]])) == (8, 32, 64)
+    assert prof.gemm_shape(op("aten::linear", [[8, 32], [64, 32], [64]])) == (8, 32, 64)
+    assert prof.gemm_shape(op("aten::_scaled_mm", [[8, 32], [32, 64], [8, 1], [1, 64], [], []])) == (8, 32, 64)
