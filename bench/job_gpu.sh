@@ -4,7 +4,8 @@
 # bench/scale_out.py writes it), its report and the headline <gpu>_job_throughput.json under $1.
 # The device image lacks Ray, PyMuPDF, pydantic and boto3: ../shared/tools/gpu-wheels.sh packs them into parts of
 # 48 MB, and a call carries one part beside a working tree trimmed to the code (~2 MB):
-#   ../shared/tools/gpu-wheels.sh .gpu/job                          # here, once: .gpu/job/p1, p2, ...
+#   ../shared/tools/gpu-wheels.sh .gpu/job [pyarrow click ...]      # here, once: .gpu/job/p1, p2, ... (name what
+#                                                                   # the import check below found missing)
 #   rm -rf models bench/results docs tests research samples         # here, before the calls (git checkout -- . after)
 #   STAGE=1 bash bench/job_gpu.sh        # device call per part but the last, carrying .gpu/job/pN: kept in .gpu/stage
 #   bash bench/job_gpu.sh $OUT           # the last part's call: joins the parts, installs, writes the checkpoint, runs
