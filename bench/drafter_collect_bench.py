@@ -33,9 +33,8 @@ from engine.drafter_training import Example, collect  # noqa: E402
 from engine.interface import DEFAULT_PROMPT, SamplingParams  # noqa: E402
 from engine.llm_engine import Engine  # noqa: E402
 from engine.models.dflash import build_target_layer_ids  # noqa: E402
-from engine.options import DecodeTuning  # noqa: E402
 from engine.step_metadata import to_device  # noqa: E402
-from pipeline.train_drafter import load_pages  # noqa: E402
+from pipeline.train_drafter import collection_target, load_pages  # noqa: E402
 
 
 class TapRecorder:
@@ -200,9 +199,7 @@ def main(checkpoint, pages, max_pages, device, dtype, batch, max_tokens, num_tap
             results.write(result)
 
     t = time.perf_counter()
-    engine = Engine.from_checkpoint(checkpoint, device=device, dtype=dtype, max_num_seqs=batch,
-                                    kv_cache_memory_gb=kv_cache_memory_gb,
-                                    tuning=DecodeTuning(prefill_min_seqs=max(1, batch // 8)))  # as the job builds it
+    engine = collection_target(checkpoint, device, dtype, batch, kv_cache_memory_gb)  # as the job builds it
     layers = build_target_layer_ids(engine.cfg.text.num_hidden_layers, num_taps)
     result.update(tap_layers=layers, tap_tokens=tap_tokens or engine.runner.max_num_batched_tokens,
                   decode_graphs=len(engine.runner.graphs))

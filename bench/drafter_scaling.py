@@ -49,7 +49,7 @@ from bench.drafter_tau import load_page_sets, plain_reads, tau_rows  # noqa: E40
 from engine.drafter_training import Example, collect_groups, collection_summary  # noqa: E402
 from engine.models.dflash import build_target_layer_ids  # noqa: E402
 from pipeline.train_drafter import (  # noqa: E402
-    TrainDrafterConfig, collection_target, drawn_pages, load_pages, train)
+    TrainDrafterConfig, config_target, drawn_pages, load_pages, train)
 
 ROW_FIELDS = ("tau", "verify_steps", "drafted", "accepted", "acceptance_by_position", "identical_to_plain",
               "identical_pages", "seconds")
@@ -206,7 +206,7 @@ def main(checkpoint, pages, render, render_args, render_first, render_workers, s
     if hasattr(pages_in, "start"):
         pages_in.start()  # the workers draw the first pages while the target loads
     t0 = time.perf_counter()
-    target = collection_target(base)  # as jobs/train_drafter builds it
+    target = config_target(base)  # as jobs/train_drafter builds it
     layer_ids = build_target_layer_ids(target.cfg.text.num_hidden_layers, base.num_taps)
     result["target_load_s"] = round(time.perf_counter() - t0, 1)
     examples, bounds, used, dropped = [], [], 0, {}  # bounds: per size kept, (pages, answers, block images)

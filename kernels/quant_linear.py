@@ -386,9 +386,9 @@ def fp8_linear(x, w8, row_scale, out=None, swiglu=False, **launch):
     past it (a W8A16 checkpoint's prefill) the weight dequantized to x's dtype, then cuBLAS; elsewhere the torch
     reference. The reference's fp32 product of the FP8 weight, per call, took seconds a 4B prefill on a GPU."""
     if use_triton(x):
-        _validate_fp8(x, w8, row_scale, None)
         if x.shape[0] <= FP8_GEMV_MAX_M:
             return fp8_linear_triton(x, w8, row_scale, out, swiglu=swiglu, **launch)
+        _validate_fp8(x, w8, row_scale, None)
         w = (w8.float() * row_scale[:, None]).to(x.dtype)  # each weight rounded once, as the dequantized twin's
         y = torch.nn.functional.linear(x, w)
         if swiglu:

@@ -182,7 +182,6 @@ class RenderedPages:
                 stats["mb"] = round(stats["mb"] + sum(getattr(im, "nbytes", 0) for im in images) / 2**20, 2)
                 stats["render_s"] = round(stats["render_s"] + seconds, 3)
                 yield images
-                self._fill()
         finally:
             for _, f in queued:
                 f.cancel()
@@ -228,14 +227,22 @@ def page_source(cfg: TrainDrafterConfig):
     return images(), None
 
 
-def collection_target(cfg: TrainDrafterConfig) -> Engine:
-    """The target engine that answers the training pages. Prompts start in groups of an eighth of the batch, not one
+def collection_target(checkpoint: str, device: str, dtype: str, batch: int,
+                      kv_cache_memory_gb: float | None = None, prefill_tokens: int | None = None) -> Engine:
+    """The target engine that answers the training pages (TrainDrafterConfig's checkpoint, device, dtype,
+    collect_batch, kv_cache_memory_gb, prefill_tokens). Prompts start in groups of an eighth of the batch, not one
     by one as answers end: prefill steps run eagerly, each with a fixed host cost (most of them started only a few
-    pages); cfg.prefill_tokens bounds a step's tokens."""
-    options = {} if cfg.prefill_tokens is None else {"max_num_batched_tokens": cfg.prefill_tokens}
-    return Engine.from_checkpoint(cfg.checkpoint, device=cfg.device, dtype=cfg.dtype, max_num_seqs=cfg.collect_batch,
-                                  kv_cache_memory_gb=cfg.kv_cache_memory_gb,
-                                  tuning=DecodeTuning(prefill_min_seqs=max(1, cfg.collect_batch // 8)), **options)
+    pages); prefill_tokens bounds a step's tokens."""
+    options = {} if prefill_tokens is None else {"max_num_batched_tokens": prefill_tokens}
+    return Engine.from_checkpoint(checkpoint, device=device, dtype=dtype, max_num_seqs=batch,
+                                  kv_cache_memory_gb=kv_cache_memory_gb,
+                                  tuning=DecodeTuning(prefill_min_seqs=max(1, batch // 8)), **options)
+
+
+def config_target(cfg: TrainDrafterConfig) -> Engine:
+    """collection_target as cfg sets it."""
+    return collection_target(cfg.checkpoint, cfg.device, cfg.dtype, cfg.collect_batch, cfg.kv_cache_memory_gb,
+                             cfg.prefill_tokens)
 
 
 def page_stream(n: int, rng: random.Random):
@@ -276,7 +283,7 @@ def train(cfg: TrainDrafterConfig, echo=print, collected: list[Example] | None =
             raise click.UsageError(f"--val-pages {cfg.val_pages}: {count - cfg.heldout} training pages, none would be "
                                    "left")
         t_load = time.perf_counter()
-        target = collection_target(cfg)
+        target = config_target(cfg)
         target_load_s = round(time.perf_counter() - t_load, 1)  # weights, glue compile, graph capture
         t = target.cfg.text
         layer_ids = build_target_layer_ids(t.num_hidden_layers, cfg.num_taps)

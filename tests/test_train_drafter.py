@@ -212,11 +212,11 @@ def test_collection_reports_where_its_time_went(tiny_checkpoint, tmp_path):
 def test_collection_target_takes_the_prefill_token_budget(tiny_checkpoint, tmp_path):
     """prefill_tokens bounds the target's prefill steps while it answers (fewer, larger eager steps); unset, the
     engine's own budget; the batch and its grouped admission as the collection builds them."""
-    from pipeline.train_drafter import collection_target
+    from pipeline.train_drafter import config_target
 
     base = dict(checkpoint=str(tiny_checkpoint), out=str(tmp_path / "d"), collect_batch=8, pages=str(tmp_path))
-    default = collection_target(TrainDrafterConfig(**base))
-    wide = collection_target(TrainDrafterConfig(**base, prefill_tokens=4096))
+    default = config_target(TrainDrafterConfig(**base))
+    wide = config_target(TrainDrafterConfig(**base, prefill_tokens=4096))
     assert wide.runner.max_num_batched_tokens == 4096 != default.runner.max_num_batched_tokens
     assert wide.options.max_num_seqs == default.options.max_num_seqs == 8
     with pytest.raises(ValueError, match="prefill_tokens"):

@@ -144,8 +144,8 @@ def quant_linear(x: torch.Tensor | None, weight, x_fp8: tuple[torch.Tensor, torc
 
 
 def gemv_rows(weight: QuantWeight) -> int:
-    """Rows up to which a QuantWeight's product runs on its GEMV: NVFP4's bound, FP8 W8A8's, any for FP8 W8A16
-    (kernels/quant_linear.fp8_linear falls back to its reference past the bound)."""
+    """Rows up to which a QuantWeight's product goes to its kernels/quant_linear linear: NVFP4's GEMV bound, FP8
+    W8A8's, any for FP8 W8A16 (fp8_linear takes the rows past its GEMV to cuBLAS on the dequantized weight)."""
     if weight.kind == NVFP4:
         return ops.NVFP4_GEMV_MAX_M
     return ops.FP8_GEMV_MAX_M if weight.act_fp8 else 1 << 62
