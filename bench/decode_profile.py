@@ -203,13 +203,9 @@ def table(rows: dict, per_step: float) -> dict:
             for k, (n, us) in sorted(rows.items(), key=lambda kv: -kv[1][1])}
 
 
-def summarise(recs, info, steps, bw, roof, labels, elt, ours, layers) -> dict:
-    """Per-step totals by kernel name, category, scope and GEMM shape, and the bytes each category must move."""
-    ps = 1.0 / steps
-
-    def ms(us):  # µs over all profiled steps -> ms per step
-        return None if us is None else us * ps / 1e3
-
+def tally(recs, ours: set[str]):
+    """Kernel records -> their [count, µs] by kernel name, category and scope, each name's category, and the GEMMs'
+    [launching ops, µs] by (scope, (M, K, N) or None)."""
     kern, cats, scopes = (defaultdict(lambda: [0, 0.0]) for _ in range(3))
     kind, gemms = {}, defaultdict(lambda: [set(), 0.0])
     for name, us, op in recs:
@@ -223,6 +219,17 @@ def summarise(recs, info, steps, bw, roof, labels, elt, ours, layers) -> dict:
             row = gemms[(scope, gemm_shape(g) if g is not None else None)]
             row[0].add(id(g))  # calls = launching ops (a split-K GEMM is two kernels of one call)
             row[1] += us
+    return kern, cats, scopes, kind, gemms
+
+
+def summarise(recs, info, steps, bw, roof, labels, elt, ours, layers) -> dict:
+    """Per-step totals by kernel name, category, scope and GEMM shape, and the bytes each category must move."""
+    ps = 1.0 / steps
+
+    def ms(us):  # µs over all profiled steps -> ms per step
+        return None if us is None else us * ps / 1e3
+
+    kern, cats, scopes, kind, gemms = tally(recs, ours)
     gemm_rows = []
     for (scope, shape), (calls, us) in sorted(gemms.items(), key=lambda kv: -kv[1][1]):
         m, k, n = shape or (None, None, None)

@@ -23,7 +23,6 @@ import argparse
 import statistics
 import sys
 import time
-from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
@@ -34,8 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import engine_bench as eb  # noqa: E402
 from bench import harness  # noqa: E402
-from bench.decode_profile import (  # noqa: E402
-    category, gemm_of, gemm_shape, kernel_records, our_triton_kernels, ranged, scope_of, table)
+from bench.decode_profile import kernel_records, our_triton_kernels, ranged, table, tally  # noqa: E402
 from engine.config import parse_config  # noqa: E402
 from engine.model_runner import resolve_dtype  # noqa: E402
 from engine.models.gdn_prefill import fla_available  # noqa: E402
@@ -97,18 +95,7 @@ def prefill_seconds(engine, reqs) -> float:
 
 def summarise(recs, ours: set[str], bf16_tflops: float | None) -> dict:
     """Kernel time by category and scope; GEMMs by (scope, shape) with their FLOPs and the rate reached."""
-    cats, scopes, kern = (defaultdict(lambda: [0, 0.0]) for _ in range(3))
-    gemms = defaultdict(lambda: [set(), 0.0])
-    for name, us, op in recs:
-        g = gemm_of(op)
-        cat, scope = category(name, g, ours), scope_of(op)
-        for acc, key in ((cats, cat), (scopes, scope), (kern, name)):
-            acc[key][0] += 1
-            acc[key][1] += us
-        if cat == "gemm":
-            row = gemms[(scope, gemm_shape(g) if g is not None else None)]
-            row[0].add(id(g))
-            row[1] += us
+    kern, cats, scopes, _, gemms = tally(recs, ours)
     gemm_rows, flops = [], 0.0
     for (scope, shape), (calls, us) in sorted(gemms.items(), key=lambda kv: -kv[1][1]):
         f = 2.0 * shape[0] * shape[1] * shape[2] * len(calls) if shape else None

@@ -16,13 +16,13 @@ from kernels.quant_linear import (
 from kernels.rmsnorm import rmsnorm
 from kernels.silu_mul import silu_mul
 from kernels.small_m_linear import MAX_M  # noqa: F401 (a number: not in __all__)
-from kernels.small_m_linear import SplitKWorkspace, default_launch, linear_silu_mul, small_m_linear, split_ranges
+from kernels.small_m_linear import SplitKWorkspace, linear_silu_mul, small_m_linear, workspace_size
 
 # The ops (callables); the row bounds MAX_M, FP8_GEMV_MAX_M and NVFP4_GEMV_MAX_M are numbers, imported by name.
 __all__ = ["SplitKWorkspace", "causal_conv1d_update", "causal_conv1d_verify", "conv_state_commit", "copy_rows",
-           "default_launch", "dequant_fp8_ref", "dequantize_kv_ref", "dequant_nvfp4_ref", "fp8_linear", "fp8_matmul",
+           "dequant_fp8_ref", "dequantize_kv_ref", "dequant_nvfp4_ref", "fp8_linear", "fp8_matmul",
            "fused_attn_decode_inputs", "gated_rmsnorm", "gates_from_raw", "gdn_fold", "gdn_recurrent",
            "gdn_ring_advance", "gdn_verify", "l2norm_ref", "linear_silu_mul", "nvfp4_linear", "nvfp4_matmul",
            "paged_decode_attention", "pdl_supported", "quant_fp8_per_token", "quant_workspace_size", "rmsnorm",
-           "rmsnorm_quant_fp8", "silu_mul", "silu_mul_quant_fp8", "small_m_linear", "split_ranges", "store_kvcache",
-           "use_triton"]
+           "rmsnorm_quant_fp8", "silu_mul", "silu_mul_quant_fp8", "small_m_linear", "store_kvcache", "use_triton",
+           "workspace_size"]

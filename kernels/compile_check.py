@@ -310,11 +310,12 @@ def quant_cases(batch_sizes, fp8_quant, quant_linear):
                                     torch.empty(N, dtype=f32))
             for fmt, run, weight in (("fp8", quant_linear.fp8_linear_triton, fp8_w),
                                      ("nvfp4", quant_linear.nvfp4_linear_triton, nv_w)):
-                for name, N, K_in, launch in (("silu_mul", 2 * inter, hidden, dict(swiglu=True)),
-                                              *((("fp8_asm", 2 * inter, hidden, dict(fp8_asm=True)),) if fmt == "fp8"
-                                                else ()),
-                                              ("silu_mul pdl", 2 * inter, hidden, dict(swiglu=True, pdl=True)),
-                                              ("down pdl", hidden, inter, dict(pdl=True))):
+                launches = [("silu_mul", 2 * inter, hidden, dict(swiglu=True)),
+                            ("silu_mul pdl", 2 * inter, hidden, dict(swiglu=True, pdl=True)),
+                            ("down pdl", hidden, inter, dict(pdl=True))]
+                if fmt == "fp8":  # the bit-level E4M3 decode the sweep times (fp8_asm)
+                    launches.append(("fp8_asm", 2 * inter, hidden, dict(fp8_asm=True)))
+                for name, N, K_in, launch in launches:
                     cases.append((f"{fmt}_linear M={B} {name}", quant_linear,
                                   lambda B=B, N=N, K_in=K_in, run=run, weight=weight, launch=launch: gpu_decode(
                                       quant_linear, lambda: run(torch.empty(B, K_in, dtype=bf16), *weight(N, K_in),

@@ -143,6 +143,15 @@ def default_launch(N, K, dtype, device) -> dict:
                 num_warps=4, num_stages=4)
 
 
+def workspace_size(N: int, K: int, dtype, device, max_m: int = MAX_M) -> tuple[int, int]:
+    """(fp32 partials, int32 counters) that a default launch of up to max_m rows on an [N, K] weight needs in its
+    SplitKWorkspace; (0, 0) where it does not split (kernels/quant_linear.quant_workspace_size: the same for
+    quantized weights)."""
+    d = default_launch(N, K, dtype, device)
+    S = split_ranges(K, d["block_k"], d["split_k"])[1]
+    return (S * max_m * N, cdiv(N, d["block_n"])) if S > 1 else (0, 0)
+
+
 @triton.jit(do_not_specialize=["M"])  # M=1 and M=8 share one binary (the JIT would specialise M == 1)
 def _small_m_linear_kernel(
     x_ptr, w_ptr, out_ptr, part_ptr, count_ptr,

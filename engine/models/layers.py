@@ -53,13 +53,8 @@ class DecodeProjections:
             return cls()
         parts, tiles = 1, 1
         for b in blocks:
-            if isinstance(b, QuantWeight):
-                need = ops.quant_workspace_size(*b.shape, b.data.device, b.kind == NVFP4, ops.MAX_M)
-            else:
-                N, K = b.shape
-                d = ops.default_launch(N, K, b.dtype, b.device)
-                S = ops.split_ranges(K, d["block_k"], d["split_k"])[1]
-                need = (S * ops.MAX_M * N, -(-N // d["block_n"])) if S > 1 else (0, 0)
+            need = ops.quant_workspace_size(*b.shape, b.data.device, b.kind == NVFP4, ops.MAX_M) \
+                if isinstance(b, QuantWeight) else ops.workspace_size(*b.shape, b.dtype, b.device, ops.MAX_M)
             parts, tiles = max(parts, need[0]), max(tiles, need[1])
         # (the SwiGLU epilogue launches gate_up with the plain launch's tiles and splits: the same workspace fits it)
         return cls(ops.SplitKWorkspace(torch.empty(parts, dtype=torch.float32, device=w.device),
